@@ -1,0 +1,52 @@
+SHELL := /bin/bash
+# libqsakv: `make` builds, `make demo` runs the main example, `make test` runs every
+# suite. Builds go to build/ (CPU + CUDA code for QSAKV_CUDA_ARCHS; default: a short
+# list so that a clean build on 2 cores stays within minutes).
+BUILD ?= build
+CUDA_ARCHS ?= 75
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+PYTHON ?= python3
+
+.PHONY: all build demo test deps gpu-test bench sanitize fuzz clean
+
+all: build
+
+deps:
+	@bash tools/install-deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	$(BUILD)/qsakv_demo
+
+# Every suite must run: ctest fails on a failure, and check-suites fails when a suite
+# that tests/SUITES names was not registered or did not run.
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
+	$(PYTHON) tools/check_suites.py $(BUILD)/ctest.log tests/SUITES
+
+# On a machine with a GPU: build for the GPU present and run the suites (CUDA parts
+# included), then under compute-sanitizer.
+gpu-test:
+	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native $(CMAKE_FLAGS)
+	cmake --build build-gpu -j$(JOBS)
+	cd build-gpu && ctest --output-on-failure
+	bash tools/sanitize-gpu.sh build-gpu
+
+bench:
+	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native $(CMAKE_FLAGS)
+	cmake --build build-gpu -j$(JOBS) --target qsakv_bench
+	build-gpu/qsakv_bench --json bench.json
+
+sanitize:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQSAKV_WITH_CUDA=OFF -DQSAKV_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -E pytest_suites
+
+clean:
+	rm -rf $(BUILD) build-gpu build-asan build-fuzz

@@ -1,0 +1,594 @@
+/*
+ * qsakv.h -- calibrated FP8 (E4M3) KV caches and sparse (QSA) / dense GQA attention.
+ *
+ * The only public header of libqsakv. C99, includes no CUDA header, compiles as C and C++.
+ * Read it top to bottom: conventions, status codes, context, model config, overlay,
+ * capacity and cache, store, plan and attention, selection.
+ *
+ * Conventions (shared by every function below)
+ * - Every fallible call returns a qsakv_status: 0 is success, every failure a distinct
+ *   negative code. On failure a message naming the field, layer, expected and actual
+ *   values is stored per thread: qsakv_last_error(). A successful call leaves it alone.
+ * - Owned objects are returned through `T** out` in first position and released by the
+ *   type's own *_destroy function; *_destroy(NULL) is a no-op. On failure *out is NULL
+ *   and nothing is left half-built.
+ * - Option and config structs start with `struct_size` and `version`; fill them with
+ *   their *_init function (or a preset) and pass them by const pointer. They only ever
+ *   grow at the end; the library reads min(struct_size, its own size) bytes.
+ * - Device pointers: with the CUDA backend, "device" buffers are CUDA device memory;
+ *   with the CPU backend they are ordinary host memory. Each function says which of
+ *   its pointers are device pointers.
+ * - Enqueuing calls take a stream (qsakv_stream_t, a cudaStream_t; NULL is the legacy
+ *   default stream; ignored by the CPU backend, which runs synchronously). Calls marked
+ *   "run" never allocate, never synchronise and may be captured in a CUDA graph.
+ * - Thread safety: distinct handles may be used from distinct threads at once. One
+ *   handle must not be used by two threads at once unless a function says otherwise.
+ */
+#ifndef QSAKV_H
+#define QSAKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define QSAKV_API
+#elif defined(__GNUC__)
+#define QSAKV_API __attribute__((visibility("default")))
+#else
+#define QSAKV_API
+#endif
+
+/* ---------------------------------------------------------------------------------- */
+/* Versions                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+#define QSAKV_VERSION_MAJOR 0
+#define QSAKV_VERSION_MINOR 1
+#define QSAKV_VERSION_PATCH 0
+#define QSAKV_VERSION_NUMBER \
+  (QSAKV_VERSION_MAJOR * 10000 + QSAKV_VERSION_MINOR * 100 + QSAKV_VERSION_PATCH)
+/* The ABI version drives the shared object's SONAME (libqsakv.so.<ABI>). It changes
+ * only when a released symbol or struct prefix changes incompatibly. */
+#define QSAKV_ABI_VERSION 0
+
+/* Release version of the loaded library, as QSAKV_VERSION_NUMBER. */
+QSAKV_API int qsakv_version(void);
+/* "major.minor.patch" of the loaded library; static storage. */
+QSAKV_API const char* qsakv_version_string(void);
+/* ABI version of the loaded library; compare with QSAKV_ABI_VERSION. */
+QSAKV_API int qsakv_abi_version(void);
+
+/* ---------------------------------------------------------------------------------- */
+/* Status codes and errors                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+typedef enum qsakv_status {
+  QSAKV_SUCCESS = 0,
+  QSAKV_ERROR_INVALID_ARGUMENT = -1,   /* a NULL, out-of-range or inconsistent argument */
+  QSAKV_ERROR_INVALID_CONFIG = -2,     /* a model config field is inconsistent */
+  QSAKV_ERROR_UNSUPPORTED = -3,        /* valid, but not supported by this build/backend */
+  QSAKV_ERROR_NO_DEVICE = -4,          /* CUDA asked for, but no usable GPU or driver */
+  QSAKV_ERROR_OUT_OF_MEMORY = -5,
+  QSAKV_ERROR_CUDA = -6,               /* a CUDA runtime call failed */
+  QSAKV_ERROR_NCCL = -7,
+  QSAKV_ERROR_IO = -8,                 /* a file could not be opened, read or written */
+  QSAKV_ERROR_FORMAT = -9,             /* a file is malformed (safetensors, JSON) */
+  QSAKV_ERROR_STATE = -10,             /* call out of order (e.g. run before update) */
+  QSAKV_ERROR_INTERNAL = -11,
+  /* Overlay refusals (fail closed): one code per rule. */
+  QSAKV_ERROR_OVERLAY_MISSING = -20,        /* no overlay where E4M3 needs one */
+  QSAKV_ERROR_OVERLAY_INCOMPLETE = -21,     /* fewer than all K/V scales present */
+  QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is NaN, infinite, zero or negative */
+  QSAKV_ERROR_OVERLAY_BAD_TENSOR = -23,     /* a scale tensor is not an FP32 scalar */
+  QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base */
+  QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR = -25, /* a tensor that is not a QSA K/V scale */
+  QSAKV_ERROR_REVISION_MISMATCH = -26,      /* base checkpoint index hash differs */
+  QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
+  QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
+  QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29   /* overlay not validated for this config */
+} qsakv_status;
+
+/* Static, never NULL: "QSAKV_ERROR_OVERLAY_INCOMPLETE" etc.; unknown codes give
+ * "QSAKV_ERROR_UNKNOWN". */
+QSAKV_API const char* qsakv_status_string(qsakv_status status);
+/* The calling thread's message for its last failed call ("" if none). Valid until the
+ * thread's next failing qsakv call. */
+QSAKV_API const char* qsakv_last_error(void);
+/* Clears the calling thread's message. */
+QSAKV_API void qsakv_clear_error(void);
+
+/* ---------------------------------------------------------------------------------- */
+/* Types                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct CUstream_st* qsakv_stream_t; /* = cudaStream_t */
+
+typedef enum qsakv_dtype {
+  QSAKV_DTYPE_INVALID = 0,
+  QSAKV_DTYPE_FP16 = 1,
+  QSAKV_DTYPE_BF16 = 2,
+  QSAKV_DTYPE_E4M3 = 3, /* float8 e4m3fn, stored as raw bytes */
+  QSAKV_DTYPE_FP32 = 4,
+  QSAKV_DTYPE_INT32 = 5,
+  QSAKV_DTYPE_INT64 = 6
+} qsakv_dtype;
+
+/* Bytes per element; 0 for QSAKV_DTYPE_INVALID or an unknown value. */
+QSAKV_API size_t qsakv_dtype_size(qsakv_dtype dtype);
+/* "fp16", "bf16", "e4m3", "fp32", "int32", "int64", or "invalid". */
+QSAKV_API const char* qsakv_dtype_name(qsakv_dtype dtype);
+
+typedef struct qsakv_context qsakv_context;
+typedef struct qsakv_overlay qsakv_overlay;
+typedef struct qsakv_cache qsakv_cache;
+typedef struct qsakv_plan qsakv_plan;
+
+/* ---------------------------------------------------------------------------------- */
+/* Context: backend and device                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+typedef enum qsakv_backend {
+  QSAKV_BACKEND_AUTO = 0, /* CUDA when a usable GPU exists, else CPU (and says why) */
+  QSAKV_BACKEND_CPU = 1,  /* the reference backend: host memory, synchronous */
+  QSAKV_BACKEND_CUDA = 2
+} qsakv_backend;
+
+typedef enum qsakv_decoder {
+  QSAKV_DECODER_AUTO = 0,     /* hardware conversion on SM89+, the software one below */
+  QSAKV_DECODER_HARDWARE = 1, /* FP8 conversion instructions; UNSUPPORTED before SM89 */
+  QSAKV_DECODER_SOFTWARE = 2  /* exact bitcast decoder, every GPU (the SM70 path) */
+} qsakv_decoder;
+
+#define QSAKV_CONTEXT_OPTIONS_VERSION 1
+typedef struct qsakv_context_options {
+  size_t struct_size; /* sizeof(qsakv_context_options) */
+  uint32_t version;   /* QSAKV_CONTEXT_OPTIONS_VERSION */
+  qsakv_backend backend;
+  int32_t device; /* CUDA device ordinal (CUDA backend only) */
+  qsakv_decoder decoder;
+} qsakv_context_options;
+
+/* Fills defaults: AUTO backend, device 0, AUTO decoder. */
+QSAKV_API qsakv_status qsakv_context_options_init(qsakv_context_options* options);
+
+/* Creates a context. Blocking; may initialise the CUDA runtime. With AUTO and no usable
+ * GPU it picks the CPU backend; qsakv_context_info.fallback_reason says why. Asking for
+ * CUDA where there is none fails with QSAKV_ERROR_NO_DEVICE. options may be NULL. */
+QSAKV_API qsakv_status qsakv_context_create(qsakv_context** out,
+                                            const qsakv_context_options* options);
+QSAKV_API void qsakv_context_destroy(qsakv_context* context);
+
+#define QSAKV_CONTEXT_INFO_VERSION 1
+typedef struct qsakv_context_info {
+  size_t struct_size;
+  uint32_t version;
+  qsakv_backend backend; /* the backend chosen (never AUTO) */
+  qsakv_decoder decoder; /* the decoder chosen (never AUTO) */
+  int32_t device;        /* -1 for the CPU backend */
+  int32_t sm_version;    /* e.g. 90 for SM 9.0; 0 for the CPU backend */
+  int32_t multiprocessor_count;
+  int32_t has_fp8_conversion; /* 1 when the hardware E4M3 conversion exists (SM89+) */
+  uint64_t device_memory_bytes;
+  char device_name[128];
+  char fallback_reason[256]; /* why AUTO chose the CPU backend; "" otherwise */
+} qsakv_context_info;
+
+/* Fills *info (set info->struct_size and version first, or call with a zeroed struct
+ * whose struct_size is set). Non-blocking. */
+QSAKV_API qsakv_status qsakv_context_get_info(const qsakv_context* context,
+                                              qsakv_context_info* info);
+/* Whether this library was built with the CUDA backend (1) or CPU only (0). */
+QSAKV_API int qsakv_built_with_cuda(void);
+
+/* ---------------------------------------------------------------------------------- */
+/* Model config: geometry and runtime                                                  */
+/* ---------------------------------------------------------------------------------- */
+
+#define QSAKV_MAX_LAYERS 512
+#define QSAKV_MODEL_CONFIG_VERSION 1
+typedef struct qsakv_model_config {
+  size_t struct_size;
+  uint32_t version;
+  /* Geometry of the whole model (before tensor parallelism). */
+  int32_t num_layers;      /* all layers, QSA or not */
+  int32_t num_qsa_layers;  /* entries used in qsa_layers */
+  int32_t qsa_layers[QSAKV_MAX_LAYERS]; /* ascending model-layer ids of the QSA layers */
+  int32_t num_q_heads;     /* query heads, all ranks */
+  int32_t num_kv_heads;    /* KV heads, all ranks */
+  int32_t head_dim;        /* 64, 128 or 256 */
+  float softmax_scale;     /* 0 means 1/sqrt(head_dim) */
+  int32_t index_num_heads; /* indexer query heads (4) */
+  int32_t index_head_dim;  /* indexer head dim (128) */
+  int32_t compress_ratio;  /* tokens per compressed index key (4) */
+  int32_t topk_tokens;     /* token budget of the top-k selection (2048) */
+  /* Runtime. */
+  int32_t tp_size;
+  int32_t tp_rank;
+  int32_t speculative_tokens; /* MTP / draft tokens per step (0 = none) */
+  qsakv_dtype activation_dtype; /* FP16 or BF16: Q, K, V, outputs */
+  qsakv_dtype kv_dtype;         /* E4M3, FP16 or BF16: the main K/V cache */
+  int32_t block_size;           /* tokens per cache block; a multiple of compress_ratio */
+  int32_t max_requests;         /* concurrent requests (raw index-key rings) */
+  int32_t max_batched_tokens;   /* query rows per step (top-k workspace rows) */
+  int32_t max_model_len;        /* tokens per request */
+} qsakv_model_config;
+
+/* Zeroes every field and sets struct_size/version: not valid until filled. */
+QSAKV_API qsakv_status qsakv_model_config_init(qsakv_model_config* config);
+/* The reference model "qwen4_exp": 48 layers, QSA where i % 4 == 3, 24/2 heads,
+ * head_dim 256, indexer 4 x 128, ratio 4, budget 2048; runtime: TP1 rank 0, no
+ * speculative tokens, FP16 activations, E4M3 KV, block size 64, 256 requests,
+ * 8192 batched tokens, 131072 tokens per request. */
+QSAKV_API qsakv_status qsakv_model_config_preset(qsakv_model_config* config,
+                                                 const char* preset_name);
+/* Checks every field and every combination. QSAKV_ERROR_INVALID_CONFIG with a message
+ * naming the field and the bad value. */
+QSAKV_API qsakv_status qsakv_model_config_validate(const qsakv_model_config* config);
+
+#define QSAKV_RANK_GEOMETRY_VERSION 1
+typedef struct qsakv_rank_geometry {
+  size_t struct_size;
+  uint32_t version;
+  int32_t q_heads;      /* query heads on this rank: num_q_heads / tp_size */
+  int32_t kv_heads;     /* KV heads on this rank: max(1, num_kv_heads / tp_size) */
+  int32_t group_size;   /* q_heads / kv_heads */
+  int32_t first_q_head; /* global id of this rank's first query head */
+  int32_t first_kv_head;/* global id of this rank's (first) KV head */
+  int32_t topk_width;   /* topk_tokens + compress_ratio - 1 (2051) */
+  int32_t topk_blocks;  /* topk_tokens / compress_ratio (512) */
+  int32_t ring_length;  /* raw index-key ring per request: ratio * ceil((ratio+spec)/ratio) */
+  float softmax_scale;  /* the effective scale */
+} qsakv_rank_geometry;
+
+/* Validates config, then derives this rank's geometry. */
+QSAKV_API qsakv_status qsakv_model_config_rank_geometry(const qsakv_model_config* config,
+                                                        qsakv_rank_geometry* out);
+
+/* ---------------------------------------------------------------------------------- */
+/* Overlay: calibrated per-layer K/V scales bound to a checkpoint revision             */
+/* ---------------------------------------------------------------------------------- */
+
+/* Loads an overlay from a materialised checkpoint directory (model.safetensors.index.json
+ * + model-kvscales.safetensors + qsakv-overlay.json manifest) or, when `path` names a
+ * file, from a bare scale file with `manifest_path` (NULL: "<dir>/qsakv-overlay.json").
+ * Parses strictly; checks the scale file's SHA-256 against the manifest. Blocking. */
+QSAKV_API qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path,
+                                          const char* manifest_path);
+QSAKV_API void qsakv_overlay_destroy(qsakv_overlay* overlay);
+
+/* Validates against a config and the expected base revision (lower-case hex SHA-256 of
+ * the base checkpoint's model.safetensors.index.json; required, NULL is an invalid
+ * argument). Every rule of fail-closed mode, one status each. Until this succeeds the
+ * overlay cannot back an E4M3 cache; a failure leaves it unvalidated. Blocking. */
+QSAKV_API qsakv_status qsakv_overlay_validate(qsakv_overlay* overlay,
+                                              const qsakv_model_config* config,
+                                              const char* expected_base_revision);
+
+#define QSAKV_OVERLAY_INFO_VERSION 1
+typedef struct qsakv_overlay_info {
+  size_t struct_size;
+  uint32_t version;
+  int32_t num_scales;        /* K and V scales found (24 for the reference model) */
+  int32_t validated;         /* 1 after a successful qsakv_overlay_validate */
+  int32_t unit_scale_control;/* 1 when the metadata marks a unit-scale negative control */
+  int32_t contract_tp_size;  /* 0 = not constrained */
+  int32_t contract_speculative_tokens; /* -1 = not constrained */
+  qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
+  int32_t contract_min_sm;   /* 0 = not constrained */
+  char base_index_sha256[65];
+  char scale_file_sha256[65];
+  char layer_prefix[128];    /* e.g. "model.layers" */
+} qsakv_overlay_info;
+QSAKV_API qsakv_status qsakv_overlay_get_info(const qsakv_overlay* overlay,
+                                              qsakv_overlay_info* info);
+/* K and V scales of a model layer id. QSAKV_ERROR_INVALID_ARGUMENT if absent. */
+QSAKV_API qsakv_status qsakv_overlay_get_scales(const qsakv_overlay* overlay, int32_t layer,
+                                                float* k_scale, float* v_scale);
+
+/* Scale contract recorded in a manifest by qsakv_overlay_write. */
+#define QSAKV_OVERLAY_WRITE_OPTIONS_VERSION 1
+typedef struct qsakv_overlay_write_options {
+  size_t struct_size;
+  uint32_t version;
+  const char* layer_prefix;       /* "model.layers" when NULL */
+  const char* base_index_path;    /* base checkpoint's model.safetensors.index.json */
+  int32_t contract_tp_size;       /* 0 = not constrained */
+  int32_t contract_speculative_tokens; /* -1 = not constrained */
+  qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
+  int32_t contract_min_sm;        /* 0 = not constrained */
+  int32_t unit_scale_control;     /* 1 marks a unit-scale negative control in the metadata
+                                     (informational: a loaded 1.0 is a valid scale) */
+} qsakv_overlay_write_options;
+QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* options);
+
+/* Writes `out_dir`/model-kvscales.safetensors and `out_dir`/qsakv-overlay.json for the
+ * given QSA layers' scales (arrays of num_layers). Refuses an existing out_dir; builds
+ * in a staging directory renamed atomically. Blocking. */
+QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* layers,
+                                           const float* k_scales, const float* v_scales,
+                                           int32_t num_layers,
+                                           const qsakv_overlay_write_options* options);
+
+/* Materialises a calibrated checkpoint directory `out_dir` from a base checkpoint
+ * directory and a scale pack written by qsakv_overlay_write: a merged
+ * model.safetensors.index.json (the pack's names mapped to model-kvscales.safetensors,
+ * metadata.total_size grown by the scale file's size), symbolic links to every other
+ * base file, copies of the scale file and manifest, and qsakv-provenance.json with the
+ * hashes. Refuses an existing out_dir (INVALID_ARGUMENT), a base whose index hash is not
+ * the manifest's (REVISION_MISMATCH) and a scale name the base already has (OVERLAY_
+ * DUPLICATE). Builds in a staging directory renamed atomically. Blocking. */
+QSAKV_API qsakv_status qsakv_overlay_materialize(const char* out_dir,
+                                                 const char* base_checkpoint_dir,
+                                                 const char* scale_pack_dir);
+
+/* ---------------------------------------------------------------------------------- */
+/* Capacity planning and caches                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+#define QSAKV_CAPACITY_VERSION 1
+typedef struct qsakv_capacity {
+  size_t struct_size;
+  uint32_t version;
+  /* Per token, per rank, all QSA layers. */
+  uint64_t main_bytes_per_token;       /* K + V in kv_dtype */
+  uint64_t compressed_bytes_per_token; /* compressed index keys (FP16) */
+  uint64_t bytes_per_token;            /* the two above */
+  uint64_t fp16_bytes_per_token;       /* the same with a 16-bit main cache */
+  /* Fixed costs. */
+  uint64_t ring_bytes;        /* raw index-key rings: all requests, all QSA layers */
+  uint64_t ring_bytes_per_request;
+  uint64_t topk_bytes;        /* the shared top-k workspace (one, model-level) */
+  uint64_t topk_bytes_unshared; /* what one buffer per layer would cost */
+  /* For the budget. */
+  uint64_t budget_bytes;
+  int64_t num_blocks;         /* whole blocks that fit after the fixed costs */
+  int64_t num_tokens;         /* num_blocks * block_size */
+  int64_t fp16_num_tokens;    /* same budget with a 16-bit main cache */
+  double capacity_ratio;      /* num_tokens / fp16_num_tokens */
+  double ideal_ratio;         /* fp16_bytes_per_token / bytes_per_token */
+  uint64_t bytes_per_block;
+} qsakv_capacity;
+
+/* Pure arithmetic, no allocation. Blocking. */
+QSAKV_API qsakv_status qsakv_capacity_plan(const qsakv_model_config* config,
+                                           uint64_t memory_budget_bytes,
+                                           qsakv_capacity* out);
+
+#define QSAKV_CACHE_OPTIONS_VERSION 1
+typedef struct qsakv_cache_options {
+  size_t struct_size;
+  uint32_t version;
+  int64_t num_blocks;            /* blocks per QSA layer; 0: from memory_budget_bytes */
+  uint64_t memory_budget_bytes;  /* used when num_blocks == 0 */
+  int32_t share_topk;            /* 1 (default): one model-level top-k buffer for all
+                                    layers; 0: a private buffer per layer */
+  /* An external top-k buffer (device, int32, [rows, cols], row-major); NULL: allocate. */
+  void* external_topk;
+  qsakv_dtype external_topk_dtype;
+  int64_t external_topk_rows;    /* >= max_batched_tokens */
+  int64_t external_topk_cols;    /* == topk_width (2051) */
+} qsakv_cache_options;
+QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
+
+/* Allocates every cache of this rank: main K/V per QSA layer, raw index-key rings,
+ * compressed index-key caches, and the top-k workspace. E4M3 needs an overlay that
+ * qsakv_overlay_validate accepted for an equal config (else OVERLAY_MISSING or
+ * OVERLAY_NOT_VALIDATED); 16-bit caches take overlay == NULL. The scales are copied to
+ * device memory; the overlay may be destroyed afterwards. Blocking, allocates. Cache
+ * contents start zeroed. The context must outlive the cache. */
+QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
+                                          const qsakv_model_config* config,
+                                          const qsakv_overlay* overlay,
+                                          const qsakv_cache_options* options);
+QSAKV_API void qsakv_cache_destroy(qsakv_cache* cache);
+
+#define QSAKV_CACHE_LAYOUT_VERSION 1
+typedef struct qsakv_cache_layout {
+  size_t struct_size;
+  uint32_t version;
+  qsakv_dtype kv_dtype;
+  int64_t num_blocks;
+  int32_t block_size;
+  int32_t kv_heads;
+  int32_t head_dim;
+  int32_t num_qsa_layers;
+  /* Main cache per layer: [num_blocks, 2, block_size, kv_heads, head_dim], strides in
+   * elements. */
+  int64_t kv_stride_block;
+  int64_t kv_stride_kv;
+  int64_t kv_stride_token;
+  int64_t kv_stride_head;
+  uint64_t kv_bytes_per_layer;
+  /* Compressed index keys per layer: [num_blocks, block_size / ratio, index_head_dim]. */
+  uint64_t compressed_bytes_per_layer;
+  /* Raw index-key ring per layer: [max_requests, ring_length, index_head_dim] FP16. */
+  int32_t ring_length;
+  uint64_t ring_bytes_per_layer;
+  /* Top-k workspace: int32 [topk_rows, topk_cols]. */
+  int64_t topk_rows;
+  int64_t topk_cols;
+  int32_t topk_shared; /* 1 when one buffer serves every layer */
+  int32_t topk_external;
+  uint64_t total_bytes; /* everything the cache allocated */
+} qsakv_cache_layout;
+QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache,
+                                              qsakv_cache_layout* out);
+
+/* Device pointers of one QSA layer (model-layer id), for interoperability. */
+typedef struct qsakv_layer_buffers {
+  void* kv;              /* main cache */
+  void* compressed_keys; /* FP16 */
+  void* ring_keys;       /* FP16 */
+  int32_t* topk;         /* this layer's top-k buffer (the shared one when shared) */
+  const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
+} qsakv_layer_buffers;
+QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
+                                                     int32_t layer,
+                                                     qsakv_layer_buffers* out);
+
+/* ---------------------------------------------------------------------------------- */
+/* Store                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+/* Quantises (E4M3: e4m3(fp32(x) / scale), round-to-nearest-even, saturating to +-448,
+ * NaN stays NaN) or copies (16-bit caches) K and V into the main cache of `layer`.
+ * k, v: device, activation dtype, [num_tokens, kv_heads, head_dim] contiguous.
+ * slot_mapping: device int64 [num_tokens]; slot = block * block_size + offset, -1 skips.
+ * Async on `stream`; run: no allocation, no synchronisation, capturable. */
+QSAKV_API qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const void* k,
+                                      const void* v, const int64_t* slot_mapping,
+                                      int64_t num_tokens, qsakv_stream_t stream);
+
+/* Raw index keys (device FP16 [num_tokens, index_head_dim]) into the per-request ring:
+ * entry (request_slots[i], positions[i] % ring_length). request_slots: device int32,
+ * positions: device int64; a negative position skips. Async; run. */
+QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer,
+                                              const void* keys,
+                                              const int32_t* request_slots,
+                                              const int64_t* positions, int64_t num_tokens,
+                                              qsakv_stream_t stream);
+
+/* Finished compressed index keys (device FP16 [num_keys, index_head_dim]) into the
+ * compressed cache: entry slot_mapping[i] / compress_ratio, where slot_mapping[i] is
+ * the slot of any token of the group (-1 skips). Async; run. */
+QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer,
+                                                   const void* keys,
+                                                   const int64_t* slot_mapping,
+                                                   int64_t num_keys, qsakv_stream_t stream);
+
+/* ---------------------------------------------------------------------------------- */
+/* Plan: a batch's metadata, made on the host, consumed by select and attention         */
+/* ---------------------------------------------------------------------------------- */
+
+#define QSAKV_PLAN_OPTIONS_VERSION 1
+typedef struct qsakv_plan_options {
+  size_t struct_size;
+  uint32_t version;
+  int32_t max_rows;     /* query rows per batch this plan serves (0: max_batched_tokens) */
+  int32_t max_requests; /* requests per batch (0: config max_requests) */
+  int32_t num_splits;   /* split-K factor of the decode route; 0: from occupancy */
+} qsakv_plan_options;
+QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
+
+/* Makes a plan for batches up to the given maximum shape. Allocates its device metadata
+ * and workspace (blocking). A CUDA graph captured with a plan stays valid across
+ * qsakv_plan_update calls with other batches of at most that shape. The cache must
+ * outlive the plan. */
+QSAKV_API qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
+                                         const qsakv_plan_options* options);
+QSAKV_API void qsakv_plan_destroy(qsakv_plan* plan);
+
+#define QSAKV_BATCH_VERSION 1
+typedef struct qsakv_batch {
+  size_t struct_size;
+  uint32_t version;
+  int32_t num_requests;
+  /* Host int32 [num_requests + 1]: the rows of request r are [query_start[r],
+   * query_start[r+1]), one row per new token (decode: 1; verify: 1 + spec; prefill: a
+   * chunk). Rows are ordered by request. */
+  const int32_t* query_start;
+  /* Host int32 [num_requests]: tokens of request r after this step, the new rows
+   * included: its rows sit at positions seq_lens[r] - n_r ... seq_lens[r] - 1. */
+  const int32_t* seq_lens;
+  /* Host int32 [num_requests]: raw-ring slot of each request; NULL: r. */
+  const int32_t* request_slots;
+  /* DEVICE int32 [num_requests, block_table_stride]: physical block of each logical
+   * page. Read by select and attention at run time (not copied): keep it alive and
+   * written until they ran. */
+  const int32_t* block_table;
+  int32_t block_table_stride;
+} qsakv_batch;
+
+/* Describes the next batch: host work (validation, row maps, split table) and an async
+ * copy of the metadata to the plan's device buffers on `stream`. Blocking only while
+ * the previous update's copy is still reading the staging buffer. Not capturable. */
+QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
+                                         qsakv_stream_t stream);
+
+#define QSAKV_PLAN_INFO_VERSION 1
+typedef struct qsakv_plan_info {
+  size_t struct_size;
+  uint32_t version;
+  int32_t max_rows;
+  int32_t max_requests;
+  int32_t num_splits;
+  int32_t num_rows;     /* of the last update */
+  int32_t num_requests; /* of the last update */
+  uint64_t workspace_bytes; /* device memory the plan holds */
+} qsakv_plan_info;
+QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info);
+
+/* ---------------------------------------------------------------------------------- */
+/* Selection: indexer scoring, exact top-k, expansion                                  */
+/* ---------------------------------------------------------------------------------- */
+
+/* For every row of the last update: scores the visible compressed blocks of its request
+ * (b < min((p+1)/ratio, L/ratio)), keeps the topk_blocks best (score descending, block
+ * ascending on ties), expands each to its ratio tokens, appends the open group's tail
+ * and pads with -1. index_q: device FP16 [rows, index_num_heads, index_head_dim].
+ * topk: device int32 [rows, topk_stride] with topk_stride >= topk_width; NULL writes the
+ * layer's (shared) top-k buffer. Async; run. */
+QSAKV_API qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer,
+                                         const void* index_q, int32_t* topk,
+                                         int64_t topk_stride, qsakv_stream_t stream);
+
+/* ---------------------------------------------------------------------------------- */
+/* Attention                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+typedef enum qsakv_attention_mode {
+  QSAKV_ATTENTION_SPARSE = 0, /* over the top-k indices of each row */
+  QSAKV_ATTENTION_DENSE = 1   /* over the block table, causal: tokens 0 .. p */
+} qsakv_attention_mode;
+
+/* Attention of every row of the last update for QSA layer `layer`:
+ * softmax(q K^T * softmax_scale) V, the group's query heads sharing their KV head.
+ * E4M3: the K scale is folded into the softmax factor, the V scale applied once to the
+ * normalised output. q: device, activation dtype, [rows, q_heads, head_dim]. out: same
+ * shape and dtype. topk (SPARSE): device int32 [rows, topk_stride] request-relative
+ * token positions, -1 = none; NULL reads the layer's top-k buffer. A row with no
+ * selected token outputs zeros. Async; run: no allocation, no synchronisation,
+ * capturable. */
+QSAKV_API qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer,
+                                           qsakv_attention_mode mode, const void* q,
+                                           const int32_t* topk, int64_t topk_stride,
+                                           void* out, qsakv_stream_t stream);
+
+/* ---------------------------------------------------------------------------------- */
+/* Checkpoint revision                                                                 */
+/* ---------------------------------------------------------------------------------- */
+
+/* The revision an overlay is bound to: the lower-case hex SHA-256 of a checkpoint's
+ * model.safetensors.index.json. `path` is the checkpoint directory or the index file
+ * itself. Writes 64 hex digits and a NUL to out_hex (65 bytes). Blocking. */
+QSAKV_API qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex[65]);
+
+/* ---------------------------------------------------------------------------------- */
+/* Memory helpers (for callers without their own allocator, e.g. tools and tests)       */
+/* ---------------------------------------------------------------------------------- */
+
+/* Device memory of the context's backend (host memory for CPU). Blocking. */
+QSAKV_API qsakv_status qsakv_malloc(qsakv_context* context, void** out, size_t bytes);
+QSAKV_API void qsakv_free(qsakv_context* context, void* ptr);
+typedef enum qsakv_copy_kind {
+  QSAKV_COPY_HOST_TO_DEVICE = 1,
+  QSAKV_COPY_DEVICE_TO_HOST = 2,
+  QSAKV_COPY_DEVICE_TO_DEVICE = 3
+} qsakv_copy_kind;
+/* Async copy on `stream` (synchronous for the CPU backend). */
+QSAKV_API qsakv_status qsakv_memcpy(qsakv_context* context, void* dst, const void* src,
+                                    size_t bytes, qsakv_copy_kind kind,
+                                    qsakv_stream_t stream);
+/* Waits for `stream` (no-op on the CPU backend). */
+QSAKV_API qsakv_status qsakv_stream_synchronize(qsakv_context* context,
+                                                qsakv_stream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QSAKV_H */

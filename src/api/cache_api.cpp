@@ -1,0 +1,221 @@
+// extern "C" entry points: capacity planning and cache creation.
+#include <cstring>
+#include <vector>
+
+#include "api/guard.hpp"
+#include "api/handles.hpp"
+#include "core/capacity.hpp"
+#include "core/config.hpp"
+#include "core/dtype.hpp"
+#include "core/overlay/overlay.hpp"
+
+using namespace qsakv;
+
+namespace {
+
+qsakv_cache_options default_cache_options() {
+  qsakv_cache_options o;
+  std::memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.version = QSAKV_CACHE_OPTIONS_VERSION;
+  o.share_topk = 1;
+  return o;
+}
+
+// E4M3 needs an overlay validated for this very config; 16-bit caches take none.
+std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay* overlay,
+                                const BackendInfo& backend) {
+  std::vector<float> scales(2 * static_cast<size_t>(c.num_qsa_layers), 1.0f);
+  if (c.kv_dtype != QSAKV_DTYPE_E4M3) {
+    if (overlay)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "an overlay was given for a %s cache; only E4M3 "
+           "caches take scales (pass NULL)", dtype_name(c.kv_dtype));
+    return scales;
+  }
+  if (!overlay)
+    fail(QSAKV_ERROR_OVERLAY_MISSING, "kv_dtype is e4m3 but no overlay was given: E4M3 mode "
+         "needs calibrated per-layer K/V scales for this checkpoint (no unit-scale fallback)");
+  overlay_require_validated(overlay, c);
+  const int min_sm = overlay_contract_min_sm(overlay);
+  if (backend.kind == QSAKV_BACKEND_CUDA && min_sm > 0 && backend.sm_version < min_sm)
+    fail(QSAKV_ERROR_CONTRACT, "overlay contract min_sm is %d; this GPU is SM %d", min_sm,
+         backend.sm_version);
+  for (int i = 0; i < c.num_qsa_layers; ++i)
+    overlay_scales(overlay, c.qsa_layers[i], &scales[2 * i], &scales[2 * i + 1]);
+  return scales;
+}
+
+void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config& c,
+                         const qsakv_rank_geometry& g) {
+  if (!o.share_topk)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk is set with share_topk = 0; an "
+         "external buffer is the shared model-level buffer");
+  if (o.external_topk_dtype != QSAKV_DTYPE_INT32)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s; the top-k "
+         "buffer must be int32", dtype_name(o.external_topk_dtype));
+  if (o.external_topk_rows < c.max_batched_tokens)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_rows is %lld; needs at least "
+         "max_batched_tokens = %d rows", static_cast<long long>(o.external_topk_rows),
+         c.max_batched_tokens);
+  if (o.external_topk_cols != g.topk_width)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_cols is %lld; must be the "
+         "top-k width %d", static_cast<long long>(o.external_topk_cols), g.topk_width);
+}
+
+}  // namespace
+
+qsakv::KvCacheView qsakv_cache::kv_view(int i) const {
+  KvCacheView v;
+  v.data = static_cast<char*>(kv.get()) + layout.kv_bytes_per_layer * static_cast<size_t>(i);
+  v.num_blocks = layout.num_blocks;
+  v.block_size = layout.block_size;
+  v.kv_heads = layout.kv_heads;
+  v.head_dim = layout.head_dim;
+  v.stride_block = layout.kv_stride_block;
+  v.stride_kv = layout.kv_stride_kv;
+  v.stride_token = layout.kv_stride_token;
+  v.stride_head = layout.kv_stride_head;
+  v.dtype = layout.kv_dtype;
+  v.scales = scales.as<float>() + 2 * i;
+  return v;
+}
+
+int32_t* qsakv_cache::topk_for(int i) const {
+  if (layout.topk_shared) return topk_base;
+  return topk_base + static_cast<size_t>(i) * layout.topk_rows * layout.topk_cols;
+}
+
+extern "C" {
+
+qsakv_status qsakv_capacity_plan(const qsakv_model_config* config, uint64_t budget,
+                                 qsakv_capacity* out) {
+  return guarded([&] {
+    const auto c = read_versioned(config, default_model_config(), "config");
+    write_versioned(out, plan_capacity(c, budget), "out");
+  });
+}
+
+qsakv_status qsakv_cache_options_init(qsakv_cache_options* options) {
+  return guarded([&] {
+    if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL");
+    *options = default_cache_options();
+  });
+}
+
+qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
+                                const qsakv_model_config* config,
+                                const qsakv_overlay* overlay,
+                                const qsakv_cache_options* options) {
+  return guarded([&] {
+    require_out(out, "out");
+    if (!context) fail(QSAKV_ERROR_INVALID_ARGUMENT, "context is NULL");
+    const auto c = read_versioned(config, default_model_config(), "config");
+    const auto o = options ? read_versioned(options, default_cache_options(), "options")
+                           : default_cache_options();
+    const qsakv_rank_geometry g = rank_geometry(c);
+    Backend* be = context->backend.get();
+    const std::vector<float> scales = layer_scales(c, overlay, be->info());
+
+    int64_t num_blocks = o.num_blocks;
+    if (num_blocks < 0)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; must be >= 0",
+           static_cast<long long>(num_blocks));
+    if (num_blocks == 0) {
+      if (o.memory_budget_bytes == 0)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks and "
+             "options.memory_budget_bytes are both 0; give one");
+      const qsakv_capacity cap = plan_capacity(c, o.memory_budget_bytes);
+      if (cap.num_blocks <= 0)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.memory_budget_bytes %llu holds no block: "
+             "fixed costs are %llu bytes (rings %llu, top-k %llu), one block is %llu bytes",
+             static_cast<unsigned long long>(o.memory_budget_bytes),
+             static_cast<unsigned long long>(cap.ring_bytes + cap.topk_bytes),
+             static_cast<unsigned long long>(cap.ring_bytes),
+             static_cast<unsigned long long>(cap.topk_bytes),
+             static_cast<unsigned long long>(cap.bytes_per_block));
+      num_blocks = cap.num_blocks;
+    }
+    if (o.external_topk) check_external_topk(o, c, g);
+    if (o.share_topk != 0 && o.share_topk != 1)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.share_topk is %d; must be 0 or 1",
+           o.share_topk);
+
+    auto cache = std::make_unique<qsakv_cache>();
+    cache->context = context;
+    cache->config = c;
+    cache->geometry = g;
+    qsakv_cache_layout& L = cache->layout;
+    std::memset(&L, 0, sizeof L);
+    L.struct_size = sizeof L;
+    L.version = QSAKV_CACHE_LAYOUT_VERSION;
+    L.kv_dtype = c.kv_dtype;
+    L.num_blocks = num_blocks;
+    L.block_size = c.block_size;
+    L.kv_heads = g.kv_heads;
+    L.head_dim = c.head_dim;
+    L.num_qsa_layers = c.num_qsa_layers;
+    L.kv_stride_head = c.head_dim;
+    L.kv_stride_token = static_cast<int64_t>(g.kv_heads) * c.head_dim;
+    L.kv_stride_kv = L.kv_stride_token * c.block_size;
+    L.kv_stride_block = 2 * L.kv_stride_kv;
+    L.kv_bytes_per_layer = static_cast<uint64_t>(num_blocks) * L.kv_stride_block *
+                           dtype_size(c.kv_dtype);
+    L.compressed_bytes_per_layer = static_cast<uint64_t>(num_blocks) *
+                                   (c.block_size / c.compress_ratio) * c.index_head_dim * 2;
+    L.ring_length = g.ring_length;
+    L.ring_bytes_per_layer =
+        static_cast<uint64_t>(c.max_requests) * g.ring_length * c.index_head_dim * 2;
+    L.topk_rows = o.external_topk ? o.external_topk_rows : c.max_batched_tokens;
+    L.topk_cols = g.topk_width;
+    L.topk_shared = o.share_topk;
+    L.topk_external = o.external_topk ? 1 : 0;
+
+    const size_t nl = static_cast<size_t>(c.num_qsa_layers);
+    cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
+    cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
+    cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    if (o.external_topk) {
+      cache->topk_base = static_cast<int32_t*>(o.external_topk);
+    } else {
+      const size_t buffers = o.share_topk ? 1 : nl;
+      cache->topk = DeviceBuffer(be, buffers * L.topk_rows * L.topk_cols * sizeof(int32_t));
+      cache->topk_base = cache->topk.as<int32_t>();
+    }
+    cache->scales = DeviceBuffer(be, scales.size() * sizeof(float));
+    be->copy(cache->scales.get(), scales.data(), scales.size() * sizeof(float),
+             QSAKV_COPY_HOST_TO_DEVICE, nullptr);
+    be->synchronize(nullptr);
+    L.total_bytes = cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes() +
+                    cache->topk.bytes() + cache->scales.bytes();
+    *out = cache.release();
+  });
+}
+
+void qsakv_cache_destroy(qsakv_cache* cache) { delete cache; }
+
+qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_cache_layout* out) {
+  return guarded([&] {
+    if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
+    write_versioned(out, cache->layout, "out");
+  });
+}
+
+qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
+                                           qsakv_layer_buffers* out) {
+  return guarded([&] {
+    if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
+    if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
+    const int i = qsa_index(cache->config, layer);
+    if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
+    const qsakv_cache_layout& L = cache->layout;
+    out->kv = cache->kv_view(i).data;
+    out->compressed_keys = static_cast<char*>(cache->compressed.get()) +
+                           L.compressed_bytes_per_layer * static_cast<size_t>(i);
+    out->ring_keys =
+        static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * static_cast<size_t>(i);
+    out->topk = cache->topk_for(i);
+    out->scales = cache->scales.as<float>() + 2 * i;
+  });
+}
+
+}  // extern "C"

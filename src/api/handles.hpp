@@ -1,0 +1,49 @@
+// The opaque handles behind the public types (the overlay's lives with its parser).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/device_buffer.hpp"
+#include "qsakv.h"
+
+struct qsakv_context {
+  std::unique_ptr<qsakv::Backend> backend;
+  std::string fallback_reason;
+};
+
+struct qsakv_cache {
+  qsakv_context* context = nullptr;
+  qsakv_model_config config{};
+  qsakv_rank_geometry geometry{};
+  qsakv_cache_layout layout{};
+  // One allocation per kind, sliced per layer (fewer, larger allocations).
+  qsakv::DeviceBuffer kv;
+  qsakv::DeviceBuffer compressed;
+  qsakv::DeviceBuffer ring;
+  qsakv::DeviceBuffer topk;    // owned top-k buffer(s); empty when external
+  qsakv::DeviceBuffer scales;  // float[2 * num_qsa_layers]: k, v per layer
+  int32_t* topk_base = nullptr;  // owned or external
+  qsakv::KvCacheView kv_view(int qsa_index) const;
+  int32_t* topk_for(int qsa_index) const;
+};
+
+struct qsakv_plan {
+  qsakv_cache* cache = nullptr;
+  qsakv_plan_options options{};
+  int32_t num_rows = -1;  // -1: no update yet
+  int32_t num_requests = 0;
+  int64_t max_context = 0;
+  qsakv::DeviceBuffer meta;        // PlanMetaHeader + arrays
+  qsakv::HostBuffer staging;       // pinned mirror of meta
+  qsakv::DeviceBuffer partial_out; // split-K partial outputs
+  qsakv::DeviceBuffer partial_lse;
+  qsakv::DeviceBuffer select_ws;
+  void* fence = nullptr;
+  bool fence_pending = false;
+  size_t meta_bytes = 0;
+  qsakv::PlanMetaView meta_view() const;
+  ~qsakv_plan();
+};

@@ -1,0 +1,93 @@
+// extern "C" entry points: stores into the main cache and the indexer caches.
+#include "api/guard.hpp"
+#include "api/layer.hpp"
+
+using namespace qsakv;
+
+namespace {
+void require_cache(const qsakv_cache* cache) {
+  if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
+}
+void require_count(int64_t n, const char* what) {
+  if (n < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %lld; must be >= 0", what,
+                  static_cast<long long>(n));
+}
+void require_ptr(const void* p, const char* what) {
+  if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+}  // namespace
+
+extern "C" {
+
+qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const void* k, const void* v,
+                            const int64_t* slot_mapping, int64_t num_tokens,
+                            qsakv_stream_t stream) {
+  return guarded([&] {
+    require_cache(cache);
+    const int i = require_qsa_layer(cache, layer);
+    require_count(num_tokens, "num_tokens");
+    if (num_tokens == 0) return;
+    require_ptr(k, "k");
+    require_ptr(v, "v");
+    require_ptr(slot_mapping, "slot_mapping");
+    StoreKvParams p;
+    p.cache = cache->kv_view(i);
+    p.k = k;
+    p.v = v;
+    p.slot_mapping = slot_mapping;
+    p.num_tokens = num_tokens;
+    p.act_dtype = cache->config.activation_dtype;
+    cache->context->backend->store_kv(p, stream);
+  });
+}
+
+qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const void* keys,
+                                    const int32_t* request_slots, const int64_t* positions,
+                                    int64_t num_tokens, qsakv_stream_t stream) {
+  return guarded([&] {
+    require_cache(cache);
+    const int i = require_qsa_layer(cache, layer);
+    require_count(num_tokens, "num_tokens");
+    if (num_tokens == 0) return;
+    require_ptr(keys, "keys");
+    require_ptr(request_slots, "request_slots");
+    require_ptr(positions, "positions");
+    const qsakv_cache_layout& L = cache->layout;
+    StoreRowsParams p{};
+    p.dst = static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * i;
+    p.max_requests = cache->config.max_requests;
+    p.ring_length = L.ring_length;
+    p.dst_rows = static_cast<int64_t>(p.max_requests) * p.ring_length;
+    p.src = static_cast<const uint16_t*>(keys);
+    p.row_elems = cache->config.index_head_dim;
+    p.num_rows = num_tokens;
+    p.request_slots = request_slots;
+    p.positions = positions;
+    cache->context->backend->store_ring(p, stream);
+  });
+}
+
+qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer, const void* keys,
+                                         const int64_t* slot_mapping, int64_t num_keys,
+                                         qsakv_stream_t stream) {
+  return guarded([&] {
+    require_cache(cache);
+    const int i = require_qsa_layer(cache, layer);
+    require_count(num_keys, "num_keys");
+    if (num_keys == 0) return;
+    require_ptr(keys, "keys");
+    require_ptr(slot_mapping, "slot_mapping");
+    const qsakv_cache_layout& L = cache->layout;
+    StoreRowsParams p{};
+    p.dst = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
+    p.compress_ratio = cache->config.compress_ratio;
+    p.dst_rows = L.num_blocks * (L.block_size / p.compress_ratio);
+    p.src = static_cast<const uint16_t*>(keys);
+    p.row_elems = cache->config.index_head_dim;
+    p.num_rows = num_keys;
+    p.slot_mapping = slot_mapping;
+    cache->context->backend->store_compressed(p, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,66 @@
+// The CPU reference backend: host memory, synchronous, the oracle for GPU tests.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/cpu_kernels.hpp"
+#include "core/backend.hpp"
+#include "core/error.hpp"
+
+namespace qsakv {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() {
+    info_.kind = QSAKV_BACKEND_CPU;
+    info_.decoder = QSAKV_DECODER_SOFTWARE;
+    info_.device = -1;
+    info_.sm_version = 0;
+    info_.multiprocessor_count = 0;
+    info_.has_fp8_conversion = false;
+    info_.device_memory_bytes = 0;
+    info_.device_name = "CPU (reference backend)";
+  }
+  const BackendInfo& info() const override { return info_; }
+
+  void* alloc(size_t bytes) override {
+    void* p = std::calloc(1, bytes);
+    if (!p) fail(QSAKV_ERROR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", bytes);
+    return p;
+  }
+  void release(void* ptr) noexcept override { std::free(ptr); }
+  void* alloc_host(size_t bytes) override { return alloc(bytes); }
+  void release_host(void* ptr) noexcept override { std::free(ptr); }
+  void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind, qsakv_stream_t) override {
+    std::memmove(dst, src, bytes);
+  }
+  void synchronize(qsakv_stream_t) override {}
+  void* create_fence() override { return nullptr; }
+  void destroy_fence(void*) noexcept override {}
+  void record_fence(void*, qsakv_stream_t) override {}
+  void wait_fence(void*) override {}
+
+  int choose_splits(int, int, int) const override { return 1; }
+  size_t select_workspace_bytes(int, int64_t max_blocks) const override {
+    // One row at a time: a score and an order entry per compressed block.
+    return static_cast<size_t>(max_blocks) * (sizeof(float) + sizeof(int32_t));
+  }
+
+  void store_kv(const StoreKvParams& p, qsakv_stream_t) override { cpu::store_kv(p); }
+  void store_ring(const StoreRowsParams& p, qsakv_stream_t) override { cpu::store_ring(p); }
+  void store_compressed(const StoreRowsParams& p, qsakv_stream_t) override {
+    cpu::store_compressed(p);
+  }
+  void select_topk(const SelectParams& p, qsakv_stream_t) override { cpu::select_topk(p); }
+  void attention(const AttentionParams& p, qsakv_stream_t) override { cpu::attention(p); }
+
+ private:
+  BackendInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace qsakv

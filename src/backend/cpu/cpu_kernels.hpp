@@ -1,0 +1,16 @@
+// The reference backend's compute: plain C++, FP32 math, same layouts as the GPU.
+#pragma once
+
+#include "core/params.hpp"
+
+namespace qsakv {
+namespace cpu {
+
+void store_kv(const StoreKvParams& p);
+void store_ring(const StoreRowsParams& p);
+void store_compressed(const StoreRowsParams& p);
+void select_topk(const SelectParams& p);
+void attention(const AttentionParams& p);
+
+}  // namespace cpu
+}  // namespace qsakv

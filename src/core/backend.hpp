@@ -1,0 +1,65 @@
+// The interface both backends implement. The API layer owns handles and validation; a
+// backend owns memory and compute. Backends are siblings: neither includes the other.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/params.hpp"
+#include "qsakv.h"
+
+namespace qsakv {
+
+struct BackendInfo {
+  qsakv_backend kind;
+  qsakv_decoder decoder;
+  int device;
+  int sm_version;
+  int multiprocessor_count;
+  bool has_fp8_conversion;
+  uint64_t device_memory_bytes;
+  std::string device_name;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const BackendInfo& info() const = 0;
+
+  // Memory. alloc returns zeroed device memory or throws OUT_OF_MEMORY.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* ptr) noexcept = 0;
+  // Pinned (page-locked) host memory for staging; plain host memory on the CPU backend.
+  virtual void* alloc_host(size_t bytes) = 0;
+  virtual void release_host(void* ptr) noexcept = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
+                    qsakv_stream_t stream) = 0;
+  virtual void synchronize(qsakv_stream_t stream) = 0;
+
+  // Staging fences for plan updates: record after an async copy; wait before the
+  // staging buffer is rewritten.
+  virtual void* create_fence() = 0;
+  virtual void destroy_fence(void* fence) noexcept = 0;
+  virtual void record_fence(void* fence, qsakv_stream_t stream) = 0;
+  virtual void wait_fence(void* fence) = 0;
+
+  // Split-K factor for a plan of max_rows rows (0 = the backend's choice).
+  virtual int choose_splits(int max_rows, int topk_width, int max_context) const = 0;
+  // Bytes of select scratch a plan needs.
+  virtual size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const = 0;
+
+  // Compute: enqueue on stream (the CPU backend runs synchronously).
+  virtual void store_kv(const StoreKvParams& p, qsakv_stream_t stream) = 0;
+  virtual void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
+  virtual void store_compressed(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
+  virtual void select_topk(const SelectParams& p, qsakv_stream_t stream) = 0;
+  virtual void attention(const AttentionParams& p, qsakv_stream_t stream) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Returns nullptr with *why set when no usable GPU (or no CUDA in this build).
+std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
+                                           std::string* why);
+
+}  // namespace qsakv

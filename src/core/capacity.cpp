@@ -1,0 +1,43 @@
+#include "core/capacity.hpp"
+
+#include <cstring>
+
+#include "core/config.hpp"
+#include "core/dtype.hpp"
+
+namespace qsakv {
+
+qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget) {
+  const qsakv_rank_geometry g = rank_geometry(c);
+  const uint64_t layers = static_cast<uint64_t>(c.num_qsa_layers);
+  const uint64_t kv_elems_per_token = 2ull * g.kv_heads * c.head_dim;  // K and V
+  // Compressed index keys are FP16, one per `ratio` tokens.
+  const uint64_t compressed_per_token = 2ull * c.index_head_dim / c.compress_ratio;
+
+  qsakv_capacity r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.version = QSAKV_CAPACITY_VERSION;
+  r.main_bytes_per_token = layers * kv_elems_per_token * dtype_size(c.kv_dtype);
+  r.compressed_bytes_per_token = layers * compressed_per_token;
+  r.bytes_per_token = r.main_bytes_per_token + r.compressed_bytes_per_token;
+  r.fp16_bytes_per_token = layers * (kv_elems_per_token * 2 + compressed_per_token);
+  r.ring_bytes_per_request = layers * static_cast<uint64_t>(g.ring_length) * c.index_head_dim * 2;
+  r.ring_bytes = r.ring_bytes_per_request * static_cast<uint64_t>(c.max_requests);
+  r.topk_bytes = static_cast<uint64_t>(c.max_batched_tokens) * g.topk_width * 4;
+  r.topk_bytes_unshared = r.topk_bytes * layers;
+  r.budget_bytes = budget;
+  r.bytes_per_block = r.bytes_per_token * static_cast<uint64_t>(c.block_size);
+  const uint64_t fixed = r.ring_bytes + r.topk_bytes;
+  const uint64_t left = budget > fixed ? budget - fixed : 0;
+  r.num_blocks = static_cast<int64_t>(left / r.bytes_per_block);
+  r.num_tokens = r.num_blocks * c.block_size;
+  const uint64_t fp16_per_block = r.fp16_bytes_per_token * static_cast<uint64_t>(c.block_size);
+  r.fp16_num_tokens = static_cast<int64_t>(left / fp16_per_block) * c.block_size;
+  r.capacity_ratio =
+      r.fp16_num_tokens > 0 ? static_cast<double>(r.num_tokens) / r.fp16_num_tokens : 0.0;
+  r.ideal_ratio = static_cast<double>(r.fp16_bytes_per_token) / r.bytes_per_token;
+  return r;
+}
+
+}  // namespace qsakv

@@ -1,0 +1,26 @@
+// Model config: presets, validation with named errors, per-rank geometry.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "qsakv.h"
+
+namespace qsakv {
+
+qsakv_model_config default_model_config();
+void apply_preset(qsakv_model_config& config, const std::string& name);
+
+// Throws Error(QSAKV_ERROR_INVALID_CONFIG) naming the field and the bad value.
+void validate_config(const qsakv_model_config& config);
+
+// Validates, then derives this rank's geometry.
+qsakv_rank_geometry rank_geometry(const qsakv_model_config& config);
+
+// Index of model layer `layer` among the QSA layers, or -1.
+int qsa_index(const qsakv_model_config& config, int32_t layer);
+
+// Same geometry and runtime (the fields that shape caches and contracts).
+bool same_config(const qsakv_model_config& a, const qsakv_model_config& b);
+
+}  // namespace qsakv

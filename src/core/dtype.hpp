@@ -1,0 +1,39 @@
+// Element types: sizes and names.
+#pragma once
+
+#include <cstddef>
+
+#include "qsakv.h"
+
+namespace qsakv {
+
+inline size_t dtype_size(qsakv_dtype d) {
+  switch (d) {
+    case QSAKV_DTYPE_FP16:
+    case QSAKV_DTYPE_BF16:
+      return 2;
+    case QSAKV_DTYPE_E4M3:
+      return 1;
+    case QSAKV_DTYPE_FP32:
+    case QSAKV_DTYPE_INT32:
+      return 4;
+    case QSAKV_DTYPE_INT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+inline const char* dtype_name(qsakv_dtype d) {
+  switch (d) {
+    case QSAKV_DTYPE_FP16: return "fp16";
+    case QSAKV_DTYPE_BF16: return "bf16";
+    case QSAKV_DTYPE_E4M3: return "e4m3";
+    case QSAKV_DTYPE_FP32: return "fp32";
+    case QSAKV_DTYPE_INT32: return "int32";
+    case QSAKV_DTYPE_INT64: return "int64";
+    default: return "invalid";
+  }
+}
+
+}  // namespace qsakv

@@ -1,0 +1,155 @@
+#include "core/overlay/file_io.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.hpp"
+
+namespace qsakv {
+
+namespace {
+
+// Closes a descriptor on every path out of a function.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path);
+}
+
+void remove_tree(const std::string& path) {
+  // Depth first, not following links: a staging dir holds links into a base checkpoint
+  // that must survive.
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path, uint64_t max_bytes, const char* what,
+                      int missing_status) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) {
+    const int err = errno;
+    if (err == ENOENT)
+      fail(static_cast<qsakv_status>(missing_status), "%s not found: %s", what, path.c_str());
+    fail(QSAKV_ERROR_IO, "cannot open %s %s: %s", what, path.c_str(), std::strerror(err));
+  }
+  struct stat st;
+  if (::fstat(f.fd, &st) != 0)
+    fail(QSAKV_ERROR_IO, "cannot stat %s %s: %s", what, path.c_str(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail(QSAKV_ERROR_IO, "%s %s is not a regular file", what, path.c_str());
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    fail(QSAKV_ERROR_FORMAT, "%s %s is %lld bytes; at most %llu are accepted", what,
+         path.c_str(), static_cast<long long>(st.st_size),
+         static_cast<unsigned long long>(max_bytes));
+  std::string bytes;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      fail(QSAKV_ERROR_IO, "cannot read %s %s: %s", what, path.c_str(), std::strerror(errno));
+    if (n == 0) break;
+    bytes.append(buf, static_cast<size_t>(n));
+    // The file may grow while read: the bound holds for what is read, not just stat.
+    if (bytes.size() > max_bytes)
+      fail(QSAKV_ERROR_FORMAT, "%s %s grew past %llu bytes while read", what, path.c_str(),
+           static_cast<unsigned long long>(max_bytes));
+  }
+  return bytes;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) fail(QSAKV_ERROR_IO, "cannot create %s: %s", path.c_str(), std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(QSAKV_ERROR_IO, "cannot write %s: %s", path.c_str(), std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  // The rename that publishes the directory must not expose half-written files.
+  if (::fsync(f.fd) != 0)
+    fail(QSAKV_ERROR_IO, "cannot sync %s: %s", path.c_str(), std::strerror(errno));
+}
+
+PathKind path_kind(const std::string& path, const char* what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return PathKind::missing;
+    fail(QSAKV_ERROR_IO, "cannot stat %s %s: %s", what, path.c_str(), std::strerror(errno));
+  }
+  if (S_ISREG(st.st_mode)) return PathKind::file;
+  if (S_ISDIR(st.st_mode)) return PathKind::directory;
+  return PathKind::other;
+}
+
+std::string dir_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  if (dir.empty() || dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+void require_absent(const std::string& path, const char* what) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s %s already exists; refusing to overwrite it", what,
+         path.c_str());
+  if (errno != ENOENT)
+    fail(QSAKV_ERROR_IO, "cannot stat %s %s: %s", what, path.c_str(), std::strerror(errno));
+}
+
+StagingDir::StagingDir(const std::string& final_dir) : final_(final_dir) {
+  std::string t = final_dir;
+  while (t.size() > 1 && t.back() == '/') t.pop_back();
+  final_ = t;
+  // Beside the target, so that rename(2) stays within one file system.
+  std::vector<char> tmpl(t.begin(), t.end());
+  const char suffix[] = ".staging-XXXXXX";
+  tmpl.insert(tmpl.end(), suffix, suffix + sizeof suffix);
+  if (!::mkdtemp(tmpl.data()))
+    fail(QSAKV_ERROR_IO, "cannot create a staging directory beside %s: %s", t.c_str(),
+         std::strerror(errno));
+  path_ = tmpl.data();
+}
+
+StagingDir::~StagingDir() {
+  if (!committed_) remove_tree(path_);
+}
+
+void StagingDir::commit() {
+  // RENAME_NOREPLACE: a directory created at final_ after our check must not be replaced.
+  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, final_.c_str(), RENAME_NOREPLACE) != 0) {
+    const int err = errno;
+    if (err == EEXIST)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s appeared while it was being written; left as is",
+           final_.c_str());
+    // Some file systems lack the flag; plain rename(2) still refuses a non-empty target.
+    if ((err != EINVAL && err != ENOSYS) || ::rename(path_.c_str(), final_.c_str()) != 0)
+      fail(QSAKV_ERROR_IO, "cannot rename %s to %s: %s", path_.c_str(), final_.c_str(),
+           std::strerror(errno));
+  }
+  committed_ = true;
+}
+
+}  // namespace qsakv

@@ -1,0 +1,161 @@
+#include "core/overlay/manifest.hpp"
+
+#include <set>
+
+#include "core/error.hpp"
+#include "core/overlay/json_strict.hpp"
+#include "core/overlay/names.hpp"
+#include "core/overlay/sha256.hpp"
+
+namespace qsakv {
+
+namespace {
+
+const char* const kFields[] = {"schema_version", "kind",           "base_index_sha256",
+                               "scale_file_sha256", "layer_prefix", "tensor_names",
+                               "scale_contract", "unit_scale_control", "contract"};
+const char* const kContractFields[] = {"tp_size", "speculative_tokens", "activation_dtype",
+                                       "min_sm"};
+
+template <size_t N>
+void require_fields(const json& obj, const char* const (&fields)[N], const std::string& what,
+                    const char* where) {
+  for (const auto& kv : obj.items()) {
+    bool known = false;
+    for (const char* f : fields) known = known || kv.key() == f;
+    if (!known)
+      fail(QSAKV_ERROR_FORMAT, "%s: unknown field \"%s\" in %s", what.c_str(),
+           kv.key().c_str(), where);
+  }
+  for (const char* f : fields)
+    if (!obj.contains(f))
+      fail(QSAKV_ERROR_FORMAT, "%s: %s lacks the field \"%s\"", what.c_str(), where, f);
+}
+
+std::string get_string(const json& obj, const char* field, const std::string& what) {
+  if (!obj[field].is_string())
+    fail(QSAKV_ERROR_FORMAT, "%s: \"%s\" is a JSON %s, not a string", what.c_str(), field,
+         json_kind(obj[field]));
+  return obj[field].get<std::string>();
+}
+
+std::string get_sha(const json& obj, const char* field, const std::string& what) {
+  const std::string s = get_string(obj, field, what);
+  if (!is_sha256_hex(s))
+    fail(QSAKV_ERROR_FORMAT, "%s: \"%s\" is \"%s\", not 64 lower-case hex digits", what.c_str(),
+         field, s.c_str());
+  return s;
+}
+
+// null -> `unset`; otherwise an integer in [lo, hi].
+int32_t get_bound(const json& c, const char* field, int32_t unset, int32_t lo, int32_t hi,
+                  const std::string& what) {
+  const json& v = c[field];
+  if (v.is_null()) return unset;
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    fail(QSAKV_ERROR_FORMAT, "%s: contract.%s is %s; expected null or an integer in %d..%d",
+         what.c_str(), field, v.dump().c_str(), lo, hi);
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+Contract parse_contract(const json& c, const std::string& what) {
+  if (!c.is_object())
+    fail(QSAKV_ERROR_FORMAT, "%s: \"contract\" is a JSON %s, not an object", what.c_str(),
+         json_kind(c));
+  require_fields(c, kContractFields, what, "\"contract\"");
+  Contract out;
+  out.tp_size = get_bound(c, "tp_size", 0, 1, 1 << 16, what);
+  out.speculative_tokens = get_bound(c, "speculative_tokens", -1, 0, 64, what);
+  out.min_sm = get_bound(c, "min_sm", 0, 1, 10000, what);
+  const json& d = c["activation_dtype"];
+  if (d.is_null()) return out;
+  if (d == "fp16")
+    out.activation_dtype = QSAKV_DTYPE_FP16;
+  else if (d == "bf16")
+    out.activation_dtype = QSAKV_DTYPE_BF16;
+  else
+    fail(QSAKV_ERROR_FORMAT, "%s: contract.activation_dtype is %s; expected \"fp16\", "
+         "\"bf16\" or null", what.c_str(), d.dump().c_str());
+  return out;
+}
+
+std::vector<std::string> parse_names(const json& a, const std::string& what) {
+  if (!a.is_array())
+    fail(QSAKV_ERROR_FORMAT, "%s: \"tensor_names\" is a JSON %s, not an array", what.c_str(),
+         json_kind(a));
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (const json& n : a) {
+    if (!n.is_string())
+      fail(QSAKV_ERROR_FORMAT, "%s: \"tensor_names\" holds a JSON %s, not a string",
+           what.c_str(), json_kind(n));
+    if (!seen.insert(n.get<std::string>()).second)
+      fail(QSAKV_ERROR_OVERLAY_DUPLICATE, "%s: tensor name \"%s\" is listed twice",
+           what.c_str(), n.get<std::string>().c_str());
+    names.push_back(n.get<std::string>());
+  }
+  return names;
+}
+
+json dtype_json(qsakv_dtype d) {
+  if (d == QSAKV_DTYPE_FP16) return "fp16";
+  if (d == QSAKV_DTYPE_BF16) return "bf16";
+  return nullptr;
+}
+
+json bound_json(int32_t v, int32_t unset) { return v == unset ? json(nullptr) : json(v); }
+
+}  // namespace
+
+Manifest parse_manifest(const std::string& text, const std::string& what) {
+  const json j = parse_json_strict(text, what);
+  if (!j.is_object())
+    fail(QSAKV_ERROR_FORMAT, "%s is a JSON %s, not an object", what.c_str(), json_kind(j));
+  // The version first: a newer manifest should say so rather than "unknown field".
+  if (!j.contains("schema_version") || !j["schema_version"].is_number_integer() ||
+      j["schema_version"].get<int64_t>() != kManifestSchemaVersion)
+    fail(QSAKV_ERROR_FORMAT, "%s: schema_version is %s; this library reads version %d",
+         what.c_str(), j.contains("schema_version") ? j["schema_version"].dump().c_str()
+                                                    : "absent",
+         kManifestSchemaVersion);
+  require_fields(j, kFields, what, "the manifest");
+  if (get_string(j, "kind", what) != kManifestKind)
+    fail(QSAKV_ERROR_FORMAT, "%s: kind is \"%s\", not \"%s\"", what.c_str(),
+         j["kind"].get<std::string>().c_str(), kManifestKind);
+  Manifest m;
+  m.base_index_sha256 = get_sha(j, "base_index_sha256", what);
+  m.scale_file_sha256 = get_sha(j, "scale_file_sha256", what);
+  m.layer_prefix = get_string(j, "layer_prefix", what);
+  if (!valid_layer_prefix(m.layer_prefix))
+    fail(QSAKV_ERROR_FORMAT, "%s: layer_prefix \"%s\" is not a dotted name", what.c_str(),
+         m.layer_prefix.c_str());
+  m.tensor_names = parse_names(j["tensor_names"], what);
+  const std::string contract = get_string(j, "scale_contract", what);
+  if (contract != kScaleContract)
+    fail(QSAKV_ERROR_FORMAT, "%s: scale_contract is \"%s\"; this library implements \"%s\"",
+         what.c_str(), contract.c_str(), kScaleContract);
+  if (!j["unit_scale_control"].is_boolean())
+    fail(QSAKV_ERROR_FORMAT, "%s: unit_scale_control is not true or false", what.c_str());
+  m.unit_scale_control = j["unit_scale_control"].get<bool>();
+  m.contract = parse_contract(j["contract"], what);
+  return m;
+}
+
+std::string write_manifest(const Manifest& m) {
+  json j = json::object();
+  j["schema_version"] = kManifestSchemaVersion;
+  j["kind"] = kManifestKind;
+  j["base_index_sha256"] = m.base_index_sha256;
+  j["scale_file_sha256"] = m.scale_file_sha256;
+  j["layer_prefix"] = m.layer_prefix;
+  j["tensor_names"] = m.tensor_names;
+  j["scale_contract"] = kScaleContract;
+  j["unit_scale_control"] = m.unit_scale_control;
+  j["contract"] = {{"tp_size", bound_json(m.contract.tp_size, 0)},
+                   {"speculative_tokens", bound_json(m.contract.speculative_tokens, -1)},
+                   {"activation_dtype", dtype_json(m.contract.activation_dtype)},
+                   {"min_sm", bound_json(m.contract.min_sm, 0)}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace qsakv

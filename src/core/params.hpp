@@ -1,0 +1,108 @@
+// Plain parameter structs handed from the API layer to a backend. Raw pointers, strides
+// and scalars only, so the CUDA kernels can take them by value.
+#pragma once
+
+#include <stdint.h>
+
+#include "qsakv.h"
+
+namespace qsakv {
+
+// The paged main cache of one layer: [num_blocks, 2, block_size, kv_heads, head_dim].
+struct KvCacheView {
+  void* data;
+  int64_t num_blocks;
+  int32_t block_size;
+  int32_t kv_heads;
+  int32_t head_dim;
+  int64_t stride_block;  // elements
+  int64_t stride_kv;
+  int64_t stride_token;
+  int64_t stride_head;
+  qsakv_dtype dtype;
+  const float* scales;  // device float[2]: k_scale, v_scale
+};
+
+struct StoreKvParams {
+  KvCacheView cache;
+  const void* k;  // [num_tokens, kv_heads, head_dim], activation dtype
+  const void* v;
+  const int64_t* slot_mapping;
+  int64_t num_tokens;
+  qsakv_dtype act_dtype;
+};
+
+// Scatter of FP16 rows: dst[index(i)] = src[i], index(i) < 0 skips.
+//   ring:       index = request_slots[i] * ring_length + positions[i] % ring_length
+//   compressed: index = slot_mapping[i] / compress_ratio
+struct StoreRowsParams {
+  void* dst;
+  int64_t dst_rows;
+  const uint16_t* src;
+  int32_t row_elems;
+  int64_t num_rows;
+  const int32_t* request_slots;  // ring only
+  const int64_t* positions;      // ring only
+  int32_t ring_length;
+  int32_t max_requests;
+  const int64_t* slot_mapping;   // compressed only
+  int32_t compress_ratio;
+};
+
+// Batch metadata a plan keeps in device memory, rewritten by each update. One buffer:
+// this header, then row_request[max_rows], row_pos[max_rows], req_len[max_requests],
+// req_slot[max_requests].
+struct PlanMetaHeader {
+  int32_t num_rows;
+  int32_t num_requests;
+  int32_t block_table_stride;
+  int32_t pad;
+  const int32_t* block_table;
+};
+
+struct PlanMetaView {
+  const PlanMetaHeader* header;
+  const int32_t* row_request;
+  const int32_t* row_pos;  // query position p of the row
+  const int32_t* req_len;  // request length L
+  const int32_t* req_slot;
+  int32_t max_rows;
+  int32_t max_requests;
+};
+
+struct SelectParams {
+  PlanMetaView meta;
+  const uint16_t* index_q;        // [rows, index_heads, index_dim] FP16
+  const uint16_t* compressed;     // [num_blocks, block_size / ratio, index_dim] FP16
+  int64_t num_blocks;
+  int32_t block_size;
+  int32_t index_heads;
+  int32_t index_dim;
+  int32_t ratio;
+  int32_t topk_blocks;            // 512
+  int32_t topk_width;             // 2051
+  int32_t* topk;                  // [rows, topk_stride]
+  int64_t topk_stride;
+  float* score_workspace;         // backend scratch (plan-owned)
+  int64_t score_workspace_elems;
+};
+
+struct AttentionParams {
+  PlanMetaView meta;
+  KvCacheView cache;
+  const void* q;   // [rows, q_heads, head_dim] activation dtype
+  void* out;       // same
+  qsakv_dtype act_dtype;
+  int32_t q_heads;
+  int32_t group_size;
+  float softmax_scale;
+  qsakv_attention_mode mode;
+  const int32_t* topk;  // sparse: [rows, topk_stride]
+  int64_t topk_stride;
+  int32_t topk_width;
+  int32_t num_splits;
+  float* partial_out;   // split-K workspace [max_rows, q_heads, splits, head_dim]
+  float* partial_lse;   // [max_rows, q_heads, splits]
+};
+
+}  // namespace qsakv

@@ -1,0 +1,247 @@
+/* Attention against an FP64 reference computed here from the cache bytes (an independent
+ * decoder, not the backend's code path): random data every run, poisoned outputs, NaN
+ * pages no valid index reaches, -1 indices, empty requests, requests shorter than one
+ * group, a 49-row mixed batch, 1 to 2051 selected tokens; sparse and dense; E4M3, FP16,
+ * BF16; head_dim 64/128/256; GQA groups 1..12. On a GPU the CUDA backend is checked the
+ * same way and against the CPU backend. Bounds (relative L2 vs FP64):
+ *   FP16 outputs 2e-3 (output rounding ~3e-4 RMS plus FP16 P.V operands on the GPU),
+ *   BF16 outputs 1e-2 (8-bit mantissa rounding ~2.3e-3 RMS). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scenario.h"
+
+typedef struct {
+  int q_heads, kv_heads, head_dim;
+  qsakv_dtype act, kv;
+  int block_size;
+} geometry_case;
+
+static double bound_for(qsakv_dtype act) { return act == QSAKV_DTYPE_BF16 ? 1e-2 : 2e-3; }
+
+/* Random top-k rows: a random count (1..width) of distinct causal positions in random
+ * order, -1 scattered between them, some rows all -1, some reaching the full width. */
+static int32_t* random_topk(const tu_world* w, int64_t stride) {
+  const int width = w->geo.topk_width;
+  int32_t* topk = malloc(sizeof(int32_t) * (size_t)w->rows * stride);
+  for (int row = 0; row < w->rows; ++row) {
+    int32_t* out = topk + row * stride;
+    for (int j = 0; j < stride; ++j) out[j] = -1;
+    const int pos = tu_row_pos(w, row);
+    const int kind = tu_int(0, 9);
+    if (kind == 0) continue; /* all -1: the row outputs zeros */
+    int want = kind == 1 ? width : tu_int(1, width);
+    if (want > pos + 1) want = pos + 1;
+    /* Partial Fisher-Yates over 0..pos. */
+    int* cand = malloc(sizeof(int) * (pos + 1));
+    for (int t = 0; t <= pos; ++t) cand[t] = t;
+    for (int i = 0; i < want; ++i) {
+      int j = i + (int)(tu_next() % (uint64_t)(pos + 1 - i));
+      int t = cand[i];
+      cand[i] = cand[j];
+      cand[j] = t;
+    }
+    /* Place them at random columns, leaving -1 holes when there is room. */
+    int col = 0;
+    for (int i = 0; i < want; ++i) {
+      while (col < width - (want - i) && tu_int(0, 7) == 0) ++col;
+      out[col++] = cand[i];
+    }
+    free(cand);
+  }
+  return topk;
+}
+
+static uint16_t* random_q(const tu_world* w) {
+  const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
+  uint16_t* q = malloc(2 * n + 2);
+  for (size_t i = 0; i < n; ++i)
+    q[i] = tu_f32_to_act((float)tu_normal(), w->cfg.activation_dtype);
+  return q;
+}
+
+/* Runs attention on w's backend with poisoned outputs; returns the host output as FP64. */
+static double* run_attention(const tu_world* w, const uint16_t* q, const int32_t* topk,
+                             int64_t stride, int dense) {
+  const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
+  void* dq = tu_to_device(w->ctx, q, 2 * n);
+  void* dout = tu_device_filled(w->ctx, 2 * n, 0xFF); /* NaN: every element must be written */
+  void* dtopk = topk ? tu_to_device(w->ctx, topk, sizeof(int32_t) * (size_t)w->rows * stride) : NULL;
+  TU_OK(qsakv_attention_run(w->plan, w->layer, dense ? QSAKV_ATTENTION_DENSE : QSAKV_ATTENTION_SPARSE,
+                            dq, dtopk, stride, dout, NULL));
+  uint16_t* out = malloc(2 * n + 2);
+  tu_to_host(w->ctx, out, dout, 2 * n);
+  double* r = malloc(sizeof(double) * (n + 1));
+  for (size_t i = 0; i < n; ++i) r[i] = tu_act_to_f32(out[i], w->cfg.activation_dtype);
+  free(out);
+  qsakv_free(w->ctx, dq);
+  qsakv_free(w->ctx, dout);
+  if (dtopk) qsakv_free(w->ctx, dtopk);
+  return r;
+}
+
+static void check_world(const tu_world* w, const char* what, int splits_note) {
+  const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
+  void* kv = tu_world_read_kv(w);
+  const uint16_t* q = random_q(w);
+  for (int dense = 0; dense <= 1; ++dense) {
+    const int64_t stride = w->geo.topk_width + (dense ? 0 : tu_int(0, 5));
+    int32_t* topk = dense ? NULL : random_topk(w, stride);
+    double* ref = malloc(sizeof(double) * (n + 1));
+    tu_reference_attention(w, kv, q, topk, stride, dense, ref);
+    double* got = run_attention(w, q, topk, stride, dense);
+    for (size_t i = 0; i < n; ++i)
+      if (isnan(got[i])) fail_msg("%s %s: output %zu is NaN (unwritten or poisoned read)", what,
+                                  dense ? "dense" : "sparse", i);
+    const double err = tu_rel_l2(ref, got, n);
+    print_message("%-44s %-6s splits=%-3d rel_l2=%.3e (bound %.0e)\n", what,
+                  dense ? "dense" : "sparse", splits_note, err, bound_for(w->cfg.activation_dtype));
+    assert_true(err <= bound_for(w->cfg.activation_dtype));
+    /* Rows whose selection is empty output exact zeros. */
+    if (!dense)
+      for (int row = 0; row < w->rows; ++row) {
+        int any = 0;
+        for (int j = 0; j < w->geo.topk_width; ++j) {
+          const int t = topk[row * stride + j];
+          any |= t >= 0 && t <= tu_row_pos(w, row);
+        }
+        if (!any)
+          for (int e = 0; e < w->geo.q_heads * w->cfg.head_dim; ++e)
+            assert_true(got[(size_t)row * w->geo.q_heads * w->cfg.head_dim + e] == 0.0);
+      }
+    free(ref);
+    free(got);
+    free(topk);
+  }
+  free((void*)q);
+  free(kv);
+}
+
+static tu_shape mixed_49(void) {
+  /* decode, verify rows, a prefill chunk, a request shorter than one group, an empty
+   * request, and a long catch-up: 1 + 4 + 16 + 1 + 0 + 27 = 49 rows. */
+  tu_shape s = {6, {1, 4, 16, 1, 0, 27}, {3000, 2500, 40, 3, 10, 2600}};
+  return s;
+}
+
+static void config_for(qsakv_model_config* c, const geometry_case* g) {
+  tu_small_config(c, g->q_heads, g->kv_heads, g->head_dim, g->act, g->kv, g->block_size);
+}
+
+static void run_cases(qsakv_context* ctx, const char* backend) {
+  const geometry_case cases[] = {
+      /* the reference geometry at TP4 (group 6, head_dim 256), E4M3 */
+      {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64},
+      {6, 1, 256, QSAKV_DTYPE_BF16, QSAKV_DTYPE_E4M3, 64},
+      {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64},
+      {6, 1, 256, QSAKV_DTYPE_BF16, QSAKV_DTYPE_BF16, 16},
+      {8, 2, 128, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 32},
+      {12, 1, 128, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 16},
+      {4, 4, 64, QSAKV_DTYPE_BF16, QSAKV_DTYPE_E4M3, 64},
+      {2, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 128},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    qsakv_model_config c;
+    config_for(&c, &cases[i]);
+    tu_shape shape = mixed_49();
+    if (cases[i].head_dim != 256 || cases[i].kv != QSAKV_DTYPE_E4M3) {
+      /* Smaller batches for the other geometries keep the CPU run short. */
+      tu_shape small = {4, {1, 3, 5, 1}, {2300, 700, 9, 2}};
+      shape = small;
+    }
+    const float k_scale = (float)tu_uniform(0.004, 0.02), v_scale = (float)tu_uniform(0.004, 0.02);
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, k_scale, v_scale, 0);
+    qsakv_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    TU_OK(qsakv_plan_get_info(w.plan, &pi));
+    char what[128];
+    snprintf(what, sizeof what, "%s q%d kv%d d%d %s/%s bs%d", backend, cases[i].q_heads,
+             cases[i].kv_heads, cases[i].head_dim, qsakv_dtype_name(cases[i].act),
+             qsakv_dtype_name(cases[i].kv), cases[i].block_size);
+    check_world(&w, what, pi.num_splits);
+    tu_world_destroy(&w);
+  }
+}
+
+static void test_cpu_against_fp64(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  run_cases(ctx, "cpu");
+  qsakv_context_destroy(ctx);
+}
+
+static void test_cuda_against_fp64(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  run_cases(ctx, "cuda");
+  qsakv_context_destroy(ctx);
+}
+
+static void test_plan_errors(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_model_config c;
+  tu_small_config(&c, 4, 2, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  qsakv_cache_options co;
+  TU_OK(qsakv_cache_options_init(&co));
+  co.num_blocks = 8;
+  qsakv_cache* cache = NULL;
+  TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &co));
+  qsakv_plan_options po;
+  TU_OK(qsakv_plan_options_init(&po));
+  qsakv_plan* plan = NULL;
+  po.max_rows = c.max_batched_tokens + 1;
+  TU_EXPECT_STATUS(qsakv_plan_create(&plan, cache, &po), QSAKV_ERROR_INVALID_ARGUMENT);
+  po.max_rows = 8;
+  TU_OK(qsakv_plan_create(&plan, cache, &po));
+  uint16_t q[8 * 4 * 64], out[8 * 4 * 64];
+  /* Run before any update: a state error. */
+  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_DENSE, q, NULL, 0, out, NULL),
+                   QSAKV_ERROR_STATE);
+  int32_t qs[3] = {0, 4, 9}, lens[2] = {10, 20}, bt[2 * 4] = {0, -1, -1, -1, 1, 2, -1, -1};
+  qsakv_batch b;
+  memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.version = QSAKV_BATCH_VERSION;
+  b.num_requests = 2;
+  b.query_start = qs;
+  b.seq_lens = lens;
+  b.block_table = bt;
+  b.block_table_stride = 4;
+  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT); /* 9 > 8 rows */
+  assert_non_null(strstr(qsakv_last_error(), "max_rows"));
+  qs[2] = 8;
+  lens[0] = 3; /* fewer tokens than rows */
+  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "seq_lens[0]"));
+  lens[0] = 10;
+  b.block_table_stride = 1; /* 20 tokens need 2 pages of 16 */
+  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "block_table_stride"));
+  b.block_table_stride = 4;
+  TU_OK(qsakv_plan_update(plan, &b, NULL));
+  TU_EXPECT_STATUS(qsakv_attention_run(plan, 5, QSAKV_ATTENTION_DENSE, q, NULL, 0, out, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT); /* not a QSA layer */
+  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, (qsakv_attention_mode)3, q, NULL, 0, out, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  int32_t topk[8 * 2051];
+  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_SPARSE, q, topk, 2050, out, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT); /* stride below the width */
+  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_DENSE, NULL, NULL, 0, out, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_plan_destroy(plan);
+  qsakv_cache_destroy(cache);
+  qsakv_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cpu_against_fp64),
+      cmocka_unit_test(test_cuda_against_fp64),
+      cmocka_unit_test(test_plan_errors),
+  };
+  return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
+}

@@ -1,0 +1,128 @@
+/* Backend choice, fallback, capability queries. */
+#include <string.h>
+
+#include "testutil.h"
+
+static qsakv_context_info info_of(qsakv_context* ctx) {
+  qsakv_context_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  TU_OK(qsakv_context_get_info(ctx, &info));
+  return info;
+}
+
+static void test_cpu_backend(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  assert_non_null(ctx);
+  qsakv_context_info info = info_of(ctx);
+  assert_int_equal(info.backend, QSAKV_BACKEND_CPU);
+  assert_int_equal(info.decoder, QSAKV_DECODER_SOFTWARE);
+  assert_int_equal(info.device, -1);
+  assert_int_equal(info.sm_version, 0);
+  assert_int_equal(info.has_fp8_conversion, 0);
+  assert_string_equal(info.fallback_reason, "");
+  qsakv_context_destroy(ctx);
+}
+
+static void test_auto_chooses_and_says_why(void** state) {
+  (void)state;
+  qsakv_context* ctx = NULL;
+  TU_OK(qsakv_context_create(&ctx, NULL));
+  qsakv_context_info info = info_of(ctx);
+  assert_true(info.backend == QSAKV_BACKEND_CPU || info.backend == QSAKV_BACKEND_CUDA);
+  if (info.backend == QSAKV_BACKEND_CPU) {
+    /* AUTO fell back: it must say why. */
+    assert_true(strlen(info.fallback_reason) > 0);
+    print_message("AUTO chose CPU: %s\n", info.fallback_reason);
+  } else {
+    assert_true(info.sm_version >= 70);
+    assert_int_equal(info.has_fp8_conversion, info.sm_version >= 89);
+    assert_string_equal(info.fallback_reason, "");
+  }
+  qsakv_context_destroy(ctx);
+}
+
+static void test_cuda_explicit(void** state) {
+  (void)state;
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* ctx = NULL;
+  qsakv_status s = qsakv_context_create(&ctx, &o);
+  if (s == QSAKV_ERROR_NO_DEVICE) {
+    /* No GPU: a clear refusal, never a silent CPU context. */
+    assert_null(ctx);
+    assert_non_null(strstr(qsakv_last_error(), "CUDA"));
+    return;
+  }
+  TU_OK(s);
+  qsakv_context_info info = info_of(ctx);
+  assert_int_equal(info.backend, QSAKV_BACKEND_CUDA);
+  assert_true(info.multiprocessor_count > 0);
+  assert_true(info.device_memory_bytes > 0);
+  qsakv_context_destroy(ctx);
+  /* Forcing each decoder: software everywhere, hardware only on SM89+. */
+  o.decoder = QSAKV_DECODER_SOFTWARE;
+  TU_OK(qsakv_context_create(&ctx, &o));
+  assert_int_equal(info_of(ctx).decoder, QSAKV_DECODER_SOFTWARE);
+  qsakv_context_destroy(ctx);
+  o.decoder = QSAKV_DECODER_HARDWARE;
+  s = qsakv_context_create(&ctx, &o);
+  if (info.sm_version >= 89) {
+    TU_OK(s);
+    assert_int_equal(info_of(ctx).decoder, QSAKV_DECODER_HARDWARE);
+    qsakv_context_destroy(ctx);
+  } else {
+    assert_int_equal(s, QSAKV_ERROR_UNSUPPORTED);
+  }
+}
+
+static void test_bad_options(void** state) {
+  (void)state;
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  qsakv_context* ctx = NULL;
+  o.backend = (qsakv_backend)7;
+  TU_EXPECT_STATUS(qsakv_context_create(&ctx, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "backend"));
+  qsakv_context_options_init(&o);
+  o.decoder = (qsakv_decoder)9;
+  TU_EXPECT_STATUS(qsakv_context_create(&ctx, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "decoder"));
+  qsakv_context_options_init(&o);
+  o.device = -1;
+  TU_EXPECT_STATUS(qsakv_context_create(&ctx, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CPU;
+  o.decoder = QSAKV_DECODER_HARDWARE;
+  TU_EXPECT_STATUS(qsakv_context_create(&ctx, &o), QSAKV_ERROR_UNSUPPORTED);
+  TU_EXPECT_STATUS(qsakv_context_get_info(NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_memory_helpers(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  void* p = NULL;
+  TU_EXPECT_STATUS(qsakv_malloc(ctx, &p, 0), QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_OK(qsakv_malloc(ctx, &p, 64));
+  char src[64], dst[64];
+  for (int i = 0; i < 64; ++i) src[i] = (char)i;
+  TU_OK(qsakv_memcpy(ctx, p, src, 64, QSAKV_COPY_HOST_TO_DEVICE, NULL));
+  TU_OK(qsakv_memcpy(ctx, dst, p, 64, QSAKV_COPY_DEVICE_TO_HOST, NULL));
+  assert_memory_equal(src, dst, 64);
+  TU_EXPECT_STATUS(qsakv_memcpy(ctx, dst, p, 64, (qsakv_copy_kind)0, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_free(ctx, p);
+  qsakv_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cpu_backend),        cmocka_unit_test(test_auto_chooses_and_says_why),
+      cmocka_unit_test(test_cuda_explicit),      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_memory_helpers),
+  };
+  return cmocka_run_group_tests_name("context", tests, NULL, NULL);
+}

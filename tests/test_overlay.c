@@ -1,0 +1,485 @@
+/* Overlays through the public API: writing a scale pack, loading it in every form
+ * (bare file, explicit manifest, pack directory, materialised checkpoint), every
+ * accepted name spelling and prefix, validation for the reference config at TP1 and
+ * TP4, and the refusals of the writer and of materialisation. Malformed inputs are in
+ * test_overlay_adversarial.c. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "overlay_fixture.h"
+
+static int setup(void** state) {
+  ovf_pack* p = malloc(sizeof *p);
+  if (!p) return -1;
+  ovf_init(p);
+  *state = p;
+  return 0;
+}
+
+static int teardown(void** state) {
+  ovf_cleanup(*state);
+  free(*state);
+  return 0;
+}
+
+static qsakv_overlay_info info_of(const qsakv_overlay* o) {
+  qsakv_overlay_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_OVERLAY_INFO_VERSION;
+  OVF_OK(qsakv_overlay_get_info(o, &info));
+  return info;
+}
+
+/* Reference scales: k = 0.01 * (i + 1), v = 0.02 * (i + 1) for QSA layer index i. */
+static void reference_scales(int32_t* layers, float* k, float* v) {
+  for (int i = 0; i < 12; ++i) {
+    layers[i] = 4 * i + 3;
+    k[i] = 0.01f * (float)(i + 1);
+    v[i] = 0.02f * (float)(i + 1);
+  }
+}
+
+/* Writes root/out with the library's writer. */
+static void write_pack(ovf_pack* p, const qsakv_overlay_write_options* extra, char* out,
+                       size_t cap) {
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  qsakv_overlay_write_options wo;
+  if (extra) {
+    wo = *extra;
+  } else {
+    OVF_OK(qsakv_overlay_write_options_init(&wo));
+  }
+  wo.base_index_path = p->base_index;
+  snprintf(out, cap, "%s/out", p->root);
+  OVF_OK(qsakv_overlay_write(out, layers, k, v, 12, &wo));
+}
+
+static void expect_reference_scales(const qsakv_overlay* o) {
+  for (int i = 0; i < 12; ++i) {
+    float k = 0, v = 0;
+    OVF_OK(qsakv_overlay_get_scales(o, 4 * i + 3, &k, &v));
+    assert_true(k == 0.01f * (float)(i + 1)); /* bit-exact round trip */
+    assert_true(v == 0.02f * (float)(i + 1));
+  }
+}
+
+static void test_write_then_load_bare_file(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], scale[OVF_PATH + 64];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", out);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, scale, NULL));
+  qsakv_overlay_info info = info_of(o);
+  assert_int_equal(info.num_scales, 24);
+  assert_int_equal(info.validated, 0);
+  assert_int_equal(info.unit_scale_control, 0);
+  assert_int_equal(info.contract_tp_size, 0);
+  assert_int_equal(info.contract_speculative_tokens, -1);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_INVALID);
+  assert_int_equal(info.contract_min_sm, 0);
+  assert_string_equal(info.base_index_sha256, p->base_sha);
+  char sha[65];
+  ovf_sha256_file(scale, sha);
+  assert_string_equal(info.scale_file_sha256, sha);
+  assert_string_equal(info.layer_prefix, "model.layers");
+  expect_reference_scales(o); /* readable before validation, for inspection */
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  assert_int_equal(info_of(o).validated, 1);
+  expect_reference_scales(o);
+  float k, v;
+  OVF_EXPECT(qsakv_overlay_get_scales(o, 4, &k, &v), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_EXPECT(qsakv_overlay_get_scales(o, 3, NULL, &v), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_overlay_destroy(o);
+}
+
+static void test_uppercase_revision_is_accepted(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], upper[65];
+  write_pack(p, NULL, out, sizeof out);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  for (int i = 0; i < 65; ++i)
+    upper[i] = (p->base_sha[i] >= 'a' && p->base_sha[i] <= 'f') ? (char)(p->base_sha[i] - 32)
+                                                                 : p->base_sha[i];
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_validate(o, &c, upper));
+  qsakv_overlay_destroy(o);
+}
+
+static void test_written_files(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], path[OVF_PATH + 64];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(path, sizeof path, "%s/qsakv-overlay.json", out);
+  char* m = ovf_read_text(path);
+  assert_non_null(m);
+  assert_non_null(strstr(m, p->base_sha));
+  assert_non_null(strstr(m, "\"layer_prefix\": \"model.layers\""));
+  assert_non_null(strstr(m, "model.layers.47.self_attn.v_scale"));
+  free(m);
+  snprintf(path, sizeof path, "%s/model-kvscales.safetensors", out);
+  char* s = ovf_read_text(path);
+  assert_non_null(s);
+  assert_non_null(strstr(s + 8, "e4m3fn(x/scale), max_abs/448"));
+  assert_non_null(strstr(s + 8, "\"qsakv.unit_scale_control\":\"0\""));
+  uint64_t hn = 0;
+  for (int b = 7; b >= 0; --b) hn = (hn << 8) | (unsigned char)s[b];
+  assert_int_equal(hn % 8, 0); /* data section 8-byte aligned, as the reference writer */
+  free(s);
+  /* No staging directory left beside the output. */
+  char cmd[OVF_PATH + 64];
+  snprintf(cmd, sizeof cmd, "ls -d %s/out.staging-* 2>/dev/null | grep -q .", p->root);
+  assert_int_not_equal(system(cmd), 0);
+}
+
+static void test_explicit_manifest_path(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], scale[OVF_PATH + 64], from[OVF_PATH + 64], to[OVF_PATH + 64];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", out);
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", out);
+  snprintf(to, sizeof to, "%s/elsewhere.json", p->root);
+  assert_int_equal(rename(from, to), 0);
+  qsakv_overlay* o = NULL;
+  OVF_EXPECT(qsakv_overlay_load(&o, scale, NULL), QSAKV_ERROR_OVERLAY_MISSING);
+  OVF_OK(qsakv_overlay_load(&o, scale, to));
+  assert_int_equal(info_of(o).num_scales, 24);
+  qsakv_overlay_destroy(o);
+}
+
+static void test_pack_directory(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH];
+  write_pack(p, NULL, out, sizeof out);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  expect_reference_scales(o);
+  qsakv_overlay_destroy(o);
+}
+
+static void test_materialized_checkpoint(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16], path[OVF_PATH + 64];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+  /* Untouched base files are links; the merged index maps the 24 names. */
+  struct stat st;
+  snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", ckpt);
+  assert_int_equal(lstat(path, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  snprintf(path, sizeof path, "%s/qsakv-provenance.json", ckpt);
+  char* prov = ovf_read_text(path);
+  assert_non_null(prov);
+  assert_non_null(strstr(prov, p->base_sha));
+  free(prov);
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", ckpt);
+  char* index = ovf_read_text(path);
+  assert_non_null(index);
+  assert_non_null(
+      strstr(index, "\"model.layers.47.self_attn.v_scale\": \"model-kvscales.safetensors\""));
+  assert_non_null(strstr(index, "\"model.embed_tokens.weight\""));
+  /* total_size: 1000 + the scale file's size. */
+  snprintf(path, sizeof path, "%s/model-kvscales.safetensors", out);
+  assert_int_equal(stat(path, &st), 0);
+  char want[64];
+  snprintf(want, sizeof want, "\"total_size\": %lld", 1000LL + (long long)st.st_size);
+  assert_non_null(strstr(index, want));
+  free(index);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  expect_reference_scales(o);
+  qsakv_overlay_destroy(o);
+  /* A second materialisation onto the same directory is refused. */
+  OVF_EXPECT(qsakv_overlay_materialize(ckpt, p->base_dir, out), QSAKV_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_materialize_other_revision(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16];
+  write_pack(p, NULL, out, sizeof out);
+  /* The base checkpoint moves on after calibration. */
+  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.norm.weight\": \"model-00001.safetensors\"}}");
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_EXPECT(qsakv_overlay_materialize(ckpt, p->base_dir, out), QSAKV_ERROR_REVISION_MISMATCH);
+  assert_false(ovf_exists(ckpt));
+}
+
+static void test_write_refuses_name_in_base(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH];
+  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
+                                "\"model-00001.safetensors\"}}");
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
+  snprintf(out, sizeof out, "%s/out", p->root);
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_OVERLAY_DUPLICATE);
+  OVF_MESSAGE_HAS("already in the base checkpoint");
+  assert_false(ovf_exists(out));
+}
+
+static void test_materialize_refuses_name_in_base(void** state) {
+  ovf_pack* p = *state;
+  /* A hand-made pack bound to a base that already holds one of its names (the library's
+   * writer would have refused to make it). */
+  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
+                                "\"model-00001.safetensors\"}}");
+  ovf_sha256_file(p->base_index, p->base_sha);
+  ovf_write_pack(p);
+  char ckpt[OVF_PATH + 16];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_EXPECT(qsakv_overlay_materialize(ckpt, p->base_dir, p->pack_dir),
+             QSAKV_ERROR_OVERLAY_DUPLICATE);
+  OVF_MESSAGE_HAS("model.layers.3.self_attn.k_scale");
+  assert_false(ovf_exists(ckpt));
+}
+
+static void test_materialize_base_already_has_scale_file(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16], path[OVF_PATH + 64];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(path, sizeof path, "%s/model-kvscales.safetensors", p->base_dir);
+  ovf_write_text(path, "old");
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_EXPECT(qsakv_overlay_materialize(ckpt, p->base_dir, out), QSAKV_ERROR_OVERLAY_DUPLICATE);
+  assert_false(ovf_exists(ckpt));
+}
+
+/* Every accepted spelling, under every prefix, loads and validates. */
+static void test_name_variants(void** state) {
+  ovf_pack* p = *state;
+  static const char* prefixes[] = {"model.layers", "model.language_model.layers",
+                                   "language_model.model.layers", "transformer.h"};
+  static const char* k_suffix[] = {"self_attn.k_scale", "k_scale", "attn.k_scale",
+                                   "self_attn.attn.k_scale", "k_proj.k_scale",
+                                   "k_proj.output_scale"};
+  static const char* v_suffix[] = {"self_attn.v_scale", "v_scale", "attn.v_scale",
+                                   "self_attn.attn.v_scale", "v_proj.v_scale",
+                                   "v_proj.output_scale"};
+  for (int pi = 0; pi < 4; ++pi) {
+    for (int si = 0; si < 6; ++si) {
+      p->n = 0;
+      p->prefix = prefixes[pi];
+      for (int i = 0; i < 12; ++i) {
+        char name[160];
+        /* Mix spellings across layers too: the rule is per tensor. */
+        const int s = (si + i) % 6;
+        snprintf(name, sizeof name, "%s.%d.%s", prefixes[pi], 4 * i + 3, k_suffix[s]);
+        ovf_set_f32(p, p->n++, name, 0.25f);
+        snprintf(name, sizeof name, "%s.%d.%s", prefixes[pi], 4 * i + 3, v_suffix[si]);
+        ovf_set_f32(p, p->n++, name, 0.5f + (float)i);
+      }
+      ovf_write_pack(p);
+      qsakv_overlay* o = NULL;
+      OVF_OK(qsakv_overlay_load(&o, p->scale, NULL));
+      qsakv_model_config c;
+      ovf_config(&c, 1);
+      OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+      assert_string_equal(info_of(o).layer_prefix, prefixes[pi]);
+      float k, v;
+      OVF_OK(qsakv_overlay_get_scales(o, 47, &k, &v));
+      assert_true(k == 0.25f && v == 11.5f);
+      qsakv_overlay_destroy(o);
+    }
+  }
+}
+
+static void test_unit_scales_are_valid(void** state) {
+  ovf_pack* p = *state;
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  for (int i = 0; i < 12; ++i) k[i] = v[i] = 1.0f;
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
+  wo.unit_scale_control = 1;
+  char out[OVF_PATH];
+  snprintf(out, sizeof out, "%s/unit", p->root);
+  OVF_OK(qsakv_overlay_write(out, layers, k, v, 12, &wo));
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha)); /* presence, not value, is the signal */
+  assert_int_equal(info_of(o).unit_scale_control, 1);
+  float ks, vs;
+  OVF_OK(qsakv_overlay_get_scales(o, 3, &ks, &vs));
+  assert_true(ks == 1.0f && vs == 1.0f);
+  qsakv_overlay_destroy(o);
+}
+
+static void test_tp4_reference_contract(void** state) {
+  ovf_pack* p = *state;
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.layer_prefix = "model.language_model.layers";
+  wo.contract_tp_size = 4;
+  wo.contract_speculative_tokens = 0;
+  wo.contract_activation_dtype = QSAKV_DTYPE_FP16;
+  wo.contract_min_sm = 70;
+  char out[OVF_PATH];
+  write_pack(p, &wo, out, sizeof out);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  qsakv_overlay_info info = info_of(o);
+  assert_int_equal(info.contract_tp_size, 4);
+  assert_int_equal(info.contract_speculative_tokens, 0);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_FP16);
+  assert_int_equal(info.contract_min_sm, 70);
+  assert_string_equal(info.layer_prefix, "model.language_model.layers");
+  qsakv_model_config c;
+  for (int rank = 0; rank < 4; ++rank) {
+    ovf_config(&c, 4);
+    c.tp_rank = rank;
+    OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  }
+  ovf_config(&c, 1);
+  OVF_EXPECT(qsakv_overlay_validate(o, &c, p->base_sha), QSAKV_ERROR_CONTRACT);
+  assert_int_equal(info_of(o).validated, 0);
+  qsakv_overlay_destroy(o);
+}
+
+static void test_write_refusals(void** state) {
+  ovf_pack* p = *state;
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
+  char out[OVF_PATH];
+  snprintf(out, sizeof out, "%s/w", p->root);
+  const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -1.0f};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    float kk[12];
+    memcpy(kk, k, sizeof kk);
+    kk[5] = bad[i];
+    OVF_EXPECT(qsakv_overlay_write(out, layers, kk, v, 12, &wo), QSAKV_ERROR_OVERLAY_BAD_SCALE);
+    OVF_MESSAGE_HAS("layer 23 k_scale");
+    assert_false(ovf_exists(out));
+  }
+  int32_t dup[12];
+  memcpy(dup, layers, sizeof dup);
+  dup[1] = dup[0];
+  OVF_EXPECT(qsakv_overlay_write(out, dup, k, v, 12, &wo), QSAKV_ERROR_OVERLAY_DUPLICATE);
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 0, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_EXPECT(qsakv_overlay_write(NULL, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  wo.layer_prefix = "model..layers";
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  wo.layer_prefix = NULL;
+  wo.base_index_path = NULL;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  char missing[OVF_PATH + 16];
+  snprintf(missing, sizeof missing, "%s/none.json", p->root);
+  wo.base_index_path = missing;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_IO);
+  wo.base_index_path = p->base_index;
+  wo.contract_activation_dtype = QSAKV_DTYPE_E4M3;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  wo.contract_activation_dtype = QSAKV_DTYPE_INVALID;
+  assert_false(ovf_exists(out));
+  /* An existing directory, even empty, is never overwritten. */
+  assert_int_equal(mkdir(out, 0755), 0);
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_MESSAGE_HAS("already exists");
+}
+
+static void test_handles_and_arguments(void** state) {
+  ovf_pack* p = *state;
+  qsakv_overlay_destroy(NULL);
+  OVF_EXPECT(qsakv_overlay_load(NULL, p->scale, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_overlay* o = (qsakv_overlay*)(uintptr_t)1;
+  OVF_EXPECT(qsakv_overlay_load(&o, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_null(o);
+  OVF_EXPECT(qsakv_overlay_load(&o, "", NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_EXPECT(qsakv_overlay_validate(NULL, &c, p->base_sha), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_EXPECT(qsakv_overlay_get_info(NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_EXPECT(qsakv_overlay_write_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  assert_int_equal(wo.struct_size, sizeof wo);
+  assert_int_equal(wo.contract_speculative_tokens, -1);
+  /* An older, shorter info struct gets only its prefix written. */
+  char out[OVF_PATH];
+  write_pack(p, NULL, out, sizeof out);
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  qsakv_overlay_info small;
+  memset(&small, 0x5a, sizeof small);
+  small.struct_size = offsetof(qsakv_overlay_info, validated);
+  OVF_OK(qsakv_overlay_get_info(o, &small));
+  assert_int_equal(small.num_scales, 24);
+  assert_int_equal(small.validated, 0x5a5a5a5a);
+  OVF_EXPECT(qsakv_overlay_validate(o, NULL, p->base_sha), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_overlay_destroy(o);
+}
+
+/* A config with other QSA layers: the same overlay is then incomplete or unknown. */
+static void test_other_geometry(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH];
+  write_pack(p, NULL, out, sizeof out);
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  c.qsa_layers[c.num_qsa_layers++] = 48;
+  c.num_layers = 52;
+  OVF_EXPECT(qsakv_overlay_validate(o, &c, p->base_sha), QSAKV_ERROR_OVERLAY_INCOMPLETE);
+  OVF_MESSAGE_HAS("loaded 24/26 K/V scales; missing: layer 48 k_scale, layer 48 v_scale");
+  qsakv_overlay_destroy(o);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T(test_write_then_load_bare_file),
+      T(test_uppercase_revision_is_accepted),
+      T(test_written_files),
+      T(test_explicit_manifest_path),
+      T(test_pack_directory),
+      T(test_materialized_checkpoint),
+      T(test_materialize_other_revision),
+      T(test_write_refuses_name_in_base),
+      T(test_materialize_refuses_name_in_base),
+      T(test_materialize_base_already_has_scale_file),
+      T(test_name_variants),
+      T(test_unit_scales_are_valid),
+      T(test_tp4_reference_contract),
+      T(test_write_refusals),
+      T(test_handles_and_arguments),
+      T(test_other_geometry),
+  };
+  return cmocka_run_group_tests_name("overlay", tests, NULL, NULL);
+}

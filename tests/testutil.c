@@ -1,0 +1,224 @@
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t g_state;
+static int g_seeded;
+
+uint64_t tu_seed(void) {
+  if (!g_seeded) {
+    const char* env = getenv("QSAKV_TEST_SEED");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    g_state = env ? strtoull(env, NULL, 0) : ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec;
+    g_seeded = 1;
+    fprintf(stderr, "[ seed     ] QSAKV_TEST_SEED=%llu\n", (unsigned long long)g_state);
+  }
+  return g_state;
+}
+
+uint64_t tu_next(void) { /* splitmix64 */
+  tu_seed();
+  uint64_t z = (g_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double tu_uniform(double lo, double hi) {
+  return lo + (hi - lo) * ((double)(tu_next() >> 11) * (1.0 / 9007199254740992.0));
+}
+
+double tu_normal(void) {
+  double u1 = tu_uniform(1e-12, 1.0), u2 = tu_uniform(0.0, 1.0);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+int tu_int(int lo, int hi) { return lo + (int)(tu_next() % (uint64_t)(hi - lo + 1)); }
+
+uint16_t tu_f32_to_fp16(float x) {
+  _Float16 h = (_Float16)x;
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+
+float tu_fp16_to_f32(uint16_t u) {
+  _Float16 h;
+  memcpy(&h, &u, 2);
+  return (float)h;
+}
+
+uint16_t tu_f32_to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if (isnan(x)) return (uint16_t)((u >> 16) | 0x40);
+  /* round to nearest even on the upper half */
+  uint32_t lower = u & 0xFFFF, upper = u >> 16;
+  if (lower > 0x8000 || (lower == 0x8000 && (upper & 1))) upper += 1;
+  return (uint16_t)upper;
+}
+
+float tu_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+float tu_act_to_f32(uint16_t h, qsakv_dtype act) {
+  return act == QSAKV_DTYPE_BF16 ? tu_bf16_to_f32(h) : tu_fp16_to_f32(h);
+}
+
+uint16_t tu_f32_to_act(float x, qsakv_dtype act) {
+  return act == QSAKV_DTYPE_BF16 ? tu_f32_to_bf16(x) : tu_f32_to_fp16(x);
+}
+
+double tu_e4m3_value(uint8_t code) {
+  const int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+  double v;
+  if (e == 15 && m == 7) return NAN;
+  if (e == 0)
+    v = ldexp((double)m / 8.0, -6);
+  else
+    v = ldexp(1.0 + (double)m / 8.0, e - 7);
+  return s ? -v : v;
+}
+
+uint8_t tu_e4m3_encode(float qf) {
+  double q = (double)qf;
+  if (isnan(q)) return signbit(q) ? 0xFF : 0x7F;
+  const uint8_t sign = signbit(q) ? 0x80 : 0;
+  double a = fabs(q);
+  if (a > 448.0) a = 448.0;
+  /* nearest of the 127 non-negative finite codes; ties go to the even code */
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c <= 0x7E; ++c) {
+    double d = fabs(tu_e4m3_value((uint8_t)c) - a);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return (uint8_t)(sign | best);
+}
+
+qsakv_context* tu_context(qsakv_backend backend) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = backend;
+  qsakv_context* ctx = NULL;
+  if (qsakv_context_create(&ctx, &o) != QSAKV_SUCCESS) return NULL;
+  return ctx;
+}
+
+qsakv_context* tu_cuda_context_or_skip(void) {
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CUDA);
+  if (!ctx) {
+    fprintf(stderr, "[ SKIP     ] no usable GPU: %s\n", qsakv_last_error());
+    skip();
+  }
+  return ctx;
+}
+
+int tu_is_cuda(qsakv_context* ctx) {
+  qsakv_context_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  if (qsakv_context_get_info(ctx, &info) != QSAKV_SUCCESS) return 0;
+  return info.backend == QSAKV_BACKEND_CUDA;
+}
+
+void* tu_to_device(qsakv_context* ctx, const void* host, size_t bytes) {
+  void* d = NULL;
+  TU_OK(qsakv_malloc(ctx, &d, bytes ? bytes : 1));
+  if (bytes) TU_OK(qsakv_memcpy(ctx, d, host, bytes, QSAKV_COPY_HOST_TO_DEVICE, NULL));
+  TU_OK(qsakv_stream_synchronize(ctx, NULL));
+  return d;
+}
+
+void tu_to_host(qsakv_context* ctx, void* host, const void* dev, size_t bytes) {
+  if (bytes) TU_OK(qsakv_memcpy(ctx, host, dev, bytes, QSAKV_COPY_DEVICE_TO_HOST, NULL));
+  TU_OK(qsakv_stream_synchronize(ctx, NULL));
+}
+
+void* tu_device_filled(qsakv_context* ctx, size_t bytes, uint8_t byte) {
+  void* h = malloc(bytes ? bytes : 1);
+  memset(h, byte, bytes);
+  void* d = tu_to_device(ctx, h, bytes);
+  free(h);
+  return d;
+}
+
+static void write_file(const char* path, const char* text) {
+  FILE* f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+qsakv_overlay* tu_make_overlay(const qsakv_model_config* c, const float* k, const float* v) {
+  char base[] = "/tmp/qsakv-test-XXXXXX";
+  assert_non_null(mkdtemp(base));
+  char index[512], out[512];
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", base);
+  write_file(index, "{\"metadata\": {\"total_size\": 4}, \"weight_map\": "
+                    "{\"model.embed_tokens.weight\": \"model-00001.safetensors\"}}\n");
+  snprintf(out, sizeof out, "%s/overlay", base);
+  qsakv_overlay_write_options wo;
+  TU_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = index;
+  TU_OK(qsakv_overlay_write(out, c->qsa_layers, k, v, c->num_qsa_layers, &wo));
+  char scale_file[600];
+  snprintf(scale_file, sizeof scale_file, "%s/model-kvscales.safetensors", out);
+  qsakv_overlay* ov = NULL;
+  TU_OK(qsakv_overlay_load(&ov, scale_file, NULL));
+  qsakv_overlay_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_OVERLAY_INFO_VERSION;
+  TU_OK(qsakv_overlay_get_info(ov, &info));
+  TU_OK(qsakv_overlay_validate(ov, c, info.base_index_sha256));
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
+  return ov;
+}
+
+void tu_small_config(qsakv_model_config* c, int num_q_heads, int num_kv_heads, int head_dim,
+                     qsakv_dtype act, qsakv_dtype kv, int block_size) {
+  TU_OK(qsakv_model_config_preset(c, "qwen4_exp"));
+  c->num_layers = 8;
+  c->num_qsa_layers = 2;
+  c->qsa_layers[0] = 3;
+  c->qsa_layers[1] = 7;
+  c->num_q_heads = num_q_heads;
+  c->num_kv_heads = num_kv_heads;
+  c->head_dim = head_dim;
+  c->activation_dtype = act;
+  c->kv_dtype = kv;
+  c->block_size = block_size;
+  c->max_requests = 64;
+  c->max_batched_tokens = 256;
+  c->max_model_len = 1 << 16;
+}
+
+double tu_rel_l2(const double* ref, const double* got, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double d = got[i] - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  if (isnan(num)) return INFINITY;
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -1,0 +1,82 @@
+/* Shared test helpers: seeded random data, independent FP16/BF16/E4M3 oracles (FP64),
+ * contexts for each backend, overlays for E4M3 caches. Nothing here calls into the
+ * library's internals: the oracles are written independently of both backends. */
+#ifndef QSAKV_TESTUTIL_H
+#define QSAKV_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#ifdef __cplusplus
+extern "C" { /* cmocka.h declares no C linkage itself */
+#endif
+#include <cmocka.h>
+#ifdef __cplusplus
+}
+#endif
+
+#include "qsakv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Seed from QSAKV_TEST_SEED or the clock; printed once so a failure can be replayed. */
+uint64_t tu_seed(void);
+uint64_t tu_next(void);
+double tu_uniform(double lo, double hi); /* [lo, hi) */
+double tu_normal(void);
+int tu_int(int lo, int hi); /* [lo, hi] */
+
+/* Independent conversions: FP16 through the compiler's _Float16, BF16 by hand. */
+uint16_t tu_f32_to_fp16(float x);
+float tu_fp16_to_f32(uint16_t h);
+uint16_t tu_f32_to_bf16(float x);
+float tu_bf16_to_f32(uint16_t h);
+float tu_act_to_f32(uint16_t h, qsakv_dtype act);
+uint16_t tu_f32_to_act(float x, qsakv_dtype act);
+
+/* E4M3 oracle in FP64: value of each code by the (1 + m/8) * 2^(e-7) formula, and the
+ * nearest code (ties to even) to a clamped quotient. */
+double tu_e4m3_value(uint8_t code);
+uint8_t tu_e4m3_encode(float q);
+
+/* Expects a call to fail with `status`; prints the library's message on mismatch. */
+#define TU_EXPECT_STATUS(call, status)                                                 \
+  do {                                                                                 \
+    qsakv_status tu_s_ = (call);                                                       \
+    if (tu_s_ != (status))                                                             \
+      print_error("%s returned %s (%s), expected %s\n", #call, qsakv_status_string(tu_s_), \
+                  qsakv_last_error(), qsakv_status_string(status));                    \
+    assert_int_equal(tu_s_, (status));                                                 \
+  } while (0)
+#define TU_OK(call) TU_EXPECT_STATUS(call, QSAKV_SUCCESS)
+
+qsakv_context* tu_context(qsakv_backend backend); /* NULL if unavailable */
+/* A CUDA context, or NULL after cmocka's skip() when there is no GPU. */
+qsakv_context* tu_cuda_context_or_skip(void);
+int tu_is_cuda(qsakv_context* ctx);
+
+/* Device buffer helpers on a context (host memory on the CPU backend). */
+void* tu_to_device(qsakv_context* ctx, const void* host, size_t bytes);
+void tu_to_host(qsakv_context* ctx, void* host, const void* dev, size_t bytes);
+void* tu_device_filled(qsakv_context* ctx, size_t bytes, uint8_t byte);
+
+/* Writes, loads and validates an overlay for `config` (E4M3) with the given scales per
+ * QSA layer (index i of config->qsa_layers). The caller destroys it. */
+qsakv_overlay* tu_make_overlay(const qsakv_model_config* config, const float* k_scales,
+                               const float* v_scales);
+
+/* The reference config shrunk for tests: given heads, head_dim, dtypes, block size. */
+void tu_small_config(qsakv_model_config* c, int num_q_heads, int num_kv_heads, int head_dim,
+                     qsakv_dtype act, qsakv_dtype kv, int block_size);
+
+double tu_rel_l2(const double* ref, const double* got, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
