@@ -609,6 +609,15 @@ static void test_manifest_missing_field(void** state) {
   OVF_MESSAGE_HAS("unit_scale_control");
 }
 
+static void test_manifest_unknown_field(void** state) {
+  ovf_pack* p = *state;
+  ovf_write_pack(p);
+  edit_manifest(p, "\"kind\": \"qsakv-overlay\",",
+                "\"kind\": \"qsakv-overlay\", \"fallback_scale\": 1.0,");
+  OVF_EXPECT(ovf_load_validate(p), QSAKV_ERROR_FORMAT);
+  OVF_MESSAGE_HAS("unknown field \"fallback_scale\"");
+}
+
 static void test_manifest_newer_schema(void** state) {
   ovf_pack* p = *state;
   ovf_write_pack(p);
@@ -667,6 +676,22 @@ static void test_scale_file_is_a_directory(void** state) {
     OVF_EXPECT(qsakv_overlay_load(&o, p->scale, NULL), QSAKV_ERROR_IO);
     assert_int_equal(chmod(p->scale, 0644), 0);
   }
+}
+
+static void test_scale_file_is_a_fifo(void** state) {
+  /* Must neither block nor read it as an empty file (that would be HASH_MISMATCH). */
+  ovf_pack* p = *state;
+  ovf_write_pack(p);
+  char dir[OVF_PATH + 8], path[OVF_PATH + 64];
+  snprintf(dir, sizeof dir, "%s/ckpt", p->root);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  snprintf(path, sizeof path, "%s/model-kvscales.safetensors", dir);
+  assert_int_equal(mkfifo(path, 0644), 0);
+  snprintf(path, sizeof path, "%s/qsakv-overlay.json", dir);
+  assert_int_equal(symlink(p->manifest, path), 0);
+  qsakv_overlay* o = NULL;
+  OVF_EXPECT(qsakv_overlay_load(&o, dir, NULL), QSAKV_ERROR_IO);
+  OVF_MESSAGE_HAS("not a regular file");
 }
 
 static void test_symlink_loop(void** state) {
@@ -806,6 +831,11 @@ static void test_failed_validation_clears_validated(void** state) {
   assert_int_equal(info.validated, 0);
   ovf_config(&c, 1);
   OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  /* Refused arguments unvalidate too. */
+  OVF_EXPECT(qsakv_overlay_validate(o, &c, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_OK(qsakv_overlay_get_info(o, &info));
+  assert_int_equal(info.validated, 0);
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
   c.head_dim = 100; /* an invalid config is refused as such, and unvalidates too */
   OVF_EXPECT(qsakv_overlay_validate(o, &c, p->base_sha), QSAKV_ERROR_INVALID_CONFIG);
   OVF_OK(qsakv_overlay_get_info(o, &info));
@@ -878,12 +908,14 @@ int main(void) {
       T(test_manifest_not_json),
       T(test_manifest_duplicate_key),
       T(test_manifest_missing_field),
+      T(test_manifest_unknown_field),
       T(test_manifest_newer_schema),
       T(test_manifest_other_scale_contract),
       T(test_manifest_bad_contract_value),
       T(test_manifest_names_differ_from_file),
       T(test_manifest_name_listed_twice),
       T(test_scale_file_is_a_directory),
+      T(test_scale_file_is_a_fifo),
       T(test_symlink_loop),
       T(test_checkpoint_dir_is_valid),
       T(test_name_already_in_base),

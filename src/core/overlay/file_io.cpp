@@ -39,7 +39,9 @@ void remove_tree(const std::string& path) {
 
 std::string read_file(const std::string& path, uint64_t max_bytes, const char* what,
                       int missing_status) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: a FIFO standing where a file belongs must not block open(); it is then
+  // refused as not a regular file.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) {
     const int err = errno;
     if (err == ENOENT)

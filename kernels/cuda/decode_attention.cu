@@ -1,0 +1,90 @@
+// Instantiation and dispatch of the decode attention kernels: activation type x cache
+// type x head_dim (x decoder for E4M3) -- the shapes that pay for compile-time code.
+#include <cmath>
+
+#include "cuda/decode_attention.cuh"
+#include "cuda/launch.hpp"
+#include "core/error.hpp"
+
+namespace qsakv {
+namespace cuda {
+
+namespace {
+
+template <class Act, KvKind KV, int D, Decoder DEC>
+void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
+                  static_cast<unsigned>(dp.num_splits));
+  decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, 0, stream>>>(dp);
+  if (dp.num_splits > 1) {
+    constexpr float unit = KV == KvKind::kE4M3 ? decoded_unit<DEC>() : 1.0f;
+    merge_splits_kernel<Act, D><<<max_rows * dp.q_heads, D < 128 ? D : 128, 0, stream>>>(dp, unit);
+  }
+}
+
+template <class Act, KvKind KV, Decoder DEC>
+void by_dim(const DecodeParams& dp, int D, int max_rows, cudaStream_t stream) {
+  switch (D) {
+    case 64: return launch<Act, KV, 64, DEC>(dp, max_rows, stream);
+    case 128: return launch<Act, KV, 128, DEC>(dp, max_rows, stream);
+    case 256: return launch<Act, KV, 256, DEC>(dp, max_rows, stream);
+    default: fail(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
+  }
+}
+
+template <class Act>
+void by_cache(const DecodeParams& dp, qsakv_dtype kv, bool hw, int D, int max_rows,
+              cudaStream_t stream) {
+  // A 16-bit cache always stores the activation type (the config enforces it).
+  constexpr bool kBf16 = std::is_same<Act, __nv_bfloat16>::value;
+  constexpr KvKind k16 = kBf16 ? KvKind::kBf16 : KvKind::kFp16;
+  if (kv == QSAKV_DTYPE_E4M3) {
+    if (hw) by_dim<Act, KvKind::kE4M3, Decoder::kHardware>(dp, D, max_rows, stream);
+    else by_dim<Act, KvKind::kE4M3, Decoder::kSoftware>(dp, D, max_rows, stream);
+  } else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16)) {
+    by_dim<Act, k16, Decoder::kSoftware>(dp, D, max_rows, stream);
+  } else {
+    fail(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations", kv);
+  }
+}
+
+}  // namespace
+
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
+                             cudaStream_t stream) {
+  const KvCacheView& c = p.cache;
+  const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
+  DecodeParams dp;
+  dp.header = p.meta.header;
+  dp.row_request = p.meta.row_request;
+  dp.row_pos = p.meta.row_pos;
+  dp.kv = static_cast<const uint8_t*>(c.data);
+  dp.stride_block = c.stride_block * esz;
+  dp.stride_kv = c.stride_kv * esz;
+  dp.stride_token = c.stride_token * esz;
+  dp.stride_head = c.stride_head * esz;
+  dp.block_size = c.block_size;
+  dp.num_blocks = c.num_blocks;
+  dp.scales = c.scales;
+  dp.q = p.q;
+  dp.out = p.out;
+  dp.q_heads = p.q_heads;
+  dp.group = p.group_size;
+  dp.kv_heads = c.kv_heads;
+  dp.head_chunks = (p.group_size + kHeadsPerCta - 1) / kHeadsPerCta;
+  dp.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  dp.dense = p.mode == QSAKV_ATTENTION_DENSE;
+  dp.topk = p.topk;
+  dp.topk_stride = p.topk_stride;
+  dp.topk_width = p.topk_width;
+  dp.num_splits = p.num_splits;
+  dp.partial_out = p.partial_out;
+  dp.partial_lse = p.partial_lse;
+  if (p.act_dtype == QSAKV_DTYPE_BF16)
+    by_cache<__nv_bfloat16>(dp, c.dtype, hardware_decoder, c.head_dim, p.meta.max_rows, stream);
+  else
+    by_cache<__half>(dp, c.dtype, hardware_decoder, c.head_dim, p.meta.max_rows, stream);
+}
+
+}  // namespace cuda
+}  // namespace qsakv

@@ -1,0 +1,21 @@
+// Host-side launchers of the CUDA kernels (compiled by nvcc, called by the backend).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/params.hpp"
+#include "qsakv.h"
+
+namespace qsakv {
+namespace cuda {
+
+void launch_store_kv(const StoreKvParams& p, int sm_count, cudaStream_t stream);
+void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
+void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
+// hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches.
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
+                             cudaStream_t stream);
+void launch_select_topk(const SelectParams& p, int grid_rows, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace qsakv

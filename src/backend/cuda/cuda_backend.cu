@@ -1,0 +1,201 @@
+// The CUDA backend: device memory, staging fences, capability detection, launches.
+// Every launch is asynchronous on the caller's stream; nothing here allocates or
+// synchronises on the run path.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/error.hpp"
+#include "cuda/launch.hpp"
+
+namespace qsakv {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear the sticky-free error state
+  if (e == cudaErrorMemoryAllocation)
+    fail(QSAKV_ERROR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
+  fail(QSAKV_ERROR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+void require_aligned(const void* p, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) must be 16-byte aligned on the CUDA backend",
+         what, p);
+}
+
+// Makes the context's device current for the duration of a call, restoring the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder) {
+    info_.kind = QSAKV_BACKEND_CUDA;
+    info_.device = device;
+    info_.sm_version = prop.major * 10 + prop.minor;
+    info_.multiprocessor_count = prop.multiProcessorCount;
+    info_.has_fp8_conversion = info_.sm_version >= 89;
+    info_.device_memory_bytes = prop.totalGlobalMem;
+    info_.device_name = prop.name;
+    info_.decoder = decoder;
+  }
+  const BackendInfo& info() const override { return info_; }
+
+  void* alloc(size_t bytes) override {
+    DeviceGuard g(info_.device);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    const cudaError_t e = cudaMemset(p, 0, bytes);
+    if (e == cudaSuccess) check(cudaDeviceSynchronize(), "cudaMemset");
+    else {
+      cudaFree(p);
+      check(e, "cudaMemset");
+    }
+    return p;
+  }
+  void release(void* ptr) noexcept override {
+    DeviceGuard g(info_.device);
+    cudaFree(ptr);
+  }
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    return p;
+  }
+  void release_host(void* ptr) noexcept override { cudaFreeHost(ptr); }
+  void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
+            qsakv_stream_t stream) override {
+    DeviceGuard g(info_.device);
+    const cudaMemcpyKind k = kind == QSAKV_COPY_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                             : kind == QSAKV_COPY_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                                 : cudaMemcpyDeviceToDevice;
+    check(cudaMemcpyAsync(dst, src, bytes, k, stream), "cudaMemcpyAsync");
+  }
+  void synchronize(qsakv_stream_t stream) override {
+    DeviceGuard g(info_.device);
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  void* create_fence() override {
+    DeviceGuard g(info_.device);
+    cudaEvent_t e;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void destroy_fence(void* fence) noexcept override {
+    if (fence) cudaEventDestroy(static_cast<cudaEvent_t>(fence));
+  }
+  void record_fence(void* fence, qsakv_stream_t stream) override {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(fence), stream), "cudaEventRecord");
+  }
+  void wait_fence(void* fence) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(fence)), "cudaEventSynchronize");
+  }
+
+  // Enough CTAs for two per multiprocessor (the kernel's occupancy): small batches split
+  // the token list, large ones do not. At most one split per 64 list entries.
+  int choose_splits(int max_rows, int topk_width, int) const override {
+    const int target = 2 * info_.multiprocessor_count;
+    const int want = (target + max_rows - 1) / std::max(1, max_rows);
+    const int cap = std::max(1, (topk_width + 63) / 64);
+    return std::max(1, std::min(want, cap));
+  }
+  int select_grid(int max_rows) const { return std::max(1, std::min(max_rows, 2 * info_.multiprocessor_count)); }
+  size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const override {
+    return static_cast<size_t>(select_grid(max_rows)) * static_cast<size_t>(max_blocks) * 4;
+  }
+
+  void store_kv(const StoreKvParams& p, qsakv_stream_t stream) override {
+    require_aligned(p.k, "k");
+    require_aligned(p.v, "v");
+    DeviceGuard g(info_.device);
+    cuda::launch_store_kv(p, info_.multiprocessor_count, stream);
+    check_launch("store_kv kernel launch");
+  }
+  void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
+    require_aligned(p.src, "keys");
+    DeviceGuard g(info_.device);
+    cuda::launch_store_ring(p, info_.multiprocessor_count, stream);
+    check_launch("store_index_keys kernel launch");
+  }
+  void store_compressed(const StoreRowsParams& p, qsakv_stream_t stream) override {
+    require_aligned(p.src, "keys");
+    DeviceGuard g(info_.device);
+    cuda::launch_store_compressed(p, info_.multiprocessor_count, stream);
+    check_launch("store_compressed_keys kernel launch");
+  }
+  void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
+    if (p.topk_blocks > 1024 || p.index_heads * p.index_dim > 4096)
+      fail(QSAKV_ERROR_UNSUPPORTED, "the CUDA selection supports up to 1024 top-k blocks and "
+           "4096 index-query elements per row (got %d and %d)", p.topk_blocks,
+           p.index_heads * p.index_dim);
+    require_aligned(p.index_q, "index_q");
+    DeviceGuard g(info_.device);
+    cuda::launch_select_topk(p, select_grid(p.meta.max_rows), stream);
+    check_launch("select_topk kernel launch");
+  }
+  void attention(const AttentionParams& p, qsakv_stream_t stream) override {
+    require_aligned(p.q, "q");
+    require_aligned(p.out, "out");
+    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < 80)
+      fail(QSAKV_ERROR_UNSUPPORTED, "BF16 caches need BF16 tensor cores (SM80+); this GPU is "
+           "SM %d", info_.sm_version);
+    DeviceGuard g(info_.device);
+    cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, stream);
+    check_launch("attention kernel launch");
+  }
+
+ private:
+  BackendInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    *why = e != cudaSuccess ? std::string("no usable CUDA driver or GPU (") + cudaGetErrorName(e) +
+                                  ": " + cudaGetErrorString(e) + ")"
+                            : std::string("no CUDA GPU found");
+    return nullptr;
+  }
+  if (device >= count)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "device %d does not exist; %d CUDA device(s)", device, count);
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  const int sm = prop.major * 10 + prop.minor;
+  if (sm < 75) {
+    *why = "GPU " + std::string(prop.name) + " is SM " + std::to_string(sm) +
+           "; this build's kernels need SM75+ (see README for SM70 with CUDA 12)";
+    return nullptr;
+  }
+  if (decoder == QSAKV_DECODER_HARDWARE && sm < 89)
+    fail(QSAKV_ERROR_UNSUPPORTED, "the hardware E4M3 decoder needs SM89+; GPU %s is SM %d: "
+         "use QSAKV_DECODER_SOFTWARE or AUTO", prop.name, sm);
+  const qsakv_decoder chosen = decoder == QSAKV_DECODER_AUTO
+                                   ? (sm >= 89 ? QSAKV_DECODER_HARDWARE : QSAKV_DECODER_SOFTWARE)
+                                   : decoder;
+  return std::make_unique<CudaBackend>(device, prop, chosen);
+}
+
+}  // namespace qsakv

@@ -1,0 +1,135 @@
+"""`qsakv overlay verify|inspect` agree with the C API on valid and invalid overlays:
+same verdict, the status name and the library's own message on stderr, exit codes as
+documented in `qsakv --help`. Needs QSAKV_LIB (libqsakv.so) and QSAKV_TOOL (qsakv)."""
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+
+QSA_LAYERS = [4 * i + 3 for i in range(12)]
+
+
+class ModelConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
+                ("num_layers", ctypes.c_int32), ("num_qsa_layers", ctypes.c_int32),
+                ("qsa_layers", ctypes.c_int32 * 512)] + [
+                   (n, ctypes.c_int32) for n in ("num_q_heads", "num_kv_heads", "head_dim")] + [
+                   ("softmax_scale", ctypes.c_float)] + [
+                   (n, ctypes.c_int32) for n in (
+                       "index_num_heads", "index_head_dim", "compress_ratio", "topk_tokens",
+                       "tp_size", "tp_rank", "speculative_tokens", "activation_dtype",
+                       "kv_dtype", "block_size", "max_requests", "max_batched_tokens",
+                       "max_model_len")]
+
+
+class WriteOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
+                ("layer_prefix", ctypes.c_char_p), ("base_index_path", ctypes.c_char_p),
+                ("contract_tp_size", ctypes.c_int32),
+                ("contract_speculative_tokens", ctypes.c_int32),
+                ("contract_activation_dtype", ctypes.c_int32),
+                ("contract_min_sm", ctypes.c_int32), ("unit_scale_control", ctypes.c_int32)]
+
+
+@pytest.fixture(scope="module")
+def env():
+    lib_path, tool = os.environ.get("QSAKV_LIB"), os.environ.get("QSAKV_TOOL")
+    if not lib_path or not tool:
+        pytest.skip("QSAKV_LIB and QSAKV_TOOL must be set")
+    lib = ctypes.CDLL(lib_path)
+    lib.qsakv_last_error.restype = ctypes.c_char_p
+    lib.qsakv_status_string.restype = ctypes.c_char_p
+    lib.qsakv_overlay_load.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                       ctypes.c_char_p]
+    lib.qsakv_overlay_validate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+    lib.qsakv_overlay_destroy.argtypes = [ctypes.c_void_p]
+    return lib, tool
+
+
+def write_pack(lib, tmp_path, num_layers=12, tp=0):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"lm_head.weight": "model-00001.safetensors"}}))
+    opts = WriteOptions()
+    assert lib.qsakv_overlay_write_options_init(ctypes.byref(opts)) == 0
+    opts.base_index_path = str(index).encode()
+    opts.contract_tp_size = tp
+    layers = (ctypes.c_int32 * num_layers)(*QSA_LAYERS[:num_layers])
+    k = (ctypes.c_float * num_layers)(*[0.01 * (i + 1) for i in range(num_layers)])
+    v = (ctypes.c_float * num_layers)(*[0.5] * num_layers)
+    out = tmp_path / "pack"
+    assert lib.qsakv_overlay_write(str(out).encode(), layers, k, v, num_layers,
+                                   ctypes.byref(opts)) == 0, lib.qsakv_last_error()
+    return out, hashlib.sha256(index.read_bytes()).hexdigest()
+
+
+def api_verdict(lib, path, revision, tp=1):
+    """(status name, message) of load + validate through the C API."""
+    handle = ctypes.c_void_p()
+    status = lib.qsakv_overlay_load(ctypes.byref(handle), str(path).encode(), None)
+    if status == 0:
+        cfg = ModelConfig()
+        assert lib.qsakv_model_config_preset(ctypes.byref(cfg), b"qwen4_exp") == 0
+        cfg.tp_size = tp
+        status = lib.qsakv_overlay_validate(handle, ctypes.byref(cfg), revision.encode())
+        lib.qsakv_overlay_destroy(handle)
+    return lib.qsakv_status_string(status).decode(), lib.qsakv_last_error().decode()
+
+
+def run_tool(tool, *args):
+    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
+
+
+def test_help_documents_exit_codes(env):
+    _, tool = env
+    r = run_tool(tool, "--help")
+    assert r.returncode == 0 and "exit codes" in r.stdout
+    assert run_tool(tool, "--version").returncode == 0
+    assert run_tool(tool, "nosucharea").returncode == 2
+    assert run_tool(tool, "overlay", "verify", "x").returncode == 2  # no --revision
+
+
+def test_valid_overlay(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    assert api_verdict(lib, pack, rev)[0] == "QSAKV_SUCCESS"
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("OK:")
+
+
+@pytest.mark.parametrize("case", ["revision", "incomplete", "contract", "missing"])
+def test_invalid_overlay_agrees_with_api(env, tmp_path, case):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path, num_layers=11 if case == "incomplete" else 12,
+                           tp=4 if case == "contract" else 0)
+    if case == "revision":
+        rev = "0" * 64
+    if case == "missing":
+        pack = tmp_path / "nowhere"
+    status, message = api_verdict(lib, pack, rev)
+    expected = {"revision": "QSAKV_ERROR_REVISION_MISMATCH",
+                "incomplete": "QSAKV_ERROR_OVERLAY_INCOMPLETE",
+                "contract": "QSAKV_ERROR_CONTRACT",
+                "missing": "QSAKV_ERROR_OVERLAY_MISSING"}[case]
+    assert status == expected, message
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"{status}: {message}"
+
+
+def test_inspect_json_matches_written_scales(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path, tp=4)
+    r = run_tool(tool, "overlay", "inspect", pack, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["base_index_sha256"] == rev
+    assert doc["contract"]["tp_size"] == 4 and doc["contract"]["min_sm"] is None
+    assert [e["layer"] for e in doc["layers"]] == QSA_LAYERS
+    for i, e in enumerate(doc["layers"]):
+        assert e["k_scale"] == pytest.approx(0.01 * (i + 1), rel=1e-7)
+    text = run_tool(tool, "overlay", "inspect", pack)
+    assert text.returncode == 0 and "tp_size 4" in text.stdout
