@@ -48,5 +48,13 @@ sanitize:
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -E pytest_suites
 
+# The safetensors parser under libFuzzer (clang), bounded in time; the seed corpus is
+# copied so libFuzzer's new inputs never land in the repository.
+fuzz:
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DQSAKV_WITH_CUDA=OFF -DQSAKV_FUZZ=ON
+	cmake --build build-fuzz --target fuzz_safetensors -j$(JOBS)
+	rm -rf build-fuzz/corpus && mkdir -p build-fuzz/corpus && cp tests/fuzz/corpus/* build-fuzz/corpus/
+	build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time=$${FUZZ_SECONDS:-60} -rss_limit_mb=2048 build-fuzz/corpus
+
 clean:
 	rm -rf $(BUILD) build-gpu build-asan build-fuzz

@@ -187,10 +187,19 @@ qsakv_overlay* tu_make_overlay(const qsakv_model_config* c, const float* k, cons
   info.struct_size = sizeof info;
   info.version = QSAKV_OVERLAY_INFO_VERSION;
   TU_OK(qsakv_overlay_get_info(ov, &info));
-  TU_OK(qsakv_overlay_validate(ov, c, info.base_index_sha256));
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
+  char revision[65];
+  TU_OK(qsakv_checkpoint_revision(index, revision)); /* the checkpoint's own revision */
+  assert_string_equal(revision, info.base_index_sha256);
+  TU_OK(qsakv_overlay_validate(ov, c, revision));
+  /* The overlay is in memory now: remove the files (no subdirectories but `out`). */
+  const char* names[] = {"overlay/model-kvscales.safetensors", "overlay/qsakv-overlay.json",
+                         "overlay", "model.safetensors.index.json"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", base, names[i]);
+    if (remove(p) != 0) fprintf(stderr, "could not remove %s\n", p);
+  }
+  if (rmdir(base) != 0) fprintf(stderr, "could not remove %s\n", base);
   return ov;
 }
 

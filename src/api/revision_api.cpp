@@ -1,12 +1,9 @@
 // extern "C" entry point: the revision (index SHA-256) of a checkpoint.
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <sys/stat.h>
 
 #include "api/guard.hpp"
+#include "core/overlay/file_io.hpp"
 #include "core/overlay/sha256.hpp"
 
 using namespace qsakv;
@@ -16,13 +13,10 @@ extern "C" qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex
     if (!path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL");
     if (!out_hex) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_hex is NULL");
     std::string file = path;
-    struct stat st;
-    if (::stat(path, &st) != 0) fail(QSAKV_ERROR_IO, "cannot stat %s: %s", path, std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) file += "/model.safetensors.index.json";
-    std::ifstream in(file, std::ios::binary);
-    if (!in) fail(QSAKV_ERROR_IO, "cannot open %s", file.c_str());
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) fail(QSAKV_ERROR_IO, "cannot read %s", file.c_str());
+    if (path_kind(file, "checkpoint path") == PathKind::directory)
+      file = join_path(file, "model.safetensors.index.json");
+    // An index maps tensor names to shards: 256 MiB is far beyond any real one.
+    const std::string bytes = read_file(file, 256ull << 20, "checkpoint index", QSAKV_ERROR_IO);
     const std::string hex = sha256_hex(bytes);
     std::memcpy(out_hex, hex.c_str(), 65);
   });
