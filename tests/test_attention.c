@@ -180,6 +180,71 @@ static void test_cuda_against_fp64(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* The same world on several contexts: the CUDA backend against the CPU backend (relative
+ * L2), the software and hardware decoders against each other (bit for bit), and split
+ * counts 1 and automatic (relative L2). */
+static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  TU_OK(qsakv_context_get_info(gpu, &info));
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  o.decoder = QSAKV_DECODER_SOFTWARE;
+  qsakv_context* sw = NULL;
+  TU_OK(qsakv_context_create(&sw, &o));
+  const qsakv_dtype acts[2] = {QSAKV_DTYPE_FP16, QSAKV_DTYPE_BF16};
+  for (int a = 0; a < 2; ++a) {
+    geometry_case gc = {6, 1, 256, acts[a], QSAKV_DTYPE_E4M3, 64};
+    qsakv_model_config c;
+    config_for(&c, &gc);
+    tu_shape shape = mixed_49();
+    const uint64_t seed = tu_next();
+    tu_world wc, wg, ws, w1;
+    tu_world_build(&wc, cpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
+    tu_world_build(&wg, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
+    tu_world_build(&ws, sw, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
+    tu_world_build(&w1, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 1);
+    const size_t n = (size_t)wc.rows * wc.geo.q_heads * c.head_dim;
+    uint16_t* q = random_q(&wc);
+    for (int dense = 0; dense <= 1; ++dense) {
+      const int64_t stride = wc.geo.topk_width;
+      int32_t* topk = dense ? NULL : random_topk(&wc, stride);
+      double* rc = run_attention(&wc, q, topk, stride, dense);
+      double* rg = run_attention(&wg, q, topk, stride, dense);
+      double* rs = run_attention(&ws, q, topk, stride, dense);
+      double* r1 = run_attention(&w1, q, topk, stride, dense);
+      const double e_cpu = tu_rel_l2(rc, rg, n), e_split = tu_rel_l2(r1, rg, n);
+      size_t differ = 0;
+      for (size_t i = 0; i < n; ++i) differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0;
+      print_message("%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, "
+                    "hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
+                    qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, differ, n,
+                    info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
+      assert_true(e_cpu <= bound_for(acts[a]));
+      assert_true(e_split <= bound_for(acts[a]));
+      assert_int_equal(differ, 0);
+      free(rc);
+      free(rg);
+      free(rs);
+      free(r1);
+      free(topk);
+    }
+    free(q);
+    tu_world_destroy(&wc);
+    tu_world_destroy(&wg);
+    tu_world_destroy(&ws);
+    tu_world_destroy(&w1);
+  }
+  qsakv_context_destroy(sw);
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
+}
+
 static void test_plan_errors(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -241,7 +306,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_against_fp64),
       cmocka_unit_test(test_cuda_against_fp64),
+      cmocka_unit_test(test_cuda_matches_cpu_and_decoders_agree),
       cmocka_unit_test(test_plan_errors),
   };
+  tu_apply_filter();
   return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
 }

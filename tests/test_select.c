@@ -142,5 +142,6 @@ int main(void) {
       cmocka_unit_test(test_select_cpu),
       cmocka_unit_test(test_select_cuda),
   };
+  tu_apply_filter();
   return cmocka_run_group_tests_name("select", tests, NULL, NULL);
 }

@@ -212,7 +212,7 @@ static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t**
   qsakv_free(ctx, dc);
 }
 
-static void test_index_key_stores(void** state) {
+static void test_index_key_stores_cpu_and_cuda(void** state) {
   (void)state;
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
@@ -287,8 +287,9 @@ static void test_store_errors(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e4m3_store_cpu),   cmocka_unit_test(test_16bit_store_cpu),
-      cmocka_unit_test(test_cuda_store_equals_cpu), cmocka_unit_test(test_index_key_stores),
+      cmocka_unit_test(test_cuda_store_equals_cpu), cmocka_unit_test(test_index_key_stores_cpu_and_cuda),
       cmocka_unit_test(test_store_errors),
   };
+  tu_apply_filter();
   return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

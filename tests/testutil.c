@@ -231,3 +231,8 @@ double tu_rel_l2(const double* ref, const double* got, size_t n) {
   if (isnan(num)) return INFINITY;
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+void tu_apply_filter(void) {
+  const char* f = getenv("QSAKV_TEST_FILTER");
+  if (f && *f) cmocka_set_test_filter(f);
+}

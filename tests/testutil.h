@@ -75,6 +75,10 @@ void tu_small_config(qsakv_model_config* c, int num_q_heads, int num_kv_heads, i
 
 double tu_rel_l2(const double* ref, const double* got, size_t n);
 
+/* Applies QSAKV_TEST_FILTER (a cmocka glob such as "*cuda*") when set: GPU runs under
+ * compute-sanitizer use it to skip the CPU-only cases. */
+void tu_apply_filter(void);
+
 #ifdef __cplusplus
 }
 #endif

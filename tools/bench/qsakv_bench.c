@@ -1,0 +1,432 @@
+/* qsakv_bench: decode attention, store and selection timings on the GPU for the
+ * reference geometry (TP4 rank: 6 query heads, 1 KV head, head_dim 256), 32K-token
+ * contexts, 2051 selected tokens per row, block size 64.
+ *
+ * Method: every timed unit is a CUDA graph of 64 calls that rotate over 4 layers and 16
+ * plans (each plan maps the rows to other requests, with its own random top-k lists),
+ * so consecutive calls read disjoint K/V and nothing is served from L2 even for one row;
+ * the time per call is the median over replays divided by 64. Inputs are random
+ * (finite E4M3 codes, normal FP16 values), never zeros. A device-to-device copy is
+ * measured in the same run (bytes read + written) as the bandwidth ceiling.
+ * Prints a table and writes JSON (--json PATH). Benchmarks only: nothing is asserted. */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qsakv.h"
+
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    qsakv_status s_ = (call);                                                               \
+    if (s_ != QSAKV_SUCCESS) {                                                              \
+      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,                     \
+              qsakv_status_string(s_), qsakv_last_error());                                 \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+#define CUDA(call)                                                                          \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+enum { kLayers = 4, kPlans = 16, kCalls = 64, kRequests = 64, kSeq = 32767, kBlock = 64 };
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double normal(void) {
+  double u1 = ((double)(rnd() >> 11) + 1.0) / 9007199254740993.0, u2 = (double)(rnd() >> 11) / 9007199254740992.0;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static uint16_t fp16(float x) {
+  _Float16 h = (_Float16)x;
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+
+static int cmp_float(const void* a, const void* b) {
+  float x = *(const float*)a, y = *(const float*)b;
+  return (x > y) - (x < y);
+}
+
+/* Median milliseconds of `reps` replays of a graph. */
+static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+  cudaEvent_t a, b;
+  CUDA(cudaEventCreate(&a));
+  CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CUDA(cudaGraphLaunch(exec, s));
+  float* t = malloc(sizeof(float) * reps);
+  for (int i = 0; i < reps; ++i) {
+    CUDA(cudaEventRecord(a, s));
+    CUDA(cudaGraphLaunch(exec, s));
+    CUDA(cudaEventRecord(b, s));
+    CUDA(cudaEventSynchronize(b));
+    CUDA(cudaEventElapsedTime(&t[i], a, b));
+  }
+  qsort(t, reps, sizeof(float), cmp_float);
+  const float m = t[reps / 2];
+  free(t);
+  CUDA(cudaEventDestroy(a));
+  CUDA(cudaEventDestroy(b));
+  return m;
+}
+
+static double copy_bandwidth(cudaStream_t s) {
+  const size_t bytes = 2ull << 30;
+  void *a, *b;
+  CUDA(cudaMalloc(&a, bytes));
+  CUDA(cudaMalloc(&b, bytes));
+  CUDA(cudaMemset(a, 1, bytes));
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const float ms = time_graph(e, s, 20);
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  CUDA(cudaFree(a));
+  CUDA(cudaFree(b));
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;  /* read + write, GB/s */
+}
+
+typedef struct {
+  qsakv_context* ctx;
+  qsakv_model_config cfg;
+  qsakv_cache* cache;
+  qsakv_overlay* overlay;
+  int32_t* block_table_host; /* [kRequests, pages] */
+  int pages;
+} bench_cache;
+
+static qsakv_overlay* make_overlay(const qsakv_model_config* c) {
+  char dir[] = "/tmp/qsakv-bench-XXXXXX";
+  if (!mkdtemp(dir)) exit(1);
+  char index[256], pack[256], file[300];
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+  FILE* f = fopen(index, "w");
+  fprintf(f, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {}}\n");
+  fclose(f);
+  snprintf(pack, sizeof pack, "%s/pack", dir);
+  float ks[QSAKV_MAX_LAYERS], vs[QSAKV_MAX_LAYERS];
+  for (int i = 0; i < c->num_qsa_layers; ++i) ks[i] = vs[i] = 0.01f;
+  qsakv_overlay_write_options wo;
+  CHECK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = index;
+  CHECK(qsakv_overlay_write(pack, c->qsa_layers, ks, vs, c->num_qsa_layers, &wo));
+  snprintf(file, sizeof file, "%s/model-kvscales.safetensors", pack);
+  qsakv_overlay* ov = NULL;
+  CHECK(qsakv_overlay_load(&ov, file, NULL));
+  char rev[65];
+  CHECK(qsakv_checkpoint_revision(index, rev));
+  CHECK(qsakv_overlay_validate(ov, c, rev));
+  return ov;
+}
+
+/* A cache of kRequests requests of kSeq tokens on `layers` layers, filled with random
+ * finite data straight into its buffers. */
+static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int rows_max, int seq,
+                       int requests) {
+  memset(b, 0, sizeof *b);
+  b->ctx = ctx;
+  CHECK(qsakv_model_config_preset(&b->cfg, "qwen4_exp"));
+  qsakv_model_config* c = &b->cfg;
+  c->tp_size = 4;
+  c->num_layers = 4 * kLayers;
+  c->num_qsa_layers = kLayers;
+  for (int i = 0; i < kLayers; ++i) c->qsa_layers[i] = 4 * i + 3;
+  c->kv_dtype = kv;
+  c->block_size = kBlock;
+  c->max_requests = requests > rows_max ? requests : rows_max;
+  c->max_batched_tokens = rows_max;
+  c->max_model_len = seq + 1;
+  b->pages = (seq + kBlock - 1) / kBlock;
+  if (kv == QSAKV_DTYPE_E4M3) b->overlay = make_overlay(c);
+  qsakv_cache_options o;
+  CHECK(qsakv_cache_options_init(&o));
+  o.num_blocks = (int64_t)requests * b->pages;
+  CHECK(qsakv_cache_create(&b->cache, ctx, c, b->overlay, &o));
+  qsakv_cache_layout L;
+  memset(&L, 0, sizeof L);
+  L.struct_size = sizeof L;
+  CHECK(qsakv_cache_get_layout(b->cache, &L));
+  /* 64 MiB of random finite codes, copied over every layer. */
+  const size_t chunk = 64ull << 20;
+  uint8_t* h = malloc(chunk);
+  if (kv == QSAKV_DTYPE_E4M3) {
+    for (size_t i = 0; i < chunk; ++i) {
+      uint8_t x = (uint8_t)rnd();
+      if ((x & 0x7F) == 0x7F) x ^= 1; /* no NaN codes */
+      h[i] = x;
+    }
+  } else {
+    uint16_t* h16 = (uint16_t*)h;
+    for (size_t i = 0; i < chunk / 2; ++i) h16[i] = fp16((float)(normal() * 2.0));
+  }
+  void* d;
+  CUDA(cudaMalloc(&d, chunk));
+  CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
+  for (int l = 0; l < kLayers; ++l) {
+    qsakv_layer_buffers lb;
+    CHECK(qsakv_cache_get_layer_buffers(b->cache, c->qsa_layers[l], &lb));
+    for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk) {
+      const size_t n = L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk;
+      CUDA(cudaMemcpy((char*)lb.kv + off, d, n, cudaMemcpyDeviceToDevice));
+    }
+  }
+  CUDA(cudaFree(d));
+  free(h);
+  /* Pages of request r on blocks r*pages .. : a shuffled order within the request. */
+  b->block_table_host = malloc(sizeof(int32_t) * requests * b->pages);
+  for (int r = 0; r < requests; ++r) {
+    int32_t* bt = b->block_table_host + r * b->pages;
+    for (int p = 0; p < b->pages; ++p) bt[p] = r * b->pages + p;
+    for (int p = b->pages - 1; p > 0; --p) {
+      int j = (int)(rnd() % (uint64_t)(p + 1)), t = bt[p];
+      bt[p] = bt[j];
+      bt[j] = t;
+    }
+  }
+}
+
+static void free_cache(bench_cache* b) {
+  qsakv_cache_destroy(b->cache);
+  qsakv_overlay_destroy(b->overlay);
+  free(b->block_table_host);
+}
+
+/* Row i of plan p decodes request (i + 4p) % kRequests at its last position. */
+typedef struct {
+  qsakv_plan* plan[kPlans];
+  void* bt[kPlans];
+  int32_t* topk[kPlans];
+  void* q;
+  void* out;
+} plans_t;
+
+static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
+  const int width = 2051, pos = kSeq - 1, groups = (pos + 1) / 4;
+  int32_t* qs = malloc(sizeof(int32_t) * (rows + 1));
+  int32_t* lens = malloc(sizeof(int32_t) * rows);
+  int32_t* bt = malloc(sizeof(int32_t) * rows * b->pages);
+  int32_t* tk = malloc(sizeof(int32_t) * rows * width);
+  uint8_t* seen = malloc(groups);
+  for (int i = 0; i <= rows; ++i) qs[i] = i;
+  for (int i = 0; i < rows; ++i) lens[i] = kSeq;
+  for (int p = 0; p < kPlans; ++p) {
+    for (int i = 0; i < rows; ++i)
+      memcpy(bt + i * b->pages, b->block_table_host + ((i + 4 * p) % kRequests) * b->pages,
+             sizeof(int32_t) * b->pages);
+    CUDA(cudaMalloc(&P->bt[p], sizeof(int32_t) * rows * b->pages));
+    CUDA(cudaMemcpy(P->bt[p], bt, sizeof(int32_t) * rows * b->pages, cudaMemcpyHostToDevice));
+    /* 512 distinct random groups, then the open group's 3-token tail: 2051 tokens. */
+    for (int i = 0; i < rows; ++i) {
+      memset(seen, 0, groups);
+      int32_t* t = tk + (size_t)i * width;
+      int j = 0;
+      while (j < 2048) {
+        const int gsel = (int)(rnd() % (uint64_t)groups);
+        if (seen[gsel]) continue;
+        seen[gsel] = 1;
+        for (int k = 0; k < 4; ++k) t[j++] = gsel * 4 + k;
+      }
+      for (int k = groups * 4; k <= pos; ++k) t[j++] = k;
+      while (j < width) t[j++] = -1;
+    }
+    CUDA(cudaMalloc((void**)&P->topk[p], sizeof(int32_t) * rows * width));
+    CUDA(cudaMemcpy(P->topk[p], tk, sizeof(int32_t) * rows * width, cudaMemcpyHostToDevice));
+    qsakv_plan_options po;
+    CHECK(qsakv_plan_options_init(&po));
+    po.max_rows = rows;
+    po.max_requests = rows;
+    CHECK(qsakv_plan_create(&P->plan[p], b->cache, &po));
+    qsakv_batch batch;
+    memset(&batch, 0, sizeof batch);
+    batch.struct_size = sizeof batch;
+    batch.version = QSAKV_BATCH_VERSION;
+    batch.num_requests = rows;
+    batch.query_start = qs;
+    batch.seq_lens = lens;
+    batch.block_table = P->bt[p];
+    batch.block_table_stride = b->pages;
+    CHECK(qsakv_plan_update(P->plan[p], &batch, (qsakv_stream_t)s));
+  }
+  const size_t qn = (size_t)rows * 6 * 256;
+  uint16_t* hq = malloc(2 * qn);
+  for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
+  CUDA(cudaMalloc(&P->q, 2 * qn));
+  CUDA(cudaMalloc(&P->out, 2 * qn));
+  CUDA(cudaMemcpy(P->q, hq, 2 * qn, cudaMemcpyHostToDevice));
+  CUDA(cudaStreamSynchronize(s));
+  free(hq);
+  free(qs);
+  free(lens);
+  free(bt);
+  free(tk);
+  free(seen);
+}
+
+static void free_plans(plans_t* P) {
+  for (int p = 0; p < kPlans; ++p) {
+    qsakv_plan_destroy(P->plan[p]);
+    CUDA(cudaFree(P->bt[p]));
+    CUDA(cudaFree(P->topk[p]));
+  }
+  CUDA(cudaFree(P->q));
+  CUDA(cudaFree(P->out));
+}
+
+/* Microseconds per attention call. */
+static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* splits) {
+  plans_t P;
+  make_plans(&P, b, rows, s);
+  qsakv_plan_info pi;
+  memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  CHECK(qsakv_plan_get_info(P.plan[0], &pi));
+  *splits = pi.num_splits;
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int k = 0; k < kCalls; ++k) {
+    const int layer = b->cfg.qsa_layers[k % kLayers], p = (k / kLayers) % kPlans;
+    CHECK(qsakv_attention_run(P.plan[p], layer, QSAKV_ATTENTION_SPARSE, P.q, P.topk[p], 2051, P.out,
+                              (qsakv_stream_t)s));
+  }
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const int reps = rows >= 256 ? 10 : 30;
+  const float ms = time_graph(e, s, reps);
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  free_plans(&P);
+  return ms * 1e3 / kCalls;
+}
+
+static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
+  const size_t n = (size_t)tokens * 256;
+  uint16_t* h = malloc(2 * n);
+  for (size_t i = 0; i < n; ++i) h[i] = fp16((float)normal());
+  int64_t* slots = malloc(sizeof(int64_t) * tokens);
+  for (int i = 0; i < tokens; ++i) slots[i] = ((int64_t)i * 7919) % ((int64_t)kRequests * b->pages * kBlock);
+  void *k, *v, *sl;
+  CUDA(cudaMalloc(&k, 2 * n));
+  CUDA(cudaMalloc(&v, 2 * n));
+  CUDA(cudaMalloc(&sl, sizeof(int64_t) * tokens));
+  CUDA(cudaMemcpy(k, h, 2 * n, cudaMemcpyHostToDevice));
+  CUDA(cudaMemcpy(v, h, 2 * n, cudaMemcpyHostToDevice));
+  CUDA(cudaMemcpy(sl, slots, sizeof(int64_t) * tokens, cudaMemcpyHostToDevice));
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int l = 0; l < kLayers; ++l)
+    CHECK(qsakv_store_kv(b->cache, b->cfg.qsa_layers[l], k, v, sl, tokens, (qsakv_stream_t)s));
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const float ms = time_graph(e, s, 20);
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  CUDA(cudaFree(k));
+  CUDA(cudaFree(v));
+  CUDA(cudaFree(sl));
+  free(h);
+  free(slots);
+  return ms * 1e3 / kLayers;
+}
+
+int main(int argc, char** argv) {
+  const char* json_path = NULL;
+  int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
+  int n_rows = 9;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+      n_rows = 0;
+      for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ",")) rows_list[n_rows++] = atoi(t);
+    } else {
+      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...]\n", argv[0]);
+      return 2;
+    }
+  }
+  qsakv_context_options o;
+  CHECK(qsakv_context_options_init(&o));
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* hw = NULL;
+  CHECK(qsakv_context_create(&hw, &o));
+  o.decoder = QSAKV_DECODER_SOFTWARE;
+  qsakv_context* sw = NULL;
+  CHECK(qsakv_context_create(&sw, &o));
+  qsakv_context_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK(qsakv_context_get_info(hw, &info));
+  cudaStream_t s;
+  CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_gbs = copy_bandwidth(s);
+  printf("device: %s (SM %d, %d SMs); decoder for e4m3: %s; copy bandwidth %.0f GB/s (read+write)\n",
+         info.device_name, info.sm_version, info.multiprocessor_count,
+         info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software", copy_gbs);
+
+  int rows_max = 0;
+  for (int i = 0; i < n_rows; ++i) rows_max = rows_list[i] > rows_max ? rows_list[i] : rows_max;
+  bench_cache e8, e8sw, f16;
+  make_cache(&e8, hw, QSAKV_DTYPE_E4M3, rows_max, kSeq, kRequests);
+  make_cache(&e8sw, sw, QSAKV_DTYPE_E4M3, rows_max, kSeq, kRequests);
+  make_cache(&f16, hw, QSAKV_DTYPE_FP16, rows_max, kSeq, kRequests);
+
+  FILE* js = json_path ? fopen(json_path, "w") : NULL;
+  if (js) fprintf(js, "{\n  \"device\": \"%s\",\n  \"copy_gbs\": %.1f,\n  \"attention\": [\n", info.device_name, copy_gbs);
+  printf("\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K contexts, bs 64\n");
+  printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s\n", "rows", "splits", "e4m3 us", "MB read",
+         "GB/s", "%copy", "e4m3sw us", "sw/hw", "fp16 us", "fp16 GB/s", "e4/f16");
+  for (int i = 0; i < n_rows; ++i) {
+    const int rows = rows_list[i];
+    int splits = 0, s2 = 0, s3 = 0;
+    const double t8 = time_attention(&e8, rows, s, &splits);
+    const double t8sw = time_attention(&e8sw, rows, s, &s2);
+    const double t16 = time_attention(&f16, rows, s, &s3);
+    const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
+    const double gbs8 = bytes8 / (t8 * 1e-6) / 1e9, gbs16 = bytes16 / (t16 * 1e-6) / 1e9;
+    printf("%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f\n", rows, splits, t8,
+           bytes8 / 1e6, gbs8, 100.0 * gbs8 / copy_gbs, t8sw, t8sw / t8, t16, gbs16, t8 / t16);
+    if (js)
+      fprintf(js, "    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %.3f, "
+                  "\"fp16_us\": %.3f, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, "
+                  "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %.1f, \"e4m3_over_fp16\": %.4f}%s\n",
+              rows, splits, t8, t8sw, t16, bytes8, gbs8, gbs16, 100.0 * gbs8 / copy_gbs,
+              100.0 * gbs16 / copy_gbs, t8 / t16, i + 1 < n_rows ? "," : "");
+  }
+  if (js) fprintf(js, "  ],\n");
+
+  const int store_tokens = 65536;
+  const double ts8 = time_store(&e8, store_tokens, s), ts16 = time_store(&f16, store_tokens, s);
+  const double sb8 = store_tokens * 256.0 * 2 * (2 + 1), sb16 = store_tokens * 256.0 * 2 * (2 + 2);
+  printf("\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f GB/s, %.1f%%)\n",
+         store_tokens, ts8, sb8 / (ts8 * 1e-6) / 1e9, 100.0 * sb8 / (ts8 * 1e-6) / 1e9 / copy_gbs, ts16,
+         sb16 / (ts16 * 1e-6) / 1e9, 100.0 * sb16 / (ts16 * 1e-6) / 1e9 / copy_gbs);
+  if (js) {
+    fprintf(js, "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f}\n}\n",
+            store_tokens, ts8, ts16, sb8 / (ts8 * 1e-6) / 1e9, sb16 / (ts16 * 1e-6) / 1e9);
+    fclose(js);
+  }
+  free_cache(&e8);
+  free_cache(&e8sw);
+  free_cache(&f16);
+  CUDA(cudaStreamDestroy(s));
+  qsakv_context_destroy(sw);
+  qsakv_context_destroy(hw);
+  return 0;
+}
