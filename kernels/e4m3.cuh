@@ -71,6 +71,18 @@ QSAKV_HD uint8_t encode(float q) {
   return static_cast<uint8_t>(sign | code);
 }
 
+// The store contract in one place: byte = encode(fp32(x) / scale), with NaN keeping its
+// sign explicitly (IEEE leaves a NaN quotient's sign to the implementation: x86 keeps
+// it, CUDA returns a canonical positive NaN).
+QSAKV_HD uint8_t quantize(float x, float scale) {
+  if (x != x) return static_cast<uint8_t>(((f32_bits(x) >> 24) & 0x80u) | kNaN);
+#if defined(__CUDA_ARCH__)
+  return encode(__fdiv_rn(x, scale));
+#else
+  return encode(x / scale);
+#endif
+}
+
 // The exact bitcast decoder: builds FP32 bits directly, no exp2, no table.
 QSAKV_HD float decode(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;

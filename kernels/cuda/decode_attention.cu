@@ -15,11 +15,15 @@ template <class Act, KvKind KV, int D, Decoder DEC>
 void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
-  decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, 0, stream>>>(dp);
-  if (dp.num_splits > 1) {
-    constexpr float unit = KV == KvKind::kE4M3 ? decoded_unit<DEC>() : 1.0f;
-    merge_splits_kernel<Act, D><<<max_rows * dp.q_heads, D < 128 ? D : 128, 0, stream>>>(dp, unit);
-  }
+  constexpr int smem = dynamic_smem_bytes<KV, D>();
+  // Raising the dynamic shared-memory limit is a one-time host call per kernel (thread-
+  // safe static initialisation; it does not touch the stream, so it is capture-safe).
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      decode_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess)
+    fail(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
+         cudaGetErrorString(attr));
+  decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, smem, stream>>>(dp);
 }
 
 template <class Act, KvKind KV, Decoder DEC>
@@ -66,6 +70,7 @@ void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
   dp.block_size = c.block_size;
   dp.num_blocks = c.num_blocks;
   dp.scales = c.scales;
+  dp.nan_flag = c.nan_flag;
   dp.q = p.q;
   dp.out = p.out;
   dp.q_heads = p.q_heads;
@@ -80,6 +85,7 @@ void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
   dp.num_splits = p.num_splits;
   dp.partial_out = p.partial_out;
   dp.partial_lse = p.partial_lse;
+  dp.split_counters = p.split_counters;
   if (p.act_dtype == QSAKV_DTYPE_BF16)
     by_cache<__nv_bfloat16>(dp, c.dtype, hardware_decoder, c.head_dim, p.meta.max_rows, stream);
   else

@@ -28,6 +28,7 @@
 
 #include "core/params.hpp"
 #include "cuda/common.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
 
@@ -48,6 +49,7 @@ struct DecodeParams {
   int32_t block_size;
   int64_t num_blocks;
   const float* scales;      // device [k_scale, v_scale]
+  const int32_t* nan_flag;  // device: an E4M3 NaN code was stored in this layer
   const void* q;            // [rows, q_heads, D]
   void* out;                // [rows, q_heads, D]
   int32_t q_heads;
@@ -62,6 +64,7 @@ struct DecodeParams {
   int32_t num_splits;
   float* partial_out;       // [max_rows, q_heads, splits, D]
   float* partial_lse;       // [max_rows, q_heads, splits]
+  int32_t* split_counters;  // [max_rows, kv_heads, head_chunks]
 };
 
 constexpr int kWarps = 4;
@@ -88,12 +91,37 @@ struct alignas(16) MergeSmem {
   float o[kWarps][kHeadsPerCta][D];
 };
 
-template <int D>
+// Static shared memory: the window's token offsets (the scan's warp totals share it).
 union DecodeSmem {
   int64_t offsets[kWindow];
-  MergeSmem<D> merge;
   int32_t warp_totals[kWarps];
 };
+
+// E4M3 tiles are staged through shared memory by cp.async, kStages deep per warp, so a
+// warp has kStages - 1 tiles in flight while it computes one, without holding them in
+// registers. Each thread's bytes of a tile (K rows of tokens g, g+8, V rows of tokens
+// 2t4, 2t4+1, 2t4+8, 2t4+9: D bytes) are stored as units interleaved across lanes
+// (unit u of lane l at (u * 32 + l) * kUnit): conflict-free 16-byte (8 for D = 64)
+// accesses on both sides.
+constexpr int kStages = 3;
+
+template <int D>
+struct Staging {
+  static constexpr int kUnit = D >= 128 ? 16 : 8;
+  static constexpr int kKUnits = (D / 4) / kUnit;  // per K token
+  static constexpr int kVUnits = (D / 8) / kUnit;  // per V token
+  static constexpr int kUnits = 2 * kKUnits + 4 * kVUnits;
+  static constexpr int kStageBytes = kUnits * 32 * kUnit;  // per warp
+  static constexpr int kBytes = kStageBytes * kWarps * kStages;
+};
+
+// Dynamic shared memory: the staging ring during the main loop, then the warp merge.
+template <KvKind KV, int D>
+constexpr int dynamic_smem_bytes() {
+  const int merge = static_cast<int>(sizeof(MergeSmem<D>));
+  const int stages = KV == KvKind::kE4M3 ? Staging<D>::kBytes : 0;
+  return merge > stages ? merge : stages;
+}
 
 // Compacts the valid tokens of list entries [begin, end) into smem offsets (bytes of the
 // token's K row for this KV head). Returns the count; all threads agree.
@@ -147,10 +175,288 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* of
   return total;
 }
 
+// One 16-token tile's raw K/V words in registers: K rows of tokens g and g+8 (this
+// thread's K span), V rows of tokens 2t4, 2t4+1, 2t4+8, 2t4+9 (its V span).
+template <KvKind KV, int D>
+struct TileRegs {
+  using S = Shape<KV, D>;
+  uint32_t k0[S::kKWords];
+  uint32_t k1[S::kKWords];
+  uint32_t v[4][S::kVWords];
+  bool kv0, kv1;
+};
+
+template <KvKind KV, int D>
+__device__ __forceinline__ void load_tile(TileRegs<KV, D>& t, const int64_t* offsets, int n,
+                                          int tile, const uint8_t* kbase, const uint8_t* vbase,
+                                          int g, int t4) {
+  using S = Shape<KV, D>;
+  const int base = tile << 4;
+  t.kv0 = base + g < n;
+  t.kv1 = base + g + 8 < n;
+  if (t.kv0) load_words(t.k0, kbase + offsets[base + g] + t4 * S::kKSpan * S::kBytes);
+  else zero_words(t.k0);
+  if (t.kv1) load_words(t.k1, kbase + offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
+  else zero_words(t.k1);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
+    if (tok < n) load_words(t.v[j], vbase + offsets[tok] + g * S::kVSpan * S::kBytes);
+    else zero_words(t.v[j]);  // padding: zeros, never the bytes of another token
+  }
+}
+
+// Issues the cp.async copies of this thread's bytes of `tile` into one stage.
+template <int D>
+__device__ __forceinline__ void issue_tile(uint8_t* stage, const int64_t* offsets, int n, int tile,
+                                           const uint8_t* kbase, const uint8_t* vbase, int g,
+                                           int t4, int lane) {
+  using St = Staging<D>;
+  constexpr int U = St::kUnit;
+  const int base = tile << 4;
+  uint8_t* mine = stage + lane * U;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int tok = base + g + 8 * r;
+    const bool ok = tok < n;
+    const uint8_t* src = ok ? kbase + offsets[tok] + t4 * (D / 4) : kbase;
+#pragma unroll
+    for (int u = 0; u < St::kKUnits; ++u)
+      cp_async<U>(mine + (r * St::kKUnits + u) * 32 * U, src + u * U, ok);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
+    const bool ok = tok < n;  // padding is zero-filled, never another token's bytes
+    const uint8_t* src = ok ? vbase + offsets[tok] + g * (D / 8) : vbase;
+#pragma unroll
+    for (int u = 0; u < St::kVUnits; ++u)
+      cp_async<U>(mine + (2 * St::kKUnits + j * St::kVUnits + u) * 32 * U, src + u * U, ok);
+  }
+}
+
+// Reads this thread's staged bytes of a tile back into registers.
+template <int D>
+__device__ __forceinline__ void read_tile(TileRegs<KvKind::kE4M3, D>& t, const uint8_t* stage,
+                                          int n, int tile, int g, int lane) {
+  using St = Staging<D>;
+  constexpr int U = St::kUnit, W = U / 4;
+  const uint8_t* mine = stage + lane * U;
+  const int base = tile << 4;
+  t.kv0 = base + g < n;
+  t.kv1 = base + g + 8 < n;
+  auto read = [&](uint32_t* w, int unit) {
+    if constexpr (U == 16) {
+      const uint4 v = *reinterpret_cast<const uint4*>(mine + unit * 32 * U);
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(mine + unit * 32 * U);
+      w[0] = v.x;
+      w[1] = v.y;
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < St::kKUnits; ++u) {
+    read(t.k0 + u * W, u);
+    read(t.k1 + u * W, St::kKUnits + u);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int u = 0; u < St::kVUnits; ++u) read(t.v[j] + u * W, 2 * St::kKUnits + j * St::kVUnits + u);
+}
+
+// Online-softmax state of one warp: this thread's two heads (2t4, 2t4+1) and its
+// fragments of O^T.
+template <int D>
+struct SoftmaxState {
+  float m[2];
+  float l[2];
+  float o[D / 16][4];
+};
+
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+__device__ __forceinline__ void decode_k(uint32_t x, uint32_t& even, uint32_t& odd) {
+  if constexpr (kPatchNaN) decode4_exact<DEC>(x, even, odd);
+  else decode4<DEC>(x, even, odd);
+}
+
+// qb: Q's B fragments in shared memory, [k-step][lane] (identical for every warp; kept
+// out of registers, which the two tile buffers need).
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+__device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uint2* qb,
+                                             float factor, SoftmaxState<D>& st) {
+  using S = Shape<KV, D>;
+  // ---- S^T = K Q^T ----
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int ks = 0; ks < S::kKSteps; ++ks) {
+    uint32_t a[4];
+    if constexpr (KV == KvKind::kE4M3) {
+      decode_k<KV, D, DEC, kPatchNaN>(t.k0[ks], a[0], a[2]);
+      decode_k<KV, D, DEC, kPatchNaN>(t.k1[ks], a[1], a[3]);
+    } else {
+      a[0] = t.k0[2 * ks];
+      a[2] = t.k0[2 * ks + 1];
+      a[1] = t.k1[2 * ks];
+      a[3] = t.k1[2 * ks + 1];
+    }
+    const uint2 b = qb[ks * 32 + (threadIdx.x & 31)];
+    mma_16816<S::kBf16Mma>(s, a, b.x, b.y);
+  }
+  // s[0], s[1]: token g, heads 2t4, 2t4+1; s[2], s[3]: token g+8.
+  s[0] = t.kv0 ? s[0] * factor : -CUDART_INF_F;
+  s[1] = t.kv0 ? s[1] * factor : -CUDART_INF_F;
+  s[2] = t.kv1 ? s[2] * factor : -CUDART_INF_F;
+  s[3] = t.kv1 ? s[3] * factor : -CUDART_INF_F;
+
+  // ---- online softmax (base 2) ----
+  float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
+#pragma unroll
+  for (int d = 4; d < 32; d <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
+  }
+  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
+  // All-masked so far: keep everything at zero (exp2(-inf - -inf) would be NaN).
+  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
+  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
+  st.m[0] = mn0;
+  st.m[1] = mn1;
+  s[0] = fast_exp2(s[0] - ref0);
+  s[1] = fast_exp2(s[1] - ref1);
+  s[2] = fast_exp2(s[2] - ref0);
+  s[3] = fast_exp2(s[3] - ref1);
+  st.l[0] = st.l[0] * alpha0 + s[0] + s[2];
+  st.l[1] = st.l[1] * alpha1 + s[1] + s[3];
+#pragma unroll
+  for (int i = 0; i < S::kMTiles; ++i) {
+    st.o[i][0] *= alpha0;
+    st.o[i][1] *= alpha1;
+    st.o[i][2] *= alpha0;
+    st.o[i][3] *= alpha1;
+  }
+  // P^T as the B operand: transpose the 8x8 (token x head) fragments.
+  const uint32_t pb0 = transpose_8x8(S::kBf16Mma ? pack_bf162(s[0], s[1]) : pack_half2(s[0], s[1]));
+  const uint32_t pb1 = transpose_8x8(S::kBf16Mma ? pack_bf162(s[2], s[3]) : pack_half2(s[2], s[3]));
+
+  // ---- O^T += V^T P^T ----
+#pragma unroll
+  for (int j = 0; j < S::kVWords; ++j) {
+    if constexpr (KV == KvKind::kE4M3) {
+      // Word j: dims 4j..4j+3 of the span = m-tiles 2j (dims 4j, 4j+1) and 2j+1.
+      uint32_t a[4], b[4];
+      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], 0x5410u), a[0], a[1]);
+      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], 0x5410u), a[2], a[3]);
+      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], 0x7632u), b[0], b[1]);
+      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], 0x7632u), b[2], b[3]);
+      mma_16816<false>(st.o[2 * j], a, pb0, pb1);
+      mma_16816<false>(st.o[2 * j + 1], b, pb0, pb1);
+    } else {
+      // Word j: dims 2j, 2j+1 of the span = m-tile j.
+      uint32_t a[4];
+      a[0] = prmt(t.v[0][j], t.v[1][j], 0x5410u);
+      a[1] = prmt(t.v[0][j], t.v[1][j], 0x7632u);
+      a[2] = prmt(t.v[2][j], t.v[3][j], 0x5410u);
+      a[3] = prmt(t.v[2][j], t.v[3][j], 0x7632u);
+      mma_16816<S::kBf16Mma>(st.o[j], a, pb0, pb1);
+    }
+  }
+}
+
+// A warp's tiles of one window: tile = warp, warp + 4, ... E4M3 tiles go through the
+// warp's shared-memory ring (kStages - 1 tiles in flight); 16-bit tiles are twice the
+// bytes and are loaded straight into registers, one at a time.
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+__device__ __forceinline__ void run_window(const int64_t* offsets, int n, int warp,
+                                           const uint8_t* kbase, const uint8_t* vbase, int g,
+                                           int t4, const uint2* qb, float factor,
+                                           SoftmaxState<D>& st, uint8_t* staging) {
+  const int tiles = (n + 15) >> 4;
+  if constexpr (KV == KvKind::kE4M3) {
+    // A ring of kStages tiles per warp: tile i of this warp lives in stage i % kStages.
+    const int lane = threadIdx.x & 31;
+    uint8_t* ring = staging + warp * kStages * Staging<D>::kStageBytes;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      const int tile = warp + s * kWarps;
+      if (tile < tiles)
+        issue_tile<D>(ring + s * Staging<D>::kStageBytes, offsets, n, tile, kbase, vbase, g, t4, lane);
+      cp_async_commit();  // empty groups keep the count uniform
+    }
+    int stage = 0;
+    for (int tile = warp; tile < tiles; tile += kWarps) {
+      cp_async_wait<kStages - 2>();  // this tile's group has landed
+      const int ahead = tile + (kStages - 1) * kWarps;
+      const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;  // consumed last round
+      if (ahead < tiles)
+        issue_tile<D>(ring + ahead_stage * Staging<D>::kStageBytes, offsets, n, ahead, kbase, vbase,
+                      g, t4, lane);
+      cp_async_commit();
+      TileRegs<KV, D> t;
+      read_tile<D>(t, ring + stage * Staging<D>::kStageBytes, n, tile, g, lane);
+      compute_tile<KV, D, DEC, kPatchNaN>(t, qb, factor, st);
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();  // nothing may land in the ring after this window
+  } else {
+    TileRegs<KV, D> a;
+    for (int tile = warp; tile < tiles; tile += kWarps) {
+      load_tile(a, offsets, n, tile, kbase, vbase, g, t4);
+      compute_tile<KV, D, DEC, kPatchNaN>(a, qb, factor, st);
+    }
+  }
+}
+
+// Combines the splits of (row, KV head, chunk) once all have arrived; run by the last
+// CTA to arrive, all threads. The weights exp2(lse_s - max) / sum are computed once per
+// head into shared memory; then each output element is an independent sum over the
+// splits' partials (written by other CTAs: read through L2 with ld.cg).
+template <class Act, int D>
+__device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk, float v_factor,
+                             float* weights /* shared, [kHeadsPerCta][num_splits] */) {
+  const int heads = min(kHeadsPerCta, p.group - chunk * kHeadsPerCta);
+  const int S = p.num_splits;
+  const int64_t head0 = static_cast<int64_t>(row) * p.q_heads + kvh * p.group + chunk * kHeadsPerCta;
+  for (int i = threadIdx.x; i < heads * S; i += kThreads)
+    weights[i] = __ldcg(p.partial_lse + (head0 + i / S) * S + i % S);
+  __syncthreads();
+  if (threadIdx.x < heads) {
+    float* w = weights + threadIdx.x * S;
+    float M = -CUDART_INF_F;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);
+    float W = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      w[s] = M == -CUDART_INF_F ? 0.0f : fast_exp2(w[s] - M);
+      W += w[s];
+    }
+    const float inv = W > 0.0f ? 1.0f / W : 0.0f;  // no token at all: zeros
+    for (int s = 0; s < S; ++s) w[s] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < heads * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    const float* w = weights + h * S;
+    const float* part = p.partial_out + (head0 + h) * S * D + d;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) acc += w[s] * __ldcg(part + static_cast<int64_t>(s) * D);
+    static_cast<Act*>(p.out)[(head0 + h) * D + d] = from_float<Act>(acc * v_factor);
+  }
+}
+
 template <class Act, KvKind KV, int D, Decoder DEC>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
-  __shared__ DecodeSmem<D> smem;
+  __shared__ DecodeSmem smem;
+  __shared__ uint2 q_frag[Shape<KV, D>::kKSteps * 32];
+  __shared__ int last_arrival;
+  extern __shared__ uint4 dynamic_smem[];  // staging ring, then the warp merge
+  uint8_t* staging = reinterpret_cast<uint8_t*>(dynamic_smem);
 
   const int split = blockIdx.y;
   int bx = blockIdx.x;
@@ -209,28 +515,34 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
       qraw[i] = pack_half2(f.x * up, f.y * up);
     }
   }
-  uint32_t qb[S::kKSteps][2];
+  if (warp == 0) {
 #pragma unroll
-  for (int s = 0; s < S::kKSteps; ++s) {
-    if constexpr (KV == KvKind::kE4M3) {
-      // K word s holds dims 4s..4s+3 of the span; the decoder pairs (0,2) and (1,3).
-      qb[s][0] = prmt(qraw[2 * s], qraw[2 * s + 1], 0x5410u);
-      qb[s][1] = prmt(qraw[2 * s], qraw[2 * s + 1], 0x7632u);
-    } else {
-      qb[s][0] = qraw[2 * s];      // dims 4s, 4s+1
-      qb[s][1] = qraw[2 * s + 1];  // dims 4s+2, 4s+3
+    for (int s = 0; s < S::kKSteps; ++s) {
+      uint2 b;
+      if constexpr (KV == KvKind::kE4M3) {
+        // K word s holds dims 4s..4s+3 of the span; the decoder pairs (0,2) and (1,3).
+        b.x = prmt(qraw[2 * s], qraw[2 * s + 1], 0x5410u);
+        b.y = prmt(qraw[2 * s], qraw[2 * s + 1], 0x7632u);
+      } else {
+        b.x = qraw[2 * s];      // dims 4s, 4s+1
+        b.y = qraw[2 * s + 1];  // dims 4s+2, 4s+3
+      }
+      q_frag[s * 32 + lane] = b;
     }
   }
+  // (compact_window's first barrier publishes q_frag before any tile reads it)
 
   const float k_scale = __ldg(p.scales), v_scale = __ldg(p.scales + 1);
   constexpr float kUnit = KV == KvKind::kE4M3 ? decoded_unit<DEC>() : 1.0f;
   const float factor = p.softmax_scale_log2 * k_scale * kUnit * q_unscale;
+  // The software decoder needs NaN patching only if a NaN code was ever stored.
+  const bool patch_nan = KV == KvKind::kE4M3 && DEC == Decoder::kSoftware && *p.nan_flag != 0;
 
-  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  float l[2] = {0.0f, 0.0f};
-  float o[S::kMTiles][4];
+  SoftmaxState<D> st;
+  st.m[0] = st.m[1] = -CUDART_INF_F;
+  st.l[0] = st.l[1] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < S::kMTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  for (int i = 0; i < S::kMTiles; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
 
   const int n_cols = p.dense ? pos + 1 : p.topk_width;
   const int per_split = (n_cols + p.num_splits - 1) / p.num_splits;
@@ -242,123 +554,33 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   for (int win = c0; win < c1; win += kWindow) {
     const int n = compact_window(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt, win,
                                  min(c1, win + kWindow));
-    const int tiles = (n + 15) >> 4;
-    for (int tile = warp; tile < tiles; tile += kWarps) {
-      const int base = tile << 4;
-      // ---- loads: K rows of tokens g, g+8; V rows of tokens 2t4, 2t4+1, 2t4+8, 2t4+9 ----
-      const bool kv0 = base + g < n, kv1 = base + g + 8 < n;
-      uint32_t kw0[S::kKWords], kw1[S::kKWords];
-      if (kv0) load_words(kw0, kbase + smem.offsets[base + g] + t4 * S::kKSpan * S::kBytes);
-      else zero_words(kw0);
-      if (kv1) load_words(kw1, kbase + smem.offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
-      else zero_words(kw1);
-      uint32_t vw[4][S::kVWords];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
-        if (tok < n) load_words(vw[j], vbase + smem.offsets[tok] + g * S::kVSpan * S::kBytes);
-        else zero_words(vw[j]);
-      }
-
-      // ---- S^T = K Q^T ----
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int ks = 0; ks < S::kKSteps; ++ks) {
-        uint32_t a[4];
-        if constexpr (KV == KvKind::kE4M3) {
-          decode4_exact<DEC>(kw0[ks], a[0], a[2]);
-          decode4_exact<DEC>(kw1[ks], a[1], a[3]);
-        } else {
-          a[0] = kw0[2 * ks];
-          a[2] = kw0[2 * ks + 1];
-          a[1] = kw1[2 * ks];
-          a[3] = kw1[2 * ks + 1];
-        }
-        mma_16816<S::kBf16Mma>(s, a, qb[ks][0], qb[ks][1]);
-      }
-      // s[0], s[1]: token g, heads 2t4, 2t4+1; s[2], s[3]: token g+8.
-      s[0] = kv0 ? s[0] * factor : -CUDART_INF_F;
-      s[1] = kv0 ? s[1] * factor : -CUDART_INF_F;
-      s[2] = kv1 ? s[2] * factor : -CUDART_INF_F;
-      s[3] = kv1 ? s[3] * factor : -CUDART_INF_F;
-
-      // ---- online softmax (base 2) for this thread's heads 2t4, 2t4+1 ----
-      float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
-#pragma unroll
-      for (int d = 4; d < 32; d <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
-      }
-      const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-      // All-masked so far: keep everything at zero (exp2(-inf - -inf) would be NaN).
-      const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
-      const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
-      const float alpha0 = fast_exp2(m[0] - ref0), alpha1 = fast_exp2(m[1] - ref1);
-      m[0] = mn0;
-      m[1] = mn1;
-      s[0] = fast_exp2(s[0] - ref0);
-      s[1] = fast_exp2(s[1] - ref1);
-      s[2] = fast_exp2(s[2] - ref0);
-      s[3] = fast_exp2(s[3] - ref1);
-      l[0] = l[0] * alpha0 + s[0] + s[2];
-      l[1] = l[1] * alpha1 + s[1] + s[3];
-#pragma unroll
-      for (int i = 0; i < S::kMTiles; ++i) {
-        o[i][0] *= alpha0;
-        o[i][1] *= alpha1;
-        o[i][2] *= alpha0;
-        o[i][3] *= alpha1;
-      }
-      // P^T as the B operand: transpose the 8x8 (token x head) fragments.
-      const uint32_t pb0 = transpose_8x8(S::kBf16Mma ? pack_bf162(s[0], s[1]) : pack_half2(s[0], s[1]));
-      const uint32_t pb1 = transpose_8x8(S::kBf16Mma ? pack_bf162(s[2], s[3]) : pack_half2(s[2], s[3]));
-
-      // ---- O^T += V^T P^T ----
-#pragma unroll
-      for (int j = 0; j < S::kVWords; ++j) {
-        if constexpr (KV == KvKind::kE4M3) {
-          // Word j: dims 4j..4j+3 of the span = m-tiles 2j (dims 4j, 4j+1) and 2j+1.
-          uint32_t a[4], b[4];
-          decode4_exact<DEC>(prmt(vw[0][j], vw[1][j], 0x5410u), a[0], a[1]);
-          decode4_exact<DEC>(prmt(vw[2][j], vw[3][j], 0x5410u), a[2], a[3]);
-          decode4_exact<DEC>(prmt(vw[0][j], vw[1][j], 0x7632u), b[0], b[1]);
-          decode4_exact<DEC>(prmt(vw[2][j], vw[3][j], 0x7632u), b[2], b[3]);
-          mma_16816<false>(o[2 * j], a, pb0, pb1);
-          mma_16816<false>(o[2 * j + 1], b, pb0, pb1);
-        } else {
-          // Word j: dims 2j, 2j+1 of the span = m-tile j.
-          uint32_t a[4];
-          a[0] = prmt(vw[0][j], vw[1][j], 0x5410u);
-          a[1] = prmt(vw[0][j], vw[1][j], 0x7632u);
-          a[2] = prmt(vw[2][j], vw[3][j], 0x5410u);
-          a[3] = prmt(vw[2][j], vw[3][j], 0x7632u);
-          mma_16816<S::kBf16Mma>(o[j], a, pb0, pb1);
-        }
-      }
-    }
+    if (patch_nan)
+      run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
+    else
+      run_window<KV, D, DEC, false>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
   }
 
   // ---- merge the 4 warps ----
 #pragma unroll
   for (int d = 4; d < 32; d <<= 1) {
-    l[0] += __shfl_xor_sync(0xffffffffu, l[0], d);
-    l[1] += __shfl_xor_sync(0xffffffffu, l[1], d);
+    st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], d);
+    st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], d);
   }
-  __syncthreads();  // the last window's offsets are dead; reuse the storage
-  MergeSmem<D>& ms = smem.merge;
+  __syncthreads();  // every warp is done with the staging ring; reuse it
+  MergeSmem<D>& ms = *reinterpret_cast<MergeSmem<D>*>(dynamic_smem);
   if (g == 0) {
-    ms.m[warp][2 * t4] = m[0];
-    ms.m[warp][2 * t4 + 1] = m[1];
-    ms.l[warp][2 * t4] = l[0];
-    ms.l[warp][2 * t4 + 1] = l[1];
+    ms.m[warp][2 * t4] = st.m[0];
+    ms.m[warp][2 * t4 + 1] = st.m[1];
+    ms.l[warp][2 * t4] = st.l[0];
+    ms.l[warp][2 * t4 + 1] = st.l[1];
   }
 #pragma unroll
   for (int i = 0; i < S::kMTiles; ++i) {
     const int d0 = g * S::kVSpan + 2 * i;
-    ms.o[warp][2 * t4][d0] = o[i][0];
-    ms.o[warp][2 * t4 + 1][d0] = o[i][1];
-    ms.o[warp][2 * t4][d0 + 1] = o[i][2];
-    ms.o[warp][2 * t4 + 1][d0 + 1] = o[i][3];
+    ms.o[warp][2 * t4][d0] = st.o[i][0];
+    ms.o[warp][2 * t4 + 1][d0] = st.o[i][1];
+    ms.o[warp][2 * t4][d0 + 1] = st.o[i][2];
+    ms.o[warp][2 * t4 + 1][d0 + 1] = st.o[i][3];
   }
   __syncthreads();
   const float v_factor = v_scale * kUnit;
@@ -389,29 +611,21 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
       if (d == 0) p.partial_lse[pi] = L > 0.0f ? M + log2f(L) : -CUDART_INF_F;
     }
   }
-}
+  if (p.num_splits == 1) return;
 
-// Combines the splits of each (row, head): weights exp2(lse_i - max), then the V scale.
-template <class Act, int D>
-__global__ void merge_splits_kernel(const DecodeParams p, float v_unit) {
-  const int row = blockIdx.x / p.q_heads, qh = blockIdx.x % p.q_heads;
-  if (row >= p.header->num_rows) return;
-  const int64_t base = (static_cast<int64_t>(row) * p.q_heads + qh) * p.num_splits;
-  float M = -CUDART_INF_F;
-  for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, p.partial_lse[base + s]);
-  const float v_factor = __ldg(p.scales + 1) * v_unit;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f, W = 0.0f;
-    if (M != -CUDART_INF_F) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float w = fast_exp2(p.partial_lse[base + s] - M);
-        W += w;
-        acc += w * p.partial_out[(base + s) * D + d];
-      }
-    }
-    const float r = W > 0.0f ? acc / W * v_factor : 0.0f;
-    static_cast<Act*>(p.out)[(static_cast<int64_t>(row) * p.q_heads + qh) * D + d] = from_float<Act>(r);
+  // ---- split-K: the last CTA of this (row, KV head, chunk) to arrive merges ----
+  __threadfence();  // make this CTA's partials visible before it is counted
+  __syncthreads();
+  int32_t* counter = p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    last_arrival = arrived == p.num_splits - 1;
+    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
   }
+  __syncthreads();
+  if (!last_arrival) return;
+  __threadfence();
+  merge_splits<Act, D>(p, row, kvh, chunk, v_factor, reinterpret_cast<float*>(dynamic_smem));
 }
 
 }  // namespace cuda

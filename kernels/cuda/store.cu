@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "cuda/launch.hpp"
 #include "cuda/store.cuh"
 
@@ -12,14 +14,20 @@ int grid_for(int64_t work, int sm_count) {
 }
 }  // namespace
 
-void launch_store_kv(const StoreKvParams& p, int sm_count, cudaStream_t stream) {
-  const int64_t work = p.num_tokens * 2 * (p.cache.kv_heads * p.cache.head_dim / 8);
-  const int grid = grid_for(work, sm_count);
+void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
+  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / 8);
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
   const bool bf16 = p.act_dtype == QSAKV_DTYPE_BF16;
-  if (fp8 && bf16) store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p);
-  else if (fp8) store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p);
-  else store_kv_kernel<__half, false><<<grid, 256, 0, stream>>>(p);  // a bit copy
+  // Pieces small enough for 32-bit thread indices.
+  const int64_t max_tokens = (int64_t{1} << 30) / per_token;
+  for (int64_t begin = 0; begin < p.num_tokens; begin += max_tokens) {
+    const int64_t tokens = std::min(max_tokens, p.num_tokens - begin);
+    const uint32_t total = static_cast<uint32_t>(tokens * per_token);
+    const unsigned grid = (total + 255) / 256;
+    if (fp8 && bf16) store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p, begin, total);
+    else if (fp8) store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p, begin, total);
+    else store_kv_kernel<__half, false><<<grid, 256, 0, stream>>>(p, begin, total);  // a bit copy
+  }
 }
 
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {

@@ -23,38 +23,72 @@ __device__ __forceinline__ float act_bits_to_float<__nv_bfloat16>(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
-// grid-stride over (token, K or V, chunk of 8 elements of kv_heads * head_dim).
+// Splits a slot into (block, offset). Slots below 2^32 (every realistic cache) take the
+// 32-bit division: a 64-bit one costs several times more on the GPU.
+__device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int64_t& block,
+                                           int64_t& offset) {
+  if (slot < (int64_t{1} << 32)) {
+    const uint32_t s = static_cast<uint32_t>(slot), b = static_cast<uint32_t>(block_size);
+    block = s / b;
+    offset = s - static_cast<uint32_t>(block) * b;
+  } else {
+    block = slot / block_size;
+    offset = slot % block_size;
+  }
+}
+
+// One thread per (token, K or V, chunk of 8 elements of kv_heads * head_dim); the
+// launcher keeps token_begin + the grid's tokens within 32-bit index math.
 template <class Act, bool kFp8>
-__global__ void store_kv_kernel(const StoreKvParams p) {
+__global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
   const KvCacheView c = p.cache;
-  const int row = c.kv_heads * c.head_dim;
-  const int chunks = row / 8;
-  const int64_t total = p.num_tokens * 2 * chunks;
+  const uint32_t row = static_cast<uint32_t>(c.kv_heads * c.head_dim);
+  const uint32_t chunks = row / 8;
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const uint32_t chunk = i % chunks;
+  const int kv = static_cast<int>((i / chunks) & 1u);
+  const int64_t token = token_begin + i / (2 * chunks);
   const int64_t capacity = c.num_blocks * c.block_size;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int chunk = static_cast<int>(i % chunks);
-    const int kv = static_cast<int>((i / chunks) & 1);
-    const int64_t token = i / (2 * chunks);
-    const int64_t slot = __ldg(p.slot_mapping + token);
-    if (slot < 0 || slot >= capacity) continue;  // -1 is padding; out of range is dropped
-    const int e = chunk * 8;
-    const int h = e / c.head_dim, d = e % c.head_dim;
-    const int64_t dst = (slot / c.block_size) * c.stride_block + kv * c.stride_kv +
-                        (slot % c.block_size) * c.stride_token + h * c.stride_head + d;
+  const int64_t slot = __ldg(p.slot_mapping + token);
+  if (slot < 0 || slot >= capacity) return;  // -1 is padding; out of range is dropped
+  const uint32_t e = chunk * 8;
+  const uint32_t h = e / static_cast<uint32_t>(c.head_dim), d = e % static_cast<uint32_t>(c.head_dim);
+  int64_t block, offset;
+  split_slot(slot, c.block_size, block, offset);
+  const int64_t dst = block * c.stride_block + kv * c.stride_kv + offset * c.stride_token +
+                      h * c.stride_head + d;
+  {
     const uint4 x = __ldg(reinterpret_cast<const uint4*>(
         static_cast<const uint16_t*>(kv ? p.v : p.k) + token * row + e));
     if constexpr (kFp8) {
       const float scale = __ldg(c.scales + kv);
       const uint32_t w[4] = {x.x, x.y, x.z, x.w};
       uint32_t out[2] = {0u, 0u};
+      bool any_nan = false;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint16_t b = static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1)));
-        // FP32 division (IEEE, not the fast reciprocal), then the shared encoder.
-        const float q = __fdiv_rn(act_bits_to_float<Act>(b), scale);
-        out[j / 4] |= static_cast<uint32_t>(e4m3::encode(q)) << (8 * (j & 3));
+      for (int j = 0; j < 8; j += 2) {
+        const float x0 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2]));
+        const float x1 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2] >> 16));
+        // FP32 division (IEEE, not the fast reciprocal), then round-to-nearest-even with
+        // saturation: the FP8 conversion instruction where it exists, else the shared
+        // integer encoder; both match the CPU backend bit for bit.
+        const float q0 = __fdiv_rn(x0, scale), q1 = __fdiv_rn(x1, scale);
+        uint32_t pair;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        uint16_t packed;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(q1), "f"(q0));
+        pair = packed;
+#else
+        pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
+#endif
+        if (x0 != x0 || x1 != x1) {  // rare: NaN keeps its sign, and the layer is flagged
+          any_nan = true;
+          pair = e4m3::quantize(x0, scale) | (static_cast<uint32_t>(e4m3::quantize(x1, scale)) << 8);
+        }
+        out[j / 4] |= pair << (8 * (j & 3));
       }
+      if (any_nan) atomicOr(c.nan_flag, 1);
       *reinterpret_cast<uint2*>(static_cast<uint8_t*>(c.data) + dst) = make_uint2(out[0], out[1]);
     } else {
       *reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.data) + dst) = x;

@@ -77,6 +77,7 @@ qsakv::KvCacheView qsakv_cache::kv_view(int i) const {
   v.stride_head = layout.kv_stride_head;
   v.dtype = layout.kv_dtype;
   v.scales = scales.as<float>() + 2 * i;
+  v.nan_flag = nan_flags.as<int32_t>() + i;
   return v;
 }
 
@@ -182,11 +183,12 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
       cache->topk_base = cache->topk.as<int32_t>();
     }
     cache->scales = DeviceBuffer(be, scales.size() * sizeof(float));
+    cache->nan_flags = DeviceBuffer(be, nl * sizeof(int32_t));
     be->copy(cache->scales.get(), scales.data(), scales.size() * sizeof(float),
              QSAKV_COPY_HOST_TO_DEVICE, nullptr);
     be->synchronize(nullptr);
     L.total_bytes = cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes() +
-                    cache->topk.bytes() + cache->scales.bytes();
+                    cache->topk.bytes() + cache->scales.bytes() + cache->nan_flags.bytes();
     *out = cache.release();
   });
 }

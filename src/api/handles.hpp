@@ -25,6 +25,7 @@ struct qsakv_cache {
   qsakv::DeviceBuffer ring;
   qsakv::DeviceBuffer topk;    // owned top-k buffer(s); empty when external
   qsakv::DeviceBuffer scales;  // float[2 * num_qsa_layers]: k, v per layer
+  qsakv::DeviceBuffer nan_flags;  // int32[num_qsa_layers]: an E4M3 NaN code was stored
   int32_t* topk_base = nullptr;  // owned or external
   qsakv::KvCacheView kv_view(int qsa_index) const;
   int32_t* topk_for(int qsa_index) const;
@@ -40,6 +41,7 @@ struct qsakv_plan {
   qsakv::HostBuffer staging;       // pinned mirror of meta
   qsakv::DeviceBuffer partial_out; // split-K partial outputs
   qsakv::DeviceBuffer partial_lse;
+  qsakv::DeviceBuffer split_counters;
   qsakv::DeviceBuffer select_ws;
   void* fence = nullptr;
   bool fence_pending = false;

@@ -169,6 +169,11 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       const size_t parts = static_cast<size_t>(o.max_rows) * q_heads * o.num_splits;
       plan->partial_out = DeviceBuffer(be, parts * c.head_dim * sizeof(float));
       plan->partial_lse = DeviceBuffer(be, parts * sizeof(float));
+      // One arrival counter per CTA group: the last split to finish merges (zeroed here,
+      // and reset by that CTA, so captured graphs replay from zero).
+      const int chunks = (cache->geometry.group_size + 7) / 8;
+      plan->split_counters = DeviceBuffer(
+          be, static_cast<size_t>(o.max_rows) * cache->geometry.kv_heads * chunks * sizeof(int32_t));
     }
     const int64_t max_blocks = c.max_model_len / c.compress_ratio;
     plan->select_ws = DeviceBuffer(be, be->select_workspace_bytes(o.max_rows, max_blocks));
@@ -214,7 +219,8 @@ qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info) 
     i.num_rows = plan->num_rows < 0 ? 0 : plan->num_rows;
     i.num_requests = plan->num_requests;
     i.workspace_bytes = plan->meta.bytes() + plan->partial_out.bytes() +
-                        plan->partial_lse.bytes() + plan->select_ws.bytes();
+                        plan->partial_lse.bytes() + plan->split_counters.bytes() +
+                        plan->select_ws.bytes();
     write_versioned(info, i, "info");
   });
 }
@@ -296,6 +302,7 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     p.num_splits = plan->options.num_splits;
     p.partial_out = plan->partial_out.as<float>();
     p.partial_lse = plan->partial_lse.as<float>();
+    p.split_counters = plan->split_counters.as<int32_t>();
     cache->context->backend->attention(p, stream);
   });
 }

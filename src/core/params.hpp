@@ -21,6 +21,9 @@ struct KvCacheView {
   int64_t stride_head;
   qsakv_dtype dtype;
   const float* scales;  // device float[2]: k_scale, v_scale
+  // Device int32, set to 1 by a store that wrote an E4M3 NaN code. The software decoder
+  // patches NaN codes only where this is set, keeping its hot loop free of checks.
+  int32_t* nan_flag;
 };
 
 struct StoreKvParams {
@@ -103,6 +106,7 @@ struct AttentionParams {
   int32_t num_splits;
   float* partial_out;   // split-K workspace [max_rows, q_heads, splits, head_dim]
   float* partial_lse;   // [max_rows, q_heads, splits]
+  int32_t* split_counters;  // [max_rows, kv_heads, head chunks], zero between runs
 };
 
 }  // namespace qsakv

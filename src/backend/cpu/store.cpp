@@ -26,8 +26,9 @@ void store_kv(const StoreKvParams& p) {
           const int64_t s = i * row + static_cast<int64_t>(h) * c.head_dim + d;
           if (fp8) {
             // FP32 division, then saturating round-to-nearest-even (DOMAIN section 3).
-            const float x = load_f32(src, s, p.act_dtype);
-            static_cast<uint8_t*>(c.data)[dst0 + d] = e4m3::encode(x / scale);
+            const uint8_t b = e4m3::quantize(load_f32(src, s, p.act_dtype), scale);
+            static_cast<uint8_t*>(c.data)[dst0 + d] = b;
+            if ((b & 0x7Fu) == e4m3::kNaN) *c.nan_flag = 1;
           } else {
             static_cast<uint16_t*>(c.data)[dst0 + d] = static_cast<const uint16_t*>(src)[s];
           }
