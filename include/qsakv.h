@@ -89,7 +89,8 @@ typedef enum qsakv_status {
   QSAKV_ERROR_REVISION_MISMATCH = -26,      /* base checkpoint index hash differs */
   QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
-  QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29   /* overlay not validated for this config */
+  QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
+  QSAKV_ERROR_CALIB_NON_FINITE = -30        /* calibration saw NaN or infinite activations */
 } qsakv_status;
 
 /* Static, never NULL: "QSAKV_ERROR_OVERLAY_INCOMPLETE" etc.; unknown codes give
@@ -557,6 +558,180 @@ QSAKV_API qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer,
                                            qsakv_attention_mode mode, const void* q,
                                            const int32_t* topk, int64_t topk_stride,
                                            void* out, qsakv_stream_t stream);
+
+/* ---------------------------------------------------------------------------------- */
+/* Calibration: activation statistics, rank merging, scales, overlays                   */
+/* ---------------------------------------------------------------------------------- */
+
+/* A calibration handle accumulates, per QSA layer and per K/V, over every observed
+ * activation x: count, finite count, nonzero count, max |x| over finite values, and a
+ * log2 histogram of the finite nonzero |x|: QSAKV_CALIB_BINS bins over
+ * [2^QSAKV_CALIB_LOG2_MIN, 2^QSAKV_CALIB_LOG2_MAX],
+ *   bin = floor((log2|x| - QSAKV_CALIB_LOG2_MIN) * QSAKV_CALIB_BINS / 40), clamped to
+ *   [0, QSAKV_CALIB_BINS - 1] (log2 evaluated in FP64; activations are 16-bit, so the
+ *   library precomputes the bin of every bit pattern and both backends share it).
+ * Zeros and non-finite values are counted, never binned.
+ *
+ * Two kinds of handle:
+ * - live (qsakv_calib_create): statistics in device memory of a context, updated by
+ *   qsakv_calib_observe on the caller's stream, reducible over NCCL;
+ * - host (qsakv_calib_snapshot, qsakv_calib_load, qsakv_calib_merge): a host copy that
+ *   can be queried, saved, merged, summarised and turned into an overlay.
+ * A handle records the model config, a fingerprint of it, the TP size, which TP ranks
+ * its statistics cover and how many calibration runs they pool. */
+typedef struct qsakv_calib qsakv_calib;
+
+#define QSAKV_CALIB_BINS 4096
+#define QSAKV_CALIB_LOG2_MIN (-24)
+#define QSAKV_CALIB_LOG2_MAX 16
+/* The largest finite E4M3 value: scale = max_abs / QSAKV_E4M3_MAX, rounded up. */
+#define QSAKV_E4M3_MAX 448.0f
+
+typedef enum qsakv_calib_kind { QSAKV_CALIB_K = 0, QSAKV_CALIB_V = 1 } qsakv_calib_kind;
+
+/* A live handle for `config` (validated; its activation dtype must be FP16 or BF16) on
+ * `context`. Allocates its device statistics (zeroed) and a 128 KiB bin table; blocking.
+ * It starts STOPPED: observe is a no-op until qsakv_calib_start. The context must
+ * outlive the handle. */
+QSAKV_API qsakv_status qsakv_calib_create(qsakv_calib** out, qsakv_context* context,
+                                          const qsakv_model_config* config);
+QSAKV_API void qsakv_calib_destroy(qsakv_calib* calib);
+
+/* Start or stop counting (host-side flag; immediate, not ordered on any stream). Stop
+ * around warm-up, profiling and graph-capture passes so that only real traffic counts.
+ * Live handles only (QSAKV_ERROR_STATE otherwise). */
+QSAKV_API qsakv_status qsakv_calib_start(qsakv_calib* calib);
+QSAKV_API qsakv_status qsakv_calib_stop(qsakv_calib* calib);
+
+/* Observes K and V of one QSA layer (model-layer id). k, v: device, the config's
+ * activation dtype, [num_tokens, kv_heads (this rank), head_dim] contiguous, 16-byte
+ * aligned on CUDA. While stopped this is a no-op that returns QSAKV_SUCCESS and reads
+ * no data (its arguments are still checked, so warm-up passes catch wiring bugs).
+ * Async on `stream`; run: no allocation, no synchronisation, capturable (a captured
+ * observe counts at every replay, so capture only while stopped unless that is wanted).
+ * Observing on several streams at once is safe (atomic updates). QSAKV_ERROR_STATE
+ * after qsakv_calib_allreduce (the statistics are global then). */
+QSAKV_API qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, const void* k,
+                                           const void* v, int64_t num_tokens,
+                                           qsakv_stream_t stream);
+
+/* Reduces a live handle's statistics in place over an NCCL communicator of the TP
+ * group (nccl_comm: an ncclComm_t whose size is the config's tp_size and whose rank is
+ * its tp_rank): max for maxima, sum for counts and histograms. Collective: every rank
+ * calls it, on the stream its observes ran on. NCCL is loaded at call time
+ * (dlopen "libnccl.so.2"); without it: QSAKV_ERROR_NCCL, as for any NCCL failure. CPU
+ * backend: QSAKV_ERROR_UNSUPPORTED (merge saved files instead). Once only per handle
+ * (a second reduction would count twice: QSAKV_ERROR_STATE). Async on `stream`; does
+ * not allocate. Afterwards the handle covers every rank. */
+QSAKV_API qsakv_status qsakv_calib_allreduce(qsakv_calib* calib, void* nccl_comm,
+                                             qsakv_stream_t stream);
+
+/* A host copy of any handle. For a live handle: copies its device statistics after the
+ * work enqueued on `stream` and waits for it (blocking). */
+QSAKV_API qsakv_status qsakv_calib_snapshot(qsakv_calib** out, const qsakv_calib* calib,
+                                            qsakv_stream_t stream);
+
+#define QSAKV_CALIB_INFO_VERSION 1
+typedef struct qsakv_calib_info {
+  size_t struct_size;
+  uint32_t version;
+  int32_t live;           /* 1: device statistics (create); 0: host copy */
+  int32_t started;        /* live handles: 1 while counting */
+  int32_t reduced;        /* 1 after qsakv_calib_allreduce */
+  int32_t tp_size;
+  int32_t rank;           /* the rank that observed; -1 when several ranks are merged */
+  int32_t ranks_covered;  /* distinct TP ranks whose statistics are included */
+  int32_t complete;       /* 1 when ranks_covered == tp_size */
+  int32_t num_runs;       /* calibration runs pooled (envelope merges add them) */
+  qsakv_dtype activation_dtype;
+  int32_t num_qsa_layers;
+  int32_t qsa_layers[QSAKV_MAX_LAYERS];
+  char config_fingerprint[65]; /* SHA-256 hex of the calibration-relevant config */
+} qsakv_calib_info;
+QSAKV_API qsakv_status qsakv_calib_get_info(const qsakv_calib* calib, qsakv_calib_info* info);
+/* The full model config the statistics were gathered for. */
+QSAKV_API qsakv_status qsakv_calib_get_config(const qsakv_calib* calib,
+                                              qsakv_model_config* config);
+
+#define QSAKV_CALIB_STATS_VERSION 1
+typedef struct qsakv_calib_stats {
+  size_t struct_size;
+  uint32_t version;
+  uint64_t count;         /* every observed value */
+  uint64_t finite_count;  /* count - non-finite (NaN, +-inf) */
+  uint64_t nonzero_count; /* finite and nonzero: the histogram's total */
+  float max_abs;          /* max |x| over finite values (0 when none) */
+} qsakv_calib_stats;
+
+/* Statistics of one QSA layer and kind of a HOST handle (QSAKV_ERROR_STATE for a live
+ * one: snapshot it first). histogram: NULL, or uint64_t[QSAKV_CALIB_BINS]. Blocking. */
+QSAKV_API qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer,
+                                             qsakv_calib_kind kind, qsakv_calib_stats* stats,
+                                             uint64_t* histogram);
+
+/* Saves a host handle's statistics (format: docs/calibration.md; a safetensors file
+ * whose metadata holds the schema version, config fingerprint, config, TP size, rank,
+ * covered ranks and run count). Refuses an existing path (INVALID_ARGUMENT); writes a
+ * temporary file beside it and renames it. Blocking. */
+QSAKV_API qsakv_status qsakv_calib_save(const qsakv_calib* calib, const char* path);
+/* Loads a statistics file into a host handle. Strict: QSAKV_ERROR_FORMAT naming the
+ * field for anything malformed or inconsistent; a missing file is QSAKV_ERROR_IO. */
+QSAKV_API qsakv_status qsakv_calib_load(qsakv_calib** out, const char* path);
+
+typedef enum qsakv_calib_merge_mode {
+  /* Statistics of distinct TP ranks of one run: same fingerprint, disjoint ranks, same
+   * run count. Covered ranks are united. */
+  QSAKV_CALIB_MERGE_RANKS = 0,
+  /* Complete statistics (every rank) of several runs: same fingerprint. The envelope:
+   * run counts add up. */
+  QSAKV_CALIB_MERGE_ENVELOPE = 1
+} qsakv_calib_merge_mode;
+
+/* Merges host handles into a new one: max of maxima, sums of counts and histograms
+ * (the same algebra in both modes; the mode decides what is checked and recorded).
+ * Mismatched fingerprints or TP sizes are QSAKV_ERROR_INVALID_ARGUMENT naming both;
+ * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. Blocking. */
+QSAKV_API qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inputs,
+                                         int32_t num_inputs, qsakv_calib_merge_mode mode);
+
+/* The scale of a maximum: the smallest FP32 value s with s >= max_abs / 448 (the exact
+ * quotient rounded up). Hence 448 * s >= max_abs exactly, so the FP32 product
+ * 448.0f * s >= max_abs and the store's FP32 quotient max_abs / s <= 448: no calibration
+ * value saturates. QSAKV_ERROR_OVERLAY_BAD_SCALE for max_abs that is not finite and > 0. */
+QSAKV_API qsakv_status qsakv_calib_scale_from_max(float max_abs, float* scale);
+
+#define QSAKV_CALIB_SUMMARY_VERSION 1
+typedef struct qsakv_calib_summary {
+  size_t struct_size;
+  uint32_t version;
+  uint64_t count;
+  uint64_t finite_count;
+  uint64_t nonzero_count;
+  float max_abs;
+  float scale;             /* qsakv_calib_scale_from_max(max_abs) */
+  float p99_9;             /* |x| quantiles of the finite values (zeros included), from */
+  float p99_99;            /* the histogram: upper edge of the bin, capped at max_abs */
+  double saturate_fraction;  /* finite values with |x| > 448 * scale (0 by construction) */
+  double underflow_fraction; /* nonzero values whose bins lie below scale * 2^-10: E4M3
+                                stores them as zero (a lower bound) */
+} qsakv_calib_summary;
+
+/* Summarises one QSA layer and kind of a host handle, after checking the whole handle
+ * (each refusal names the layer and K/V, first broken rule in this order):
+ * - the statistics do not cover every TP rank: QSAKV_ERROR_OVERLAY_INCOMPLETE;
+ * - per layer (ascending), K then V: never observed (a missing layer, or a missing half
+ *   of its K/V pair): QSAKV_ERROR_OVERLAY_INCOMPLETE; non-finite activations seen:
+ *   QSAKV_ERROR_CALIB_NON_FINITE; max |x| is zero: QSAKV_ERROR_OVERLAY_BAD_SCALE.
+ * Blocking. */
+QSAKV_API qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer,
+                                             qsakv_calib_kind kind,
+                                             qsakv_calib_summary* summary);
+
+/* Summarises every QSA layer (all refusals above) and writes the scale pack with
+ * qsakv_overlay_write(out_dir, ...) and `options` (whose contract fields are used as
+ * given). Blocking. */
+QSAKV_API qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const char* out_dir,
+                                                 const qsakv_overlay_write_options* options);
 
 /* ---------------------------------------------------------------------------------- */
 /* Checkpoint revision                                                                 */

@@ -52,6 +52,7 @@ const char* qsakv_status_string(qsakv_status status) {
     CASE(QSAKV_ERROR_HASH_MISMATCH)
     CASE(QSAKV_ERROR_CONTRACT)
     CASE(QSAKV_ERROR_OVERLAY_NOT_VALIDATED)
+    CASE(QSAKV_ERROR_CALIB_NON_FINITE)
 #undef CASE
   }
   return "QSAKV_ERROR_UNKNOWN";

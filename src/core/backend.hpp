@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "core/calib/params.hpp"
+#include "core/error.hpp"
 #include "core/params.hpp"
 #include "qsakv.h"
 
@@ -55,6 +57,19 @@ class Backend {
   virtual void store_compressed(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
   virtual void select_topk(const SelectParams& p, qsakv_stream_t stream) = 0;
   virtual void attention(const AttentionParams& p, qsakv_stream_t stream) = 0;
+
+  // Calibration statistics (accumulating into device memory; see core/calib/params.hpp).
+  // Not pure, so a backend without them still builds: it refuses instead.
+  virtual void calib_observe(const CalibObserveParams&, qsakv_stream_t) {
+    fail(QSAKV_ERROR_UNSUPPORTED, "calibration statistics are not implemented by this backend");
+  }
+  // In-place NCCL all-reduce of the statistics: sum of words, max of maxima.
+  virtual void calib_allreduce(uint64_t*, size_t, float*, size_t, void*, int, int,
+                               qsakv_stream_t) {
+    fail(QSAKV_ERROR_UNSUPPORTED, "this backend cannot all-reduce calibration statistics over "
+         "NCCL (the CPU backend has no device memory to share): save each rank's statistics "
+         "and merge them with qsakv_calib_merge");
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

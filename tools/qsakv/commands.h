@@ -12,6 +12,10 @@
 
 /* Each area: argv[0] is the area name; returns an exit code. */
 int cmd_overlay(int argc, char** argv);
+int cmd_calib(int argc, char** argv);
+int cmd_capacity(int argc, char** argv);
+/* `overlay make` and `overlay materialize` (calib_cmd.c): argv[0] is "overlay". */
+int cmd_overlay_build(int argc, char** argv);
 
 /* Shared helpers (main.c). */
 /* Prints "STATUS_NAME: message" on stderr and returns QSAKV_EXIT_REFUSED. */

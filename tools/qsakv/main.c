@@ -18,6 +18,14 @@ static const char kUsage[] =
     "  overlay verify DIR|FILE --revision SHA [--manifest M] [--preset qwen4_exp]\n"
     "        [--tp N] [--rank R] [--spec N] [--act fp16|bf16]\n"
     "        validate an overlay against a model config and base revision\n"
+    "  overlay make --stats STATS... --base-index PATH OUT_DIR [--tp N ...]\n"
+    "        write a scale pack from calibration statistics\n"
+    "  overlay materialize BASE_DIR SCALE_PACK OUT_DIR\n"
+    "        build a calibrated checkpoint directory (checks the base revision first)\n"
+    "  calib summarize STATS... [--json] | merge OUT STATS... | envelope OUT STATS...\n"
+    "        report, merge (TP ranks) or envelope (runs) calibration statistics\n"
+    "  capacity [--preset qwen4_exp] [--tp N] [--kv e4m3|fp16|bf16] [--budget-gib X]\n"
+    "        [--json]   the capacity table\n"
     "\n"
     "`qsakv <area> --help` describes an area.\n"
     "\n"
@@ -59,6 +67,8 @@ struct area {
 /* New areas (capacity, bench, ...) add a line here and a cmd_<area> in their own file. */
 static const struct area kAreas[] = {
     {"overlay", cmd_overlay},
+    {"calib", cmd_calib},
+    {"capacity", cmd_capacity},
 };
 
 int main(int argc, char** argv) {
@@ -75,6 +85,9 @@ int main(int argc, char** argv) {
            qsakv_built_with_cuda() ? "CUDA" : "CPU only");
     return QSAKV_EXIT_OK;
   }
+  if (!strcmp(argv[1], "overlay") && argc > 2 &&
+      (!strcmp(argv[2], "make") || !strcmp(argv[2], "materialize")))
+    return cmd_overlay_build(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof kAreas / sizeof kAreas[0]; ++i)
     if (!strcmp(argv[1], kAreas[i].name)) return kAreas[i].run(argc - 1, argv + 1);
   return tool_usage_error("unknown area \"%s\"", argv[1]);

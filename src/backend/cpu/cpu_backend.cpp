@@ -54,6 +54,9 @@ class CpuBackend final : public Backend {
   }
   void select_topk(const SelectParams& p, qsakv_stream_t) override { cpu::select_topk(p); }
   void attention(const AttentionParams& p, qsakv_stream_t) override { cpu::attention(p); }
+  void calib_observe(const CalibObserveParams& p, qsakv_stream_t) override {
+    cpu::calib_observe(p);
+  }
 
  private:
   BackendInfo info_;

@@ -1,6 +1,7 @@
 // The reference backend's compute: plain C++, FP32 math, same layouts as the GPU.
 #pragma once
 
+#include "core/calib/params.hpp"
 #include "core/params.hpp"
 
 namespace qsakv {
@@ -11,6 +12,7 @@ void store_ring(const StoreRowsParams& p);
 void store_compressed(const StoreRowsParams& p);
 void select_topk(const SelectParams& p);
 void attention(const AttentionParams& p);
+void calib_observe(const CalibObserveParams& p);
 
 }  // namespace cpu
 }  // namespace qsakv

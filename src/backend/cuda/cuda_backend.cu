@@ -10,6 +10,8 @@
 #include "core/backend.hpp"
 #include "core/error.hpp"
 #include "cuda/launch.hpp"
+#include "core/calib/nccl.hpp"
+#include "cuda/calib.cuh"
 
 namespace qsakv {
 namespace {
@@ -110,12 +112,15 @@ class CudaBackend final : public Backend {
     check(cudaEventSynchronize(static_cast<cudaEvent_t>(fence)), "cudaEventSynchronize");
   }
 
-  // Enough CTAs for two per multiprocessor (the kernel's occupancy): small batches split
-  // the token list, large ones do not. At most one split per 64 list entries.
+  // As many splits as fit in one wave of CTAs (two per multiprocessor, the kernel's
+  // occupancy) without starting a second, mostly empty one: rows * splits <= slots.
+  // Small batches split the token list, large ones do not. At most one split per 128
+  // list entries: two 16-token tiles per warp, both in flight at once, and fewer
+  // partials for the last CTA to merge.
   int choose_splits(int max_rows, int topk_width, int) const override {
-    const int target = 2 * info_.multiprocessor_count;
-    const int want = (target + max_rows - 1) / std::max(1, max_rows);
-    const int cap = std::max(1, (topk_width + 63) / 64);
+    const int slots = 2 * info_.multiprocessor_count;
+    const int want = slots / std::max(1, max_rows);
+    const int cap = std::max(1, (topk_width + 127) / 128);
     return std::max(1, std::min(want, cap));
   }
   int select_grid(int max_rows) const { return std::max(1, std::min(max_rows, 2 * info_.multiprocessor_count)); }
@@ -161,6 +166,20 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, stream);
     check_launch("attention kernel launch");
+  }
+  void calib_observe(const CalibObserveParams& p, qsakv_stream_t stream) override {
+    require_aligned(p.k, "k");
+    require_aligned(p.v, "v");
+    DeviceGuard g(info_.device);
+    cuda::launch_calib_observe(p, info_.multiprocessor_count, stream);
+    check_launch("calib_observe kernel launch");
+  }
+  void calib_allreduce(uint64_t* words, size_t num_words, float* maxima, size_t num_maxima,
+                       void* comm, int expected_size, int expected_rank,
+                       qsakv_stream_t stream) override {
+    DeviceGuard g(info_.device);
+    calib::nccl_allreduce_stats(words, num_words, maxima, num_maxima, comm, expected_size,
+                                expected_rank, stream);
   }
 
  private:

@@ -1,0 +1,93 @@
+#include "core/calib/stats.hpp"
+
+#include <algorithm>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/overlay/sha256.hpp"
+
+namespace qsakv {
+namespace calib {
+
+int HostStats::ranks_covered() const {
+  return static_cast<int>(std::count(ranks.begin(), ranks.end(), 1));
+}
+
+HostStats empty_stats(const qsakv_model_config& config) {
+  HostStats s;
+  s.config = config;
+  // Canonical form: entries past num_qsa_layers are not part of the config (and are not
+  // saved), so they are zero in every copy the library hands back.
+  for (int i = config.num_qsa_layers; i < QSAKV_MAX_LAYERS; ++i) s.config.qsa_layers[i] = 0;
+  s.fingerprint = config_fingerprint(config);
+  s.rank = config.tp_rank;
+  s.ranks.assign(config.tp_size, 0);
+  s.ranks[config.tp_rank] = 1;
+  s.words.assign(static_cast<size_t>(config.num_qsa_layers) * 2 * kEntryWords, 0);
+  s.max_abs.assign(static_cast<size_t>(config.num_qsa_layers) * 2, 0.0f);
+  return s;
+}
+
+std::string config_fingerprint(const qsakv_model_config& c) {
+  std::string s = format("qsakv-calib-fingerprint-v1;layers=%d;qsa=", c.num_layers);
+  for (int i = 0; i < c.num_qsa_layers; ++i) s += format(i ? ",%d" : "%d", c.qsa_layers[i]);
+  s += format(";kv_heads=%d;head_dim=%d;act=%s;tp=%d", c.num_kv_heads, c.head_dim,
+              dtype_name(c.activation_dtype), c.tp_size);
+  return sha256_hex(s);
+}
+
+void accumulate(HostStats& a, const HostStats& b) {
+  for (size_t i = 0; i < a.words.size(); ++i) a.words[i] += b.words[i];
+  for (size_t i = 0; i < a.max_abs.size(); ++i) a.max_abs[i] = std::max(a.max_abs[i], b.max_abs[i]);
+}
+
+namespace {
+
+std::string rank_list(const HostStats& s) {
+  std::string r;
+  for (size_t i = 0; i < s.ranks.size(); ++i)
+    if (s.ranks[i]) r += format(r.empty() ? "%zu" : ",%zu", i);
+  return r.empty() ? "none" : r;
+}
+
+}  // namespace
+
+HostStats merge(const std::vector<const HostStats*>& in, qsakv_calib_merge_mode mode) {
+  if (mode != QSAKV_CALIB_MERGE_RANKS && mode != QSAKV_CALIB_MERGE_ENVELOPE)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "merge mode is %d; RANKS (0) or ENVELOPE (1)",
+         static_cast<int>(mode));
+  const HostStats& first = *in[0];
+  HostStats out = first;
+  out.reduced = false;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const HostStats& s = *in[i];
+    if (s.fingerprint != first.fingerprint)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu has config fingerprint %s, input 0 has %s: "
+           "statistics of different models, activation dtypes or TP sizes do not merge", i,
+           s.fingerprint.c_str(), first.fingerprint.c_str());
+    if (mode == QSAKV_CALIB_MERGE_ENVELOPE && !s.complete())
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "envelope input %zu covers TP ranks %s of %d; an "
+           "envelope pools complete runs (merge the ranks of each run first)", i,
+           rank_list(s).c_str(), s.config.tp_size);
+    if (mode == QSAKV_CALIB_MERGE_RANKS && s.num_runs != first.num_runs)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu pools %d runs, input 0 pools %d; ranks of "
+           "one run merge with RANKS, runs with ENVELOPE", i, s.num_runs, first.num_runs);
+    if (i == 0) continue;
+    if (mode == QSAKV_CALIB_MERGE_RANKS) {
+      for (size_t r = 0; r < s.ranks.size(); ++r) {
+        if (s.ranks[r] && out.ranks[r])
+          fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu holds TP rank %zu, which an earlier "
+               "input already holds; counting a rank twice would skew the statistics", i, r);
+        out.ranks[r] |= s.ranks[r];
+      }
+    } else {
+      out.num_runs += s.num_runs;
+    }
+    accumulate(out, s);
+  }
+  if (in.size() > 1 || out.ranks_covered() > 1) out.rank = -1;
+  return out;
+}
+
+}  // namespace calib
+}  // namespace qsakv

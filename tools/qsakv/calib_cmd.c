@@ -1,0 +1,302 @@
+/* qsakv calib summarize | merge | envelope, and qsakv overlay make | materialize:
+ * from statistics files to a revision-bound overlay. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+static const char kCalibUsage[] =
+    "usage: qsakv calib summarize STATS... [--json] [--histograms]\n"
+    "       qsakv calib merge OUT STATS...\n"
+    "       qsakv calib envelope OUT STATS...\n"
+    "\n"
+    "STATS are statistics files written by qsakv_calib_save (one per TP rank, or merged).\n"
+    "summarize: per QSA layer and K/V: count, max |x|, scale (max/448 rounded up),\n"
+    "  p99.9, p99.99, saturating and underflowing fractions. Several files are merged\n"
+    "  first: as ranks of one run, or, when each is complete, as an envelope of runs.\n"
+    "  --json prints one JSON object; --histograms adds the nonzero histogram bins\n"
+    "  ([bin, count] pairs; bin b spans [2^(-24 + 40b/4096), 2^(-24 + 40(b+1)/4096))).\n"
+    "merge: the TP ranks of one run into OUT (each rank exactly once).\n"
+    "envelope: complete statistics of several runs into OUT (max of maxima).\n"
+    "OUT must not exist.\n"
+    "\n"
+    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
+    "2 bad command line.\n";
+
+static const char kOverlayMakeUsage[] =
+    "usage: qsakv overlay make --stats STATS... --base-index PATH OUT_DIR\n"
+    "             [--tp N] [--spec N] [--act fp16|bf16] [--min-sm N] [--prefix P]\n"
+    "       qsakv overlay materialize BASE_DIR SCALE_PACK OUT_DIR\n"
+    "\n"
+    "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
+    "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
+    "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
+    "  index PATH. Contract: --tp (default: the statistics' TP size; 0 = any), --spec\n"
+    "  (default any), --act (default: the statistics' activation dtype), --min-sm\n"
+    "  (default any); --prefix is the checkpoint's layer prefix (model.layers).\n"
+    "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
+    "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
+    "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
+    "\n"
+    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
+    "2 bad command line.\n";
+
+static void free_all(qsakv_calib** h, int n) {
+  for (int i = 0; i < n; ++i) qsakv_calib_destroy(h[i]);
+  free(h);
+}
+
+/* Loads and merges `n` files: one file as is; several as an envelope when every one
+ * is complete, else as ranks of one run. Returns an exit code; *out on success. */
+static int load_merged(char** paths, int n, qsakv_calib** out) {
+  qsakv_calib** in = calloc((size_t)n, sizeof *in);
+  if (!in) return tool_usage_error("out of memory");
+  int all_complete = 1;
+  for (int i = 0; i < n; ++i) {
+    qsakv_status s = qsakv_calib_load(&in[i], paths[i]);
+    if (s != QSAKV_SUCCESS) {
+      free_all(in, i);
+      return tool_refused(s);
+    }
+    qsakv_calib_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.version = QSAKV_CALIB_INFO_VERSION;
+    qsakv_calib_get_info(in[i], &info);
+    all_complete &= info.complete;
+  }
+  qsakv_status s = qsakv_calib_merge(out, (const qsakv_calib* const*)in, n,
+                                     n > 1 && all_complete ? QSAKV_CALIB_MERGE_ENVELOPE
+                                                           : QSAKV_CALIB_MERGE_RANKS);
+  free_all(in, n);
+  return s == QSAKV_SUCCESS ? -1 : tool_refused(s);
+}
+
+static int merge_to(char** paths, int n, const char* out_path, qsakv_calib_merge_mode mode) {
+  qsakv_calib** in = calloc((size_t)n, sizeof *in);
+  if (!in) return tool_usage_error("out of memory");
+  for (int i = 0; i < n; ++i) {
+    qsakv_status s = qsakv_calib_load(&in[i], paths[i]);
+    if (s != QSAKV_SUCCESS) {
+      free_all(in, i);
+      return tool_refused(s);
+    }
+  }
+  qsakv_calib* m = NULL;
+  qsakv_status s = qsakv_calib_merge(&m, (const qsakv_calib* const*)in, n, mode);
+  free_all(in, n);
+  if (s == QSAKV_SUCCESS) s = qsakv_calib_save(m, out_path);
+  qsakv_calib_destroy(m);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  printf("wrote %s (%s of %d file%s)\n", out_path,
+         mode == QSAKV_CALIB_MERGE_RANKS ? "ranks" : "envelope", n, n == 1 ? "" : "s");
+  return QSAKV_EXIT_OK;
+}
+
+static void print_hist_json(const uint64_t* hist) {
+  printf(", \"histogram\": [");
+  int first = 1;
+  for (int b = 0; b < QSAKV_CALIB_BINS; ++b)
+    if (hist[b]) {
+      printf("%s[%d, %llu]", first ? "" : ", ", b, (unsigned long long)hist[b]);
+      first = 0;
+    }
+  printf("]");
+}
+
+static int summarize(char** paths, int n, int json, int histograms) {
+  qsakv_calib* c = NULL;
+  int rc = load_merged(paths, n, &c);
+  if (rc >= 0) return rc;
+  qsakv_calib_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_CALIB_INFO_VERSION;
+  qsakv_calib_get_info(c, &info);
+  /* Every refusal first (a summary of the first layer checks the whole handle), so a
+   * refused report prints nothing on stdout. */
+  qsakv_calib_summary sum;
+  memset(&sum, 0, sizeof sum);
+  sum.struct_size = sizeof sum;
+  sum.version = QSAKV_CALIB_SUMMARY_VERSION;
+  qsakv_status s = qsakv_calib_summarize(c, info.qsa_layers[0], QSAKV_CALIB_K, &sum);
+  if (s != QSAKV_SUCCESS) {
+    qsakv_calib_destroy(c);
+    return tool_refused(s);
+  }
+  static uint64_t hist[QSAKV_CALIB_BINS];
+  if (json)
+    printf("{\"config_fingerprint\": \"%s\", \"tp_size\": %d, \"ranks_covered\": %d, "
+           "\"num_runs\": %d, \"activation_dtype\": \"%s\", \"e4m3_max\": 448, "
+           "\"hist_bins\": %d, \"hist_log2_min\": %d, \"hist_log2_max\": %d,\n \"layers\": [",
+           info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
+           qsakv_dtype_name(info.activation_dtype), QSAKV_CALIB_BINS, QSAKV_CALIB_LOG2_MIN,
+           QSAKV_CALIB_LOG2_MAX);
+  else
+    printf("fingerprint %s, TP%d (%d rank(s) covered), %d run(s), %s activations\n\n"
+           "%5s %2s %12s %13s %15s %13s %13s %10s %10s\n",
+           info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
+           qsakv_dtype_name(info.activation_dtype), "layer", "", "count", "max_abs", "scale",
+           "p99.9", "p99.99", "saturate", "underflow");
+  for (int i = 0; i < info.num_qsa_layers; ++i)
+    for (int kind = 0; kind < 2; ++kind) {
+      const int layer = info.qsa_layers[i];
+      qsakv_calib_stats st;
+      memset(&st, 0, sizeof st);
+      st.struct_size = sizeof st;
+      st.version = QSAKV_CALIB_STATS_VERSION;
+      s = qsakv_calib_summarize(c, layer, (qsakv_calib_kind)kind, &sum);
+      if (s == QSAKV_SUCCESS)
+        s = qsakv_calib_get_stats(c, layer, (qsakv_calib_kind)kind, &st, hist);
+      if (s != QSAKV_SUCCESS) {
+        qsakv_calib_destroy(c);
+        return tool_refused(s);
+      }
+      if (json) {
+        printf("%s\n  {\"layer\": %d, \"kind\": \"%s\", \"count\": %llu, \"finite_count\": %llu, "
+               "\"nonzero_count\": %llu, \"max_abs\": %.9g, \"scale\": %.9g, \"p99_9\": %.9g, "
+               "\"p99_99\": %.9g, \"saturate_fraction\": %.17g, \"underflow_fraction\": %.17g",
+               i || kind ? "," : "", layer, kind ? "v" : "k", (unsigned long long)sum.count,
+               (unsigned long long)sum.finite_count, (unsigned long long)sum.nonzero_count,
+               (double)sum.max_abs, (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99,
+               sum.saturate_fraction, sum.underflow_fraction);
+        if (histograms) print_hist_json(hist);
+        printf("}");
+      } else {
+        printf("%5d %2s %12llu %13.7g %15.9g %13.7g %13.7g %10.3g %10.3g\n", layer,
+               kind ? "V" : "K", (unsigned long long)sum.count, (double)sum.max_abs,
+               (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99,
+               sum.saturate_fraction, sum.underflow_fraction);
+      }
+    }
+  if (json) printf("\n ]}\n");
+  qsakv_calib_destroy(c);
+  return QSAKV_EXIT_OK;
+}
+
+int cmd_calib(int argc, char** argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    fputs(kCalibUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? QSAKV_EXIT_USAGE : QSAKV_EXIT_OK;
+  }
+  int json = 0, histograms = 0, n = 0;
+  char** files = calloc((size_t)argc, sizeof *files);
+  if (!files) return tool_usage_error("out of memory");
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--histograms")) histograms = 1;
+    else if (argv[i][0] == '-' && argv[i][1] == '-') {
+      free(files);
+      return tool_usage_error("unknown option %s", argv[i]);
+    } else files[n++] = argv[i];
+  }
+  int rc;
+  if (!strcmp(argv[1], "summarize")) {
+    rc = n < 1 ? tool_usage_error("calib summarize: STATS missing")
+               : summarize(files, n, json, histograms);
+  } else if (!strcmp(argv[1], "merge") || !strcmp(argv[1], "envelope")) {
+    const int ranks = !strcmp(argv[1], "merge");
+    if (json || histograms) rc = tool_usage_error("calib %s takes no --json", argv[1]);
+    else if (n < 2) rc = tool_usage_error("calib %s: OUT and at least one STATS needed", argv[1]);
+    else rc = merge_to(files + 1, n - 1, files[0],
+                       ranks ? QSAKV_CALIB_MERGE_RANKS : QSAKV_CALIB_MERGE_ENVELOPE);
+  } else {
+    rc = tool_usage_error("unknown verb \"calib %s\"", argv[1]);
+  }
+  free(files);
+  return rc;
+}
+
+static int parse_dtype(const char* s, qsakv_dtype* out) {
+  if (!strcmp(s, "fp16")) *out = QSAKV_DTYPE_FP16;
+  else if (!strcmp(s, "bf16")) *out = QSAKV_DTYPE_BF16;
+  else return -1;
+  return 0;
+}
+
+static int overlay_make(int argc, char** argv) {
+  char** stats = calloc((size_t)argc, sizeof *stats);
+  if (!stats) return tool_usage_error("out of memory");
+  int n = 0, in_stats = 0, tp = -1, spec = -1, min_sm = 0, rc = -1;
+  const char *base_index = NULL, *out_dir = NULL, *act = NULL, *prefix = NULL;
+  for (int i = 2; i < argc && rc < 0; ++i) {
+    const char* o = argv[i];
+    const int has_value = i + 1 < argc;
+    if (!strcmp(o, "--stats")) {
+      in_stats = 1;
+      continue;
+    }
+    if (o[0] == '-' && o[1] == '-') {
+      in_stats = 0;
+      if (!has_value) rc = tool_usage_error("%s needs a value", o);
+      else if (!strcmp(o, "--base-index")) base_index = argv[++i];
+      else if (!strcmp(o, "--act")) act = argv[++i];
+      else if (!strcmp(o, "--prefix")) prefix = argv[++i];
+      else if (!strcmp(o, "--tp") || !strcmp(o, "--spec") || !strcmp(o, "--min-sm")) {
+        int* dst = !strcmp(o, "--tp") ? &tp : !strcmp(o, "--spec") ? &spec : &min_sm;
+        if (tool_parse_int(argv[++i], dst)) rc = tool_usage_error("%s: not an integer", o);
+      } else rc = tool_usage_error("unknown option %s", o);
+    } else if (in_stats) {
+      stats[n++] = argv[i];
+    } else if (!out_dir) {
+      out_dir = o;
+    } else {
+      rc = tool_usage_error("unexpected argument %s", o);
+    }
+  }
+  if (rc < 0 && n == 0) rc = tool_usage_error("overlay make: --stats STATS... is required");
+  if (rc < 0 && !base_index) rc = tool_usage_error("overlay make: --base-index PATH is required");
+  if (rc < 0 && !out_dir) rc = tool_usage_error("overlay make: OUT_DIR missing");
+  qsakv_calib* c = NULL;
+  if (rc < 0) rc = load_merged(stats, n, &c);
+  free(stats);
+  if (rc >= 0) return rc;
+  qsakv_model_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.version = QSAKV_MODEL_CONFIG_VERSION;
+  qsakv_calib_get_config(c, &cfg);
+  qsakv_overlay_write_options wo;
+  qsakv_overlay_write_options_init(&wo);
+  wo.base_index_path = base_index;
+  wo.layer_prefix = prefix;
+  wo.contract_tp_size = tp >= 0 ? tp : cfg.tp_size;
+  wo.contract_speculative_tokens = spec;
+  wo.contract_activation_dtype = cfg.activation_dtype;
+  wo.contract_min_sm = min_sm;
+  if (act && parse_dtype(act, &wo.contract_activation_dtype)) {
+    qsakv_calib_destroy(c);
+    return tool_usage_error("--act must be fp16 or bf16, not %s", act);
+  }
+  qsakv_status s = qsakv_calib_write_overlay(c, out_dir, &wo);
+  qsakv_calib_destroy(c);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  char rev[65];
+  s = qsakv_checkpoint_revision(base_index, rev);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  printf("wrote scale pack %s for base revision %s\n", out_dir, rev);
+  return QSAKV_EXIT_OK;
+}
+
+static int overlay_materialize(int argc, char** argv) {
+  if (argc != 5) return tool_usage_error("usage: qsakv overlay materialize BASE_DIR SCALE_PACK OUT_DIR");
+  /* qsakv_overlay_materialize compares the base index hash with the manifest before it
+   * creates anything. */
+  qsakv_status s = qsakv_overlay_materialize(argv[4], argv[2], argv[3]);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  char rev[65];
+  s = qsakv_checkpoint_revision(argv[2], rev);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  printf("materialised %s from %s (base revision %s) and %s\n", argv[4], argv[2], rev, argv[3]);
+  return QSAKV_EXIT_OK;
+}
+
+int cmd_overlay_build(int argc, char** argv) {
+  if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+    fputs(kOverlayMakeUsage, stdout);
+    return QSAKV_EXIT_OK;
+  }
+  if (!strcmp(argv[1], "make")) return overlay_make(argc, argv);
+  return overlay_materialize(argc, argv);
+}

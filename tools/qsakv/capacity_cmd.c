@@ -1,0 +1,109 @@
+/* qsakv capacity: the capacity table of a config and a memory budget. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+static const char kCapacityUsage[] =
+    "usage: qsakv capacity [--preset qwen4_exp] [--tp N] [--kv e4m3|fp16|bf16]\n"
+    "                      [--budget-gib X] [--json]\n"
+    "\n"
+    "Bytes per token per rank (all QSA layers), fixed costs (index-key rings, the\n"
+    "shared top-k workspace and what one buffer per layer would cost), and the blocks\n"
+    "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache.\n"
+    "\n"
+    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
+    "2 bad command line.\n";
+
+static void print_json(const qsakv_model_config* c, const qsakv_capacity* k, double gib) {
+  printf("{\"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, \"budget_bytes\": %llu, "
+         "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
+         "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
+         "\"fp16_bytes_per_token\": %llu,\n \"ring_bytes\": %llu, "
+         "\"ring_bytes_per_request\": %llu, \"topk_bytes\": %llu, \"topk_bytes_unshared\": %llu,\n"
+         " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
+         "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
+         c->tp_size, qsakv_dtype_name(c->kv_dtype), gib, (unsigned long long)k->budget_bytes,
+         c->block_size, (unsigned long long)k->main_bytes_per_token,
+         (unsigned long long)k->compressed_bytes_per_token,
+         (unsigned long long)k->bytes_per_token, (unsigned long long)k->fp16_bytes_per_token,
+         (unsigned long long)k->ring_bytes, (unsigned long long)k->ring_bytes_per_request,
+         (unsigned long long)k->topk_bytes, (unsigned long long)k->topk_bytes_unshared,
+         (long long)k->num_blocks, (long long)k->num_tokens, (long long)k->fp16_num_tokens,
+         (unsigned long long)k->bytes_per_block, k->capacity_ratio, k->ideal_ratio);
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+static void print_text(const char* preset, const qsakv_model_config* c, const qsakv_capacity* k,
+                       double gib) {
+  printf("%s, TP%d, %s KV, block size %d, budget %.3g GiB per rank\n\n", preset, c->tp_size,
+         qsakv_dtype_name(c->kv_dtype), c->block_size, gib);
+  printf("per token, per rank, all %d QSA layers\n", c->num_qsa_layers);
+  printf("  main K/V                 %10llu B\n", (unsigned long long)k->main_bytes_per_token);
+  printf("  compressed index keys    %10llu B\n",
+         (unsigned long long)k->compressed_bytes_per_token);
+  printf("  total                    %10llu B   (16-bit cache: %llu B)\n",
+         (unsigned long long)k->bytes_per_token, (unsigned long long)k->fp16_bytes_per_token);
+  printf("fixed costs\n");
+  printf("  index-key rings          %10.1f MiB (%llu B per request)\n", mib(k->ring_bytes),
+         (unsigned long long)k->ring_bytes_per_request);
+  printf("  top-k workspace, shared  %10.1f MiB (one per layer: %.1f MiB)\n",
+         mib(k->topk_bytes), mib(k->topk_bytes_unshared));
+  printf("capacity\n");
+  printf("  blocks                   %10lld (%llu B each)\n", (long long)k->num_blocks,
+         (unsigned long long)k->bytes_per_block);
+  printf("  tokens                   %10lld (16-bit cache: %lld)\n", (long long)k->num_tokens,
+         (long long)k->fp16_num_tokens);
+  printf("  ratio                    %10.4f (ideal %.4f)\n", k->capacity_ratio, k->ideal_ratio);
+}
+
+int cmd_capacity(int argc, char** argv) {
+  const char* preset = "qwen4_exp";
+  const char* kv = "e4m3";
+  int tp = 1, json = 0;
+  double gib = 64.0;
+  for (int i = 1; i < argc; ++i) {
+    const char* o = argv[i];
+    if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+      fputs(kCapacityUsage, stdout);
+      return QSAKV_EXIT_OK;
+    }
+    if (!strcmp(o, "--json")) {
+      json = 1;
+      continue;
+    }
+    if (i + 1 >= argc) return tool_usage_error("%s needs a value", o);
+    const char* v = argv[++i];
+    if (!strcmp(o, "--preset")) preset = v;
+    else if (!strcmp(o, "--kv")) kv = v;
+    else if (!strcmp(o, "--tp")) {
+      if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
+    } else if (!strcmp(o, "--budget-gib")) {
+      char* end = NULL;
+      gib = strtod(v, &end);
+      if (!*v || *end || !(gib > 0) || gib > 1e9)
+        return tool_usage_error("--budget-gib: a positive number of GiB, not %s", v);
+    } else {
+      return tool_usage_error("unknown option %s", o);
+    }
+  }
+  qsakv_model_config c;
+  qsakv_status s = qsakv_model_config_preset(&c, preset);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  c.tp_size = tp;
+  if (!strcmp(kv, "e4m3")) c.kv_dtype = QSAKV_DTYPE_E4M3;
+  else if (!strcmp(kv, "fp16")) c.kv_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(kv, "bf16")) c.kv_dtype = QSAKV_DTYPE_BF16;
+  else return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
+  qsakv_capacity k;
+  memset(&k, 0, sizeof k);
+  k.struct_size = sizeof k;
+  k.version = QSAKV_CAPACITY_VERSION;
+  s = qsakv_capacity_plan(&c, (uint64_t)(gib * 1073741824.0), &k);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  if (json) print_json(&c, &k, gib);
+  else print_text(preset, &c, &k, gib);
+  return QSAKV_EXIT_OK;
+}
