@@ -20,7 +20,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 PY=${PYTHON:-python3}
 need_pip=()
-for mod in numpy ml_dtypes safetensors pytest; do
+for mod in numpy ml_dtypes safetensors pytest pycparser wheel; do
   $PY -c "import $mod" 2>/dev/null || need_pip+=("$mod")
 done
 if [ ${#need_pip[@]} -gt 0 ]; then

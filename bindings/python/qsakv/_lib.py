@@ -1,0 +1,94 @@
+"""Finds and loads libqsakv, applies the generated prototypes, checks versions.
+
+Search order: $QSAKV_LIBRARY, $QSAKV_LIB (a path to the shared object), a libqsakv.so*
+next to this package, then the system paths (ctypes.util.find_library, the loader's
+own search for libqsakv.so.<ABI>).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+from . import _cdefs
+from .errors import raise_for_status
+
+__all__ = ["lib", "library_path", "missing_functions"]
+
+_SONAME = f"libqsakv.so.{_cdefs.QSAKV_ABI_VERSION}"
+
+
+def _candidates():
+    for var in ("QSAKV_LIBRARY", "QSAKV_LIB"):
+        value = os.environ.get(var)
+        if value:
+            yield value, f"${var}"
+            return  # an explicit choice is never silently replaced by another library
+    here = Path(__file__).resolve().parent
+    for path in sorted(here.glob("libqsakv.so*")):
+        yield str(path), "next to the package"
+    found = ctypes.util.find_library("qsakv")
+    if found:
+        yield found, "system paths"
+    yield _SONAME, "system paths"
+    yield "libqsakv.so", "system paths"
+
+
+def _load():
+    tried = []
+    for path, where in _candidates():
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"  {path} ({where}): {e}")
+    raise ImportError("qsakv: cannot load libqsakv; set QSAKV_LIBRARY to its path. Tried:\n"
+                      + "\n".join(tried))
+
+
+def _errcheck(status, func, args):
+    if status != 0:
+        # Copies the calling thread's message, clears it, raises (git2-rs style).
+        raise_for_status(status, _lib.qsakv_last_error().decode("utf-8", "replace"),
+                         func.__name__)
+    return status
+
+
+def _missing_stub(name):
+    def stub(*args):
+        raise NotImplementedError(f"{name} is declared by qsakv.h but {library_path} does "
+                                  "not export it (a library older than the header?)")
+    stub.__name__ = name
+    return stub
+
+
+def _bind(handle):
+    missing = []
+    for name, fn in _cdefs.FUNCTIONS.items():
+        try:
+            f = getattr(handle, name)
+        except AttributeError:
+            missing.append(name)
+            setattr(handle, name, _missing_stub(name))
+            continue
+        f.restype = fn.restype
+        f.argtypes = fn.argtypes
+        if fn.c_restype == "qsakv_status":
+            f.errcheck = _errcheck
+    return missing
+
+
+_lib, library_path = _load()
+_missing = _bind(_lib)
+
+_lib_version, _lib_abi = _lib.qsakv_version(), _lib.qsakv_abi_version()
+if (_lib_version, _lib_abi) != (_cdefs.QSAKV_VERSION_NUMBER, _cdefs.QSAKV_ABI_VERSION):
+    raise ImportError(
+        f"qsakv: {library_path} is version {_lib_version} (ABI {_lib_abi}) but this package "
+        f"was generated from qsakv.h version {_cdefs.QSAKV_VERSION_NUMBER} "
+        f"(ABI {_cdefs.QSAKV_ABI_VERSION}); install the matching library or package")
+
+lib = _lib
+#: Functions the header declares that the loaded library does not export; calling one
+#: raises NotImplementedError. Empty for a library built from the same header.
+missing_functions = tuple(_missing)

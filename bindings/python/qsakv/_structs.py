@@ -1,0 +1,60 @@
+"""Versioned structs: making them ready for a call, and reading them into records.
+
+Every option/info struct starts with struct_size and version; new() fills both (the
+version from the header's <STRUCT>_VERSION macro). record() turns a filled struct into
+an immutable namedtuple of its fields (minus struct_size/version), with char arrays as
+str, enum fields as the Python enums and int arrays as tuples, so the records grow
+with the header without edits here.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import namedtuple
+
+from . import _cdefs
+from .enums import by_c_name
+
+_RECORDS: dict[type, type] = {}
+_HEADER_FIELDS = ("struct_size", "version")
+
+
+def new(cls):
+    s = cls()
+    names = [f for f, _ in cls._fields_]
+    if names[:2] == list(_HEADER_FIELDS):
+        s.struct_size = ctypes.sizeof(cls)
+        s.version = getattr(_cdefs, cls.__name__.upper() + "_VERSION", 1)
+    return s
+
+
+def record_type(cls, name: str) -> type:
+    if cls not in _RECORDS:
+        fields = [f for f, _ in cls._fields_ if f not in _HEADER_FIELDS]
+        _RECORDS[cls] = namedtuple(name, fields)
+        _RECORDS[cls].__doc__ = f"Fields of {cls.__name__} (see qsakv.h)."
+    return _RECORDS[cls]
+
+
+def value(struct, field: str):
+    ftype = dict(struct._fields_)[field]
+    v = getattr(struct, field)
+    enum_c = _cdefs.ENUM_FIELDS.get(type(struct).__name__, {}).get(field)
+    if enum_c is not None:
+        try:
+            return by_c_name[enum_c](v)
+        except ValueError:
+            return v
+    if isinstance(ftype, type) and issubclass(ftype, ctypes.Array):
+        if ftype._type_ is ctypes.c_char:
+            return v.decode("utf-8", "replace")  # c_char arrays read as bytes up to NUL
+        return tuple(v)
+    if ftype is ctypes.c_char_p:
+        return None if v is None else v.decode("utf-8", "replace")
+    if isinstance(ftype, type) and issubclass(ftype, ctypes._Pointer):
+        return ctypes.cast(v, ctypes.c_void_p).value or 0
+    return v
+
+
+def record(struct, name: str):
+    cls = record_type(type(struct), name)
+    return cls(*(value(struct, f) for f in cls._fields))

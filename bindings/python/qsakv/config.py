@@ -1,0 +1,119 @@
+"""ModelConfig (geometry and runtime of a model on one TP rank) and capacity planning."""
+from __future__ import annotations
+
+import ctypes
+
+from . import _cdefs, _structs
+from ._lib import lib
+from .enums import dtype_of
+
+_FIELDS = [f for f, _ in _cdefs.qsakv_model_config._fields_ if f not in ("struct_size", "version")]
+_DTYPE_FIELDS = {f for f, e in _cdefs.ENUM_FIELDS.get("qsakv_model_config", {}).items()
+                 if e == "qsakv_dtype"}
+
+
+class ModelConfig:
+    """A qsakv_model_config with attribute access.
+
+        cfg = ModelConfig.preset("qwen4_exp")
+        cfg.tp_size = 4
+        cfg.kv_dtype = "e4m3"          # or DType.E4M3
+        cfg.qsa_layers = [3, 7, 11]    # also sets num_qsa_layers
+        cfg.validate()                 # InvalidConfigError naming the field
+        geo = cfg.rank_geometry()      # q_heads, kv_heads, topk_width, ...
+
+    Plain data (no C object to free): copy with copy() or replace(**fields).
+    `qsa_layers` reads as the tuple of the num_qsa_layers layer ids in use.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(self, **fields):
+        """A zeroed config (not valid until filled), with `fields` set."""
+        object.__setattr__(self, "_c", _structs.new(_cdefs.qsakv_model_config))
+        lib.qsakv_model_config_init(ctypes.byref(self._c))
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def preset(cls, name: str = "qwen4_exp", **fields) -> "ModelConfig":
+        """A named preset ("qwen4_exp": the reference model), with `fields` replaced."""
+        cfg = cls()
+        lib.qsakv_model_config_preset(ctypes.byref(cfg._c), name.encode())
+        for k, v in fields.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def __getattr__(self, name):
+        if name == "qsa_layers":
+            return tuple(self._c.qsa_layers[: self._c.num_qsa_layers])
+        if name in _FIELDS:
+            return _structs.value(self._c, name)
+        raise AttributeError(f"ModelConfig has no field {name!r}")
+
+    def __setattr__(self, name, value):
+        if name == "qsa_layers":
+            layers = [int(x) for x in value]
+            if len(layers) > _cdefs.QSAKV_MAX_LAYERS:
+                raise ValueError(f"qsa_layers: at most {_cdefs.QSAKV_MAX_LAYERS} layers")
+            arr = self._c.qsa_layers
+            for i in range(len(arr)):
+                arr[i] = layers[i] if i < len(layers) else 0
+            self._c.num_qsa_layers = len(layers)
+        elif name in _DTYPE_FIELDS:
+            setattr(self._c, name, dtype_of(value))
+        elif name in _FIELDS:
+            setattr(self._c, name, value)
+        else:
+            raise AttributeError(f"ModelConfig has no field {name!r}")
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(_FIELDS))
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in _FIELDS}
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"ModelConfig({body})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ModelConfig) and bytes(self._c) == bytes(other._c)
+
+    def copy(self) -> "ModelConfig":
+        new = ModelConfig()
+        ctypes.memmove(ctypes.byref(new._c), ctypes.byref(self._c), ctypes.sizeof(self._c))
+        return new
+
+    def replace(self, **fields) -> "ModelConfig":
+        new = self.copy()
+        for k, v in fields.items():
+            setattr(new, k, v)
+        return new
+
+    def validate(self) -> "ModelConfig":
+        """Checks every field and combination; InvalidConfigError names the field."""
+        lib.qsakv_model_config_validate(ctypes.byref(self._c))
+        return self
+
+    def rank_geometry(self):
+        """Validates, then returns this rank's RankGeometry (q_heads, kv_heads,
+        group_size, first_q_head, first_kv_head, topk_width, topk_blocks, ring_length,
+        softmax_scale)."""
+        g = _structs.new(_cdefs.qsakv_rank_geometry)
+        lib.qsakv_model_config_rank_geometry(ctypes.byref(self._c), ctypes.byref(g))
+        return _structs.record(g, "RankGeometry")
+
+    @property
+    def _ref(self):
+        return ctypes.byref(self._c)
+
+
+def capacity_plan(config: ModelConfig, memory_budget_bytes: int):
+    """How many cache blocks/tokens fit in a memory budget per rank (pure arithmetic,
+    no allocation). Returns a Capacity record: bytes per token (main, compressed, and
+    FP16 for comparison), ring and top-k bytes, num_blocks, num_tokens,
+    fp16_num_tokens, capacity_ratio, ideal_ratio, bytes_per_block."""
+    out = _structs.new(_cdefs.qsakv_capacity)
+    lib.qsakv_capacity_plan(config._ref, memory_budget_bytes, ctypes.byref(out))
+    return _structs.record(out, "Capacity")

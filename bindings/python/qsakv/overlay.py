@@ -1,0 +1,105 @@
+"""Overlay: calibrated per-layer K/V scales bound to a checkpoint revision (fail closed)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Mapping
+
+from . import _cdefs, _structs
+from ._handle import Handle
+from ._lib import lib
+from .config import ModelConfig
+from .enums import dtype_of
+
+
+def _path(p) -> bytes | None:
+    return None if p is None else os.fsencode(p)
+
+
+def checkpoint_revision(path) -> str:
+    """The revision an overlay is bound to: the lower-case hex SHA-256 of a checkpoint's
+    model.safetensors.index.json (`path`: the checkpoint directory or the index file).
+    Blocking."""
+    out = ctypes.create_string_buffer(65)
+    lib.qsakv_checkpoint_revision(_path(path), out)
+    return out.value.decode()
+
+
+class Overlay(Handle):
+    """Loaded K/V scales. Overlay.load(...) -> validate(config, revision) -> back an E4M3
+    Cache. A failed validate() raises the refusal's class (RevisionMismatchError,
+    OverlayIncompleteError, ContractError, ...) and leaves the overlay unvalidated.
+    Every method is blocking; none takes device buffers."""
+
+    _kind = "overlay"
+
+    @classmethod
+    def load(cls, path, manifest_path=None) -> "Overlay":
+        """Loads from a materialised checkpoint directory or a bare scale file (with
+        `manifest_path`; None: "<dir>/qsakv-overlay.json"). Strict parsing; checks the
+        scale file's SHA-256 against the manifest."""
+        out = ctypes.POINTER(_cdefs.qsakv_overlay)()
+        lib.qsakv_overlay_load(ctypes.byref(out), _path(path), _path(manifest_path))
+        self = cls.__new__(cls)
+        Handle.__init__(self, out, lib.qsakv_overlay_destroy)
+        return self
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Overlay.load(path, manifest_path=None)")
+
+    def validate(self, config: ModelConfig, expected_base_revision: str) -> "Overlay":
+        """Validates against `config` and the base checkpoint's revision (see
+        checkpoint_revision). Every fail-closed rule has its own exception class."""
+        if not isinstance(expected_base_revision, str):
+            raise TypeError("expected_base_revision: a hex SHA-256 string")
+        lib.qsakv_overlay_validate(self._p, config._ref, expected_base_revision.encode())
+        return self
+
+    def info(self):
+        """OverlayInfo: num_scales, validated, unit_scale_control, the contract fields,
+        base_index_sha256, scale_file_sha256, layer_prefix."""
+        info = _structs.new(_cdefs.qsakv_overlay_info)
+        lib.qsakv_overlay_get_info(self._p, ctypes.byref(info))
+        return _structs.record(info, "OverlayInfo")
+
+    def scales(self, layer: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of a model layer id; InvalidArgumentError if absent."""
+        k, v = ctypes.c_float(), ctypes.c_float()
+        lib.qsakv_overlay_get_scales(self._p, layer, ctypes.byref(k), ctypes.byref(v))
+        return k.value, v.value
+
+    @staticmethod
+    def write(out_dir, scales: Mapping[int, tuple[float, float]], *, base_index_path,
+              layer_prefix: str | None = None, contract_tp_size: int = 0,
+              contract_speculative_tokens: int = -1, contract_activation_dtype=None,
+              contract_min_sm: int = 0, unit_scale_control: bool = False) -> None:
+        """Writes a scale pack: out_dir/model-kvscales.safetensors and its manifest
+        out_dir/qsakv-overlay.json, bound to the base checkpoint whose index file is
+        `base_index_path`. scales: {model layer id: (k_scale, v_scale)}. The contract
+        fields constrain the runtime (0 / -1 / None: not constrained). Refuses an
+        existing out_dir; atomic."""
+        layers = sorted(scales)
+        n = len(layers)
+        opts = _structs.new(_cdefs.qsakv_overlay_write_options)
+        lib.qsakv_overlay_write_options_init(ctypes.byref(opts))
+        opts.layer_prefix = None if layer_prefix is None else layer_prefix.encode()
+        opts.base_index_path = _path(base_index_path)
+        opts.contract_tp_size = contract_tp_size
+        opts.contract_speculative_tokens = contract_speculative_tokens
+        opts.contract_activation_dtype = 0 if contract_activation_dtype is None else \
+            dtype_of(contract_activation_dtype)
+        opts.contract_min_sm = contract_min_sm
+        opts.unit_scale_control = int(bool(unit_scale_control))
+        arr_l = (ctypes.c_int32 * n)(*layers)
+        arr_k = (ctypes.c_float * n)(*(scales[i][0] for i in layers))
+        arr_v = (ctypes.c_float * n)(*(scales[i][1] for i in layers))
+        lib.qsakv_overlay_write(_path(out_dir), arr_l, arr_k, arr_v, n, ctypes.byref(opts))
+
+    @staticmethod
+    def materialize(out_dir, base_checkpoint_dir, scale_pack_dir) -> None:
+        """Builds a calibrated checkpoint directory: merged index, links to the base
+        files, the scale file, manifest and provenance. Refuses an existing out_dir
+        (InvalidArgumentError), a base of another revision (RevisionMismatchError) and a
+        scale name the base already has (OverlayDuplicateError). Atomic."""
+        lib.qsakv_overlay_materialize(_path(out_dir), _path(base_checkpoint_dir),
+                                      _path(scale_pack_dir))

@@ -1,0 +1,46 @@
+"""Fixtures of the binding suites: a synthetic checkpoint, calibrated scale packs, the
+reference config at a small runtime size. The library comes from $QSAKV_LIB (CTest sets
+it to the built target); the ctypes package from $PYTHONPATH (bindings/python)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+if not (os.environ.get("QSAKV_LIB") or os.environ.get("QSAKV_LIBRARY")):
+    pytest.exit("set QSAKV_LIB to the built libqsakv.so (ctest does)", returncode=2)
+
+
+def write_checkpoint(root: Path) -> Path:
+    """A base checkpoint directory: an index naming one weight file, and the file."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 1024},
+         "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
+    (root / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 16)
+    return root
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return write_checkpoint(tmp_path / "base")
+
+
+@pytest.fixture
+def small_cfg():
+    """The reference model at TP4 rank 0 (6 query heads, 1 KV head, head_dim 256) with
+    the small runtime limits the demo uses."""
+    import qsakv
+
+    return qsakv.ModelConfig.preset("qwen4_exp", tp_size=4, max_batched_tokens=64,
+                                    max_requests=8, max_model_len=8192)
+
+
+@pytest.fixture
+def cpu():
+    import qsakv
+
+    with qsakv.Context("cpu") as ctx:
+        yield ctx

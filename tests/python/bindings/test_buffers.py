@@ -1,0 +1,143 @@
+"""Buffer and stream adaptation without torch or CuPy: the protocols themselves
+(__array_interface__, __cuda_array_interface__, __dlpack__, __cuda_stream__) on
+stand-in objects, and the device checks against the backend."""
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qsakv
+from qsakv import _buffers
+
+
+class DLPackOnly:
+    """Exposes only the DLPack protocol of a NumPy array."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+class FakeCuda:
+    """A __cuda_array_interface__ (v3) description; no memory behind it."""
+
+    def __init__(self, shape, typestr, strides=None, ptr=0x7F0000000000):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (ptr, False), "strides": strides,
+                                         "version": 3}
+
+
+def test_numpy_description():
+    a = np.zeros((4, 2, 8), np.float16)
+    b = _buffers.describe(a)
+    assert (b.ptr, b.dtype, b.shape, b.contiguous, b.device) == \
+        (a.ctypes.data, "float16", (4, 2, 8), True, "cpu")
+    assert not _buffers.describe(a[:, :, ::2]).contiguous
+    assert _buffers.describe(np.zeros(3, ml_dtypes.bfloat16)).dtype == "bfloat16"
+
+
+def test_dlpack_description_matches_numpy():
+    a = np.arange(24, dtype=np.int64).reshape(2, 3, 4)[1:]
+    b = _buffers.describe(DLPackOnly(a))
+    assert (b.ptr, b.dtype, b.shape, b.contiguous, b.device) == \
+        (a.ctypes.data, "int64", (1, 3, 4), True, "cpu")
+    t = np.zeros((3, 4), np.float32).T  # Fortran order
+    assert not _buffers.describe(DLPackOnly(t)).contiguous
+
+
+def test_cuda_array_interface_description():
+    b = _buffers.describe(FakeCuda((5, 1, 256), "<f2"))
+    assert (b.dtype, b.shape, b.contiguous, b.device) == ("float16", (5, 1, 256), True, "cuda")
+    strided = FakeCuda((5, 256), "<f2", strides=(1024, 2))
+    assert not _buffers.describe(strided).contiguous
+    assert _buffers.describe(FakeCuda((5, 256), "<f2", strides=(512, 2))).contiguous
+
+
+def test_check_messages():
+    kw = dict(backend_cuda=False)
+    a = np.zeros((3, 1, 256), np.float16)
+    assert _buffers.check(a, "k", "float16", (None, 1, 256), **kw).ptr == a.ctypes.data
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"^k: expected float16 \[n, 1, 256\] contiguous, got int32 \[3\]$"):
+        _buffers.check(np.zeros(3, np.int32), "k", "float16", (None, 1, 256), **kw)
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"q: expected host memory \(CPU backend\), got a .* on cuda"):
+        _buffers.check(FakeCuda((3, 1, 256), "<f2"), "q", "float16", (None, 1, 256), **kw)
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"q: expected CUDA device memory \(CUDA backend\), got a NumPy"):
+        _buffers.check(a, "q", "float16", (None, 1, 256), backend_cuda=True)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"q: expected at least 5 rows"):
+        _buffers.check(a, "q", "float16", (None, 1, 256), min_rows=5, **kw)
+
+
+def test_streams():
+    class Proto:
+        def __cuda_stream__(self):
+            return (0, 0xABC)
+
+    class TorchLike:
+        cuda_stream = 0x123
+
+    class CupyLike:
+        ptr = 0x456
+
+    assert _buffers.stream_handle(None) == 0
+    assert _buffers.stream_handle(77) == 77
+    assert _buffers.stream_handle(Proto()) == 0xABC
+    assert _buffers.stream_handle(TorchLike()) == 0x123
+    assert _buffers.stream_handle(CupyLike()) == 0x456
+    s = _buffers.as_stream(Proto())
+    assert ctypes.cast(s, ctypes.c_void_p).value == 0xABC
+    assert _buffers.as_stream(None) is None
+    with pytest.raises(qsakv.InvalidArgumentError, match="stream"):
+        _buffers.stream_handle(1.5)
+
+
+def test_store_through_dlpack_on_cpu(cpu, small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    with qsakv.Cache(cpu, cfg, num_blocks=1) as cache:
+        k = np.random.default_rng(0).standard_normal((3, 1, 256)).astype(np.float16)
+        slots = np.array([5, -1, 7], np.int64)
+        cache.store_kv(3, DLPackOnly(k), DLPackOnly(-k), DLPackOnly(slots))
+        kv = cache.read_kv(3)
+        np.testing.assert_array_equal(kv[0, 0, [5, 7]], k[[0, 2]])
+        np.testing.assert_array_equal(kv[0, 1, [5, 7]], -k[[0, 2]])
+        assert not kv[0, :, 6].any()  # -1 skipped, the cache started zeroed
+
+
+def test_torch_tensor_description_without_torch():
+    """The torch adapter reads data_ptr/dtype/shape/device/is_contiguous; a stand-in
+    with torch's module name and attribute spelling exercises it without torch."""
+
+    class Device:
+        def __init__(self, type_, index):
+            self.type, self.index = type_, index
+
+    class Tensor:
+        __module__ = "torch"
+
+        def __init__(self, dtype, shape, device, contiguous=True):
+            self.dtype, self.shape, self.device = dtype, shape, device
+            self._contiguous = contiguous
+
+        def data_ptr(self):
+            return 0x1000
+
+        def is_contiguous(self):
+            return self._contiguous
+
+    t = Tensor("torch.bfloat16", (4, 1, 256), Device("cuda", 1))
+    b = _buffers.describe(t)
+    assert (b.ptr, b.dtype, b.shape, b.contiguous, b.device, b.device_id) == \
+        (0x1000, "bfloat16", (4, 1, 256), True, "cuda", 1)
+    with pytest.raises(qsakv.InvalidArgumentError, match="q: expected CUDA device 0, got device 1"):
+        _buffers.check(t, "q", "bfloat16", (None, 1, 256), backend_cuda=True, device_id=0)
+    cpu_t = Tensor("torch.float16", (4, 1, 256), Device("cpu", None), contiguous=False)
+    with pytest.raises(qsakv.InvalidArgumentError, match="non-contiguous"):
+        _buffers.check(cpu_t, "k", "float16", (None, 1, 256), backend_cuda=False)

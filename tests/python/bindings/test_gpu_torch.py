@@ -1,0 +1,63 @@
+"""The ctypes package on the CUDA backend with PyTorch tensors and streams, compared
+with the CPU backend (stores bit for bit, selection exactly, attention within the
+FP64-checked tolerance). Skipped, with the reason, without torch, a GPU or a CUDA
+build of the library."""
+import numpy as np
+import pytest
+
+import qsakv
+from reference import make_world, rel_l2
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("PyTorch sees no CUDA GPU", allow_module_level=True)
+if not qsakv.built_with_cuda():
+    pytest.skip("libqsakv was built without the CUDA backend", allow_module_level=True)
+
+
+def run(ctx, cfg, w, to_dev, stream=None):
+    layer = cfg.qsa_layers[0]
+    geo = cfg.rank_geometry()
+    with qsakv.Cache(ctx, cfg, num_blocks=w.num_blocks) as cache, \
+            qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+        cache.store_kv(layer, to_dev(w.k), to_dev(w.v), to_dev(w.slots), stream=stream)
+        cache.store_compressed_keys(layer, to_dev(w.ck), to_dev(w.cslots), stream=stream)
+        bt = to_dev(w.bt)
+        plan.update(qsakv.Batch(w.query_start, w.lens, bt), stream=stream)
+        topk = to_dev(np.full((w.num_rows, geo.topk_width), -7, np.int32))
+        plan.select_topk(layer, to_dev(w.iq), topk, stream=stream)
+        out = to_dev(np.full(w.q.shape, np.nan, np.float16))
+        plan.attention(layer, to_dev(w.q), out, topk=topk, stream=stream)
+        ctx.synchronize(stream)
+        kv = cache.read_kv(layer)
+        as_np = (lambda t: t.cpu().numpy()) if ctx.is_cuda else (lambda a: a)
+        return as_np(out), as_np(topk), kv
+
+
+def test_torch_cuda_matches_cpu(small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = make_world(cfg, cfg.rank_geometry(), seed=5)
+    with qsakv.Context("cpu") as cpu:
+        ref_out, ref_topk, ref_kv = run(cpu, cfg, w, lambda a: a)
+    with qsakv.Context("cuda") as gpu:
+        stream = torch.cuda.Stream()
+        out, topk, kv = run(gpu, cfg, w, lambda a: torch.from_numpy(a).cuda(), stream)
+    np.testing.assert_array_equal(kv, ref_kv)
+    np.testing.assert_array_equal(topk, ref_topk)
+    assert rel_l2(out, ref_out) < 2e-3
+
+
+def test_device_checks_with_torch(small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    with qsakv.Context("cuda") as gpu, qsakv.Cache(gpu, cfg, num_blocks=2) as cache:
+        k = torch.zeros((3, 1, 256), dtype=torch.float16)
+        s = torch.arange(3, dtype=torch.int64, device="cuda")
+        with pytest.raises(qsakv.InvalidArgumentError, match=r"k: expected CUDA device memory"):
+            cache.store_kv(3, k, k.cuda(), s)
+        with pytest.raises(qsakv.InvalidArgumentError, match=r"k: expected float16 .* got bfloat16"):
+            cache.store_kv(3, k.cuda().bfloat16(), k.cuda(), s)
+        with pytest.raises(qsakv.InvalidArgumentError, match="non-contiguous"):
+            cache.store_kv(3, torch.zeros((3, 1, 512), dtype=torch.float16,
+                                          device="cuda")[:, :, ::2], k.cuda(), s)
+        cache.store_kv(3, k.cuda(), k.cuda(), s, stream=torch.cuda.current_stream())
+        gpu.synchronize()

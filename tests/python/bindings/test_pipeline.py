@@ -1,0 +1,163 @@
+"""The demo's flow through the ctypes package on the CPU backend, against FP64 NumPy
+oracles: overlay write -> load -> validate -> E4M3 cache -> store -> plan -> select ->
+attention (sparse and dense), and the FP16 cache beside it."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qsakv
+from reference import (attention_reference, calibrate, make_world, quantise_e4m3, rel_l2,
+                       select_reference)
+
+
+@pytest.fixture
+def world(small_cfg):
+    return make_world(small_cfg, small_cfg.rank_geometry())
+
+
+@pytest.fixture
+def overlay(tmp_path, checkpoint, small_cfg, world):
+    ks, vs = calibrate(world.k), calibrate(world.v)
+    qsakv.Overlay.write(tmp_path / "pack", {l: (ks, vs) for l in small_cfg.qsa_layers},
+                        base_index_path=checkpoint / "model.safetensors.index.json",
+                        contract_tp_size=4, contract_speculative_tokens=0,
+                        contract_activation_dtype="fp16")
+    with qsakv.Overlay.load(tmp_path / "pack" / "model-kvscales.safetensors") as ov:
+        yield ov, ks, vs
+
+
+def run(ctx, cfg, ov, w, mode="sparse"):
+    """Store, plan, select into our own top-k array, attend. Returns (out, topk, cache
+    bytes of the layer)."""
+    layer = cfg.qsa_layers[0]
+    geo = cfg.rank_geometry()
+    with qsakv.Cache(ctx, cfg, ov, num_blocks=w.num_blocks) as cache, \
+            qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+        cache.store_kv(layer, w.k, w.v, w.slots)
+        cache.store_compressed_keys(layer, w.ck, w.cslots)
+        plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+        info = plan.info()
+        assert (info.num_rows, info.num_requests) == (w.num_rows, len(w.lens))
+        topk = np.full((w.num_rows, geo.topk_width + 5), -7, np.int32)  # poisoned, wider
+        plan.select_topk(layer, w.iq, topk)
+        out = np.full(w.q.shape, np.nan, np.float16)
+        plan.attention(layer, w.q, out, mode=mode, topk=topk)
+        return out, topk, cache.read_kv(layer)
+
+
+def test_overlay_roundtrip(overlay, checkpoint, small_cfg):
+    ov, ks, vs = overlay
+    info = ov.info()
+    assert info.num_scales == 2 * len(small_cfg.qsa_layers)
+    assert info.validated == 0
+    assert info.contract_tp_size == 4 and info.contract_activation_dtype == qsakv.DType.FP16
+    assert info.base_index_sha256 == qsakv.checkpoint_revision(checkpoint)
+    assert ov.scales(small_cfg.qsa_layers[-1]) == (np.float32(ks), np.float32(vs))
+    with pytest.raises(qsakv.InvalidArgumentError, match="0"):
+        ov.scales(0)  # not a QSA layer
+
+
+def test_full_pipeline_e4m3_against_fp64_reference(cpu, small_cfg, world, overlay, checkpoint):
+    ov, ks, vs = overlay
+    cfg, w, geo = small_cfg, world, small_cfg.rank_geometry()
+    revision = qsakv.checkpoint_revision(checkpoint)
+    wrong = ("1" if revision[0] == "0" else "0") + revision[1:]
+    with pytest.raises(qsakv.RevisionMismatchError) as e:
+        ov.validate(cfg, wrong)
+    assert wrong[:16] in e.value.message or revision[:16] in e.value.message
+    assert ov.info().validated == 0
+    ov.validate(cfg, revision)
+    assert ov.info().validated == 1
+
+    out, topk, kv = run(cpu, cfg, ov, w)
+
+    # Store: bit for bit what ml_dtypes makes of e4m3(x / scale), at each token's slot.
+    bs = cfg.block_size
+    blocks, offs = w.slots // bs, w.slots % bs
+    np.testing.assert_array_equal(kv[blocks, 0, offs], quantise_e4m3(w.k, ks).view(np.uint8))
+    np.testing.assert_array_equal(kv[blocks, 1, offs], quantise_e4m3(w.v, vs).view(np.uint8))
+
+    # Selection: exact, including the -1 padding; the extra columns are untouched.
+    np.testing.assert_array_equal(topk[:, : geo.topk_width], select_reference(w, cfg, geo))
+    assert (topk[:, geo.topk_width:] == -7).all()
+    # The decode row at 3001 tokens: the whole budget plus the open group's one token.
+    assert (topk[0, :geo.topk_width] >= 0).sum() == geo.topk_blocks * cfg.compress_ratio + 1
+
+    # Attention against FP64 over the decoded cache values.
+    dk = kv[blocks, 0, offs].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    dv = kv[blocks, 1, offs].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    ref = attention_reference(w, cfg, geo, dk, dv, ks, vs, topk[:, : geo.topk_width])
+    assert np.isfinite(out).all()
+    assert rel_l2(out, ref) < 2e-3
+
+    # And against the unquantised FP16 inputs: the E4M3 error the demo reports.
+    ref16 = attention_reference(w, cfg, geo, w.k.astype(np.float64), w.v.astype(np.float64),
+                                1.0, 1.0, topk[:, : geo.topk_width])
+    assert 1e-3 < rel_l2(out, ref16) < 0.1
+
+
+def test_dense_and_fp16_cache(cpu, small_cfg, world):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w, geo = world, cfg.rank_geometry()
+    out, topk, kv = run(cpu, cfg, None, w, mode="dense")
+    bs = cfg.block_size
+    np.testing.assert_array_equal(kv[w.slots // bs, 0, w.slots % bs], w.k)  # a plain copy
+    ref = attention_reference(w, cfg, geo, w.k.astype(np.float64), w.v.astype(np.float64),
+                              1.0, 1.0, None)
+    assert rel_l2(out, ref) < 2e-3
+
+
+def test_layout_and_layer_buffers(cpu, small_cfg, world, overlay, checkpoint):
+    ov, _, _ = overlay
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    with qsakv.Cache(cpu, small_cfg, ov, num_blocks=32) as cache:
+        L = cache.layout
+        assert L.kv_dtype == qsakv.DType.E4M3 and L.num_blocks == 32
+        assert (L.kv_heads, L.head_dim) == (1, 256)
+        assert L.kv_stride_kv == L.block_size * L.kv_heads * L.head_dim
+        assert L.kv_bytes_per_layer == 32 * 2 * L.block_size * 256
+        assert L.topk_cols == small_cfg.rank_geometry().topk_width
+        bufs = [cache.layer_buffers(l) for l in small_cfg.qsa_layers]
+        assert all(b.kv and b.scales for b in bufs)
+        assert len({b.kv for b in bufs}) == len(bufs)          # one main cache per layer
+        assert len({b.topk for b in bufs}) == 1                 # one shared top-k buffer
+        with pytest.raises(qsakv.InvalidArgumentError, match="layer"):
+            cache.layer_buffers(0)
+
+
+def test_capacity_plan(small_cfg):
+    e = qsakv.capacity_plan(small_cfg, 40 << 30)
+    f = qsakv.capacity_plan(small_cfg.replace(kv_dtype="fp16"), 40 << 30)
+    assert e.num_tokens == e.num_blocks * small_cfg.block_size
+    assert e.fp16_num_tokens == f.num_tokens
+    assert 1.8 < e.capacity_ratio < 1.95
+    assert e.topk_bytes * len(small_cfg.qsa_layers) == e.topk_bytes_unshared
+
+
+def test_model_config_attribute_access():
+    cfg = qsakv.ModelConfig.preset("qwen4_exp")
+    assert cfg.num_layers == 48 and cfg.qsa_layers == tuple(range(3, 48, 4))
+    assert cfg.kv_dtype is qsakv.DType.E4M3 and cfg.activation_dtype is qsakv.DType.FP16
+    geo = cfg.rank_geometry()
+    assert (geo.q_heads, geo.kv_heads, geo.topk_width, geo.topk_blocks) == (24, 2, 2051, 512)
+    c2 = cfg.replace(qsa_layers=[3, 7], tp_size=2)
+    assert c2.num_qsa_layers == 2 and c2.tp_size == 2 and cfg.tp_size == 1
+    assert c2 != cfg and cfg.copy() == cfg
+    with pytest.raises(AttributeError):
+        cfg.no_such_field = 1
+    bad = cfg.replace(head_dim=100)
+    with pytest.raises(qsakv.InvalidConfigError, match="head_dim"):
+        bad.validate()
+    with pytest.raises(qsakv.InvalidConfigError, match="head_dim"):
+        bad.rank_geometry()
+
+
+def test_materialize(tmp_path, checkpoint, small_cfg, overlay):
+    ov, ks, _ = overlay
+    out = tmp_path / "calibrated"
+    qsakv.Overlay.materialize(out, checkpoint, tmp_path / "pack")
+    with qsakv.Overlay.load(out) as ov2:  # the directory form
+        ov2.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+        assert ov2.scales(3)[0] == np.float32(ks)
+    with pytest.raises(qsakv.InvalidArgumentError):
+        qsakv.Overlay.materialize(out, checkpoint, tmp_path / "pack")  # exists

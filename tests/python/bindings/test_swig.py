@@ -1,0 +1,181 @@
+"""The SWIG module qsakv_swig: the same pipeline on the CPU backend against the FP64
+oracle, status -> exception mapping, out-parameters as return values, ownership."""
+import gc
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from reference import (attention_reference, calibrate, make_world, quantise_e4m3, rel_l2,
+                       select_reference)
+
+try:
+    import qsakv_swig as q
+except ImportError as e:  # pragma: no cover - depends on the build
+    if os.environ.get("QSAKV_SWIG_BUILT") == "1":
+        raise  # CMake built it: failing to import it is a failure, not a skip
+    pytest.skip(f"qsakv_swig not built (SWIG or the Python headers were not found at "
+                f"configure time): {e}", allow_module_level=True)
+
+
+def cpu_context():
+    o = q.qsakv_context_options()
+    q.qsakv_context_options_init(o)
+    o.backend = q.QSAKV_BACKEND_CPU
+    return q.qsakv_context_create(o)
+
+
+def config(**fields):
+    c = q.qsakv_model_config()
+    q.qsakv_model_config_preset(c, "qwen4_exp")
+    c.tp_size, c.max_batched_tokens, c.max_requests, c.max_model_len = 4, 64, 8, 8192
+    for k, v in fields.items():
+        setattr(c, k, v)
+    return c
+
+
+class Cfg:
+    """The attributes reference.py reads, from a SWIG config and geometry."""
+
+    def __init__(self, c):
+        for f in ("block_size", "compress_ratio", "head_dim", "index_head_dim",
+                  "index_num_heads"):
+            setattr(self, f, getattr(c, f))
+
+
+def test_pipeline_e4m3(tmp_path, checkpoint):
+    cfg = config()
+    geo = q.qsakv_model_config_rank_geometry(cfg)
+    assert (geo.q_heads, geo.kv_heads, geo.topk_width) == (6, 1, 2051)
+    w = make_world(Cfg(cfg), geo)
+    ks, vs = calibrate(w.k), calibrate(w.v)
+    layers = np.array(cfg.qsa_layers[: cfg.num_qsa_layers], np.int32)
+    wo = q.qsakv_overlay_write_options()
+    q.qsakv_overlay_write_options_init(wo)
+    wo.base_index_path = str(checkpoint / "model.safetensors.index.json")
+    wo.contract_tp_size = 4
+    n = len(layers)
+    q.qsakv_overlay_write(str(tmp_path / "pack"), layers, np.full(n, ks, np.float32),
+                          np.full(n, vs, np.float32), n, wo)
+    ov = q.qsakv_overlay_load(str(tmp_path / "pack" / "model-kvscales.safetensors"), None)
+    assert q.qsakv_overlay_get_scales(ov, 3) == [np.float32(ks), np.float32(vs)]
+    rev = q.qsakv_checkpoint_revision(str(checkpoint))
+    with pytest.raises(q.RevisionMismatchError):
+        q.qsakv_overlay_validate(ov, cfg, "0" * 64)
+    q.qsakv_overlay_validate(ov, cfg, rev)
+    assert q.qsakv_overlay_get_info(ov).validated == 1
+
+    ctx = cpu_context()
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = w.num_blocks
+    cache = q.qsakv_cache_create(ctx, cfg, ov, co)
+    q.qsakv_overlay_destroy(ov)  # the cache copied the scales
+    layer = int(layers[0])
+    q.qsakv_store_kv(cache, layer, w.k, w.v, w.slots, len(w.slots), None)
+    q.qsakv_store_compressed_keys(cache, layer, w.ck, w.cslots, len(w.cslots), None)
+    po = q.qsakv_plan_options()
+    q.qsakv_plan_options_init(po)
+    po.max_rows = w.num_rows
+    plan = q.qsakv_plan_create(cache, po)
+    b = q.qsakv_batch()
+    qs, lens = w.query_start, np.array(w.lens, np.int32)
+    b.num_requests, b.query_start, b.seq_lens = len(lens), qs, lens
+    b.block_table, b.block_table_stride = w.bt, w.bt.shape[1]
+    assert b.query_start == qs.ctypes.data  # pointer members read back as addresses
+    q.qsakv_plan_update(plan, b, None)
+    topk = np.full((w.num_rows, geo.topk_width), -7, np.int32)
+    q.qsakv_select_topk(plan, layer, w.iq, topk, topk.shape[1], None)
+    out = np.zeros_like(w.q)
+    q.qsakv_attention_run(plan, layer, q.QSAKV_ATTENTION_SPARSE, w.q, topk, topk.shape[1],
+                          out, None)
+    info = q.qsakv_plan_get_info(plan)
+    assert (info.num_rows, info.num_requests) == (w.num_rows, len(lens))
+
+    layout = q.qsakv_cache_get_layout(cache)
+    kv = np.empty((layout.num_blocks, 2, layout.block_size, 1, 256), np.uint8)
+    bufs = q.qsakv_cache_get_layer_buffers(cache, layer)
+    q.qsakv_memcpy(ctx, kv, bufs.kv, kv.nbytes, q.QSAKV_COPY_DEVICE_TO_HOST, None)
+    blocks, offs = w.slots // layout.block_size, w.slots % layout.block_size
+    np.testing.assert_array_equal(kv[blocks, 0, offs], quantise_e4m3(w.k, ks).view(np.uint8))
+    np.testing.assert_array_equal(topk, select_reference(w, Cfg(cfg), geo))
+    dk = kv[blocks, 0, offs].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    dv = kv[blocks, 1, offs].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    ref = attention_reference(w, Cfg(cfg), geo, dk, dv, ks, vs, topk)
+    assert rel_l2(out, ref) < 2e-3
+    q.qsakv_plan_destroy(plan)
+    q.qsakv_cache_destroy(cache)
+    q.qsakv_context_destroy(ctx)
+
+
+def test_status_mapping():
+    codes = {v: k for k, v in vars(q).items() if k.startswith("QSAKV_ERROR_")}
+    assert len(codes) >= 22
+    for code, name in codes.items():
+        cls = q._make_error(code, "m").__class__
+        assert cls is not q.QsakvError and issubclass(cls, q.QsakvError) and cls.status == code
+        assert q.qsakv_status_string(code) == name
+    with pytest.raises(q.InvalidArgumentError) as e:
+        q.qsakv_model_config_preset(q.qsakv_model_config(), "no_such_model")
+    assert e.value.status == q.QSAKV_ERROR_INVALID_ARGUMENT
+    assert "no_such_model" in e.value.message and str(e.value).startswith("QSAKV_ERROR_")
+    assert q.qsakv_last_error() == ""  # copied, then cleared
+    bad = config(head_dim=100)
+    with pytest.raises(q.InvalidConfigError, match="head_dim"):
+        q.qsakv_model_config_validate(bad)
+    with pytest.raises(q.IoError):
+        q.qsakv_checkpoint_revision("/nonexistent/checkpoint")
+    with pytest.raises(q.OverlayMissingError):
+        q.qsakv_cache_create(cpu_context(), config(), None, None)
+    with pytest.raises(TypeError, match="stream"):
+        q.qsakv_stream_synchronize(cpu_context(), "default")
+
+
+def test_ownership_no_leak_no_double_free():
+    from test_ownership import heap_in_use
+
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16)
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 2
+
+    def cycle(explicit):
+        ctx = cpu_context()
+        cache = q.qsakv_cache_create(ctx, cfg, None, co)
+        assert cache.thisown and cache._context is ctx
+        if explicit:
+            q.qsakv_cache_destroy(cache)  # %delobject: the proxy no longer owns it
+            assert not cache.thisown
+            q.qsakv_cache_destroy(cache)  # a second destroy is a no-op, not a double free
+            q.qsakv_context_destroy(ctx)
+        # otherwise the proxies destroy both when collected (cache first: it holds ctx)
+
+    for _ in range(20):
+        cycle(True)
+        cycle(False)
+    gc.collect()
+    before = heap_in_use()
+    for i in range(1000):
+        cycle(i % 2 == 0)
+    gc.collect()
+    ctx = cpu_context()
+    per_cycle = q.qsakv_cache_get_layout(q.qsakv_cache_create(ctx, cfg, None, co)).total_bytes
+    assert heap_in_use() - before < 20 * per_cycle
+
+
+def test_cache_keeps_context_alive():
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16)
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 2
+    cache = q.qsakv_cache_create(cpu_context(), cfg, None, co)  # no other ref to ctx
+    gc.collect()
+    assert q.qsakv_cache_get_layout(cache).num_blocks > 0
+    po = q.qsakv_plan_options()
+    q.qsakv_plan_options_init(po)
+    po.max_rows = 2
+    plan = q.qsakv_plan_create(cache, po)
+    del cache
+    gc.collect()
+    assert q.qsakv_plan_get_info(plan).max_rows == 2
