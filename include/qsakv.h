@@ -71,7 +71,7 @@ typedef enum qsakv_status {
   QSAKV_ERROR_INVALID_ARGUMENT = -1,   /* a NULL, out-of-range or inconsistent argument */
   QSAKV_ERROR_INVALID_CONFIG = -2,     /* a model config field is inconsistent */
   QSAKV_ERROR_UNSUPPORTED = -3,        /* valid, but not supported by this build/backend */
-  QSAKV_ERROR_NO_DEVICE = -4,          /* CUDA asked for, but no usable GPU or driver */
+  QSAKV_ERROR_NO_DEVICE = -4,          /* CUDA asked for: no usable GPU/driver, or no such device */
   QSAKV_ERROR_OUT_OF_MEMORY = -5,
   QSAKV_ERROR_CUDA = -6,               /* a CUDA runtime call failed */
   QSAKV_ERROR_NCCL = -7,

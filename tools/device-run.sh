@@ -26,10 +26,24 @@ if [ "$stage" = all ] || [ "$stage" = test ]; then
 fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   build-gpu/qsakv_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+  if [ -n "${BENCH_AB:-}" ]; then  # the alternative E4M3 tile path, for comparison
+    QSAKV_E4M3_STAGING=1 build-gpu/qsakv_bench --e4m3-only --rows 1,16,64,256,1024 \
+      --json "$OUT/bench-staged.json" > "$OUT/bench-staged.log" 2>&1; echo "bench (staged) rc=$?"
+  fi
 fi
 if [ "$stage" = all ] || [ "$stage" = sanitize ]; then
   timeout ${SANITIZE_SECONDS:-300} bash tools/sanitize-gpu.sh build-gpu > "$OUT/sanitize.log" 2>&1; echo "sanitize rc=$?"
   grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" "$OUT/sanitize.log" | head -40
 fi
+if [ -n "${NCU:-}" ]; then  # one decode kernel of the 1024-row case, per tile path
+  for st in 0 1; do
+    QSAKV_E4M3_STAGING=$st timeout 120 ncu --clock-control none -k regex:decode_attention \
+      --launch-skip 100 --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis \
+      build-gpu/qsakv_bench --e4m3-only --rows 1024 > "$OUT/ncu-staged$st.log" 2>&1
+    echo "== ncu staged=$st"; grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers|Stall|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Block Limit" "$OUT/ncu-staged$st.log" | head -30
+  done
+fi
 [ -f "$OUT/bench.log" ] && cat "$OUT/bench.log"
+[ -f "$OUT/bench-staged.log" ] && { echo "== QSAKV_E4M3_STAGING=1"; tail -8 "$OUT/bench-staged.log"; }
 exit 0

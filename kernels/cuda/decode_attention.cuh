@@ -116,10 +116,10 @@ struct Staging {
 };
 
 // Dynamic shared memory: the staging ring during the main loop, then the warp merge.
-template <KvKind KV, int D>
+template <KvKind KV, int D, bool kStaged>
 constexpr int dynamic_smem_bytes() {
   const int merge = static_cast<int>(sizeof(MergeSmem<D>));
-  const int stages = KV == KvKind::kE4M3 ? Staging<D>::kBytes : 0;
+  const int stages = KV == KvKind::kE4M3 && kStaged ? Staging<D>::kBytes : 0;
   return merge > stages ? merge : stages;
 }
 
@@ -371,13 +371,13 @@ __device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uin
 // A warp's tiles of one window: tile = warp, warp + 4, ... E4M3 tiles go through the
 // warp's shared-memory ring (kStages - 1 tiles in flight); 16-bit tiles are twice the
 // bytes and are loaded straight into registers, one at a time.
-template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN, bool kStaged>
 __device__ __forceinline__ void run_window(const int64_t* offsets, int n, int warp,
                                            const uint8_t* kbase, const uint8_t* vbase, int g,
                                            int t4, const uint2* qb, float factor,
                                            SoftmaxState<D>& st, uint8_t* staging) {
   const int tiles = (n + 15) >> 4;
-  if constexpr (KV == KvKind::kE4M3) {
+  if constexpr (KV == KvKind::kE4M3 && kStaged) {
     // A ring of kStages tiles per warp: tile i of this warp lives in stage i % kStages.
     const int lane = threadIdx.x & 31;
     uint8_t* ring = staging + warp * kStages * Staging<D>::kStageBytes;
@@ -449,7 +449,7 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
   }
 }
 
-template <class Act, KvKind KV, int D, Decoder DEC>
+template <class Act, KvKind KV, int D, Decoder DEC, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
   __shared__ DecodeSmem smem;
@@ -555,9 +555,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     const int n = compact_window(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt, win,
                                  min(c1, win + kWindow));
     if (patch_nan)
-      run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
+      run_window<KV, D, DEC, true, kStaged>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
     else
-      run_window<KV, D, DEC, false>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
+      run_window<KV, D, DEC, false, kStaged>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
   }
 
   // ---- merge the 4 warps ----

@@ -83,8 +83,12 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
         pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
 #endif
         if (x0 != x0 || x1 != x1) {  // rare: NaN keeps its sign, and the layer is flagged
+          // The sign comes from the input bits: __half2float returns a canonical NaN.
           any_nan = true;
-          pair = e4m3::quantize(x0, scale) | (static_cast<uint32_t>(e4m3::quantize(x1, scale)) << 8);
+          const uint32_t s0 = (w[j / 2] >> 8) & 0x80u, s1 = (w[j / 2] >> 24) & 0x80u;
+          const uint32_t b0 = x0 != x0 ? (s0 | e4m3::kNaN) : e4m3::quantize(x0, scale);
+          const uint32_t b1 = x1 != x1 ? (s1 | e4m3::kNaN) : e4m3::quantize(x1, scale);
+          pair = b0 | (b1 << 8);
         }
         out[j / 4] |= pair << (8 * (j & 3));
       }

@@ -367,14 +367,15 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
-  int n_rows = 9;
+  int n_rows = 9, e4m3_only = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--e4m3-only")) e4m3_only = 1;
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
       n_rows = 0;
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ",")) rows_list[n_rows++] = atoi(t);
     } else {
-      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only]\n", argv[0]);
       return 2;
     }
   }
@@ -421,8 +422,8 @@ int main(int argc, char** argv) {
     const int rows = rows_list[i];
     int splits = 0, s2 = 0, s3 = 0;
     const double t8 = time_attention(&e8, rows, s, &splits);
-    const double t8sw = time_attention(&e8sw, rows, s, &s2);
-    const double t16 = time_attention(&f16, rows, s, &s3);
+    const double t8sw = e4m3_only ? NAN : time_attention(&e8sw, rows, s, &s2);
+    const double t16 = e4m3_only ? NAN : time_attention(&f16, rows, s, &s3);
     const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
     const double gbs8 = bytes8 / (t8 * 1e-6) / 1e9, gbs16 = bytes16 / (t16 * 1e-6) / 1e9;
     printf("%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f\n", rows, splits, t8,

@@ -199,7 +199,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, st
     return nullptr;
   }
   if (device >= count)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "device %d does not exist; %d CUDA device(s)", device, count);
+    fail(QSAKV_ERROR_NO_DEVICE, "CUDA device %d does not exist; %d CUDA device(s)", device, count);
   cudaDeviceProp prop;
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   const int sm = prop.major * 10 + prop.minor;
