@@ -191,6 +191,39 @@ static void test_cuda_store_equals_cpu(void** state) {
   qsakv_context_destroy(gpu);
 }
 
+/* Every FP16 bit pattern at several scales through the GPU store and the CPU store:
+ * identical bytes (the GPU divides without a division instruction; this is its proof). */
+static void test_cuda_store_every_fp16(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  const float scales[] = {1.0f, 1.0f / 448.0f, 0.0123f, 3.7f, 1e-3f, 100.0f, 0.3333333f, 1e-6f};
+  const int n = 65536 / 256; /* tokens of 256 elements (2 heads x 128) */
+  uint16_t* k = malloc(2 * 65536);
+  int64_t* slots = malloc(sizeof(int64_t) * n);
+  for (int i = 0; i < 65536; ++i) k[i] = (uint16_t)i;
+  for (int t = 0; t < n; ++t) slots[t] = t;
+  size_t bad = 0;
+  for (size_t si = 0; si < sizeof scales / sizeof scales[0]; ++si) {
+    store_world a, b;
+    make_world(&a, cpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, scales[si], scales[si]);
+    make_world(&b, gpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, scales[si], scales[si]);
+    uint8_t* x = do_store(&a, k, k, slots, n);
+    uint8_t* y = do_store(&b, k, k, slots, n);
+    for (size_t i = 0; i < a.L.kv_bytes_per_layer; ++i)
+      if (x[i] != y[i] && bad++ < 5) print_error("scale %g byte %zu: cpu 0x%02x gpu 0x%02x\n", scales[si], i, x[i], y[i]);
+    free(x);
+    free(y);
+    free_world(&a);
+    free_world(&b);
+  }
+  assert_int_equal(bad, 0);
+  free(k);
+  free(slots);
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
+}
+
 static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t** comp_out,
                                const uint16_t* keys, const int32_t* req, const int64_t* pos,
                                const int64_t* cslots, int n, store_world* w) {
@@ -288,7 +321,8 @@ static void test_store_errors(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e4m3_store_cpu),   cmocka_unit_test(test_16bit_store_cpu),
-      cmocka_unit_test(test_cuda_store_equals_cpu), cmocka_unit_test(test_index_key_stores_cpu_and_cuda),
+      cmocka_unit_test(test_cuda_store_equals_cpu), cmocka_unit_test(test_cuda_store_every_fp16),
+      cmocka_unit_test(test_index_key_stores_cpu_and_cuda),
       cmocka_unit_test(test_store_errors),
   };
   tu_apply_filter();

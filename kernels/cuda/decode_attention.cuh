@@ -438,14 +438,33 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
     for (int s = 0; s < S; ++s) w[s] *= inv;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < heads * D; idx += kThreads) {
-    const int h = idx / D, d = idx % D;
+  // Each thread owns 4 consecutive dims of a head (16-byte loads) and keeps 8 splits'
+  // loads in flight: the merge is a handful of L2 round trips, not one per split.
+  for (int idx = threadIdx.x; idx < heads * (D / 4); idx += kThreads) {
+    const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
     const float* w = weights + h * S;
     const float* part = p.partial_out + (head0 + h) * S * D + d;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int s = 0; s < S; ++s) acc += w[s] * __ldcg(part + static_cast<int64_t>(s) * D);
-    static_cast<Act*>(p.out)[(head0 + h) * D + d] = from_float<Act>(acc * v_factor);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < S; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        v[j] = s0 + j < S ? __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(s0 + j) * D))
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float wj = s0 + j < S ? w[s0 + j] : 0.0f;
+        acc.x += wj * v[j].x;
+        acc.y += wj * v[j].y;
+        acc.z += wj * v[j].z;
+        acc.w += wj * v[j].w;
+      }
+    }
+    Act* o = static_cast<Act*>(p.out) + (head0 + h) * D + d;
+    o[0] = from_float<Act>(acc.x * v_factor);
+    o[1] = from_float<Act>(acc.y * v_factor);
+    o[2] = from_float<Act>(acc.z * v_factor);
+    o[3] = from_float<Act>(acc.w * v_factor);
   }
 }
 

@@ -23,6 +23,15 @@ __device__ __forceinline__ float act_bits_to_float<__nv_bfloat16>(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
+__device__ __forceinline__ float div_by_scale(float x, float scale, float recip) {
+  const float q = __fmul_rn(x, recip);
+  // Outside the range where the residual is exact (zeros, tiny or huge values, extreme
+  // scales, NaN): the IEEE division. Rare and per element.
+  if (!(fabsf(q) < 1e37f && fabsf(x) > 1e-30f && fabsf(recip) < 1e37f)) return __fdiv_rn(x, scale);
+  const float r = __fmaf_rn(-q, scale, x);  // exact residual
+  return __fmaf_rn(r, recip, q);
+}
+
 // Splits a slot into (block, offset). Slots below 2^32 (every realistic cache) take the
 // 32-bit division: a 64-bit one costs several times more on the GPU.
 __device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int64_t& block,
@@ -63,6 +72,7 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
         static_cast<const uint16_t*>(kv ? p.v : p.k) + token * row + e));
     if constexpr (kFp8) {
       const float scale = __ldg(c.scales + kv);
+      const float recip = __frcp_rn(scale);
       const uint32_t w[4] = {x.x, x.y, x.z, x.w};
       uint32_t out[2] = {0u, 0u};
       bool any_nan = false;
@@ -70,10 +80,13 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
       for (int j = 0; j < 8; j += 2) {
         const float x0 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2]));
         const float x1 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2] >> 16));
-        // FP32 division (IEEE, not the fast reciprocal), then round-to-nearest-even with
-        // saturation: the FP8 conversion instruction where it exists, else the shared
-        // integer encoder; both match the CPU backend bit for bit.
-        const float q0 = __fdiv_rn(x0, scale), q1 = __fdiv_rn(x1, scale);
+        // The correctly rounded FP32 quotient x / scale without a division: q = x * RN(1/s)
+        // then one FMA residual correction (Markstein), exact wherever the result is a
+        // normal FP32 number; smaller quotients all encode to 0 and larger ones saturate.
+        // Then round-to-nearest-even with saturation: the FP8 conversion instruction
+        // where it exists, else the shared integer encoder. Both match the CPU backend's
+        // IEEE division bit for bit (test_store checks every FP16 input).
+        const float q0 = div_by_scale(x0, scale, recip), q1 = div_by_scale(x1, scale, recip);
         uint32_t pair;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
         uint16_t packed;
