@@ -15,7 +15,7 @@ int grid_for(int64_t work, int sm_count) {
 }  // namespace
 
 void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
-  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / 8);
+  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * kStoreChunks));
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
   const bool bf16 = p.act_dtype == QSAKV_DTYPE_BF16;
   // Pieces small enough for 32-bit thread indices.

@@ -46,70 +46,86 @@ __device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int
   }
 }
 
-// One thread per (token, K or V, chunk of 8 elements of kv_heads * head_dim); the
-// launcher keeps token_begin + the grid's tokens within 32-bit index math.
+// Quantises 8 activations (16 bytes) to 8 E4M3 codes. `any_nan` is set when an input
+// was NaN (its code keeps the input's sign: __half2float returns a canonical NaN).
+template <class Act>
+__device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float recip, bool& any_nan) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  uint32_t out[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const float x0 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2]));
+    const float x1 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2] >> 16));
+    // The correctly rounded FP32 quotient x / scale (see div_by_scale), then round-to-
+    // nearest-even with saturation: the FP8 conversion instruction where it exists,
+    // else the shared integer encoder. Both match the CPU backend's IEEE division bit
+    // for bit (test_store checks every FP16 input).
+    const float q0 = div_by_scale(x0, scale, recip), q1 = div_by_scale(x1, scale, recip);
+    uint32_t pair;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint16_t packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(q1), "f"(q0));
+    pair = packed;
+#else
+    pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
+#endif
+    if (x0 != x0 || x1 != x1) {  // rare
+      any_nan = true;
+      const uint32_t s0 = (w[j / 2] >> 8) & 0x80u, s1 = (w[j / 2] >> 24) & 0x80u;
+      const uint32_t b0 = x0 != x0 ? (s0 | e4m3::kNaN) : e4m3::quantize(x0, scale);
+      const uint32_t b1 = x1 != x1 ? (s1 | e4m3::kNaN) : e4m3::quantize(x1, scale);
+      pair = b0 | (b1 << 8);
+    }
+    out[j / 4] |= pair << (8 * (j & 3));
+  }
+  return make_uint2(out[0], out[1]);
+}
+
+// One thread per (token, K or V, run of 32 elements of kv_heads * head_dim): its four
+// 16-byte loads are in flight together and its writes are one contiguous run. Runs never
+// straddle heads (head_dim is a multiple of 32). The launcher keeps the grid's thread
+// indices within 32 bits.
+constexpr int kStoreChunks = 4;  // 8-element chunks per thread
+
 template <class Act, bool kFp8>
 __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
   const KvCacheView c = p.cache;
   const uint32_t row = static_cast<uint32_t>(c.kv_heads * c.head_dim);
-  const uint32_t chunks = row / 8;
+  const uint32_t runs = row / (8 * kStoreChunks);
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
-  const uint32_t chunk = i % chunks;
-  const int kv = static_cast<int>((i / chunks) & 1u);
-  const int64_t token = token_begin + i / (2 * chunks);
+  const uint32_t run = i % runs;
+  const int kv = static_cast<int>((i / runs) & 1u);
+  const int64_t token = token_begin + i / (2 * runs);
   const int64_t capacity = c.num_blocks * c.block_size;
   const int64_t slot = __ldg(p.slot_mapping + token);
   if (slot < 0 || slot >= capacity) return;  // -1 is padding; out of range is dropped
-  const uint32_t e = chunk * 8;
+  const uint32_t e = run * 8 * kStoreChunks;
   const uint32_t h = e / static_cast<uint32_t>(c.head_dim), d = e % static_cast<uint32_t>(c.head_dim);
   int64_t block, offset;
   split_slot(slot, c.block_size, block, offset);
   const int64_t dst = block * c.stride_block + kv * c.stride_kv + offset * c.stride_token +
                       h * c.stride_head + d;
-  {
-    const uint4 x = __ldg(reinterpret_cast<const uint4*>(
-        static_cast<const uint16_t*>(kv ? p.v : p.k) + token * row + e));
-    if constexpr (kFp8) {
-      const float scale = __ldg(c.scales + kv);
-      const float recip = __frcp_rn(scale);
-      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-      uint32_t out[2] = {0u, 0u};
-      bool any_nan = false;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kv ? p.v : p.k) +
+                                                    token * row + e);
+  uint4 x[kStoreChunks];
 #pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const float x0 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2]));
-        const float x1 = act_bits_to_float<Act>(static_cast<uint16_t>(w[j / 2] >> 16));
-        // The correctly rounded FP32 quotient x / scale without a division: q = x * RN(1/s)
-        // then one FMA residual correction (Markstein), exact wherever the result is a
-        // normal FP32 number; smaller quotients all encode to 0 and larger ones saturate.
-        // Then round-to-nearest-even with saturation: the FP8 conversion instruction
-        // where it exists, else the shared integer encoder. Both match the CPU backend's
-        // IEEE division bit for bit (test_store checks every FP16 input).
-        const float q0 = div_by_scale(x0, scale, recip), q1 = div_by_scale(x1, scale, recip);
-        uint32_t pair;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-        uint16_t packed;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(q1), "f"(q0));
-        pair = packed;
-#else
-        pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
-#endif
-        if (x0 != x0 || x1 != x1) {  // rare: NaN keeps its sign, and the layer is flagged
-          // The sign comes from the input bits: __half2float returns a canonical NaN.
-          any_nan = true;
-          const uint32_t s0 = (w[j / 2] >> 8) & 0x80u, s1 = (w[j / 2] >> 24) & 0x80u;
-          const uint32_t b0 = x0 != x0 ? (s0 | e4m3::kNaN) : e4m3::quantize(x0, scale);
-          const uint32_t b1 = x1 != x1 ? (s1 | e4m3::kNaN) : e4m3::quantize(x1, scale);
-          pair = b0 | (b1 << 8);
-        }
-        out[j / 4] |= pair << (8 * (j & 3));
-      }
-      if (any_nan) atomicOr(c.nan_flag, 1);
-      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(c.data) + dst) = make_uint2(out[0], out[1]);
-    } else {
-      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.data) + dst) = x;
-    }
+  for (int q = 0; q < kStoreChunks; ++q) x[q] = __ldg(src + q);
+  if constexpr (kFp8) {
+    const float scale = __ldg(c.scales + kv);
+    const float recip = __frcp_rn(scale);
+    bool any_nan = false;
+    uint2 out[kStoreChunks];
+#pragma unroll
+    for (int q = 0; q < kStoreChunks; ++q) out[q] = encode8<Act>(x[q], scale, recip, any_nan);
+    if (any_nan) atomicOr(c.nan_flag, 1);
+    uint4* o = reinterpret_cast<uint4*>(static_cast<uint8_t*>(c.data) + dst);
+    o[0] = make_uint4(out[0].x, out[0].y, out[1].x, out[1].y);
+    o[1] = make_uint4(out[2].x, out[2].y, out[3].x, out[3].y);
+  } else {
+    uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.data) + dst);
+#pragma unroll
+    for (int q = 0; q < kStoreChunks; ++q) o[q] = x[q];
   }
 }
 
