@@ -15,8 +15,9 @@ int grid_for(int64_t work, int sm_count) {
 }  // namespace
 
 void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
-  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * kStoreChunks));
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
+  const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
+  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));
   const bool bf16 = p.act_dtype == QSAKV_DTYPE_BF16;
   // Pieces small enough for 32-bit thread indices.
   const int64_t max_tokens = (int64_t{1} << 30) / per_token;
