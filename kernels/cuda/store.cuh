@@ -88,7 +88,7 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
 // tokens, while the 16-bit copy was fastest at 1 (42 us, against 56 us at 4). The
 // launcher keeps the grid's thread indices within 32 bits.
 template <bool kFp8>
-constexpr int store_chunks() { return kFp8 ? 4 : 1; }
+__host__ __device__ constexpr int store_chunks() { return kFp8 ? 4 : 1; }
 
 template <class Act, bool kFp8>
 __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
