@@ -1,7 +1,6 @@
 // Instantiation and dispatch of the decode attention kernels: activation type x cache
 // type x head_dim (x decoder for E4M3) -- the shapes that pay for compile-time code.
 #include <cmath>
-#include <cstdlib>
 
 #include "cuda/decode_attention.cuh"
 #include "cuda/launch.hpp"
@@ -12,39 +11,19 @@ namespace cuda {
 
 namespace {
 
-constexpr bool kDefaultStaged = false;
-
-// The E4M3 tile path: cp.async staging through shared memory (1) or registers (0).
-// QSAKV_E4M3_STAGING selects it for measurement; see docs/perf.md for which won.
-bool staged_e4m3() {
-  static const bool staged = [] {
-    const char* e = std::getenv("QSAKV_E4M3_STAGING");
-    return e ? std::atoi(e) != 0 : kDefaultStaged;
-  }();
-  return staged;
-}
-
-template <class Act, KvKind KV, int D, Decoder DEC, bool kStaged>
-void launch_variant(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
+template <class Act, KvKind KV, int D, Decoder DEC>
+void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
-  constexpr int smem = dynamic_smem_bytes<KV, D, kStaged>();
+  constexpr int smem = dynamic_smem_bytes<D>();
   // Raising the dynamic shared-memory limit is a one-time host call per kernel (thread-
   // safe static initialisation; it does not touch the stream, so it is capture-safe).
   static const cudaError_t attr = cudaFuncSetAttribute(
-      decode_attention_kernel<Act, KV, D, DEC, kStaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      decode_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess)
     fail(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
          cudaGetErrorString(attr));
-  decode_attention_kernel<Act, KV, D, DEC, kStaged><<<grid, kThreads, smem, stream>>>(dp);
-}
-
-template <class Act, KvKind KV, int D, Decoder DEC>
-void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
-  if constexpr (KV == KvKind::kE4M3) {
-    if (staged_e4m3()) return launch_variant<Act, KV, D, DEC, true>(dp, max_rows, stream);
-  }
-  launch_variant<Act, KV, D, DEC, false>(dp, max_rows, stream);
+  decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, smem, stream>>>(dp);
 }
 
 template <class Act, KvKind KV, Decoder DEC>

@@ -28,7 +28,6 @@
 
 #include "core/params.hpp"
 #include "cuda/common.cuh"
-#include "cuda/cp_async.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
 
@@ -97,30 +96,10 @@ union DecodeSmem {
   int32_t warp_totals[kWarps];
 };
 
-// E4M3 tiles are staged through shared memory by cp.async, kStages deep per warp, so a
-// warp has kStages - 1 tiles in flight while it computes one, without holding them in
-// registers. Each thread's bytes of a tile (K rows of tokens g, g+8, V rows of tokens
-// 2t4, 2t4+1, 2t4+8, 2t4+9: D bytes) are stored as units interleaved across lanes
-// (unit u of lane l at (u * 32 + l) * kUnit): conflict-free 16-byte (8 for D = 64)
-// accesses on both sides.
-constexpr int kStages = 3;
-
+// Dynamic shared memory: the warp merge (and the split weights of the last CTA).
 template <int D>
-struct Staging {
-  static constexpr int kUnit = D >= 128 ? 16 : 8;
-  static constexpr int kKUnits = (D / 4) / kUnit;  // per K token
-  static constexpr int kVUnits = (D / 8) / kUnit;  // per V token
-  static constexpr int kUnits = 2 * kKUnits + 4 * kVUnits;
-  static constexpr int kStageBytes = kUnits * 32 * kUnit;  // per warp
-  static constexpr int kBytes = kStageBytes * kWarps * kStages;
-};
-
-// Dynamic shared memory: the staging ring during the main loop, then the warp merge.
-template <KvKind KV, int D, bool kStaged>
 constexpr int dynamic_smem_bytes() {
-  const int merge = static_cast<int>(sizeof(MergeSmem<D>));
-  const int stages = KV == KvKind::kE4M3 && kStaged ? Staging<D>::kBytes : 0;
-  return merge > stages ? merge : stages;
+  return static_cast<int>(sizeof(MergeSmem<D>));
 }
 
 // Compacts the valid tokens of list entries [begin, end) into smem offsets (bytes of the
@@ -204,69 +183,6 @@ __device__ __forceinline__ void load_tile(TileRegs<KV, D>& t, const int64_t* off
     if (tok < n) load_words(t.v[j], vbase + offsets[tok] + g * S::kVSpan * S::kBytes);
     else zero_words(t.v[j]);  // padding: zeros, never the bytes of another token
   }
-}
-
-// Issues the cp.async copies of this thread's bytes of `tile` into one stage.
-template <int D>
-__device__ __forceinline__ void issue_tile(uint8_t* stage, const int64_t* offsets, int n, int tile,
-                                           const uint8_t* kbase, const uint8_t* vbase, int g,
-                                           int t4, int lane) {
-  using St = Staging<D>;
-  constexpr int U = St::kUnit;
-  const int base = tile << 4;
-  uint8_t* mine = stage + lane * U;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int tok = base + g + 8 * r;
-    const bool ok = tok < n;
-    const uint8_t* src = ok ? kbase + offsets[tok] + t4 * (D / 4) : kbase;
-#pragma unroll
-    for (int u = 0; u < St::kKUnits; ++u)
-      cp_async<U>(mine + (r * St::kKUnits + u) * 32 * U, src + u * U, ok);
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
-    const bool ok = tok < n;  // padding is zero-filled, never another token's bytes
-    const uint8_t* src = ok ? vbase + offsets[tok] + g * (D / 8) : vbase;
-#pragma unroll
-    for (int u = 0; u < St::kVUnits; ++u)
-      cp_async<U>(mine + (2 * St::kKUnits + j * St::kVUnits + u) * 32 * U, src + u * U, ok);
-  }
-}
-
-// Reads this thread's staged bytes of a tile back into registers.
-template <int D>
-__device__ __forceinline__ void read_tile(TileRegs<KvKind::kE4M3, D>& t, const uint8_t* stage,
-                                          int n, int tile, int g, int lane) {
-  using St = Staging<D>;
-  constexpr int U = St::kUnit, W = U / 4;
-  const uint8_t* mine = stage + lane * U;
-  const int base = tile << 4;
-  t.kv0 = base + g < n;
-  t.kv1 = base + g + 8 < n;
-  auto read = [&](uint32_t* w, int unit) {
-    if constexpr (U == 16) {
-      const uint4 v = *reinterpret_cast<const uint4*>(mine + unit * 32 * U);
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
-    } else {
-      const uint2 v = *reinterpret_cast<const uint2*>(mine + unit * 32 * U);
-      w[0] = v.x;
-      w[1] = v.y;
-    }
-  };
-#pragma unroll
-  for (int u = 0; u < St::kKUnits; ++u) {
-    read(t.k0 + u * W, u);
-    read(t.k1 + u * W, St::kKUnits + u);
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int u = 0; u < St::kVUnits; ++u) read(t.v[j] + u * W, 2 * St::kKUnits + j * St::kVUnits + u);
 }
 
 // Online-softmax state of one warp: this thread's two heads (2t4, 2t4+1) and its
@@ -368,47 +284,19 @@ __device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uin
   }
 }
 
-// A warp's tiles of one window: tile = warp, warp + 4, ... E4M3 tiles go through the
-// warp's shared-memory ring (kStages - 1 tiles in flight); 16-bit tiles are twice the
-// bytes and are loaded straight into registers, one at a time.
-template <KvKind KV, int D, Decoder DEC, bool kPatchNaN, bool kStaged>
+// A warp's tiles of one window: tile = warp, warp + 4, ..., each loaded straight into
+// registers and computed. (Staging tiles through shared memory with cp.async, three
+// deep per warp, was measured slower on an H200: docs/perf.md.)
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
 __device__ __forceinline__ void run_window(const int64_t* offsets, int n, int warp,
                                            const uint8_t* kbase, const uint8_t* vbase, int g,
                                            int t4, const uint2* qb, float factor,
-                                           SoftmaxState<D>& st, uint8_t* staging) {
+                                           SoftmaxState<D>& st) {
   const int tiles = (n + 15) >> 4;
-  if constexpr (KV == KvKind::kE4M3 && kStaged) {
-    // A ring of kStages tiles per warp: tile i of this warp lives in stage i % kStages.
-    const int lane = threadIdx.x & 31;
-    uint8_t* ring = staging + warp * kStages * Staging<D>::kStageBytes;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      const int tile = warp + s * kWarps;
-      if (tile < tiles)
-        issue_tile<D>(ring + s * Staging<D>::kStageBytes, offsets, n, tile, kbase, vbase, g, t4, lane);
-      cp_async_commit();  // empty groups keep the count uniform
-    }
-    int stage = 0;
-    for (int tile = warp; tile < tiles; tile += kWarps) {
-      cp_async_wait<kStages - 2>();  // this tile's group has landed
-      const int ahead = tile + (kStages - 1) * kWarps;
-      const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;  // consumed last round
-      if (ahead < tiles)
-        issue_tile<D>(ring + ahead_stage * Staging<D>::kStageBytes, offsets, n, ahead, kbase, vbase,
-                      g, t4, lane);
-      cp_async_commit();
-      TileRegs<KV, D> t;
-      read_tile<D>(t, ring + stage * Staging<D>::kStageBytes, n, tile, g, lane);
-      compute_tile<KV, D, DEC, kPatchNaN>(t, qb, factor, st);
-      stage = stage + 1 == kStages ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();  // nothing may land in the ring after this window
-  } else {
-    TileRegs<KV, D> a;
-    for (int tile = warp; tile < tiles; tile += kWarps) {
-      load_tile(a, offsets, n, tile, kbase, vbase, g, t4);
-      compute_tile<KV, D, DEC, kPatchNaN>(a, qb, factor, st);
-    }
+  TileRegs<KV, D> a;
+  for (int tile = warp; tile < tiles; tile += kWarps) {
+    load_tile(a, offsets, n, tile, kbase, vbase, g, t4);
+    compute_tile<KV, D, DEC, kPatchNaN>(a, qb, factor, st);
   }
 }
 
@@ -468,14 +356,13 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
   }
 }
 
-template <class Act, KvKind KV, int D, Decoder DEC, bool kStaged>
+template <class Act, KvKind KV, int D, Decoder DEC>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
   __shared__ DecodeSmem smem;
   __shared__ uint2 q_frag[Shape<KV, D>::kKSteps * 32];
   __shared__ int last_arrival;
-  extern __shared__ uint4 dynamic_smem[];  // staging ring, then the warp merge
-  uint8_t* staging = reinterpret_cast<uint8_t*>(dynamic_smem);
+  extern __shared__ uint4 dynamic_smem[];  // the warp merge
 
   const int split = blockIdx.y;
   int bx = blockIdx.x;
@@ -574,9 +461,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     const int n = compact_window(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt, win,
                                  min(c1, win + kWindow));
     if (patch_nan)
-      run_window<KV, D, DEC, true, kStaged>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
+      run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st);
     else
-      run_window<KV, D, DEC, false, kStaged>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st, staging);
+      run_window<KV, D, DEC, false>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st);
   }
 
   // ---- merge the 4 warps ----
@@ -585,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], d);
     st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], d);
   }
-  __syncthreads();  // every warp is done with the staging ring; reuse it
+  __syncthreads();
   MergeSmem<D>& ms = *reinterpret_cast<MergeSmem<D>*>(dynamic_smem);
   if (g == 0) {
     ms.m[warp][2 * t4] = st.m[0];

@@ -23,6 +23,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  // SM70 has neither shape: the backend refuses such GPUs; the code only has to build.
+  (void)d;
+  (void)a;
+  (void)b0;
+  (void)b1;
+  __trap();
 #else
   // SM75 has the k8 shape only: two MMAs over the two halves of k. No BF16 MMA there
   // (the backend refuses BF16 caches below SM80).
@@ -44,9 +51,14 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 // Transposes an 8x8 matrix of 16-bit values held as one register per lane in the
 // standard fragment layout (row lane/4, columns 2*(lane%4) and +1).
 __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  __trap();  // SM70: never launched (see mma_16816)
+  return x;
+#else
   uint32_t y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
   return y;
+#endif
 }
 
 }  // namespace cuda
