@@ -90,7 +90,8 @@ typedef enum qsakv_status {
   QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
-  QSAKV_ERROR_CALIB_NON_FINITE = -30        /* calibration saw NaN or infinite activations */
+  QSAKV_ERROR_CALIB_NON_FINITE = -30,  /* calibration saw NaN or infinite activations */
+  QSAKV_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_status;
 
 /* Static, never NULL: "QSAKV_ERROR_OVERLAY_INCOMPLETE" etc.; unknown codes give
@@ -115,7 +116,8 @@ typedef enum qsakv_dtype {
   QSAKV_DTYPE_E4M3 = 3, /* float8 e4m3fn, stored as raw bytes */
   QSAKV_DTYPE_FP32 = 4,
   QSAKV_DTYPE_INT32 = 5,
-  QSAKV_DTYPE_INT64 = 6
+  QSAKV_DTYPE_INT64 = 6,
+  QSAKV_DTYPE_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_dtype;
 
 /* Bytes per element; 0 for QSAKV_DTYPE_INVALID or an unknown value. */
@@ -135,13 +137,15 @@ typedef struct qsakv_plan qsakv_plan;
 typedef enum qsakv_backend {
   QSAKV_BACKEND_AUTO = 0, /* CUDA when a usable GPU exists, else CPU (and says why) */
   QSAKV_BACKEND_CPU = 1,  /* the reference backend: host memory, synchronous */
-  QSAKV_BACKEND_CUDA = 2
+  QSAKV_BACKEND_CUDA = 2,
+  QSAKV_BACKEND_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_backend;
 
 typedef enum qsakv_decoder {
   QSAKV_DECODER_AUTO = 0,     /* hardware conversion on SM89+, the software one below */
   QSAKV_DECODER_HARDWARE = 1, /* FP8 conversion instructions; UNSUPPORTED before SM89 */
-  QSAKV_DECODER_SOFTWARE = 2  /* exact bitcast decoder, every GPU (the SM70 path) */
+  QSAKV_DECODER_SOFTWARE = 2,  /* exact bitcast decoder, every GPU (the SM70 path) */
+  QSAKV_DECODER_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_decoder;
 
 #define QSAKV_CONTEXT_OPTIONS_VERSION 1
@@ -543,7 +547,8 @@ QSAKV_API qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer,
 
 typedef enum qsakv_attention_mode {
   QSAKV_ATTENTION_SPARSE = 0, /* over the top-k indices of each row */
-  QSAKV_ATTENTION_DENSE = 1   /* over the block table, causal: tokens 0 .. p */
+  QSAKV_ATTENTION_DENSE = 1,  /* over the block table, causal: tokens 0 .. p */
+  QSAKV_ATTENTION_MODE_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_attention_mode;
 
 /* Attention of every row of the last update for QSA layer `layer`:
@@ -587,7 +592,11 @@ typedef struct qsakv_calib qsakv_calib;
 /* The largest finite E4M3 value: scale = max_abs / QSAKV_E4M3_MAX, rounded up. */
 #define QSAKV_E4M3_MAX 448.0f
 
-typedef enum qsakv_calib_kind { QSAKV_CALIB_K = 0, QSAKV_CALIB_V = 1 } qsakv_calib_kind;
+typedef enum qsakv_calib_kind {
+  QSAKV_CALIB_K = 0,
+  QSAKV_CALIB_V = 1,
+  QSAKV_CALIB_KIND_MAX_ENUM = 0x7FFFFFFF
+} qsakv_calib_kind;
 
 /* A live handle for `config` (validated; its activation dtype must be FP16 or BF16) on
  * `context`. Allocates its device statistics (zeroed) and a 128 KiB bin table; blocking.
@@ -684,7 +693,8 @@ typedef enum qsakv_calib_merge_mode {
   QSAKV_CALIB_MERGE_RANKS = 0,
   /* Complete statistics (every rank) of several runs: same fingerprint. The envelope:
    * run counts add up. */
-  QSAKV_CALIB_MERGE_ENVELOPE = 1
+  QSAKV_CALIB_MERGE_ENVELOPE = 1,
+  QSAKV_CALIB_MERGE_MODE_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_calib_merge_mode;
 
 /* Merges host handles into a new one: max of maxima, sums of counts and histograms
@@ -752,7 +762,8 @@ QSAKV_API void qsakv_free(qsakv_context* context, void* ptr);
 typedef enum qsakv_copy_kind {
   QSAKV_COPY_HOST_TO_DEVICE = 1,
   QSAKV_COPY_DEVICE_TO_HOST = 2,
-  QSAKV_COPY_DEVICE_TO_DEVICE = 3
+  QSAKV_COPY_DEVICE_TO_DEVICE = 3,
+  QSAKV_COPY_KIND_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_copy_kind;
 /* Async copy on `stream` (synchronous for the CPU backend). */
 QSAKV_API qsakv_status qsakv_memcpy(qsakv_context* context, void* dst, const void* src,

@@ -52,6 +52,8 @@ const char* qsakv_status_string(qsakv_status status) {
     CASE(QSAKV_ERROR_HASH_MISMATCH)
     CASE(QSAKV_ERROR_CONTRACT)
     CASE(QSAKV_ERROR_OVERLAY_NOT_VALIDATED)
+    case QSAKV_STATUS_MAX_ENUM:  // the sentinel, not a status
+      break;
     CASE(QSAKV_ERROR_CALIB_NON_FINITE)
 #undef CASE
   }

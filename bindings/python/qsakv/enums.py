@@ -20,7 +20,9 @@ def _py_name(c_name: str) -> str:
     return _NAMES.get(short) or "".join(w.capitalize() for w in short.split("_"))
 
 
-for _c_name, _members in _cdefs.ENUMS.items():
+for _c_name, _all in _cdefs.ENUMS.items():
+    # *_MAX_ENUM only widens the C enum to 32 bits: not a value anyone passes.
+    _members = {k: v for k, v in _all.items() if not k.endswith("_MAX_ENUM")}
     _prefix = os.path.commonprefix(list(_members)) if len(_members) > 1 else "QSAKV_"
     _prefix = _prefix[: _prefix.rfind("_") + 1]
     _cls = enum.IntEnum(_py_name(_c_name), {k[len(_prefix):]: v for k, v in _members.items()},

@@ -43,7 +43,9 @@ class OverlayError(QsakvError):
     validated)."""
 
 
-_STATUS_NAMES = {v: k for k, v in _cdefs.ENUMS["qsakv_status"].items()}
+# Every status but the *_MAX_ENUM sentinel (which only widens the C enum to 32 bits).
+_STATUS_NAMES = {v: k for k, v in _cdefs.ENUMS["qsakv_status"].items()
+                 if not k.endswith("_MAX_ENUM")}
 
 
 def _class_name(status_name: str) -> str:
@@ -95,7 +97,7 @@ def _make(name: str, status: int, extra: tuple) -> type:
 for _name, _status_name, _extra in _DECLARED:
     if _status_name in _cdefs.ENUMS["qsakv_status"]:
         _make(_name, _cdefs.ENUMS["qsakv_status"][_status_name], _extra)
-for _status_name, _status in _cdefs.ENUMS["qsakv_status"].items():
+for _status, _status_name in _STATUS_NAMES.items():
     if _status != 0 and _status not in _BY_STATUS:
         _make(_class_name(_status_name), _status, ())
 
