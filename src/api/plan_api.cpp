@@ -29,6 +29,18 @@ size_t meta_bytes(int max_rows, int max_requests) {
          sizeof(int32_t) * (2 * static_cast<size_t>(max_rows) + 2 * static_cast<size_t>(max_requests));
 }
 
+// The top-k list a call reads or writes: the caller's (stride checked) or, for NULL, the
+// layer's buffer (the model-level shared one unless the cache made private ones).
+void resolve_topk(const qsakv_cache* cache, int qsa, int32_t*& topk, int64_t& stride) {
+  if (!topk) {
+    topk = cache->topk_for(qsa);
+    stride = cache->layout.topk_cols;
+  } else if (stride < cache->geometry.topk_width) {
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride is %lld; must be >= the top-k width %d",
+         static_cast<long long>(stride), cache->geometry.topk_width);
+  }
+}
+
 void require_plan(const qsakv_plan* plan) {
   if (!plan) fail(QSAKV_ERROR_INVALID_ARGUMENT, "plan is NULL");
   if (plan->num_rows < 0)
@@ -233,13 +245,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     const int i = require_qsa_layer(cache, layer);
     const qsakv_model_config& c = cache->config;
     const qsakv_rank_geometry& g = cache->geometry;
-    if (!topk) {
-      topk = cache->topk_for(i);
-      topk_stride = cache->layout.topk_cols;
-    } else if (topk_stride < g.topk_width) {
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride is %lld; must be >= the top-k width %d",
-           static_cast<long long>(topk_stride), g.topk_width);
-    }
+    resolve_topk(cache, i, topk, topk_stride);
     if (plan->num_rows == 0) return;
     if (!index_q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "index_q is NULL");
     SelectParams p{};
@@ -274,15 +280,8 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     if (mode != QSAKV_ATTENTION_SPARSE && mode != QSAKV_ATTENTION_DENSE)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "mode is %d; must be SPARSE (0) or DENSE (1)",
            static_cast<int>(mode));
-    if (mode == QSAKV_ATTENTION_SPARSE) {
-      if (!topk) {
-        topk = cache->topk_for(i);
-        topk_stride = cache->layout.topk_cols;
-      } else if (topk_stride < g.topk_width) {
-        fail(QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride is %lld; must be >= the top-k width %d",
-             static_cast<long long>(topk_stride), g.topk_width);
-      }
-    }
+    int32_t* list = const_cast<int32_t*>(topk);  // read only by attention
+    if (mode == QSAKV_ATTENTION_SPARSE) resolve_topk(cache, i, list, topk_stride);
     if (plan->num_rows == 0) return;
     if (!q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "q is NULL");
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
@@ -296,7 +295,7 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     p.group_size = g.group_size;
     p.softmax_scale = g.softmax_scale;
     p.mode = mode;
-    p.topk = topk;
+    p.topk = list;
     p.topk_stride = topk_stride;
     p.topk_width = g.topk_width;
     p.num_splits = plan->options.num_splits;

@@ -8,20 +8,25 @@
 
 namespace qsakv {
 
-class DeviceBuffer {
+// kHost: pinned host staging memory (alloc_host/release_host); else device memory.
+template <bool kHost>
+class BackendBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(Backend* backend, size_t bytes)
-      : backend_(backend), ptr_(bytes ? backend->alloc(bytes) : nullptr), bytes_(bytes) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    DeviceBuffer(std::move(o)).swap(*this);
+  BackendBuffer() = default;
+  BackendBuffer(Backend* backend, size_t bytes) : backend_(backend), bytes_(bytes) {
+    if (bytes) ptr_ = kHost ? backend->alloc_host(bytes) : backend->alloc(bytes);
+  }
+  BackendBuffer(BackendBuffer&& o) noexcept { swap(o); }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+    BackendBuffer(std::move(o)).swap(*this);
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_) backend_->release(ptr_);
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() {
+    if (!ptr_) return;
+    if (kHost) backend_->release_host(ptr_);
+    else backend_->release(ptr_);
   }
   void* get() const { return ptr_; }
   template <class T>
@@ -29,7 +34,7 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
 
  private:
-  void swap(DeviceBuffer& o) noexcept {
+  void swap(BackendBuffer& o) noexcept {
     std::swap(backend_, o.backend_);
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
@@ -39,33 +44,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(Backend* backend, size_t bytes)
-      : backend_(backend), ptr_(bytes ? backend->alloc_host(bytes) : nullptr), bytes_(bytes) {}
-  HostBuffer(HostBuffer&& o) noexcept { swap(o); }
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    HostBuffer(std::move(o)).swap(*this);
-    return *this;
-  }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() {
-    if (ptr_) backend_->release_host(ptr_);
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void swap(HostBuffer& o) noexcept {
-    std::swap(backend_, o.backend_);
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-  }
-  Backend* backend_ = nullptr;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceBuffer = BackendBuffer<false>;
+using HostBuffer = BackendBuffer<true>;
 
 }  // namespace qsakv
