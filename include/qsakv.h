@@ -91,6 +91,7 @@ typedef enum qsakv_status {
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
   QSAKV_ERROR_CALIB_NON_FINITE = -30,  /* calibration saw NaN or infinite activations */
+  QSAKV_ERROR_TP_MISMATCH = -31,       /* tensor-parallel ranks hold different configs/overlays */
   QSAKV_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_status;
 
@@ -742,6 +743,24 @@ QSAKV_API qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t l
  * given). Blocking. */
 QSAKV_API qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const char* out_dir,
                                                  const qsakv_overlay_write_options* options);
+
+/* ---------------------------------------------------------------------------------- */
+/* Tensor-parallel consensus                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/* Collective: every rank of the caller's NCCL communicator (an ncclComm_t, one rank per
+ * process, numbered as tp_rank) calls it with its own config and overlay (NULL for 16-bit
+ * caches), before an E4M3 cache is used. All ranks must agree on every config field but
+ * tp_rank, on the overlay (scale-file SHA-256, layer prefix, validation state) and on
+ * the numbering (communicator size = tp_size, communicator rank = tp_rank). On any
+ * difference every rank returns QSAKV_ERROR_TP_MISMATCH with the same message, naming
+ * each field that differs and which ranks hold which value. Blocking (synchronises
+ * `stream`); allocates a small device buffer; CUDA backend only (UNSUPPORTED on the CPU
+ * backend); NCCL is loaded at call time (QSAKV_ERROR_NCCL when absent). */
+QSAKV_API qsakv_status qsakv_tp_consensus(qsakv_context* context,
+                                          const qsakv_model_config* config,
+                                          const qsakv_overlay* overlay, void* nccl_comm,
+                                          qsakv_stream_t stream);
 
 /* ---------------------------------------------------------------------------------- */
 /* Checkpoint revision                                                                 */

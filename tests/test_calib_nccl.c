@@ -134,11 +134,30 @@ static void test_comm_of_wrong_size(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* qsakv_tp_consensus over a one-rank communicator: agreement passes; a config claiming
+ * two ranks is refused with the numbering named. (Two or more ranks need a multi-GPU
+ * machine: not run yet.) */
+static void test_tp_consensus_one_rank(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  ncclComm_t comm = one_rank_comm();
+  qsakv_model_config c;
+  config(&c, 1);
+  TU_OK(qsakv_tp_consensus(ctx, &c, NULL, comm, NULL));
+  c.num_kv_heads = 2;
+  c.tp_size = 2; /* this process claims to be rank 0 of 2 */
+  TU_EXPECT_STATUS(qsakv_tp_consensus(ctx, &c, NULL, comm, NULL), QSAKV_ERROR_TP_MISMATCH);
+  MSG_HAS("the communicator has 1 ranks but rank 0 has tp_size 2");
+  ncclCommDestroy(comm);
+  qsakv_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_missing_nccl),
       cmocka_unit_test(test_allreduce_one_rank),
       cmocka_unit_test(test_comm_of_wrong_size),
+      cmocka_unit_test(test_tp_consensus_one_rank),
   };
   tu_seed();
   /* No GPU at all: the whole suite is skipped, visibly (CTest SKIP_RETURN_CODE 77). */

@@ -15,7 +15,7 @@ static void test_status_strings_distinct(void** state) {
       QSAKV_ERROR_OVERLAY_BAD_TENSOR, QSAKV_ERROR_OVERLAY_DUPLICATE,
       QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR, QSAKV_ERROR_REVISION_MISMATCH,
       QSAKV_ERROR_HASH_MISMATCH, QSAKV_ERROR_CONTRACT, QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
-      QSAKV_ERROR_CALIB_NON_FINITE};
+      QSAKV_ERROR_CALIB_NON_FINITE, QSAKV_ERROR_TP_MISMATCH};
   const size_t n = sizeof all / sizeof all[0];
   for (size_t i = 0; i < n; ++i) {
     const char* s = qsakv_status_string(all[i]);

@@ -63,6 +63,7 @@ QSAKV_ERROR_HASH_MISMATCH = -27
 QSAKV_ERROR_CONTRACT = -28
 QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29
 QSAKV_ERROR_CALIB_NON_FINITE = -30
+QSAKV_ERROR_TP_MISMATCH = -31
 QSAKV_STATUS_MAX_ENUM = 2147483647
 
 # enum qsakv_dtype
@@ -133,6 +134,7 @@ ENUMS = {
         'QSAKV_ERROR_CONTRACT': QSAKV_ERROR_CONTRACT,
         'QSAKV_ERROR_OVERLAY_NOT_VALIDATED': QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
         'QSAKV_ERROR_CALIB_NON_FINITE': QSAKV_ERROR_CALIB_NON_FINITE,
+        'QSAKV_ERROR_TP_MISMATCH': QSAKV_ERROR_TP_MISMATCH,
         'QSAKV_STATUS_MAX_ENUM': QSAKV_STATUS_MAX_ENUM,
     },
     'qsakv_dtype': {
@@ -585,6 +587,7 @@ FUNCTIONS = {
     'qsakv_calib_scale_from_max': Function(qsakv_status, [ctypes.c_float, ctypes.POINTER(ctypes.c_float)], ('max_abs', 'scale', ), 'qsakv_status'),
     'qsakv_calib_summarize': Function(qsakv_status, [ctypes.POINTER(qsakv_calib), ctypes.c_int32, qsakv_calib_kind, ctypes.POINTER(qsakv_calib_summary)], ('calib', 'layer', 'kind', 'summary', ), 'qsakv_status'),
     'qsakv_calib_write_overlay': Function(qsakv_status, [ctypes.POINTER(qsakv_calib), ctypes.c_char_p, ctypes.POINTER(qsakv_overlay_write_options)], ('calib', 'out_dir', 'options', ), 'qsakv_status'),
+    'qsakv_tp_consensus': Function(qsakv_status, [ctypes.POINTER(qsakv_context), ctypes.POINTER(qsakv_model_config), ctypes.POINTER(qsakv_overlay), ctypes.c_void_p, qsakv_stream_t], ('context', 'config', 'overlay', 'nccl_comm', 'stream', ), 'qsakv_status'),
     'qsakv_checkpoint_revision': Function(qsakv_status, [ctypes.c_char_p, ctypes.c_char_p], ('path', 'out_hex', ), 'qsakv_status'),
     'qsakv_malloc': Function(qsakv_status, [ctypes.POINTER(qsakv_context), ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t], ('context', 'out', 'bytes', ), 'qsakv_status'),
     'qsakv_free': Function(None, [ctypes.POINTER(qsakv_context), ctypes.c_void_p], ('context', 'ptr', ), 'void'),

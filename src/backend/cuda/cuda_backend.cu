@@ -10,7 +10,7 @@
 #include "core/backend.hpp"
 #include "core/error.hpp"
 #include "cuda/launch.hpp"
-#include "core/calib/nccl.hpp"
+#include "core/nccl.hpp"
 #include "cuda/calib.cuh"
 
 namespace qsakv {
@@ -178,7 +178,7 @@ class CudaBackend final : public Backend {
                        void* comm, int expected_size, int expected_rank,
                        qsakv_stream_t stream) override {
     DeviceGuard g(info_.device);
-    calib::nccl_allreduce_stats(words, num_words, maxima, num_maxima, comm, expected_size,
+    nccl_allreduce_stats(words, num_words, maxima, num_maxima, comm, expected_size,
                                 expected_rank, stream);
   }
 

@@ -1,4 +1,4 @@
-#include "core/calib/nccl.hpp"
+#include "core/nccl.hpp"
 
 #include <dlfcn.h>
 
@@ -9,7 +9,6 @@
 #include "core/error.hpp"
 
 namespace qsakv {
-namespace calib {
 
 namespace {
 
@@ -17,6 +16,7 @@ namespace {
 // build): ncclResult_t is an int enum with ncclSuccess = 0; data types and operations.
 using nccl_result = int;
 constexpr int kNcclSuccess = 0;
+constexpr int kNcclUint8 = 1;
 constexpr int kNcclUint64 = 5;
 constexpr int kNcclFloat32 = 7;
 constexpr int kNcclSum = 0;
@@ -24,6 +24,7 @@ constexpr int kNcclMax = 2;
 
 struct Nccl {
   nccl_result (*all_reduce)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
+  nccl_result (*all_gather)(const void*, void*, size_t, int, void*, void*) = nullptr;
   const char* (*error_string)(nccl_result) = nullptr;
   nccl_result (*comm_count)(const void*, int*) = nullptr;
   nccl_result (*comm_user_rank)(const void*, int*) = nullptr;
@@ -50,6 +51,7 @@ Nccl load_nccl() {
     return p;
   };
   n.all_reduce = reinterpret_cast<decltype(n.all_reduce)>(sym("ncclAllReduce"));
+  n.all_gather = reinterpret_cast<decltype(n.all_gather)>(sym("ncclAllGather"));
   n.error_string = reinterpret_cast<decltype(n.error_string)>(sym("ncclGetErrorString"));
   n.comm_count = reinterpret_cast<decltype(n.comm_count)>(sym("ncclCommCount"));
   n.comm_user_rank = reinterpret_cast<decltype(n.comm_user_rank)>(sym("ncclCommUserRank"));
@@ -92,5 +94,17 @@ void nccl_allreduce_stats(uint64_t* words, size_t num_words, float* maxima, size
         "ncclAllReduce (max of maxima)");
 }
 
-}  // namespace calib
+void nccl_comm_shape(void* comm, int* size, int* rank) {
+  const Nccl n = nccl();
+  if (!n.why.empty()) fail(QSAKV_ERROR_NCCL, "NCCL is unavailable: %s", n.why.c_str());
+  check(n, n.comm_count(comm, size), "ncclCommCount");
+  check(n, n.comm_user_rank(comm, rank), "ncclCommUserRank");
+}
+
+void nccl_allgather(const void* send, void* recv, size_t bytes, void* comm, qsakv_stream_t stream) {
+  const Nccl n = nccl();
+  if (!n.why.empty()) fail(QSAKV_ERROR_NCCL, "NCCL is unavailable: %s", n.why.c_str());
+  check(n, n.all_gather(send, recv, bytes, kNcclUint8, comm, stream), "ncclAllGather");
+}
+
 }  // namespace qsakv
