@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system and Python packages the build and tests need, when missing.
-# Debian: cmocka, nlohmann-json, OpenSSL headers; PyPI: numpy, ml_dtypes, safetensors,
-# pytest. As root it installs; otherwise it prints the exact commands and stops.
+# Debian: cmocka, nlohmann-json, OpenSSL headers, SWIG; PyPI: numpy, ml_dtypes,
+# safetensors, pytest, pycparser, wheel. As root it installs; otherwise it prints the
+# exact commands and stops.
 set -euo pipefail
 need_apt=()
 [ -f /usr/include/cmocka.h ] || need_apt+=(libcmocka-dev)
@@ -9,6 +10,7 @@ need_apt=()
 [ -f /usr/include/openssl/evp.h ] || need_apt+=(libssl-dev)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v nm >/dev/null || need_apt+=(binutils)
+command -v swig >/dev/null || need_apt+=(swig)  # the SWIG Python module and its tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
