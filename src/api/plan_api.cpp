@@ -167,8 +167,11 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_splits is %d; must be in 0..256 "
            "(0: from occupancy)", o.num_splits);
     Backend* be = cache->context->backend.get();
+    // One CTA group per (row, KV head, chunk of up to 8 query heads) in the CUDA kernel.
+    const int chunks = (cache->geometry.group_size + 7) / 8;
     if (o.num_splits == 0)
-      o.num_splits = be->choose_splits(o.max_rows, cache->geometry.topk_width, c.max_model_len);
+      o.num_splits = be->choose_splits(o.max_rows * cache->geometry.kv_heads * chunks,
+                                       cache->geometry.topk_width, c.max_model_len);
 
     auto plan = std::make_unique<qsakv_plan>();
     plan->cache = cache;
@@ -183,7 +186,6 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       plan->partial_lse = DeviceBuffer(be, parts * sizeof(float));
       // One arrival counter per CTA group: the last split to finish merges (zeroed here,
       // and reset by that CTA, so captured graphs replay from zero).
-      const int chunks = (cache->geometry.group_size + 7) / 8;
       plan->split_counters = DeviceBuffer(
           be, static_cast<size_t>(o.max_rows) * cache->geometry.kv_heads * chunks * sizeof(int32_t));
     }

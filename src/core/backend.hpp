@@ -46,8 +46,9 @@ class Backend {
   virtual void record_fence(void* fence, qsakv_stream_t stream) = 0;
   virtual void wait_fence(void* fence) = 0;
 
-  // Split-K factor for a plan of max_rows rows (0 = the backend's choice).
-  virtual int choose_splits(int max_rows, int topk_width, int max_context) const = 0;
+  // Split-K factor for a plan whose largest batch launches `row_groups` CTA groups
+  // (rows x KV heads x head chunks) over lists of topk_width entries.
+  virtual int choose_splits(int row_groups, int topk_width, int max_context) const = 0;
   // Bytes of select scratch a plan needs.
   virtual size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const = 0;
 

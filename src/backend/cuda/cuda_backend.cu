@@ -113,13 +113,13 @@ class CudaBackend final : public Backend {
   }
 
   // As many splits as fit in one wave of CTAs (two per multiprocessor, the kernel's
-  // occupancy) without starting a second, mostly empty one: rows * splits <= slots.
+  // occupancy) without starting a second, mostly empty one: groups * splits <= slots.
   // Small batches split the token list, large ones do not. At most one split per 128
   // list entries: two 16-token tiles per warp, both in flight at once, and fewer
   // partials for the last CTA to merge.
-  int choose_splits(int max_rows, int topk_width, int) const override {
+  int choose_splits(int row_groups, int topk_width, int) const override {
     const int slots = 2 * info_.multiprocessor_count;
-    const int want = slots / std::max(1, max_rows);
+    const int want = slots / std::max(1, row_groups);
     const int cap = std::max(1, (topk_width + 127) / 128);
     return std::max(1, std::min(want, cap));
   }
