@@ -14,7 +14,7 @@
 // With tokens as M, the GQA group only pads 6 heads to N = 8, and each thread's A
 // fragments come straight from 16-byte global loads: the dot product's dimension order
 // is free, so each thread owns a contiguous span of K dims (and of V/output dims) and
-// Q's fragments are permuted to match (see kv_span / q fragments below).
+// Q's fragments are permuted to match (Shape::kKSpan / kVSpan and the Q prologue below).
 //
 // Numerics (DOMAIN.md section 3): the K scale sits in the base-2 softmax factor, the V
 // scale is applied once to the normalised output (after the split merge), probabilities
@@ -201,7 +201,7 @@ __device__ __forceinline__ void decode_k(uint32_t x, uint32_t& even, uint32_t& o
 }
 
 // qb: Q's B fragments in shared memory, [k-step][lane] (identical for every warp; kept
-// out of registers, which the two tile buffers need).
+// out of registers, which the tile and the output fragments need: 32 fewer registers).
 template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
 __device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uint2* qb,
                                              float factor, SoftmaxState<D>& st) {
