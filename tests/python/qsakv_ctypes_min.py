@@ -1,11 +1,24 @@
-"""A minimal ctypes driver for the Python tests of the C library (the full binding lives
-in bindings/python). It stores a flat FP16 array into an E4M3 cache on the CPU backend
-and returns the cache bytes."""
+"""A small driver for the Python oracle tests of the C library: stores a flat FP16 array
+into an E4M3 cache on the CPU backend and returns the cache bytes. Struct layouts are the
+declarations generated from include/qsakv.h (bindings/python, drift-checked); calls go
+straight to the C functions so the oracle tests exercise the library, not the binding."""
 import ctypes
 import os
 import tempfile
 
 import numpy as np
+
+from qsakv import _cdefs
+
+HEAD_DIM = 64
+BLOCK = 64
+
+
+def _new(struct, version):
+    s = struct()
+    s.struct_size = ctypes.sizeof(struct)
+    s.version = version
+    return s
 
 
 class Lib:
@@ -21,71 +34,56 @@ class Lib:
             raise RuntimeError(f"qsakv status {status}: {self.lib.qsakv_last_error().decode()}")
 
     def store_e4m3(self, x_fp16: np.ndarray, scale: float) -> np.ndarray:
-        """Stores x as K (and V) tokens of head_dim 64 through qsakv_store_kv; returns the
-        E4M3 bytes of K in token order."""
-        lib = self.lib
+        """Stores x as K (and V) tokens of one 64-dim KV head through qsakv_store_kv at
+        `scale`; returns the E4M3 bytes of K in input order."""
+        lib, ref = self.lib, ctypes.byref
         n = x_fp16.size
-        hd = 64
-        tokens = (n + hd - 1) // hd
-        flat = np.zeros(tokens * hd, dtype=np.float16)
+        tokens = (n + HEAD_DIM - 1) // HEAD_DIM
+        flat = np.zeros(tokens * HEAD_DIM, dtype=np.float16)
         flat[:n] = x_fp16
-        # config: the preset shrunk to 1 KV head of 64 dims, 2 QSA layers
-        cfg = ctypes.create_string_buffer(8192)
-        self.check(lib.qsakv_model_config_preset(cfg, b"qwen4_exp"))
-        # Field offsets from the header layout (size_t, uint32, then int32s).
-        ints = np.frombuffer(cfg, dtype=np.int32)
-        # struct qsakv_model_config: size_t struct_size; uint32 version; int32 num_layers;
-        # int32 num_qsa_layers; int32 qsa_layers[512]; int32 num_q_heads; ...
-        off_num_layers = 3
-        ints[off_num_layers] = 8
-        ints[off_num_layers + 1] = 2
-        ints[off_num_layers + 2] = 3
-        ints[off_num_layers + 3] = 7
-        q_heads = off_num_layers + 2 + 512
-        ints[q_heads] = 1
-        ints[q_heads + 1] = 1
-        ints[q_heads + 2] = hd
+        cfg = _new(_cdefs.qsakv_model_config, _cdefs.QSAKV_MODEL_CONFIG_VERSION)
+        self.check(lib.qsakv_model_config_preset(ref(cfg), b"qwen4_exp"))
+        cfg.num_layers, cfg.num_qsa_layers = 8, 2
+        cfg.qsa_layers[0], cfg.qsa_layers[1] = 3, 7
+        cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = 1, 1, HEAD_DIM
+        cfg.max_batched_tokens = 1
+        opts = _new(_cdefs.qsakv_context_options, _cdefs.QSAKV_CONTEXT_OPTIONS_VERSION)
+        self.check(lib.qsakv_context_options_init(ref(opts)))
+        opts.backend = _cdefs.QSAKV_BACKEND_CPU
         ctx = ctypes.c_void_p()
-        opts = ctypes.create_string_buffer(64)
-        self.check(lib.qsakv_context_options_init(opts))
-        np.frombuffer(opts, dtype=np.int32)[3] = 1  # backend = CPU
-        self.check(lib.qsakv_context_create(ctypes.byref(ctx), opts))
-        with tempfile.TemporaryDirectory() as tmp:
-            index = os.path.join(tmp, "model.safetensors.index.json")
-            with open(index, "w") as f:
-                f.write('{"metadata": {"total_size": 0}, "weight_map": {}}')
-            wo = ctypes.create_string_buffer(128)
-            self.check(lib.qsakv_overlay_write_options_init(wo))
-            # base_index_path is the second pointer field: after layer_prefix
-            ptrs = (ctypes.c_void_p * 16).from_buffer(wo)
-            idx_buf = ctypes.create_string_buffer(index.encode())
-            ptrs[3] = ctypes.cast(idx_buf, ctypes.c_void_p).value
-            layers = (ctypes.c_int32 * 2)(3, 7)
-            sc = (ctypes.c_float * 2)(scale, scale)
-            out_dir = os.path.join(tmp, "ov")
-            self.check(lib.qsakv_overlay_write(out_dir.encode(), layers, sc, sc, 2, wo))
-            ov = ctypes.c_void_p()
-            self.check(lib.qsakv_overlay_load(ctypes.byref(ov), os.path.join(out_dir, "model-kvscales.safetensors").encode(), None))
-            rev = ctypes.create_string_buffer(65)
-            self.check(lib.qsakv_checkpoint_revision(index.encode(), rev))
-            self.check(lib.qsakv_overlay_validate(ov, cfg, rev.value))
-            copts = ctypes.create_string_buffer(128)
-            self.check(lib.qsakv_cache_options_init(copts))
-            np.frombuffer(copts, dtype=np.int64)[2] = (tokens + 15) // 16  # num_blocks
-            cache = ctypes.c_void_p()
-            self.check(lib.qsakv_cache_create(ctypes.byref(cache), ctx, cfg, ov, copts))
-            slots = np.arange(tokens, dtype=np.int64)
-            vp = ctypes.c_void_p
-            self.check(lib.qsakv_store_kv(cache, 3, vp(flat.ctypes.data), vp(flat.ctypes.data),
-                                          vp(slots.ctypes.data), ctypes.c_int64(tokens), None))
-            bufs = (ctypes.c_void_p * 5)()
-            self.check(lib.qsakv_cache_get_layer_buffers(cache, 3, bufs))
-            bs = 64
-            blocks = (tokens + 15) // 16
-            raw = np.ctypeslib.as_array(ctypes.cast(bufs[0], ctypes.POINTER(ctypes.c_uint8)),
-                                        shape=(blocks, 2, bs, hd)).copy()
-            lib.qsakv_cache_destroy(cache)
-            lib.qsakv_overlay_destroy(ov)
-        lib.qsakv_context_destroy(ctx)
-        k = raw[:, 0].reshape(-1)[: tokens * hd]
-        return k[:n]
+        self.check(lib.qsakv_context_create(ref(ctx), ref(opts)))
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                index = os.path.join(tmp, "model.safetensors.index.json")
+                with open(index, "w") as f:
+                    f.write('{"metadata": {"total_size": 0}, "weight_map": {}}')
+                wo = _new(_cdefs.qsakv_overlay_write_options, _cdefs.QSAKV_OVERLAY_WRITE_OPTIONS_VERSION)
+                self.check(lib.qsakv_overlay_write_options_init(ref(wo)))
+                wo.base_index_path = index.encode()
+                layers = (ctypes.c_int32 * 2)(3, 7)
+                sc = (ctypes.c_float * 2)(scale, scale)
+                out_dir = os.path.join(tmp, "ov").encode()
+                self.check(lib.qsakv_overlay_write(out_dir, layers, sc, sc, 2, ref(wo)))
+                ov = ctypes.c_void_p()
+                self.check(lib.qsakv_overlay_load(ref(ov), out_dir, None))
+                rev = ctypes.create_string_buffer(65)
+                self.check(lib.qsakv_checkpoint_revision(index.encode(), rev))
+                self.check(lib.qsakv_overlay_validate(ov, ref(cfg), rev.value))
+                co = _new(_cdefs.qsakv_cache_options, _cdefs.QSAKV_CACHE_OPTIONS_VERSION)
+                self.check(lib.qsakv_cache_options_init(ref(co)))
+                co.num_blocks = (tokens + BLOCK - 1) // BLOCK
+                cache = ctypes.c_void_p()
+                self.check(lib.qsakv_cache_create(ref(cache), ctx, ref(cfg), ov, ref(co)))
+                slots = np.arange(tokens, dtype=np.int64)
+                vp = ctypes.c_void_p
+                self.check(lib.qsakv_store_kv(cache, 3, vp(flat.ctypes.data), vp(flat.ctypes.data),
+                                              vp(slots.ctypes.data), ctypes.c_int64(tokens), None))
+                lb = _cdefs.qsakv_layer_buffers()
+                self.check(lib.qsakv_cache_get_layer_buffers(cache, 3, ref(lb)))
+                raw = np.ctypeslib.as_array(ctypes.cast(lb.kv, ctypes.POINTER(ctypes.c_uint8)),
+                                            shape=(co.num_blocks, 2, BLOCK, HEAD_DIM)).copy()
+                lib.qsakv_cache_destroy(cache)
+                lib.qsakv_overlay_destroy(ov)
+        finally:
+            lib.qsakv_context_destroy(ctx)
+        return raw[:, 0].reshape(-1)[:n]

@@ -13,6 +13,14 @@ import subprocess
 import numpy as np
 import pytest
 
+# Struct layouts: the declarations generated from include/qsakv.h (drift-checked).
+from qsakv import _cdefs  # noqa: E402
+
+ModelConfig = _cdefs.qsakv_model_config
+ContextOptions = _cdefs.qsakv_context_options
+CalibStats = _cdefs.qsakv_calib_stats
+
+
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 BINS = 4096
@@ -22,31 +30,6 @@ ERROR_INVALID_ARGUMENT = -1
 ERROR_OVERLAY_INCOMPLETE = -21
 ERROR_REVISION_MISMATCH = -26
 ERROR_CALIB_NON_FINITE = -30
-
-
-class ModelConfig(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
-                ("num_layers", ctypes.c_int32), ("num_qsa_layers", ctypes.c_int32),
-                ("qsa_layers", ctypes.c_int32 * 512)] + [
-                   (n, ctypes.c_int32) for n in ("num_q_heads", "num_kv_heads", "head_dim")] + [
-                   ("softmax_scale", ctypes.c_float)] + [
-                   (n, ctypes.c_int32) for n in (
-                       "index_num_heads", "index_head_dim", "compress_ratio", "topk_tokens",
-                       "tp_size", "tp_rank", "speculative_tokens", "activation_dtype",
-                       "kv_dtype", "block_size", "max_requests", "max_batched_tokens",
-                       "max_model_len")]
-
-
-class ContextOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
-                ("backend", ctypes.c_int32), ("device", ctypes.c_int32),
-                ("decoder", ctypes.c_int32)]
-
-
-class CalibStats(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
-                ("count", ctypes.c_uint64), ("finite_count", ctypes.c_uint64),
-                ("nonzero_count", ctypes.c_uint64), ("max_abs", ctypes.c_float)]
 
 
 class Lib:

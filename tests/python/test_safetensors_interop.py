@@ -11,6 +11,13 @@ import os
 import numpy as np
 import pytest
 
+# Struct layouts: the declarations generated from include/qsakv.h (drift-checked).
+from qsakv import _cdefs  # noqa: E402
+
+ModelConfig = _cdefs.qsakv_model_config
+WriteOptions = _cdefs.qsakv_overlay_write_options
+
+
 st_numpy = pytest.importorskip("safetensors.numpy")
 safetensors = pytest.importorskip("safetensors")
 
@@ -18,28 +25,6 @@ QSA_LAYERS = [4 * i + 3 for i in range(12)]
 SUCCESS = 0
 ERROR_OVERLAY_BAD_TENSOR = -23
 CONTRACT = "e4m3fn(x/scale), max_abs/448"
-
-
-class ModelConfig(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
-                ("num_layers", ctypes.c_int32), ("num_qsa_layers", ctypes.c_int32),
-                ("qsa_layers", ctypes.c_int32 * 512)] + [
-                   (n, ctypes.c_int32) for n in ("num_q_heads", "num_kv_heads", "head_dim")] + [
-                   ("softmax_scale", ctypes.c_float)] + [
-                   (n, ctypes.c_int32) for n in (
-                       "index_num_heads", "index_head_dim", "compress_ratio", "topk_tokens",
-                       "tp_size", "tp_rank", "speculative_tokens", "activation_dtype",
-                       "kv_dtype", "block_size", "max_requests", "max_batched_tokens",
-                       "max_model_len")]
-
-
-class WriteOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32),
-                ("layer_prefix", ctypes.c_char_p), ("base_index_path", ctypes.c_char_p),
-                ("contract_tp_size", ctypes.c_int32),
-                ("contract_speculative_tokens", ctypes.c_int32),
-                ("contract_activation_dtype", ctypes.c_int32),
-                ("contract_min_sm", ctypes.c_int32), ("unit_scale_control", ctypes.c_int32)]
 
 
 @pytest.fixture(scope="module")
