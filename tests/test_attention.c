@@ -245,6 +245,118 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
   qsakv_context_destroy(gpu);
 }
 
+/* Overwrites two tokens of request 0 (300 tokens, rows at 297..299) through the store, so
+ * the layer's NaN flag is set as in real use: token 298 with a NaN K element (rows 298
+ * and 299 attend to it: all their outputs NaN) and token 9 with a NaN V element in dim 17
+ * (row 297 sees only that: NaN in dim 17 of every head, finite elsewhere). */
+static void store_nan_tokens(tu_world* w) {
+  const int row = w->geo.kv_heads * w->cfg.head_dim;
+  const int toks[2] = {298, 9};
+  uint16_t* k = malloc(2 * (size_t)row * 2);
+  uint16_t* v = malloc(2 * (size_t)row * 2);
+  int64_t slots[2];
+  for (int i = 0; i < 2; ++i) {
+    slots[i] = (int64_t)w->block_table[toks[i] / w->cfg.block_size] * w->cfg.block_size + toks[i] % w->cfg.block_size;
+    for (int e = 0; e < row; ++e) {
+      k[i * row + e] = tu_f32_to_act(0.25f, w->cfg.activation_dtype);
+      v[i * row + e] = tu_f32_to_act(-0.5f, w->cfg.activation_dtype);
+    }
+  }
+  k[0 * row + 3] = 0x7E00;   /* token 5: a NaN K element */
+  v[1 * row + 17] = 0xFE00;  /* token 9: a NaN V element (dim 17), sign set */
+  void* dk = tu_to_device(w->ctx, k, 2 * (size_t)row * 2);
+  void* dv = tu_to_device(w->ctx, v, 2 * (size_t)row * 2);
+  void* ds = tu_to_device(w->ctx, slots, sizeof slots);
+  TU_OK(qsakv_store_kv(w->cache, w->layer, dk, dv, ds, 2, NULL));
+  TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
+  qsakv_free(w->ctx, dk);
+  qsakv_free(w->ctx, dv);
+  qsakv_free(w->ctx, ds);
+  free(k);
+  free(v);
+}
+
+/* E4M3 NaN codes in the cache propagate exactly: on the CPU, the expected outputs and only
+ * those are NaN; on a GPU, the software decoder (which patches NaN codes only where a store
+ * flagged one) and the hardware decoder give the same outputs bit for bit, the same NaN
+ * positions as the CPU backend, and the finite outputs match it within the usual bound. */
+/* The NaN world of store_nan_tokens on `ctx` (dense attention: every row sees every
+ * earlier token); returns its outputs as FP64, *n their count. */
+static double* nan_world_outputs(qsakv_context* ctx, uint64_t seed, const uint16_t* q_in,
+                                 uint16_t** q_out, size_t* n) {
+  geometry_case gc = {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64};
+  qsakv_model_config c;
+  config_for(&c, &gc);
+  tu_shape shape = {2, {3, 2}, {300, 200}};
+  tu_world w;
+  tu_world_build(&w, ctx, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
+  store_nan_tokens(&w);
+  *n = (size_t)w.rows * w.geo.q_heads * c.head_dim;
+  uint16_t* q = q_in ? (uint16_t*)q_in : random_q(&w);
+  double* r = run_attention(&w, q, NULL, 0, 1);
+  if (q_out) *q_out = q;
+  tu_world_destroy(&w);
+  return r;
+}
+
+static void test_nan_codes_cpu(void** state) {
+  (void)state;
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  uint16_t* q = NULL;
+  size_t n = 0, nan_c = 0;
+  double* r = nan_world_outputs(cpu, tu_next(), NULL, &q, &n);
+  for (size_t i = 0; i < n; ++i) nan_c += isnan(r[i]);
+  print_message("NaN codes: %zu of %zu CPU outputs NaN\n", nan_c, n);
+  /* 2 rows x 6 heads x 256 (the K NaN) + 1 row x 6 heads x dim 17 (the V NaN) */
+  assert_int_equal(nan_c, 2 * 6 * 256 + 6);
+  free(r);
+  free(q);
+  qsakv_context_destroy(cpu);
+}
+
+static void test_cuda_nan_codes(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  o.decoder = QSAKV_DECODER_SOFTWARE;
+  qsakv_context* sw = NULL;
+  TU_OK(qsakv_context_create(&sw, &o));
+  const uint64_t seed = tu_next();
+  uint16_t* q = NULL;
+  size_t n = 0, nan_mismatch = 0, differ = 0, finite = 0;
+  double* rc = nan_world_outputs(cpu, seed, NULL, &q, &n);
+  double* rg = nan_world_outputs(gpu, seed, q, NULL, &n);
+  double* rs = nan_world_outputs(sw, seed, q, NULL, &n);
+  double* fc = malloc(sizeof(double) * n);
+  double* fg = malloc(sizeof(double) * n);
+  for (size_t i = 0; i < n; ++i) {
+    nan_mismatch += isnan(rc[i]) != isnan(rg[i]);
+    differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0 && !(isnan(rg[i]) && isnan(rs[i]));
+    if (!isnan(rc[i]) && !isnan(rg[i])) {
+      fc[finite] = rc[i];
+      fg[finite++] = rg[i];
+    }
+  }
+  const double err = tu_rel_l2(fc, fg, finite);
+  print_message("NaN codes on the GPU: %zu NaN-position mismatches vs CPU; %zu outputs differ "
+                "hw vs sw; finite outputs rel_l2=%.3e\n", nan_mismatch, differ, err);
+  assert_int_equal(nan_mismatch, 0);
+  assert_int_equal(differ, 0);
+  assert_true(err <= bound_for(QSAKV_DTYPE_FP16));
+  free(fc);
+  free(fg);
+  free(rc);
+  free(rg);
+  free(rs);
+  free(q);
+  qsakv_context_destroy(sw);
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
+}
+
 static void test_plan_errors(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -307,6 +419,8 @@ int main(void) {
       cmocka_unit_test(test_cpu_against_fp64),
       cmocka_unit_test(test_cuda_against_fp64),
       cmocka_unit_test(test_cuda_matches_cpu_and_decoders_agree),
+      cmocka_unit_test(test_nan_codes_cpu),
+      cmocka_unit_test(test_cuda_nan_codes),
       cmocka_unit_test(test_plan_errors),
   };
   tu_apply_filter();
