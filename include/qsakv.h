@@ -509,9 +509,11 @@ typedef struct qsakv_batch {
   int32_t block_table_stride;
 } qsakv_batch;
 
-/* Describes the next batch: host work (validation, row maps, split table) and an async
- * copy of the metadata to the plan's device buffers on `stream`. Blocking only while
- * the previous update's copy is still reading the staging buffer. Not capturable. */
+/* Describes the next batch: host work (validation, row maps) and an async copy of the
+ * metadata to the plan's device buffers on `stream`. Enqueue the plan's select and
+ * attention calls on the same stream (or order them after it): the copy overwrites what
+ * earlier calls read. Blocking only while the previous update's copy is still reading
+ * the staging buffer. Not capturable (capture the calls that use the plan instead). */
 QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
                                          qsakv_stream_t stream);
 
