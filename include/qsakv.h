@@ -424,7 +424,11 @@ typedef struct qsakv_cache_layout {
 QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache,
                                               qsakv_cache_layout* out);
 
-/* Device pointers of one QSA layer (model-layer id), for interoperability. */
+/* Device pointers of one QSA layer (model-layer id), for interoperability. Writing E4M3
+ * codes into `kv` yourself (a swap-in, a prefix-cache copy): call
+ * qsakv_cache_note_external_codes afterwards, or NaN codes you wrote may decode as finite
+ * values with the software decoder (which checks for NaN codes only in layers where one
+ * was stored). */
 typedef struct qsakv_layer_buffers {
   void* kv;              /* main cache */
   void* compressed_keys; /* FP16 */
@@ -436,6 +440,12 @@ QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
                                                      int32_t layer,
                                                      qsakv_layer_buffers* out);
 
+/* Marks that `layer`'s E4M3 codes were written outside qsakv_store_kv, so the software
+ * decoder checks them for NaN codes from now on (a one-way switch; costs some decode
+ * speed in that layer). Async on `stream`; no effect on 16-bit caches. */
+QSAKV_API qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
+                                                       qsakv_stream_t stream);
+
 /* ---------------------------------------------------------------------------------- */
 /* Store                                                                               */
 /* ---------------------------------------------------------------------------------- */
@@ -443,8 +453,10 @@ QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
 /* Quantises (E4M3: e4m3(fp32(x) / scale), round-to-nearest-even, saturating to +-448,
  * NaN stays NaN) or copies (16-bit caches) K and V into the main cache of `layer`.
  * k, v: device, activation dtype, [num_tokens, kv_heads, head_dim] contiguous.
- * slot_mapping: device int64 [num_tokens]; slot = block * block_size + offset, -1 skips.
- * Async on `stream`; run: no allocation, no synchronisation, capturable. */
+ * slot_mapping: device int64 [num_tokens]; slot = block * block_size + offset, -1 skips
+ * (so do slots beyond the cache). Async on `stream`; run: no allocation, no
+ * synchronisation, capturable; a captured store replays with the captured num_tokens, so
+ * capture the padded size and mark padding with -1 slots. */
 QSAKV_API qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const void* k,
                                       const void* v, const int64_t* slot_mapping,
                                       int64_t num_tokens, qsakv_stream_t stream);
@@ -512,7 +524,8 @@ typedef struct qsakv_batch {
 /* Describes the next batch: host work (validation, row maps) and an async copy of the
  * metadata to the plan's device buffers on `stream`. Enqueue the plan's select and
  * attention calls on the same stream (or order them after it): the copy overwrites what
- * earlier calls read. Blocking only while the previous update's copy is still reading
+ * earlier calls read, and attention calls of one plan share its split-K workspace, so
+ * they must not run concurrently (one plan per stream). Blocking only while the previous update's copy is still reading
  * the staging buffer. Not capturable (capture the calls that use the plan instead). */
 QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
                                          qsakv_stream_t stream);

@@ -1,5 +1,6 @@
 /* Capacity planning: bytes per token of each cache, what fits in a budget, and the
  * shared top-k workspace's saving; cache creation and layout queries on the CPU. */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -165,11 +166,64 @@ static void test_e4m3_needs_overlay(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+static void test_budget_honoured_in_every_topk_mode(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_model_config c;
+  tu_small_config(&c, 4, 2, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  const uint64_t budget = 200ull << 20;
+  for (int share = 1; share >= 0; --share) {
+    qsakv_cache_options o;
+    TU_OK(qsakv_cache_options_init(&o));
+    o.memory_budget_bytes = budget;
+    o.share_topk = share;
+    qsakv_cache* cache = NULL;
+    TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &o));
+    qsakv_cache_layout L;
+    memset(&L, 0, sizeof L);
+    L.struct_size = sizeof L;
+    TU_OK(qsakv_cache_get_layout(cache, &L));
+    print_message("share_topk=%d: %lld blocks, %llu of %llu bytes\n", share, (long long)L.num_blocks,
+                  (unsigned long long)L.total_bytes, (unsigned long long)budget);
+    assert_true(L.num_blocks > 0);
+    assert_true(L.total_bytes <= budget);
+    /* and nearly all of it is used: less than two blocks' worth (plus the scales) left */
+    assert_true(budget - L.total_bytes < 2 * (L.kv_bytes_per_layer / L.num_blocks + L.compressed_bytes_per_layer / L.num_blocks) * 2 + 4096);
+    qsakv_cache_destroy(cache);
+  }
+  qsakv_context_destroy(ctx);
+}
+
+static void test_sizes_that_would_wrap_are_refused(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_model_config c;
+  tu_small_config(&c, 4, 2, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  qsakv_cache_options o;
+  TU_OK(qsakv_cache_options_init(&o));
+  qsakv_cache* cache = NULL;
+  o.num_blocks = (int64_t)1 << 52; /* its byte size would wrap around 2^64 */
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "num_blocks"));
+  o.num_blocks = (int64_t)INT32_MAX + 1; /* block tables are int32 */
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "int32"));
+  assert_null(cache);
+  o.num_blocks = 4;
+  TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &o));
+  TU_OK(qsakv_cache_note_external_codes(cache, 3, NULL));
+  TU_EXPECT_STATUS(qsakv_cache_note_external_codes(cache, 4, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_cache_destroy(cache);
+  qsakv_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_tp4),         cmocka_unit_test(test_budget_arithmetic),
       cmocka_unit_test(test_cache_create_and_layout), cmocka_unit_test(test_external_topk_checked),
       cmocka_unit_test(test_e4m3_needs_overlay),
+      cmocka_unit_test(test_budget_honoured_in_every_topk_mode),
+      cmocka_unit_test(test_sizes_that_would_wrap_are_refused),
   };
   return cmocka_run_group_tests_name("capacity", tests, NULL, NULL);
 }

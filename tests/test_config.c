@@ -104,6 +104,9 @@ BAD(requests, c->max_requests = 0)
 BAD(batched, c->max_batched_tokens = -3)
 BAD(model_len, c->max_model_len = 0)
 BAD(version, c->version = 99)
+BAD(model_len_big, c->max_model_len = (1 << 30) + 1)
+BAD(index_heads_big, c->index_num_heads = 65)
+BAD(topk_big, c->topk_tokens = (1 << 20) + 4)
 
 static void test_invalid_fields_are_named(void** state) {
   (void)state;
@@ -122,7 +125,8 @@ static void test_invalid_fields_are_named(void** state) {
       {"kv_dtype", bad_kv_mismatch},    {"block_size", bad_block0},
       {"block_size", bad_block_ratio},  {"max_requests", bad_requests},
       {"max_batched_tokens", bad_batched}, {"max_model_len", bad_model_len},
-      {"version", bad_version},
+      {"version", bad_version},         {"max_model_len", bad_model_len_big},
+      {"index_num_heads", bad_index_heads_big}, {"topk_tokens", bad_topk_big},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     qsakv_model_config c;

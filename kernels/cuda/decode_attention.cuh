@@ -412,7 +412,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
     int e = 0;
     if (mx > 0.0f && isfinite(mx)) frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
-    const int shift = 15 - e;
+    // Clamped so that 2^shift stays finite: a tiny query keeps its (FP16-subnormal or
+    // zero) values instead of becoming inf * 0 = NaN.
+    const int shift = max(-100, min(100, 15 - e));
     const float up = ldexpf(1.0f, shift);
     q_unscale = ldexpf(1.0f, -shift);
 #pragma unroll

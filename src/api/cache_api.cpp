@@ -1,4 +1,6 @@
 // extern "C" entry points: capacity planning and cache creation.
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -43,6 +45,16 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
   for (int i = 0; i < c.num_qsa_layers; ++i)
     overlay_scales(overlay, c.qsa_layers[i], &scales[2 * i], &scales[2 * i + 1]);
   return scales;
+}
+
+// a * b, refusing a product beyond what any allocation can be (it would wrap).
+uint64_t checked_mul(uint64_t a, uint64_t b, const char* what) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r) || r > (uint64_t{1} << 56))
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "the %s would need %llu x %llu bytes: more than any "
+         "device holds (options.num_blocks too large?)", what,
+         static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+  return r;
 }
 
 void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config& c,
@@ -121,20 +133,29 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     if (num_blocks < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; must be >= 0",
            static_cast<long long>(num_blocks));
+    if (num_blocks > INT32_MAX)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; block tables are int32, "
+           "so at most %d", static_cast<long long>(num_blocks), INT32_MAX);
     if (num_blocks == 0) {
       if (o.memory_budget_bytes == 0)
         fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks and "
              "options.memory_budget_bytes are both 0; give one");
-      const qsakv_capacity cap = plan_capacity(c, o.memory_budget_bytes);
+      const TopkBuffer topk = o.external_topk ? TopkBuffer::kExternal
+                              : o.share_topk  ? TopkBuffer::kShared
+                                              : TopkBuffer::kPerLayer;
+      const qsakv_capacity cap = plan_capacity(c, o.memory_budget_bytes, topk);
+      const uint64_t topk_cost = topk == TopkBuffer::kShared     ? cap.topk_bytes
+                                 : topk == TopkBuffer::kPerLayer ? cap.topk_bytes_unshared
+                                                                 : 0;
       if (cap.num_blocks <= 0)
         fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.memory_budget_bytes %llu holds no block: "
              "fixed costs are %llu bytes (rings %llu, top-k %llu), one block is %llu bytes",
              static_cast<unsigned long long>(o.memory_budget_bytes),
-             static_cast<unsigned long long>(cap.ring_bytes + cap.topk_bytes),
+             static_cast<unsigned long long>(cap.ring_bytes + topk_cost),
              static_cast<unsigned long long>(cap.ring_bytes),
-             static_cast<unsigned long long>(cap.topk_bytes),
+             static_cast<unsigned long long>(topk_cost),
              static_cast<unsigned long long>(cap.bytes_per_block));
-      num_blocks = cap.num_blocks;
+      num_blocks = std::min<int64_t>(cap.num_blocks, INT32_MAX);
     }
     if (o.external_topk) check_external_topk(o, c, g);
     if (o.share_topk != 0 && o.share_topk != 1)
@@ -159,13 +180,17 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     L.kv_stride_token = static_cast<int64_t>(g.kv_heads) * c.head_dim;
     L.kv_stride_kv = L.kv_stride_token * c.block_size;
     L.kv_stride_block = 2 * L.kv_stride_kv;
-    L.kv_bytes_per_layer = static_cast<uint64_t>(num_blocks) * L.kv_stride_block *
-                           dtype_size(c.kv_dtype);
-    L.compressed_bytes_per_layer = static_cast<uint64_t>(num_blocks) *
-                                   (c.block_size / c.compress_ratio) * c.index_head_dim * 2;
+    const uint64_t nb = static_cast<uint64_t>(num_blocks);
+    L.kv_bytes_per_layer = checked_mul(nb, static_cast<uint64_t>(L.kv_stride_block) *
+                                               dtype_size(c.kv_dtype), "K/V cache");
+    L.compressed_bytes_per_layer = checked_mul(
+        nb, static_cast<uint64_t>(c.block_size / c.compress_ratio) * c.index_head_dim * 2,
+        "compressed index-key cache");
     L.ring_length = g.ring_length;
     L.ring_bytes_per_layer =
         static_cast<uint64_t>(c.max_requests) * g.ring_length * c.index_head_dim * 2;
+    checked_mul(L.kv_bytes_per_layer + L.compressed_bytes_per_layer + L.ring_bytes_per_layer,
+                static_cast<uint64_t>(c.num_qsa_layers), "all layers' caches");
     L.topk_rows = o.external_topk ? o.external_topk_rows : c.max_batched_tokens;
     L.topk_cols = g.topk_width;
     L.topk_shared = o.share_topk;
@@ -194,6 +219,18 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
 }
 
 void qsakv_cache_destroy(qsakv_cache* cache) { delete cache; }
+
+qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
+                                             qsakv_stream_t stream) {
+  return guarded([&] {
+    if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
+    const int i = qsa_index(cache->config, layer);
+    if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
+    static const int32_t kOne = 1;  // static storage: the async copy may read it later
+    cache->context->backend->copy(cache->nan_flags.as<int32_t>() + i, &kOne, sizeof kOne,
+                                  QSAKV_COPY_HOST_TO_DEVICE, stream);
+  });
+}
 
 qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_cache_layout* out) {
   return guarded([&] {

@@ -41,6 +41,13 @@ void resolve_topk(const qsakv_cache* cache, int qsa, int32_t*& topk, int64_t& st
   }
 }
 
+// The CUDA kernels read the row count from the plan's device metadata and exit early, so
+// they are launched even for an empty batch: a graph captured then still holds them and
+// replays correctly after the next update. The CPU backend has nothing to capture.
+bool launches_for_empty_batches(const qsakv_cache* cache) {
+  return cache->context->backend->info().kind == QSAKV_BACKEND_CUDA;
+}
+
 void require_plan(const qsakv_plan* plan) {
   if (!plan) fail(QSAKV_ERROR_INVALID_ARGUMENT, "plan is NULL");
   if (plan->num_rows < 0)
@@ -102,10 +109,11 @@ int validate_batch(const qsakv_plan* plan, const qsakv_batch& b) {
   const int rows = b.query_start[b.num_requests];
   if (rows > 0) {
     if (!b.block_table) fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.block_table is NULL");
-    const int pages = (max_len + c.block_size - 1) / c.block_size;
+    const int64_t pages = (static_cast<int64_t>(max_len) + c.block_size - 1) / c.block_size;
     if (b.block_table_stride < pages)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.block_table_stride is %d; the longest request "
-           "(%d tokens) needs %d pages of %d", b.block_table_stride, max_len, pages, c.block_size);
+           "(%d tokens) needs %lld pages of %d", b.block_table_stride, max_len,
+           static_cast<long long>(pages), c.block_size);
   }
   return rows;
 }
@@ -248,8 +256,8 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     const qsakv_model_config& c = cache->config;
     const qsakv_rank_geometry& g = cache->geometry;
     resolve_topk(cache, i, topk, topk_stride);
-    if (plan->num_rows == 0) return;
     if (!index_q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "index_q is NULL");
+    if (plan->num_rows == 0 && !launches_for_empty_batches(cache)) return;
     SelectParams p{};
     p.meta = plan->meta_view();
     p.index_q = static_cast<const uint16_t*>(index_q);
@@ -284,9 +292,9 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
            static_cast<int>(mode));
     int32_t* list = const_cast<int32_t*>(topk);  // read only by attention
     if (mode == QSAKV_ATTENTION_SPARSE) resolve_topk(cache, i, list, topk_stride);
-    if (plan->num_rows == 0) return;
     if (!q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "q is NULL");
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
+    if (plan->num_rows == 0 && !launches_for_empty_batches(cache)) return;
     AttentionParams p{};
     p.meta = plan->meta_view();
     p.cache = cache->kv_view(i);

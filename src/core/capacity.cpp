@@ -7,7 +7,7 @@
 
 namespace qsakv {
 
-qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget) {
+qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget, TopkBuffer topk) {
   const qsakv_rank_geometry g = rank_geometry(c);
   const uint64_t layers = static_cast<uint64_t>(c.num_qsa_layers);
   const uint64_t kv_elems_per_token = 2ull * g.kv_heads * c.head_dim;  // K and V
@@ -27,12 +27,19 @@ qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget) {
   r.topk_bytes = static_cast<uint64_t>(c.max_batched_tokens) * g.topk_width * 4;
   r.topk_bytes_unshared = r.topk_bytes * layers;
   r.budget_bytes = budget;
-  r.bytes_per_block = r.bytes_per_token * static_cast<uint64_t>(c.block_size);
-  const uint64_t fixed = r.ring_bytes + r.topk_bytes;
+  // Per block, exactly what the cache allocates (block_size / ratio compressed keys).
+  const uint64_t bs = static_cast<uint64_t>(c.block_size);
+  const uint64_t compressed_per_block =
+      layers * (bs / static_cast<uint64_t>(c.compress_ratio)) * c.index_head_dim * 2;
+  r.bytes_per_block = r.main_bytes_per_token * bs + compressed_per_block;
+  const uint64_t topk_cost = topk == TopkBuffer::kShared     ? r.topk_bytes
+                             : topk == TopkBuffer::kPerLayer ? r.topk_bytes_unshared
+                                                             : 0;
+  const uint64_t fixed = r.ring_bytes + topk_cost;
   const uint64_t left = budget > fixed ? budget - fixed : 0;
   r.num_blocks = static_cast<int64_t>(left / r.bytes_per_block);
   r.num_tokens = r.num_blocks * c.block_size;
-  const uint64_t fp16_per_block = r.fp16_bytes_per_token * static_cast<uint64_t>(c.block_size);
+  const uint64_t fp16_per_block = layers * kv_elems_per_token * 2 * bs + compressed_per_block;
   r.fp16_num_tokens = static_cast<int64_t>(left / fp16_per_block) * c.block_size;
   r.capacity_ratio =
       r.fp16_num_tokens > 0 ? static_cast<double>(r.num_tokens) / r.fp16_num_tokens : 0.0;

@@ -51,6 +51,12 @@ namespace {
 void positive(const char* field, int64_t v) {
   if (v <= 0) bad(field, format("must be > 0, got %lld", static_cast<long long>(v)));
 }
+// Upper bounds keep every derived size (pages, top-k widths, grids) inside int32.
+void at_most(const char* field, int64_t v, int64_t limit) {
+  if (v > limit)
+    bad(field, format("is %lld; at most %lld", static_cast<long long>(v),
+                      static_cast<long long>(limit)));
+}
 }  // namespace
 
 void validate_config(const qsakv_model_config& c) {
@@ -76,6 +82,8 @@ void validate_config(const qsakv_model_config& c) {
   }
   positive("num_q_heads", c.num_q_heads);
   positive("num_kv_heads", c.num_kv_heads);
+  at_most("num_q_heads", c.num_q_heads, 4096);
+  at_most("num_kv_heads", c.num_kv_heads, 4096);
   if (c.num_q_heads % c.num_kv_heads != 0)
     bad("num_q_heads", format("%d is not a multiple of num_kv_heads %d", c.num_q_heads,
                               c.num_kv_heads));
@@ -85,12 +93,15 @@ void validate_config(const qsakv_model_config& c) {
     bad("softmax_scale", format("is %g; must be finite and >= 0 (0 = 1/sqrt(head_dim))",
                                 static_cast<double>(c.softmax_scale)));
   positive("index_num_heads", c.index_num_heads);
+  at_most("index_num_heads", c.index_num_heads, 64);
   positive("index_head_dim", c.index_head_dim);
   if (c.index_head_dim % 8 != 0 || c.index_head_dim > 1024)
     bad("index_head_dim", format("is %d; must be a multiple of 8 up to 1024",
                                  c.index_head_dim));
   positive("compress_ratio", c.compress_ratio);
+  at_most("compress_ratio", c.compress_ratio, 1024);
   positive("topk_tokens", c.topk_tokens);
+  at_most("topk_tokens", c.topk_tokens, 1 << 20);
   if (c.topk_tokens % c.compress_ratio != 0)
     bad("topk_tokens", format("%d is not a multiple of compress_ratio %d", c.topk_tokens,
                               c.compress_ratio));
@@ -125,6 +136,9 @@ void validate_config(const qsakv_model_config& c) {
   positive("max_requests", c.max_requests);
   positive("max_batched_tokens", c.max_batched_tokens);
   positive("max_model_len", c.max_model_len);
+  at_most("max_requests", c.max_requests, 1 << 20);
+  at_most("max_batched_tokens", c.max_batched_tokens, 1 << 20);
+  at_most("max_model_len", c.max_model_len, 1 << 30);
 }
 
 qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {

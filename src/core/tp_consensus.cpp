@@ -12,6 +12,13 @@ namespace qsakv {
 
 namespace {
 
+// A peer's fixed-size string field, never read past its end (another rank's record may
+// be malformed).
+template <size_t N>
+std::string field_string(const char (&f)[N]) {
+  return std::string(f, strnlen(f, N));
+}
+
 const char* const kFieldNames[RankRecord::kConfigFields] = {
     "num_layers",      "num_qsa_layers",  "num_q_heads",       "num_kv_heads",
     "head_dim",        "softmax_scale",   "index_num_heads",   "index_head_dim",
@@ -111,17 +118,17 @@ std::string compare_rank_records(const std::vector<RankRecord>& records) {
     compare(records, std::string("config.") + kFieldNames[i],
             [i](const RankRecord& x) { return field_value(x, i); }, out);
   compare(records, "config.qsa_layers",
-          [](const RankRecord& x) { return std::string("list sha256 ") + std::string(x.qsa_layers_sha256).substr(0, 16); },
+          [](const RankRecord& x) { return "list sha256 " + field_string(x.qsa_layers_sha256).substr(0, 16); },
           out);
   compare(records, "the overlay",
           [](const RankRecord& x) {
             if (!x.has_overlay) return std::string("none");
-            return std::string("scale file sha256 ") + x.scale_file_sha256 +
+            return "scale file sha256 " + field_string(x.scale_file_sha256) +
                    (x.overlay_validated ? "" : " (not validated)");
           },
           out);
   compare(records, "the overlay layer prefix",
-          [](const RankRecord& x) { return x.has_overlay ? std::string(x.layer_prefix) : std::string("(none)"); },
+          [](const RankRecord& x) { return x.has_overlay ? field_string(x.layer_prefix) : std::string("(none)"); },
           out);
   return out;
 }

@@ -561,6 +561,7 @@ FUNCTIONS = {
     'qsakv_cache_destroy': Function(None, [ctypes.POINTER(qsakv_cache)], ('cache', ), 'void'),
     'qsakv_cache_get_layout': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.POINTER(qsakv_cache_layout)], ('cache', 'out', ), 'qsakv_status'),
     'qsakv_cache_get_layer_buffers': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.POINTER(qsakv_layer_buffers)], ('cache', 'layer', 'out', ), 'qsakv_status'),
+    'qsakv_cache_note_external_codes': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, qsakv_stream_t], ('cache', 'layer', 'stream', ), 'qsakv_status'),
     'qsakv_store_kv': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'k', 'v', 'slot_mapping', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_index_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'request_slots', 'positions', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_compressed_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'slot_mapping', 'num_keys', 'stream', ), 'qsakv_status'),
