@@ -18,6 +18,17 @@ typedef struct {
   int block_size;
 } geometry_case;
 
+/* A CUDA context forced onto the software (bitcast) E4M3 decoder. */
+static qsakv_context* software_decoder_context(void) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  o.decoder = QSAKV_DECODER_SOFTWARE;
+  qsakv_context* sw = NULL;
+  TU_OK(qsakv_context_create(&sw, &o));
+  return sw;
+}
+
 static double bound_for(qsakv_dtype act) { return act == QSAKV_DTYPE_BF16 ? 1e-2 : 2e-3; }
 
 /* Random top-k rows: a random count (1..width) of distinct causal positions in random
@@ -191,12 +202,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
   info.struct_size = sizeof info;
   TU_OK(qsakv_context_get_info(gpu, &info));
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context_options o;
-  qsakv_context_options_init(&o);
-  o.backend = QSAKV_BACKEND_CUDA;
-  o.decoder = QSAKV_DECODER_SOFTWARE;
-  qsakv_context* sw = NULL;
-  TU_OK(qsakv_context_create(&sw, &o));
+  qsakv_context* sw = software_decoder_context();
   const qsakv_dtype acts[2] = {QSAKV_DTYPE_FP16, QSAKV_DTYPE_BF16};
   for (int a = 0; a < 2; ++a) {
     geometry_case gc = {6, 1, 256, acts[a], QSAKV_DTYPE_E4M3, 64};
@@ -318,12 +324,7 @@ static void test_cuda_nan_codes(void** state) {
   (void)state;
   qsakv_context* gpu = tu_cuda_context_or_skip();
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context_options o;
-  qsakv_context_options_init(&o);
-  o.backend = QSAKV_BACKEND_CUDA;
-  o.decoder = QSAKV_DECODER_SOFTWARE;
-  qsakv_context* sw = NULL;
-  TU_OK(qsakv_context_create(&sw, &o));
+  qsakv_context* sw = software_decoder_context();
   const uint64_t seed = tu_next();
   uint16_t* q = NULL;
   size_t n = 0, nan_mismatch = 0, differ = 0, finite = 0;

@@ -83,6 +83,18 @@ static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int reps) {
   return m;
 }
 
+/* Ends the capture begun on `s`, then times the graph (median ms of `reps` replays). */
+static float end_capture_and_time(cudaStream_t s, int reps) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const float ms = time_graph(e, s, reps);
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  return ms;
+}
+
 /* Keeps the GPU busy for ~0.5 s so clocks are up before anything is timed. */
 static void warm_up(cudaStream_t s) {
   const size_t bytes = 1ull << 30;
@@ -105,16 +117,10 @@ static double copy_bandwidth(cudaStream_t s, int kernel, int sms) {
   CUDA(cudaMalloc(&a, bytes));
   CUDA(cudaMalloc(&b, bytes));
   CUDA(cudaMemset(a, 1, bytes));
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   if (kernel) CUDA(bench_copy(a, b, bytes, sms, s));
   else CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  const float ms = time_graph(e, s, 20);
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  const float ms = end_capture_and_time(s, 20);
   CUDA(cudaFree(a));
   CUDA(cudaFree(b));
   return 2.0 * bytes / (ms * 1e-3) / 1e9;  /* read + write, GB/s */
@@ -315,20 +321,14 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
   pi.struct_size = sizeof pi;
   CHECK(qsakv_plan_get_info(P.plan[0], &pi));
   *splits = pi.num_splits;
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kCalls; ++k) {
     const int layer = b->cfg.qsa_layers[k % kLayers], p = (k / kLayers) % kPlans;
     CHECK(qsakv_attention_run(P.plan[p], layer, QSAKV_ATTENTION_SPARSE, P.q, P.topk[p], 2051, P.out,
                               (qsakv_stream_t)s));
   }
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
   const int reps = rows >= 256 ? 10 : 30;
-  const float ms = time_graph(e, s, reps);
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  const float ms = end_capture_and_time(s, reps);
   free_plans(&P);
   return ms * 1e3 / kCalls;
 }
@@ -346,16 +346,10 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
   CUDA(cudaMemcpy(k, h, 2 * n, cudaMemcpyHostToDevice));
   CUDA(cudaMemcpy(v, h, 2 * n, cudaMemcpyHostToDevice));
   CUDA(cudaMemcpy(sl, slots, sizeof(int64_t) * tokens, cudaMemcpyHostToDevice));
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int l = 0; l < kLayers; ++l)
     CHECK(qsakv_store_kv(b->cache, b->cfg.qsa_layers[l], k, v, sl, tokens, (qsakv_stream_t)s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  const float ms = time_graph(e, s, 20);
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  const float ms = end_capture_and_time(s, 20);
   CUDA(cudaFree(k));
   CUDA(cudaFree(v));
   CUDA(cudaFree(sl));
@@ -432,16 +426,10 @@ static double time_select(qsakv_context* ctx, int rows, int seq, cudaStream_t s,
   CUDA(cudaMalloc(&iq, (size_t)rows * 4 * 128 * 2));
   CUDA(cudaMemcpy(iq, h, (size_t)rows * 4 * 128 * 2, cudaMemcpyHostToDevice));
   enum { kSelectCalls = 8 };
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kSelectCalls; ++k)
     CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  const float ms = time_graph(e, s, 10);
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  const float ms = end_capture_and_time(s, 10);
   *bytes = (double)rows * (seq / 4) * 128 * 2;
   qsakv_plan_destroy(plan);
   qsakv_cache_destroy(cache);
