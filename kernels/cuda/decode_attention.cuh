@@ -316,13 +316,14 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
   if (threadIdx.x < heads) {
     float* w = weights + threadIdx.x * S;
     float M = -CUDART_INF_F;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);
+    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);  // ignores a NaN lse (a NaN score)
     float W = 0.0f;
     for (int s = 0; s < S; ++s) {
-      w[s] = M == -CUDART_INF_F ? 0.0f : fast_exp2(w[s] - M);
+      // M == -inf: every lse is -inf (no token: weight 0) or NaN (kept, so it poisons W).
+      w[s] = M == -CUDART_INF_F ? (w[s] == -CUDART_INF_F ? 0.0f : w[s]) : fast_exp2(w[s] - M);
       W += w[s];
     }
-    const float inv = W > 0.0f ? 1.0f / W : 0.0f;  // no token at all: zeros
+    const float inv = W != 0.0f ? 1.0f / W : 0.0f;  // no token at all: zeros; NaN stays NaN
     for (int s = 0; s < S; ++s) w[s] *= inv;
   }
   __syncthreads();
@@ -500,23 +501,25 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     float M = -CUDART_INF_F;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ms.m[w][h]);
+    // fmaxf ignores NaN, so a NaN score never reaches M: it lives on in l and o, and
+    // every step below must carry it (a NaN K code poisons the rows that see it). L is 0
+    // only when the split saw no token; NaN is not "no token".
     float L = 0.0f, acc = 0.0f;
-    if (M != -CUDART_INF_F) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float c = fast_exp2(ms.m[w][h] - M);
-        L += ms.l[w][h] * c;
-        acc += ms.o[w][h][d] * c;
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      // All warps masked: each holds l = 0 and o = 0, or NaN from a NaN score.
+      const float c = M == -CUDART_INF_F ? 1.0f : fast_exp2(ms.m[w][h] - M);
+      L += ms.l[w][h] * c;
+      acc += ms.o[w][h][d] * c;
     }
     const int64_t oi = (static_cast<int64_t>(row) * p.q_heads + qh);
     if (p.num_splits == 1) {
-      const float r = L > 0.0f ? acc / L * v_factor : 0.0f;
+      const float r = L != 0.0f ? acc / L * v_factor : 0.0f;
       static_cast<Act*>(p.out)[oi * D + d] = from_float<Act>(r);
     } else {
       const int64_t pi = oi * p.num_splits + split;
-      p.partial_out[pi * D + d] = L > 0.0f ? acc / L : 0.0f;
-      if (d == 0) p.partial_lse[pi] = L > 0.0f ? M + log2f(L) : -CUDART_INF_F;
+      p.partial_out[pi * D + d] = L != 0.0f ? acc / L : 0.0f;
+      if (d == 0) p.partial_lse[pi] = L != 0.0f ? M + log2f(L) : -CUDART_INF_F;
     }
   }
   if (p.num_splits == 1) return;
