@@ -1,7 +1,12 @@
 /* Indexer selection against a reference written here: FP64 scores, exact top-k (score
  * descending, block ascending on ties: the keys are small integers, so ties happen and
  * scores are exact in every precision), expansion with the open group's tail, -1
- * padding; requests shorter than one group; visibility stops at the row's position. */
+ * padding; requests shorter than one group; visibility stops at the row's position.
+ *
+ * With real-valued keys the GPU is held to the numerics contract of docs/selection.md:
+ * its selection equals the CPU backend's except for blocks whose FP64 score lies within
+ * the stated tolerance of the row's k-th score (counted and printed), its order is the
+ * FP64 order up to that tolerance, and it is deterministic and batch-invariant. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +128,355 @@ static void check_select(qsakv_context* ctx, const char* what) {
   tu_world_destroy(&w);
 }
 
+/* ---- The numerics contract, on real-valued keys ------------------------------------- */
+
+/* FP64 score of block b of a row, and its magnitude M(b) = sum |q_hd k_d| / sqrt(D); -1
+ * in *mapped when the block's page is unmapped. */
+static double score64(const tu_world* w, const uint16_t* comp, const uint16_t* q, int row, int b,
+                      double* magnitude, int* mapped) {
+  const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, H = w->cfg.index_num_heads;
+  const int bs = w->cfg.block_size;
+  const int t0 = b * ratio;
+  const int phys = w->block_table[tu_row_request(w, row) * w->bt_stride + t0 / bs];
+  *mapped = phys >= 0;
+  *magnitude = 0;
+  if (phys < 0) return -INFINITY;
+  const uint16_t* k = comp + ((size_t)phys * (bs / ratio) + (t0 % bs) / ratio) * D;
+  double s = 0, m = 0;
+  for (int h = 0; h < H; ++h) {
+    double dot = 0;
+    for (int d = 0; d < D; ++d) {
+      const double t = (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * tu_fp16_to_f32(k[d]);
+      dot += t;
+      m += fabs(t);
+    }
+    s += dot > 0 ? dot : 0;
+  }
+  *magnitude = m / sqrt((double)D);
+  return s / sqrt((double)D);
+}
+
+/* The contract's tolerance between blocks of magnitudes ma and mb (docs/selection.md). */
+static double contract_tol(double ma, double mb) { return 2e-5 * (ma + mb); }
+
+/* Checks `got` against `want` (both [rows, width]) under the contract; `want` is an
+ * exact selection (the CPU backend's or an FP64 one). Returns the boundary cases: blocks
+ * in one selection and not the other. */
+static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_t* q,
+                          const int32_t* want, const int32_t* got, const char* what) {
+  const int ratio = w->cfg.compress_ratio, width = w->geo.topk_width;
+  int boundary = 0;
+  for (int row = 0; row < w->rows; ++row) {
+    const int pos = tu_row_pos(w, row), visible = (pos + 1) / ratio;
+    const int32_t* a = want + (size_t)row * width;
+    const int32_t* g = got + (size_t)row * width;
+    double* s = malloc(sizeof(double) * (visible + 1));
+    double* m = malloc(sizeof(double) * (visible + 1));
+    char* in_a = calloc(visible + 1, 1);
+    char* in_g = calloc(visible + 1, 1);
+    int mapped_count = 0;
+    for (int b = 0; b < visible; ++b) {
+      int mapped;
+      s[b] = score64(w, comp, q, row, b, &m[b], &mapped);
+      mapped_count += mapped;
+    }
+    const int K = mapped_count < w->geo.topk_blocks ? mapped_count : w->geo.topk_blocks;
+    /* Structure: K groups of `ratio` consecutive tokens of visible mapped blocks, no
+     * block twice; then the tail and the padding, identical. */
+    for (int j = 0; j < K; ++j) {
+      const int ba = a[j * ratio] / ratio, bg = g[j * ratio] / ratio;
+      if (bg < 0 || bg >= visible || s[bg] == -INFINITY || in_g[bg])
+        fail_msg("%s row %d: group %d names block %d (visible %d, or unmapped, or repeated)",
+                 what, row, j, bg, visible);
+      in_g[bg] = 1;
+      in_a[ba] = 1;
+      for (int t = 0; t < ratio; ++t)
+        if (g[j * ratio + t] != bg * ratio + t)
+          fail_msg("%s row %d col %d: %d is not token %d of block %d", what, row, j * ratio + t,
+                   g[j * ratio + t], t, bg);
+    }
+    for (int j = K * ratio; j < width; ++j)
+      if (g[j] != a[j]) fail_msg("%s row %d col %d (tail/padding): got %d want %d", what, row, j, g[j], a[j]);
+    /* The k-th score of the exact selection, and its magnitude. */
+    double sk = INFINITY, mk = 0;
+    for (int j = 0; j < K; ++j) {
+      const int b = a[j * ratio] / ratio;
+      if (s[b] < sk) {
+        sk = s[b];
+        mk = m[b];
+      }
+    }
+    for (int b = 0; b < visible; ++b) {
+      if (in_a[b] == in_g[b]) continue;
+      ++boundary;
+      if (fabs(s[b] - sk) > contract_tol(m[b], mk))
+        fail_msg("%s row %d: block %d (score %.9g) is %s the exact selection, but the k-th "
+                 "score is %.9g: |difference| %.3g exceeds the tolerance %.3g", what, row, b, s[b],
+                 in_g[b] ? "not in" : "missing from", sk, fabs(s[b] - sk), contract_tol(m[b], mk));
+    }
+    /* Order: score descending up to the tolerance. */
+    for (int j = 0; j + 1 < K; ++j) {
+      const int b0 = g[j * ratio] / ratio, b1 = g[(j + 1) * ratio] / ratio;
+      if (s[b1] - s[b0] > contract_tol(m[b0], m[b1]))
+        fail_msg("%s row %d: block %d (%.9g) ranked before block %d (%.9g)", what, row, b0, s[b0], b1, s[b1]);
+    }
+    free(s);
+    free(m);
+    free(in_a);
+    free(in_g);
+  }
+  return boundary;
+}
+
+/* Overwrites the visible compressed keys of every request with N(0,1) FP16 values (the
+ * same on every context for the same seed); returns the layer's keys as the host sees
+ * them (NaN poison elsewhere). */
+static uint16_t* randomise_keys(tu_world* w, uint64_t seed) {
+  qsakv_layer_buffers lb;
+  TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
+  uint16_t* comp = malloc(w->layout.compressed_bytes_per_layer);
+  tu_to_host(w->ctx, comp, lb.compressed_keys, w->layout.compressed_bytes_per_layer);
+  const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, bs = w->cfg.block_size;
+  tu_rng rng = {seed};
+  for (int r = 0; r < w->shape.num_requests; ++r)
+    for (int b = 0; b < w->shape.seq_lens[r] / ratio; ++b) {
+      const int t0 = b * ratio, phys = w->block_table[r * w->bt_stride + t0 / bs];
+      if (phys < 0) continue;
+      uint16_t* k = comp + ((size_t)phys * (bs / ratio) + (t0 % bs) / ratio) * D;
+      for (int d = 0; d < D; ++d) k[d] = tu_f32_to_fp16((float)tu_rng_normal(&rng));
+    }
+  TU_OK(qsakv_memcpy(w->ctx, lb.compressed_keys, comp, w->layout.compressed_bytes_per_layer,
+                     QSAKV_COPY_HOST_TO_DEVICE, NULL));
+  TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
+  return comp;
+}
+
+static uint16_t* random_index_q(const tu_world* w, uint64_t seed) {
+  const size_t qn = (size_t)w->rows * w->cfg.index_num_heads * w->cfg.index_head_dim;
+  uint16_t* q = malloc(2 * qn);
+  tu_rng rng = {seed};
+  for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_rng_normal(&rng));
+  return q;
+}
+
+/* Unmaps page `page` of request r (a hole in the block table) on the host and device. */
+static void unmap_page(tu_world* w, int r, int page) {
+  w->block_table[r * w->bt_stride + page] = -1;
+  const int32_t minus_one = -1;
+  TU_OK(qsakv_memcpy(w->ctx, (int32_t*)w->block_table_dev + r * w->bt_stride + page, &minus_one,
+                     sizeof minus_one, QSAKV_COPY_HOST_TO_DEVICE, NULL));
+  TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
+}
+
+/* Long and short contexts (1 token to 256K), decode and verify rows, an unmapped page. */
+static const tu_shape kContractShape = {5, {1, 2, 1, 3, 1}, {1, 5, 262144, 70001, 2051}};
+
+static void contract_config(qsakv_model_config* c) {
+  tu_small_config(c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64);
+  c->max_model_len = 1 << 18;
+}
+
+static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed, uint16_t** comp,
+                                 uint16_t** q) {
+  qsakv_model_config c;
+  contract_config(&c);
+  tu_world_build(w, ctx, &c, &kContractShape, seed, 1.0f, 1.0f, 1.0f, 0);
+  unmap_page(w, 3, 17);
+  *comp = randomise_keys(w, seed ^ 0x5EEDull);
+  *q = random_index_q(w, seed ^ 0xC0FFEEull);
+}
+
+/* The FP64 exact selection (reference_select's ordering on FP64 scores) of a world whose
+ * pages may be unmapped. */
+static void reference_select_mapped(const tu_world* w, const uint16_t* comp, const uint16_t* q,
+                                    int32_t* out) {
+  const int ratio = w->cfg.compress_ratio, width = w->geo.topk_width;
+  for (int row = 0; row < w->rows; ++row) {
+    const int pos = tu_row_pos(w, row), visible = (pos + 1) / ratio;
+    scored* sc = malloc(sizeof(scored) * (visible + 1));
+    int n = 0;
+    for (int b = 0; b < visible; ++b) {
+      double mag;
+      int mapped;
+      const double s = score64(w, comp, q, row, b, &mag, &mapped);
+      if (!mapped) continue;
+      sc[n].s = s;
+      sc[n++].b = b;
+    }
+    qsort(sc, n, sizeof(scored), by_score);
+    const int keep = n < w->geo.topk_blocks ? n : w->geo.topk_blocks;
+    int32_t* o = out + (size_t)row * width;
+    int j = 0;
+    for (int i = 0; i < keep; ++i)
+      for (int t = 0; t < ratio; ++t) o[j++] = sc[i].b * ratio + t;
+    for (int t = visible * ratio; t <= pos; ++t) o[j++] = t;
+    while (j < width) o[j++] = -1;
+    free(sc);
+  }
+}
+
+/* The CPU backend against the exact FP64 selection: FP32 scores in sequential order are
+ * held to the same contract (and make the checker itself run on every machine). */
+static void test_select_contract_cpu(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  tu_world w;
+  uint16_t *comp, *q;
+  build_contract_world(&w, ctx, tu_next(), &comp, &q);
+  int32_t* exact = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
+  reference_select_mapped(&w, comp, q, exact);
+  int32_t* got = run_select(&w, q, 0);
+  const int boundary = check_contract(&w, comp, q, exact, got, "cpu vs fp64");
+  print_message("contract, cpu vs fp64: %d rows (contexts 1..262144 tokens), %d boundary blocks\n",
+                w.rows, boundary);
+  free(got);
+  free(exact);
+  free(q);
+  free(comp);
+  tu_world_destroy(&w);
+  qsakv_context_destroy(ctx);
+}
+
+/* Selection of the rows of `batch_rows` rows ending at request r's last row, through a
+ * fresh plan of max_rows `max_rows`: request r alone as a decode row (pos = L - 1). */
+static int32_t* select_single_row(tu_world* w, int r, const uint16_t* q_row, int max_rows) {
+  qsakv_plan_options po;
+  TU_OK(qsakv_plan_options_init(&po));
+  po.max_rows = max_rows;
+  qsakv_plan* plan = NULL;
+  TU_OK(qsakv_plan_create(&plan, w->cache, &po));
+  int32_t qs[2] = {0, 1}, lens[1] = {w->shape.seq_lens[r]};
+  qsakv_batch b;
+  memset(&b, 0, sizeof b);
+  b.struct_size = sizeof b;
+  b.version = QSAKV_BATCH_VERSION;
+  b.num_requests = 1;
+  b.query_start = qs;
+  b.seq_lens = lens;
+  b.block_table = (int32_t*)w->block_table_dev + r * w->bt_stride;
+  b.block_table_stride = w->bt_stride;
+  TU_OK(qsakv_plan_update(plan, &b, NULL));
+  const int width = w->geo.topk_width;
+  const size_t qn = (size_t)w->cfg.index_num_heads * w->cfg.index_head_dim;
+  void* dq = tu_to_device(w->ctx, q_row, 2 * qn);
+  void* dt = tu_device_filled(w->ctx, sizeof(int32_t) * width, 0x7B);
+  TU_OK(qsakv_select_topk(plan, w->layer, dq, dt, width, NULL));
+  int32_t* out = malloc(sizeof(int32_t) * width);
+  tu_to_host(w->ctx, out, dt, sizeof(int32_t) * width);
+  qsakv_free(w->ctx, dq);
+  qsakv_free(w->ctx, dt);
+  qsakv_plan_destroy(plan);
+  return out;
+}
+
+/* The GPU against the CPU backend under the contract; then determinism (the same call
+ * twice: identical bytes) and batch invariance (each request's last row selected alone,
+ * through plans of other sizes, hence other grids and waves: identical to the batch). */
+static void test_select_contract_cuda(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  const uint64_t seed = tu_next();
+  tu_world wc, wg;
+  uint16_t *comp, *q, *comp_g, *q_g;
+  build_contract_world(&wc, cpu, seed, &comp, &q);
+  build_contract_world(&wg, gpu, seed, &comp_g, &q_g);
+  assert_memory_equal(comp, comp_g, wc.layout.compressed_bytes_per_layer);
+  int32_t* want = run_select(&wc, q, 0);
+  int32_t* got = run_select(&wg, q, 0);
+  const int boundary = check_contract(&wg, comp, q, want, got, "cuda vs cpu");
+  int32_t* again = run_select(&wg, q, 1);
+  const size_t bytes = sizeof(int32_t) * (size_t)wg.rows * wg.geo.topk_width;
+  assert_memory_equal(got, again, bytes);
+  const int width = wg.geo.topk_width;
+  const size_t qn = (size_t)wg.cfg.index_num_heads * wg.cfg.index_head_dim;
+  int last = -1, invariant = 0;
+  for (int r = 0; r < wg.shape.num_requests; ++r) {
+    last += wg.shape.rows[r];
+    for (int max_rows = 1; max_rows <= 64; max_rows *= 64) {
+      int32_t* alone = select_single_row(&wg, r, q + (size_t)last * qn, max_rows);
+      if (memcmp(alone, got + (size_t)last * width, sizeof(int32_t) * width) != 0)
+        fail_msg("request %d's last row selected alone (plan max_rows %d) differs from the batch", r, max_rows);
+      ++invariant;
+      free(alone);
+    }
+  }
+  print_message("contract, cuda vs cpu: %d rows (contexts 1..262144 tokens), %d boundary blocks; "
+                "deterministic; %d rows batch-invariant\n", wg.rows, boundary, invariant);
+  free(again);
+  free(got);
+  free(want);
+  free(q);
+  free(q_g);
+  free(comp);
+  free(comp_g);
+  tu_world_destroy(&wg);
+  tu_world_destroy(&wc);
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
+}
+
+/* Ties everywhere and NaN keys, exactly: every key equal (all scores tie: the lowest
+ * blocks win, in order), then some keys with a NaN element (a NaN dot product counts as
+ * 0 under ReLU, as in the CPU reference) and some with +inf elements. */
+static void check_special_keys(qsakv_context* ctx, const char* what) {
+  qsakv_model_config c;
+  tu_small_config(&c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  tu_shape shape = {3, {1, 2, 1}, {4099, 2600, 9000}};
+  tu_world w;
+  tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
+  qsakv_layer_buffers lb;
+  TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
+  const size_t n = w.layout.compressed_bytes_per_layer / 2;
+  uint16_t* comp = malloc(2 * n);
+  const size_t qn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
+  uint16_t* q = malloc(2 * qn);
+  for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
+  int32_t* want = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < n; ++i)
+      comp[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
+    if (pass == 1)
+      for (size_t e = 0; e < n / c.index_head_dim; e += 7) {
+        comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00;       /* NaN */
+        if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;            /* +inf */
+      }
+    TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, comp, 2 * n, QSAKV_COPY_HOST_TO_DEVICE, NULL));
+    TU_OK(qsakv_stream_synchronize(ctx, NULL));
+    reference_select(&w, comp, q, want);
+    int32_t* got = run_select(&w, q, 0);
+    for (int row = 0; row < w.rows; ++row)
+      for (int j = 0; j < w.geo.topk_width; ++j) {
+        const size_t i = (size_t)row * w.geo.topk_width + j;
+        if (got[i] != want[i])
+          fail_msg("%s %s row %d col %d: got %d want %d", what, pass ? "NaN/inf keys" : "all ties",
+                   row, j, got[i], want[i]);
+      }
+    if (pass == 0) /* all ties: block j is the j-th choice */
+      for (int j = 0; j < w.geo.topk_blocks; ++j) assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
+    free(got);
+  }
+  print_message("%s: all-tie and NaN/inf keys selected exactly (%d rows)\n", what, w.rows);
+  free(want);
+  free(q);
+  free(comp);
+  tu_world_destroy(&w);
+}
+
+static void test_select_special_cpu(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  check_special_keys(ctx, "cpu");
+  qsakv_context_destroy(ctx);
+}
+
+static void test_select_special_cuda(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  check_special_keys(ctx, "cuda");
+  qsakv_context_destroy(ctx);
+}
+
 static void test_select_cpu(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -141,6 +495,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_select_cpu),
       cmocka_unit_test(test_select_cuda),
+      cmocka_unit_test(test_select_special_cpu),
+      cmocka_unit_test(test_select_special_cuda),
+      cmocka_unit_test(test_select_contract_cpu),
+      cmocka_unit_test(test_select_contract_cuda),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("select", tests, NULL, NULL);

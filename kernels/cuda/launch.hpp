@@ -15,7 +15,12 @@ void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches.
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
                              cudaStream_t stream);
-void launch_select_topk(const SelectParams& p, int grid_rows, cudaStream_t stream);
+// Selection: scores on tensor cores, then an exact per-row radix top-k (select.cu). The
+// workspace holds the scores of select_rows_per_wave rows at a time.
+bool select_supports(int index_heads, int index_dim, int topk_blocks);
+int select_rows_per_wave(int max_rows, int64_t max_blocks);
+size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
+void launch_select_topk(const SelectParams& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qsakv

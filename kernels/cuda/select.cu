@@ -1,227 +1,327 @@
-// Indexer selection on the GPU: score every visible compressed block, take the exact
-// top-k (score descending, block ascending on ties), expand to tokens, pad with -1.
+// Indexer selection on the GPU: score every visible compressed block on tensor cores,
+// take the exact top-k of the scores (score descending, block ascending on ties), expand
+// to tokens with the open group's tail, pad with -1.
 //
-// One CTA per row (persistent over rows). Scores are computed in the CPU backend's exact
-// FP32 operation order (sequential dot products, no FMA contraction), so selections are
-// identical to the reference, ties included. The k-th largest score is found by a
-// 4-pass radix select over order-preserving 32-bit keys kept in a per-CTA workspace;
-// ties at the threshold are taken in block order; the winners are bitonic-sorted.
+// Two kernels per wave of rows:
+//   1. select_score_kernel: grid (key chunks, rows). Each CTA scores kScoreKeysPerCta
+//      consecutive compressed keys of one row, so one long row spreads over the whole GPU
+//      and the key bytes (the selection's whole cost) stream at full bandwidth. Scores go
+//      to a plan-owned workspace as order-preserving 32-bit keys (0: unmapped page).
+//   2. select_topk_kernel: one CTA per row. An 11-bit histogram pass over the row's keys
+//      finds the bin of the k-th score; a second pass takes every key above it and
+//      gathers the bin's keys into shared memory, where a radix select over
+//      (score, block) composites finds the exact remainder (radix_topk.cuh). The winners
+//      are sorted and expanded.
+// Rows are processed in waves when the workspace cannot hold every row of the plan at
+// once (large prefill plans); decode-sized plans run in one wave.
 #include <math_constants.h>
 #include <stdint.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "cuda/common.cuh"
 #include "cuda/launch.hpp"
+#include "cuda/radix_topk.cuh"
+#include "cuda/select_score.cuh"
 
 namespace qsakv {
 namespace cuda {
 
 namespace {
 
-constexpr int kSelectThreads = 512;
-constexpr int kMaxTopkBlocks = 1024;  // bitonic buffer; configs allow topk_blocks <= this
-constexpr int kMaxIndexElems = 4096;  // index_heads * index_dim held in shared memory
+constexpr int kScoreWarps = 4;
+constexpr int kScoreKeysPerCta = 256;  // 16 tiles: 4 per warp
+constexpr int kTopkMaxBlocks = 1024;   // configs with more top-k blocks are refused
+constexpr int kTopBits = 11;           // first radix digit: bits 31..21 of the score key
+constexpr int kTopBins = 1 << kTopBits;
+constexpr int kCandidateCap = 3072;    // bin-of-the-threshold keys kept in shared memory
 
-// Order-preserving map of a float to uint32 (larger float -> larger key). 0 is reserved
-// for "not a candidate" (unmapped pages): real keys are never 0.
-__device__ __forceinline__ uint32_t float_key(float f) {
-  const uint32_t b = __float_as_uint(f);
-  const uint32_t k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return k == 0u ? 1u : k;
+// ---------------------------------------------------------------------------------------
+// 1. Scores
+// ---------------------------------------------------------------------------------------
+
+// Address of compressed key b of a row, or nullptr when b is not visible or its page is
+// unmapped (such a block is never read and never selected).
+__device__ __forceinline__ const uint16_t* key_address(const SelectParams& p, const int32_t* bt,
+                                                       int64_t b, int64_t n, int D) {
+  if (b >= n) return nullptr;
+  const int64_t t0 = b * p.ratio;
+  const int32_t phys = __ldg(bt + t0 / p.block_size);
+  if (phys < 0 || phys >= p.num_blocks) return nullptr;
+  const int groups_per_block = p.block_size / p.ratio;
+  return p.compressed + (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * D;
 }
 
-struct SelectSmem {
-  float q[kMaxIndexElems];
-  uint32_t hist[256];
-  unsigned long long sorted[kMaxTopkBlocks];
-  int32_t warp_sums[kSelectThreads / 32];
-  uint32_t prefix;
-  int32_t remaining;
-  int32_t count;
-  int32_t ties_taken;
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32) select_score_kernel(const SelectParams p, int row0,
+                                                                        int64_t ws_stride,
+                                                                        float inv_sqrt_dim) {
+  // Two tiles in flight per warp where registers allow (8 KB of keys per warp at D=128).
+  constexpr int kInFlight = D <= 128 ? 2 : 1;
+  constexpr int kTiles = kScoreKeysPerCta / kScoreTileKeys;
+  const int row = row0 + static_cast<int>(blockIdx.y);
+  if (row >= p.meta.header->num_rows) return;
+  const int pos = p.meta.row_pos[row];
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const int64_t cta0 = static_cast<int64_t>(blockIdx.x) * kScoreKeysPerCta;
+  if (cta0 >= n) return;
+  const int req = p.meta.row_request[row];
+  const int32_t* bt = p.meta.header->block_table + static_cast<int64_t>(req) * p.meta.header->block_table_stride;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  QueryFrags<D> q;
+  load_query_frags<D>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D, p.index_heads, g, t4);
+  uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
+
+  for (int t = warp; t < kTiles; t += kScoreWarps * kInFlight) {
+    if (cta0 + static_cast<int64_t>(t) * kScoreTileKeys >= n) break;  // warp-uniform
+    KeyFrags<D> k[kInFlight];
+    bool mapped[kInFlight][2];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int64_t b = cta0 + static_cast<int64_t>(t + j * kScoreWarps) * kScoreTileKeys + g;
+      const uint16_t* lo = key_address(p, bt, b, n, D);
+      const uint16_t* hi = key_address(p, bt, b + 8, n, D);
+      mapped[j][0] = lo != nullptr;
+      mapped[j][1] = hi != nullptr;
+      load_key_runs<D>(k[j].lo, lo, t4);
+      load_key_runs<D>(k[j].hi, hi, t4);
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      float s_lo, s_hi;
+      score_tile<D>(k[j], q, inv_sqrt_dim, s_lo, s_hi);
+      const int64_t b = cta0 + static_cast<int64_t>(t + j * kScoreWarps) * kScoreTileKeys + g;
+      if (t4 == 0) {
+        if (b < n) ws[b] = mapped[j][0] ? score_key(s_lo) : 0u;
+        if (b + 8 < n) ws[b + 8] = mapped[j][1] ? score_key(s_hi) : 0u;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Top-k
+// ---------------------------------------------------------------------------------------
+
+struct TopkSmem {
+  uint32_t hist[kTopBins];
+  unsigned long long sel[kTopkMaxBlocks];
+  unsigned long long cand[kCandidateCap];
+  int warp_sums[kTopkThreads / 32];
+  int digit;
+  int need;
+  int n_sel;
+  int n_cand;
 };
 
-__device__ float score_block(const SelectParams& p, const float* q, const uint16_t* k,
-                             float inv_sqrt_dim) {
-  float s = 0.0f;
-  for (int h = 0; h < p.index_heads; ++h) {
-    float dot = 0.0f;
-    const float* qh = q + h * p.index_dim;
-    for (int d0 = 0; d0 < p.index_dim; d0 += 8) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(k + d0));
-      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+// Calls f(block, key) for every key of the row (keys[0..n)), 16-byte loads.
+template <class F>
+__device__ __forceinline__ void for_each_key(const uint32_t* keys, int64_t n, F&& f) {
+  const int64_t n4 = (n + 3) / 4;
+  for (int64_t i = threadIdx.x; i < n4; i += kTopkThreads) {
+    const uint4 v = *reinterpret_cast<const uint4*>(keys + 4 * i);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float kv = __half2float(__ushort_as_half(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1)))));
-        dot = __fadd_rn(dot, __fmul_rn(qh[d0 + j], kv));  // the CPU's order, no FMA
-      }
-    }
-    s = __fadd_rn(s, dot > 0.0f ? dot : 0.0f);
+    for (int j = 0; j < 4; ++j)
+      if (4 * i + j < n) f(4 * i + j, w[j]);
   }
-  return isnan(s) ? -CUDART_INF_F : __fmul_rn(s, inv_sqrt_dim);
 }
 
-// Inclusive block scan of one int per thread; returns the thread's inclusive prefix and
-// the block total through *total.
-__device__ int block_scan(int v, int32_t* warp_sums, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, d);
-    if (lane >= d) x += y;
+// The candidates of the threshold bin: in shared memory, or (when they did not fit) the
+// row's keys in the workspace, filtered by the bin.
+struct SharedCandidates {
+  const unsigned long long* c;
+  int n;
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) const {
+    for (int i = threadIdx.x; i < n; i += kTopkThreads) f(static_cast<uint64_t>(c[i]));
   }
-  __syncthreads();
-  if (lane == 31) warp_sums[warp] = x;
-  __syncthreads();
-  int before = 0, all = 0;
-  for (int w = 0; w < kSelectThreads / 32; ++w) {
-    if (w < warp) before += warp_sums[w];
-    all += warp_sums[w];
+};
+struct WorkspaceCandidates {
+  const uint32_t* keys;
+  int64_t n;
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) const {
+    for_each_key(keys, n, [&](int64_t b, uint32_t key) {
+      if (key != 0u) f(composite(key, static_cast<uint32_t>(b)));
+    });
   }
-  *total = all;
-  return x + before;
+};
+
+// Appends to sm.sel the `need` largest composites of the candidates whose top kTopBits
+// bits are `top`. Digits below the first are resolved 5 + 8 + ... bits at a time until
+// the chosen digit holds exactly the composites still needed (composites are unique, so
+// this happens at the latest on the last digit).
+template <class Src>
+__device__ void take_from_threshold_bin(const Src& src, uint32_t top, int need, TopkSmem& sm) {
+  constexpr int kResolved0 = 64 - kTopBits;  // bits at and above this are known
+  uint64_t prefix = static_cast<uint64_t>(top) << kResolved0;
+  int shift = kResolved0;
+  while (true) {
+    const int width = shift == kResolved0 ? kResolved0 % 8 : 8;  // 53 = 5 + 6 x 8
+    const int next = shift - width;
+    const uint32_t mask = (1u << width) - 1u;
+    for (int i = threadIdx.x; i < 256; i += kTopkThreads) sm.hist[i] = 0u;
+    __syncthreads();
+    src.each([&](uint64_t v) {
+      if ((v >> shift) == (prefix >> shift))
+        atomicAdd(&sm.hist[static_cast<uint32_t>(v >> next) & mask], 1u);
+    });
+    __syncthreads();
+    find_digit<256>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+    const int digit = sm.digit, need_in_digit = sm.need;
+    const int in_digit = static_cast<int>(sm.hist[digit]);
+    __syncthreads();  // everyone has read the histogram before it is reused
+    prefix |= static_cast<uint64_t>(digit) << next;
+    shift = next;
+    need = need_in_digit;
+    if (in_digit == need_in_digit) break;
+  }
+  // Take every candidate of the bin at or above the threshold: exactly `need` of them
+  // from the last digit, and everything the earlier digits ranked higher.
+  src.each([&](uint64_t v) {
+    if ((v >> kResolved0) == top && (v >> shift) >= (prefix >> shift))
+      sm.sel[atomicAdd(&sm.n_sel, 1)] = v;
+  });
+  __syncthreads();
 }
 
-__global__ void __launch_bounds__(kSelectThreads) select_topk_kernel(const SelectParams p,
-                                                                     float inv_sqrt_dim,
-                                                                     int64_t ws_per_cta) {
-  __shared__ SelectSmem sm;
-  uint32_t* keys = reinterpret_cast<uint32_t*>(p.score_workspace) + blockIdx.x * ws_per_cta;
+__global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectParams p, int row0,
+                                                                   int64_t ws_stride) {
+  __shared__ TopkSmem sm;
+  const int row = row0 + static_cast<int>(blockIdx.x);
+  if (row >= p.meta.header->num_rows) return;
   const int tid = threadIdx.x;
-  const int groups_per_block = p.block_size / p.ratio;
-  const int num_rows = p.meta.header->num_rows;
-  for (int row = blockIdx.x; row < num_rows; row += gridDim.x) {
-    const int req = p.meta.row_request[row], pos = p.meta.row_pos[row];
-    const int32_t* bt = p.meta.header->block_table +
-                        static_cast<int64_t>(req) * p.meta.header->block_table_stride;
-    const int qn = p.index_heads * p.index_dim;
-    __syncthreads();  // the previous row is done with shared memory
-    for (int i = tid; i < qn; i += kSelectThreads)
-      sm.q[i] = __half2float(__ushort_as_half(p.index_q[static_cast<int64_t>(row) * qn + i]));
-    __syncthreads();
+  const int pos = p.meta.row_pos[row];
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
 
-    // 1. Keys of the visible blocks (0 for unmapped pages).
-    const int visible = static_cast<int>(min(static_cast<int64_t>((pos + 1) / p.ratio), ws_per_cta));
-    int local_valid = 0;
-    for (int b = tid; b < visible; b += kSelectThreads) {
-      const int64_t t0 = static_cast<int64_t>(b) * p.ratio;
-      const int32_t phys = __ldg(bt + t0 / p.block_size);
-      uint32_t key = 0u;
-      if (phys >= 0 && phys < p.num_blocks) {
-        const uint16_t* k = p.compressed +
-            (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * p.index_dim;
-        key = float_key(score_block(p, sm.q, k, inv_sqrt_dim));
-        ++local_valid;
-      }
-      keys[b] = key;
+  // Pass 1: histogram of the top bits; count of selectable (mapped) blocks.
+  for (int i = tid; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
+  if (tid == 0) {
+    sm.n_sel = 0;
+    sm.n_cand = 0;
+  }
+  __syncthreads();
+  int local = 0;
+  for_each_key(keys, n, [&](int64_t, uint32_t key) {
+    if (key != 0u) {
+      atomicAdd(&sm.hist[key >> (32 - kTopBits)], 1u);
+      ++local;
     }
-    int n_valid;
-    block_scan(local_valid, sm.warp_sums, &n_valid);
-    const int K = min(n_valid, p.topk_blocks);
+  });
+  int n_valid;
+  block_inclusive_scan(local, sm.warp_sums, &n_valid);
+  const int K = min(n_valid, p.topk_blocks);
 
-    // 2. Radix select: the K-th largest key, 8 bits at a time from the top.
-    if (tid == 0) {
-      sm.prefix = 0u;
-      sm.remaining = K;
-    }
+  if (K > 0) {
+    find_digit<kTopBins>(sm.hist, K, sm.warp_sums, &sm.digit, &sm.need);
+    const uint32_t top = static_cast<uint32_t>(sm.digit);
+    const int need = sm.need;
+    const int in_bin = static_cast<int>(sm.hist[top]);
+    // Pass 2: keys above the threshold bin are taken; the bin's own keys are gathered.
+    for_each_key(keys, n, [&](int64_t b, uint32_t key) {
+      const uint32_t t = key >> (32 - kTopBits);
+      if (key == 0u || t < top) return;
+      const uint64_t v = composite(key, static_cast<uint32_t>(b));
+      if (t > top) {
+        sm.sel[atomicAdd(&sm.n_sel, 1)] = v;
+      } else if (in_bin <= kCandidateCap) {
+        sm.cand[atomicAdd(&sm.n_cand, 1)] = v;
+      }
+    });
     __syncthreads();
-    for (int shift = 24; shift >= 0 && K > 0; shift -= 8) {
-      for (int i = tid; i < 256; i += kSelectThreads) sm.hist[i] = 0u;
+    if (in_bin == need) {
+      // The whole bin is taken: no refinement.
+      for (int i = tid; i < in_bin; i += kTopkThreads) sm.sel[K - need + i] = sm.cand[i];
+      // (when in_bin > kCandidateCap, need <= K <= kTopkMaxBlocks < in_bin: never here)
       __syncthreads();
-      const uint32_t prefix = sm.prefix;
-      const uint32_t hi_mask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
-      for (int b = tid; b < visible; b += kSelectThreads) {
-        const uint32_t key = keys[b];
-        if (key != 0u && (key & hi_mask) == (prefix & hi_mask))
-          atomicAdd(&sm.hist[(key >> shift) & 0xFFu], 1u);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int need = sm.remaining;
-        int digit = 255;
-        for (; digit > 0; --digit) {
-          const int c = static_cast<int>(sm.hist[digit]);
-          if (c >= need) break;
-          need -= c;
-        }
-        sm.prefix = prefix | (static_cast<uint32_t>(digit) << shift);
-        sm.remaining = need;  // how many keys equal to the final prefix are still needed
-      }
-      __syncthreads();
+    } else if (in_bin <= kCandidateCap) {
+      take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, top, need, sm);
+    } else {
+      take_from_threshold_bin(WorkspaceCandidates{keys, n}, top, need, sm);
     }
-    const uint32_t thr = sm.prefix;
-    const int ties_needed = sm.remaining;
+  }
 
-    // 3. Collect: every key above the threshold, and the first ties_needed ties in block
-    //    order (the deterministic tie-break).
-    if (tid == 0) {
-      sm.count = 0;
-      sm.ties_taken = 0;
-    }
-    __syncthreads();
-    if (K > 0) {
-      for (int b0 = 0; b0 < visible; b0 += kSelectThreads) {
-        const int b = b0 + tid;
-        const uint32_t key = b < visible ? keys[b] : 0u;
-        const bool tie = key != 0u && key == thr;
-        int tie_total;
-        const int tie_rank = block_scan(tie ? 1 : 0, sm.warp_sums, &tie_total) - 1;
-        const int taken_before = sm.ties_taken;
-        const bool take = key > thr || (tie && taken_before + tie_rank < ties_needed);
-        if (take) {
-          const int slot = atomicAdd(&sm.count, 1);
-          sm.sorted[slot] = (static_cast<unsigned long long>(key) << 32) |
-                            (0xFFFFFFFFu - static_cast<uint32_t>(b));
-        }
-        __syncthreads();
-        if (tid == 0) sm.ties_taken = min(ties_needed, taken_before + tie_total);
-        __syncthreads();
-      }
-    }
-    // 4. Bitonic sort, descending: score descending, then block ascending.
-    int n_sort = 1;
-    while (n_sort < K) n_sort <<= 1;
-    for (int i = K + tid; i < n_sort; i += kSelectThreads) sm.sorted[i] = 0ull;
-    __syncthreads();
-    for (int size = 2; size <= n_sort; size <<= 1) {
-      for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        for (int i = tid; i < n_sort; i += kSelectThreads) {
-          const int j = i ^ stride;
-          if (j > i) {
-            const bool desc = (i & size) == 0;
-            const unsigned long long a = sm.sorted[i], c = sm.sorted[j];
-            if (desc ? a < c : a > c) {
-              sm.sorted[i] = c;
-              sm.sorted[j] = a;
-            }
+  // Sort the K winners, descending (score descending, then block ascending): bitonic.
+  int n_sort = 1;
+  while (n_sort < K) n_sort <<= 1;
+  for (int i = K + tid; i < n_sort; i += kTopkThreads) sm.sel[i] = 0ull;
+  __syncthreads();
+  for (int size = 2; size <= n_sort; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < n_sort; i += kTopkThreads) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const unsigned long long a = sm.sel[i], c = sm.sel[j];
+          if (desc ? a < c : a > c) {
+            sm.sel[i] = c;
+            sm.sel[j] = a;
           }
         }
-        __syncthreads();
       }
-    }
-    // 5. Expand: chosen blocks' tokens, then the open group's tail, then -1.
-    int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
-    const int tail_start = (pos + 1) / p.ratio * p.ratio;
-    const int tail = pos + 1 - tail_start;
-    for (int j = tid; j < p.topk_width; j += kSelectThreads) {
-      int32_t v = -1;
-      if (j < K * p.ratio) {
-        const uint32_t b = 0xFFFFFFFFu - static_cast<uint32_t>(sm.sorted[j / p.ratio] & 0xFFFFFFFFull);
-        v = static_cast<int32_t>(b) * p.ratio + j % p.ratio;
-      } else if (j < K * p.ratio + tail) {
-        v = tail_start + (j - K * p.ratio);
-      }
-      out[j] = v;
+      __syncthreads();
     }
   }
+
+  // Expand: chosen blocks' tokens, then the open group's tail, then -1.
+  int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
+  const int tail_start = (pos + 1) / p.ratio * p.ratio;
+  const int tail = pos + 1 - tail_start;
+  for (int j = tid; j < p.topk_width; j += kTopkThreads) {
+    int32_t v = -1;
+    if (j < K * p.ratio) {
+      const uint32_t b = composite_block(sm.sel[j / p.ratio]);
+      v = static_cast<int32_t>(b) * p.ratio + j % p.ratio;
+    } else if (j < K * p.ratio + tail) {
+      v = tail_start + (j - K * p.ratio);
+    }
+    out[j] = v;
+  }
 }
+
+int64_t workspace_stride(int64_t max_blocks) { return (std::max<int64_t>(max_blocks, 1) + 3) / 4 * 4; }
 
 }  // namespace
 
-void launch_select_topk(const SelectParams& p, int grid_rows, cudaStream_t stream) {
+int select_rows_per_wave(int max_rows, int64_t max_blocks) {
+  // Up to 128 MiB of score keys: a decode plan holds all its rows (64 rows at 128K use
+  // 8 MiB); an 8192-row prefill plan at 32K runs in two waves.
+  constexpr int64_t kBudget = 128ll << 20;
+  const int64_t per_row = workspace_stride(max_blocks) * 4;
+  const int64_t rows = std::max<int64_t>(1, kBudget / per_row);
+  return static_cast<int>(std::min<int64_t>({rows, max_rows, 65535}));
+}
+
+size_t select_workspace_bytes(int max_rows, int64_t max_blocks) {
+  return static_cast<size_t>(select_rows_per_wave(max_rows, max_blocks)) *
+         static_cast<size_t>(workspace_stride(max_blocks)) * 4;
+}
+
+bool select_supports(int index_heads, int index_dim, int topk_blocks) {
+  return index_heads >= 1 && index_heads <= kScoreMaxHeads &&
+         (index_dim == 64 || index_dim == 128 || index_dim == 256) && topk_blocks <= kTopkMaxBlocks;
+}
+
+void launch_select_topk(const SelectParams& p, cudaStream_t stream) {
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
-  const int64_t ws_per_cta = p.score_workspace_elems / grid_rows;
-  select_topk_kernel<<<grid_rows, kSelectThreads, 0, stream>>>(p, inv_sqrt_dim, ws_per_cta);
+  const int64_t stride = workspace_stride(p.max_blocks);
+  const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
+  const int64_t chunks = (std::max<int64_t>(p.max_blocks, 1) + kScoreKeysPerCta - 1) / kScoreKeysPerCta;
+  for (int row0 = 0; row0 < p.meta.max_rows; row0 += wave) {
+    const int rows = std::min(wave, p.meta.max_rows - row0);
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
+    switch (p.index_dim) {
+      case 64: select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
+      case 128: select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
+      default: select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
+    }
+    select_topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, row0, stride);
+  }
 }
 
 }  // namespace cuda

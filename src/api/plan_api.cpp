@@ -275,6 +275,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     p.topk_stride = topk_stride;
     p.score_workspace = plan->select_ws.as<float>();
     p.score_workspace_elems = static_cast<int64_t>(plan->select_ws.bytes() / sizeof(float));
+    p.max_blocks = c.max_model_len / c.compress_ratio;
     cache->context->backend->select_topk(p, stream);
   });
 }

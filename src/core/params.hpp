@@ -88,6 +88,7 @@ struct SelectParams {
   int64_t topk_stride;
   float* score_workspace;         // backend scratch (plan-owned)
   int64_t score_workspace_elems;
+  int64_t max_blocks;             // compressed blocks of the longest request the plan allows
 };
 
 struct AttentionParams {

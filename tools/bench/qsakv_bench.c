@@ -358,10 +358,55 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
   return ms * 1e3 / kLayers;
 }
 
-/* Indexer selection for `rows` decode rows, each its own request at `seq` tokens (scores
- * over seq/4 compressed keys, exact top-512, expansion). Microseconds per call; *bytes
- * gets the compressed-key bytes read per call. */
-static double time_select(qsakv_context* ctx, int rows, int seq, cudaStream_t s, double* bytes) {
+/* Median milliseconds of `reps` replays of a one-call graph, L2 flushed before each
+ * (a 256 MiB memset outside the timed events): how peers are measured. */
+static float time_graph_flushed(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+  static void* flush = NULL;
+  const size_t flush_bytes = 256ull << 20;
+  if (!flush) CUDA(cudaMalloc(&flush, flush_bytes));
+  cudaEvent_t a, b;
+  CUDA(cudaEventCreate(&a));
+  CUDA(cudaEventCreate(&b));
+  CUDA(cudaGraphLaunch(exec, s));
+  float* t = malloc(sizeof(float) * reps);
+  for (int i = 0; i < reps; ++i) {
+    CUDA(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
+    CUDA(cudaEventRecord(a, s));
+    CUDA(cudaGraphLaunch(exec, s));
+    CUDA(cudaEventRecord(b, s));
+    CUDA(cudaEventSynchronize(b));
+    CUDA(cudaEventElapsedTime(&t[i], a, b));
+  }
+  qsort(t, reps, sizeof(float), cmp_float);
+  const float m = t[reps / 2];
+  free(t);
+  CUDA(cudaEventDestroy(a));
+  CUDA(cudaEventDestroy(b));
+  return m;
+}
+
+typedef struct {
+  double us;         /* per call, 8 calls per graph (L2 warm for small cases) */
+  double us_flushed; /* one-call graph, L2 flushed before each replay */
+  double key_bytes;  /* compressed-key bytes the rows read (each row its visible keys) */
+  double flops;      /* 2 * heads * dim per row and visible key */
+} select_timing;
+
+/* Indexer selection for `requests` requests of `seq` tokens with `rows_per_request` query
+ * rows each (the last positions: decode 1, verify 4, a prefill chunk 8192): scores over
+ * the visible compressed keys, exact top-512, expansion. */
+static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
+                                 cudaStream_t s) {
+  static uint16_t* h = NULL;
+  static void* d = NULL;
+  const size_t chunk = 64ull << 20;
+  if (!h) { /* random FP16 N(0,1) data, made once */
+    h = malloc(chunk);
+    for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
+    CUDA(cudaMalloc(&d, chunk));
+    CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
+  }
+  const int rows = requests * rows_per_request;
   qsakv_model_config c;
   CHECK(qsakv_model_config_preset(&c, "qwen4_exp"));
   c.tp_size = 4;
@@ -369,14 +414,14 @@ static double time_select(qsakv_context* ctx, int rows, int seq, cudaStream_t s,
   c.num_qsa_layers = 1;
   c.qsa_layers[0] = 3;
   c.block_size = kBlock;
-  c.max_requests = rows;
+  c.max_requests = requests;
   c.max_batched_tokens = rows;
-  c.max_model_len = seq + 1;
+  c.max_model_len = seq;
   qsakv_overlay* ov = make_overlay(&c);
   const int pages = (seq + kBlock - 1) / kBlock;
   qsakv_cache_options o;
   CHECK(qsakv_cache_options_init(&o));
-  o.num_blocks = (int64_t)rows * pages;
+  o.num_blocks = (int64_t)requests * pages;
   qsakv_cache* cache = NULL;
   CHECK(qsakv_cache_create(&cache, ctx, &c, ov, &o));
   qsakv_cache_layout L;
@@ -385,28 +430,28 @@ static double time_select(qsakv_context* ctx, int rows, int seq, cudaStream_t s,
   CHECK(qsakv_cache_get_layout(cache, &L));
   qsakv_layer_buffers lb;
   CHECK(qsakv_cache_get_layer_buffers(cache, 3, &lb));
-  const size_t chunk = 64ull << 20;
-  uint16_t* h = malloc(chunk);
-  for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
-  void* d;
-  CUDA(cudaMalloc(&d, chunk));
-  CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
   for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
     const size_t n = L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
     CUDA(cudaMemcpy((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice));
   }
-  int32_t* bt = malloc(sizeof(int32_t) * (size_t)rows * pages);
-  int32_t* qs = malloc(sizeof(int32_t) * (rows + 1));
-  int32_t* lens = malloc(sizeof(int32_t) * rows);
-  for (int r = 0; r < rows; ++r) {
+  int32_t* bt = malloc(sizeof(int32_t) * (size_t)requests * pages);
+  int32_t* qs = malloc(sizeof(int32_t) * (requests + 1));
+  int32_t* lens = malloc(sizeof(int32_t) * requests);
+  select_timing t = {0, 0, 0, 0};
+  for (int r = 0; r < requests; ++r) {
     for (int p = 0; p < pages; ++p) bt[(size_t)r * pages + p] = r * pages + p;
-    qs[r] = r;
+    qs[r] = r * rows_per_request;
     lens[r] = seq;
+    for (int i = 0; i < rows_per_request; ++i) {
+      const double visible = (double)((seq - rows_per_request + i + 1) / 4);
+      t.key_bytes += visible * 128 * 2;
+      t.flops += visible * 4 * 128 * 2;
+    }
   }
-  qs[rows] = rows;
+  qs[requests] = rows;
   void* dbt;
-  CUDA(cudaMalloc(&dbt, sizeof(int32_t) * (size_t)rows * pages));
-  CUDA(cudaMemcpy(dbt, bt, sizeof(int32_t) * (size_t)rows * pages, cudaMemcpyHostToDevice));
+  CUDA(cudaMalloc(&dbt, sizeof(int32_t) * (size_t)requests * pages));
+  CUDA(cudaMemcpy(dbt, bt, sizeof(int32_t) * (size_t)requests * pages, cudaMemcpyHostToDevice));
   qsakv_plan_options po;
   CHECK(qsakv_plan_options_init(&po));
   po.max_rows = rows;
@@ -416,32 +461,48 @@ static double time_select(qsakv_context* ctx, int rows, int seq, cudaStream_t s,
   memset(&batch, 0, sizeof batch);
   batch.struct_size = sizeof batch;
   batch.version = QSAKV_BATCH_VERSION;
-  batch.num_requests = rows;
+  batch.num_requests = requests;
   batch.query_start = qs;
   batch.seq_lens = lens;
   batch.block_table = dbt;
   batch.block_table_stride = pages;
   CHECK(qsakv_plan_update(plan, &batch, (qsakv_stream_t)s));
   void* iq;
-  CUDA(cudaMalloc(&iq, (size_t)rows * 4 * 128 * 2));
-  CUDA(cudaMemcpy(iq, h, (size_t)rows * 4 * 128 * 2, cudaMemcpyHostToDevice));
+  const size_t iq_bytes = (size_t)rows * 4 * 128 * 2;
+  CUDA(cudaMalloc(&iq, iq_bytes));
+  for (size_t off = 0; off < iq_bytes; off += chunk)
+    CUDA(cudaMemcpy((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk, cudaMemcpyDeviceToDevice));
   enum { kSelectCalls = 8 };
+  const int reps = t.key_bytes > 4e9 ? 5 : 10;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kSelectCalls; ++k)
     CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
-  const float ms = end_capture_and_time(s, 10);
-  *bytes = (double)rows * (seq / 4) * 128 * 2;
+  t.us = end_capture_and_time(s, reps) * 1e3 / kSelectCalls;
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  t.us_flushed = time_graph_flushed(e, s, 2 * reps) * 1e3;
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
   qsakv_plan_destroy(plan);
   qsakv_cache_destroy(cache);
   qsakv_overlay_destroy(ov);
-  CUDA(cudaFree(d));
   CUDA(cudaFree(dbt));
   CUDA(cudaFree(iq));
-  free(h);
   free(bt);
   free(qs);
   free(lens);
-  return ms * 1e3 / kSelectCalls;
+  return t;
+}
+
+/* E4M3 attention time (us) of the main table for `rows` rows, or NAN if not measured. */
+static double attention_us_for(const int* rows_list, const double* us, int n, int rows) {
+  for (int i = 0; i < n; ++i)
+    if (rows_list[i] == rows) return us[i];
+  return NAN;
 }
 
 int main(int argc, char** argv) {
@@ -498,10 +559,12 @@ int main(int argc, char** argv) {
   printf("\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K contexts, bs 64\n");
   printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s\n", "rows", "splits", "e4m3 us", "MB read",
          "GB/s", "%copy", "e4m3sw us", "sw/hw", "fp16 us", "fp16 GB/s", "e4/f16");
+  double att_us[16];
   for (int i = 0; i < n_rows; ++i) {
     const int rows = rows_list[i];
     int splits = 0, s2 = 0, s3 = 0;
     const double t8 = time_attention(&e8, rows, s, &splits);
+    att_us[i] = t8;
     const double t8sw = e4m3_only ? NAN : time_attention(&e8sw, rows, s, &s2);
     const double t16 = e4m3_only ? NAN : time_attention(&f16, rows, s, &s3);
     const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
@@ -530,15 +593,47 @@ int main(int argc, char** argv) {
   free_cache(&e8sw);
   free_cache(&f16);
 
-  /* Selection against the attention it feeds (DESIGN: 64 rows at 128K context). */
-  const int sel_rows = 64, sel_seq = 131071;
-  double sel_bytes = 0;
-  const double tsel = time_select(hw, sel_rows, sel_seq, s, &sel_bytes);
-  printf("select top-k, %d rows at %d tokens: %.2f us (%.0f GB/s of compressed keys)\n", sel_rows,
-         sel_seq, tsel, sel_bytes / (tsel * 1e-6) / 1e9);
+  /* Selection against the attention it feeds: decode rows at 32K/128K/256K, verify rows,
+   * prefill chunks. Key bytes: each row's visible compressed keys (64 B per token). */
+  typedef struct {
+    const char* kind;
+    int requests, rows_per_request, seq;
+  } sel_case;
+  const sel_case cases[] = {
+      {"decode", 1, 1, 32768},     {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
+      {"decode", 256, 1, 32768},   {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
+      {"decode", 64, 1, 131072},   {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
+      {"decode", 8, 1, 262144},    {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
+      {"verify", 64, 4, 131072},   {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
+  };
+  const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+  printf("\nindexer selection (4 heads x 128, top-512 of the visible compressed keys), E4M3 attention of the\n"
+         "same row count from the table above (32K contexts; nan where that row count is not in it)\n");
+  printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows", "context",
+         "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us", "sel+attn");
+  if (js) fprintf(js, "  \"select\": [\n");
+  for (int i = 0; i < n_cases; ++i) {
+    const sel_case* c = &cases[i];
+    const int rows = c->requests * c->rows_per_request;
+    const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq, s);
+    const double gbs = t.key_bytes / (t.us * 1e-6) / 1e9, gbs_f = t.key_bytes / (t.us_flushed * 1e-6) / 1e9;
+    const double tflops = t.flops / (t.us_flushed * 1e-6) / 1e12;
+    const double att = attention_us_for(rows_list, att_us, n_rows, rows);
+    char att_json[32];
+    if (isnan(att)) snprintf(att_json, sizeof att_json, "null");
+    else snprintf(att_json, sizeof att_json, "%.3f", att);
+    printf("%8s %5d %5d %7d %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f\n", c->kind,
+           c->requests, rows, c->seq, t.key_bytes / 1e6, t.us, gbs, t.us_flushed, gbs_f,
+           100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
+    if (js)
+      fprintf(js, "    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, \"key_bytes\": %.0f, "
+                  "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
+                  "\"attention_us\": %s}%s\n",
+              c->kind, c->requests, rows, c->seq, t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json,
+              i + 1 < n_cases ? "," : "");
+  }
   if (js) {
-    fprintf(js, "  \"select\": {\"rows\": %d, \"tokens\": %d, \"us\": %.3f, \"bytes\": %.0f}\n}\n",
-            sel_rows, sel_seq, tsel, sel_bytes);
+    fprintf(js, "  ]\n}\n");
     fclose(js);
   }
   CUDA(cudaStreamDestroy(s));

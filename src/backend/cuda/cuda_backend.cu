@@ -123,9 +123,8 @@ class CudaBackend final : public Backend {
     const int cap = std::max(1, (topk_width + 127) / 128);
     return std::max(1, std::min(want, cap));
   }
-  int select_grid(int max_rows) const { return std::max(1, std::min(max_rows, 2 * info_.multiprocessor_count)); }
   size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const override {
-    return static_cast<size_t>(select_grid(max_rows)) * static_cast<size_t>(max_blocks) * 4;
+    return cuda::select_workspace_bytes(max_rows, max_blocks);
   }
 
   void store_kv(const StoreKvParams& p, qsakv_stream_t stream) override {
@@ -148,13 +147,13 @@ class CudaBackend final : public Backend {
     check_launch("store_compressed_keys kernel launch");
   }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
-    if (p.topk_blocks > 1024 || p.index_heads * p.index_dim > 4096)
-      fail(QSAKV_ERROR_UNSUPPORTED, "the CUDA selection supports up to 1024 top-k blocks and "
-           "4096 index-query elements per row (got %d and %d)", p.topk_blocks,
-           p.index_heads * p.index_dim);
+    if (!cuda::select_supports(p.index_heads, p.index_dim, p.topk_blocks))
+      fail(QSAKV_ERROR_UNSUPPORTED, "the CUDA selection supports 1..8 index heads, index_head_dim "
+           "64, 128 or 256, and up to 1024 top-k blocks (got %d heads, dim %d, %d blocks); the "
+           "CPU backend supports every valid config", p.index_heads, p.index_dim, p.topk_blocks);
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
-    cuda::launch_select_topk(p, select_grid(p.meta.max_rows), stream);
+    cuda::launch_select_topk(p, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {

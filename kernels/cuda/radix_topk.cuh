@@ -1,0 +1,86 @@
+// Exact top-k of one row's score keys by radix select, block-wide (one CTA per row).
+//
+// Every candidate is a 64-bit composite: (score key << 32) | (0xFFFFFFFF - block), so
+// larger composite = higher score, then lower block index. Composites are unique, so the
+// k-th largest composite is a single value and "take everything at or above it" takes
+// exactly k blocks in the reference order (score descending, block ascending on ties)
+// with no separate tie-break step. Digits are resolved from the top until the chosen
+// digit holds exactly the number of composites still needed.
+#pragma once
+
+#include <stdint.h>
+
+namespace qsakv {
+namespace cuda {
+
+constexpr int kTopkThreads = 512;
+
+__device__ __forceinline__ uint64_t composite(uint32_t key, uint32_t block) {
+  return (static_cast<uint64_t>(key) << 32) | (0xFFFFFFFFu - block);
+}
+__device__ __forceinline__ uint32_t composite_block(uint64_t c) {
+  return 0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull);
+}
+
+// Inclusive block-wide scan of one int per thread (kTopkThreads threads); *total gets the
+// sum over the block. warp_sums: shared, kTopkThreads / 32 ints. Contains barriers.
+__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, d);
+    if (lane >= d) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kTopkThreads / 32; ++w) {
+    const int s = warp_sums[w];
+    before += w < warp ? s : 0;
+    all += s;
+  }
+  *total = all;
+  return x + before;
+}
+
+// Given hist[bins] (shared) and `need` >= 1 items to take from the top, finds the digit d
+// such that the bins above d hold fewer than `need` items and bins >= d hold at least
+// `need`; writes d and how many items of bin d are still needed (>= 1) to *digit and
+// *need_in_digit (shared). bins is a multiple of kTopkThreads or at most kTopkThreads.
+// Contains barriers; every thread must call it.
+template <int kBins>
+__device__ __forceinline__ void find_digit(const uint32_t* hist, int need, int* warp_sums,
+                                           int* digit, int* need_in_digit) {
+  constexpr int kPer = kBins >= kTopkThreads ? kBins / kTopkThreads : 1;
+  // Thread t owns bins [top - kPer*(t+1), top - kPer*t): thread 0 the highest.
+  const int hi = kBins - kPer * static_cast<int>(threadIdx.x);
+  int mine = 0;
+#pragma unroll
+  for (int j = 1; j <= kPer; ++j) {
+    const int b = hi - j;
+    mine += b >= 0 ? static_cast<int>(hist[b]) : 0;
+  }
+  int total;
+  const int incl = block_inclusive_scan(mine, warp_sums, &total);
+  const int above = incl - mine;  // items in the bins above this thread's
+  if (above < need && incl >= need) {
+    int acc = above;
+    for (int j = 1; j <= kPer; ++j) {
+      const int b = hi - j;
+      const int c = static_cast<int>(hist[b]);
+      if (acc + c >= need) {
+        *digit = b;
+        *need_in_digit = need - acc;
+        break;
+      }
+      acc += c;
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace cuda
+}  // namespace qsakv
