@@ -552,7 +552,15 @@ QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_in
  * ascending on ties), expands each to its ratio tokens, appends the open group's tail
  * and pads with -1. index_q: device FP16 [rows, index_num_heads, index_head_dim].
  * topk: device int32 [rows, topk_stride] with topk_stride >= topk_width; NULL writes the
- * layer's (shared) top-k buffer. Async; run. */
+ * layer's (shared) top-k buffer. Async; run.
+ * Numerics: the CPU backend is the reference (FP32 scores). The CUDA backend scores on
+ * tensor cores (FP32 accumulation in another order), so its selection equals the CPU's
+ * except for blocks whose score lies within a stated tolerance of the row's k-th score
+ * (docs/selection.md); with scores exact in FP32 (e.g. small-integer inputs) the two are
+ * identical, ties included. Deterministic and batch-invariant on a given GPU: a row's
+ * selection depends only on its own inputs. The CUDA backend supports 1..8 index heads,
+ * index_head_dim 64, 128 or 256 and up to 1024 top-k blocks (QSAKV_ERROR_UNSUPPORTED
+ * otherwise). */
 QSAKV_API qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer,
                                          const void* index_q, int32_t* topk,
                                          int64_t topk_stride, qsakv_stream_t stream);

@@ -6,12 +6,15 @@
 //   1. select_score_kernel: grid (key chunks, rows). Each CTA scores kScoreKeysPerCta
 //      consecutive compressed keys of one row, so one long row spreads over the whole GPU
 //      and the key bytes (the selection's whole cost) stream at full bandwidth. Scores go
-//      to a plan-owned workspace as order-preserving 32-bit keys (0: unmapped page).
-//   2. select_topk_kernel: one CTA per row. An 11-bit histogram pass over the row's keys
-//      finds the bin of the k-th score; a second pass takes every key above it and
-//      gathers the bin's keys into shared memory, where a radix select over
-//      (score, block) composites finds the exact remainder (radix_topk.cuh). The winners
-//      are sorted and expanded.
+//      to a plan-owned workspace as order-preserving 32-bit keys (0: unmapped page), and
+//      each CTA adds its keys to the row's histogram of the top 11 key bits.
+//   2. select_topk_kernel: one CTA per row (launched early with programmatic dependent
+//      launch where the GPU has it). The histogram names the bin of the k-th score; one
+//      pass over the row's keys takes every key above that bin and gathers the bin into
+//      shared memory, where a radix select over (score, block) composites finds the exact
+//      remainder (radix_topk.cuh). A bin too large for shared memory is first narrowed by
+//      a histogram of the next 11 bits (one more pass). The winners are sorted (bitonic,
+//      the short strides in registers) and expanded.
 // Rows are processed in waves when the workspace cannot hold every row of the plan at
 // once (large prefill plans); decode-sized plans run in one wave.
 #include <math_constants.h>
@@ -36,6 +39,13 @@ constexpr int kTopkMaxBlocks = 1024;   // configs with more top-k blocks are ref
 constexpr int kTopBits = 11;           // first radix digit: bits 31..21 of the score key
 constexpr int kTopBins = 1 << kTopBits;
 constexpr int kCandidateCap = 3072;    // bin-of-the-threshold keys kept in shared memory
+constexpr int kLoadsInFlight = 4;      // 16-byte workspace loads per thread per batch
+
+// Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins]
+// (zero between calls: the top-k kernel clears its row's after reading it).
+__host__ __device__ inline int64_t workspace_stride(int64_t max_blocks) {
+  return ((max_blocks > 1 ? max_blocks : 1) + 3) / 4 * 4;
+}
 
 // ---------------------------------------------------------------------------------------
 // 1. Scores
@@ -55,8 +65,9 @@ __device__ __forceinline__ const uint16_t* key_address(const SelectParams& p, co
 
 template <int D>
 __global__ void __launch_bounds__(kScoreWarps * 32) select_score_kernel(const SelectParams p, int row0,
-                                                                        int64_t ws_stride,
+                                                                        int wave_rows, int64_t ws_stride,
                                                                         float inv_sqrt_dim) {
+  __shared__ uint32_t hist[kTopBins];
   // Two tiles in flight per warp where registers allow (8 KB of keys per warp at D=128).
   constexpr int kInFlight = D <= 128 ? 2 : 1;
   constexpr int kTiles = kScoreKeysPerCta / kScoreTileKeys;
@@ -71,9 +82,11 @@ __global__ void __launch_bounds__(kScoreWarps * 32) select_score_kernel(const Se
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 
+  for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32) hist[i] = 0u;
   QueryFrags<D> q;
   load_query_frags<D>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D, p.index_heads, g, t4);
   uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
+  __syncthreads();  // hist cleared
 
   for (int t = warp; t < kTiles; t += kScoreWarps * kInFlight) {
     if (cta0 + static_cast<int64_t>(t) * kScoreTileKeys >= n) break;  // warp-uniform
@@ -95,11 +108,27 @@ __global__ void __launch_bounds__(kScoreWarps * 32) select_score_kernel(const Se
       score_tile<D>(k[j], q, inv_sqrt_dim, s_lo, s_hi);
       const int64_t b = cta0 + static_cast<int64_t>(t + j * kScoreWarps) * kScoreTileKeys + g;
       if (t4 == 0) {
-        if (b < n) ws[b] = mapped[j][0] ? score_key(s_lo) : 0u;
-        if (b + 8 < n) ws[b + 8] = mapped[j][1] ? score_key(s_hi) : 0u;
+        if (b < n) {
+          const uint32_t key = mapped[j][0] ? score_key(s_lo) : 0u;
+          ws[b] = key;
+          if (key) atomicAdd(&hist[key >> (32 - kTopBits)], 1u);
+        }
+        if (b + 8 < n) {
+          const uint32_t key = mapped[j][1] ? score_key(s_hi) : 0u;
+          ws[b + 8] = key;
+          if (key) atomicAdd(&hist[key >> (32 - kTopBits)], 1u);
+        }
       }
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();  // the top-k kernel may start its prologue
+#endif
+  __syncthreads();
+  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(wave_rows) * ws_stride +
+                       static_cast<int64_t>(row - row0) * kTopBins;
+  for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32)
+    if (hist[i]) atomicAdd(row_hist + i, hist[i]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -117,21 +146,31 @@ struct TopkSmem {
   int n_cand;
 };
 
-// Calls f(block, key) for every key of the row (keys[0..n)), 16-byte loads.
+// Calls f(block, key) for every key of the row (keys[0..n)): 16-byte loads, a batch of
+// kLoadsInFlight per thread issued before any is used (the loop is latency-bound).
 template <class F>
 __device__ __forceinline__ void for_each_key(const uint32_t* keys, int64_t n, F&& f) {
   const int64_t n4 = (n + 3) / 4;
-  for (int64_t i = threadIdx.x; i < n4; i += kTopkThreads) {
-    const uint4 v = *reinterpret_cast<const uint4*>(keys + 4 * i);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int64_t base = threadIdx.x; base < n4; base += kLoadsInFlight * kTopkThreads) {
+    uint4 v[kLoadsInFlight];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (4 * i + j < n) f(4 * i + j, w[j]);
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int64_t i = base + u * kTopkThreads;
+      v[u] = i < n4 ? *reinterpret_cast<const uint4*>(keys + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int64_t i = base + u * kTopkThreads;
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (4 * i + j < n) f(4 * i + j, w[j]);
+    }
   }
 }
 
 // The candidates of the threshold bin: in shared memory, or (when they did not fit) the
-// row's keys in the workspace, filtered by the bin.
+// row's keys in the workspace.
 struct SharedCandidates {
   const unsigned long long* c;
   int n;
@@ -151,17 +190,19 @@ struct WorkspaceCandidates {
   }
 };
 
-// Appends to sm.sel the `need` largest composites of the candidates whose top kTopBits
-// bits are `top`. Digits below the first are resolved 5 + 8 + ... bits at a time until
-// the chosen digit holds exactly the composites still needed (composites are unique, so
-// this happens at the latest on the last digit).
+// Appends to sm.sel the `need` largest composites of the candidates whose top `known`
+// bits equal `top`. The remaining bits are resolved a digit at a time (the first digit
+// takes the odd bits: 53 = 5 + 6 x 8, 42 = 2 + 5 x 8) until the chosen digit holds
+// exactly the composites still needed; composites are unique, so this happens at the
+// latest on the last digit.
 template <class Src>
-__device__ void take_from_threshold_bin(const Src& src, uint32_t top, int need, TopkSmem& sm) {
-  constexpr int kResolved0 = 64 - kTopBits;  // bits at and above this are known
-  uint64_t prefix = static_cast<uint64_t>(top) << kResolved0;
-  int shift = kResolved0;
+__device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top, int need,
+                                        TopkSmem& sm) {
+  const int resolved0 = 64 - known;  // bits at and above this are known
+  uint64_t prefix = static_cast<uint64_t>(top) << resolved0;
+  int shift = resolved0;
   while (true) {
-    const int width = shift == kResolved0 ? kResolved0 % 8 : 8;  // 53 = 5 + 6 x 8
+    const int width = shift == resolved0 && resolved0 % 8 != 0 ? resolved0 % 8 : 8;
     const int next = shift - width;
     const uint32_t mask = (1u << width) - 1u;
     for (int i = threadIdx.x; i < 256; i += kTopkThreads) sm.hist[i] = 0u;
@@ -183,77 +224,25 @@ __device__ void take_from_threshold_bin(const Src& src, uint32_t top, int need, 
   // Take every candidate of the bin at or above the threshold: exactly `need` of them
   // from the last digit, and everything the earlier digits ranked higher.
   src.each([&](uint64_t v) {
-    if ((v >> kResolved0) == top && (v >> shift) >= (prefix >> shift))
+    if ((v >> resolved0) == top && (v >> shift) >= (prefix >> shift))
       sm.sel[atomicAdd(&sm.n_sel, 1)] = v;
   });
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectParams p, int row0,
-                                                                   int64_t ws_stride) {
-  __shared__ TopkSmem sm;
-  const int row = row0 + static_cast<int>(blockIdx.x);
-  if (row >= p.meta.header->num_rows) return;
-  const int tid = threadIdx.x;
-  const int pos = p.meta.row_pos[row];
-  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
-  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
-
-  // Pass 1: histogram of the top bits; count of selectable (mapped) blocks.
-  for (int i = tid; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
-  if (tid == 0) {
-    sm.n_sel = 0;
-    sm.n_cand = 0;
-  }
-  __syncthreads();
-  int local = 0;
-  for_each_key(keys, n, [&](int64_t, uint32_t key) {
-    if (key != 0u) {
-      atomicAdd(&sm.hist[key >> (32 - kTopBits)], 1u);
-      ++local;
-    }
-  });
-  int n_valid;
-  block_inclusive_scan(local, sm.warp_sums, &n_valid);
-  const int K = min(n_valid, p.topk_blocks);
-
-  if (K > 0) {
-    find_digit<kTopBins>(sm.hist, K, sm.warp_sums, &sm.digit, &sm.need);
-    const uint32_t top = static_cast<uint32_t>(sm.digit);
-    const int need = sm.need;
-    const int in_bin = static_cast<int>(sm.hist[top]);
-    // Pass 2: keys above the threshold bin are taken; the bin's own keys are gathered.
-    for_each_key(keys, n, [&](int64_t b, uint32_t key) {
-      const uint32_t t = key >> (32 - kTopBits);
-      if (key == 0u || t < top) return;
-      const uint64_t v = composite(key, static_cast<uint32_t>(b));
-      if (t > top) {
-        sm.sel[atomicAdd(&sm.n_sel, 1)] = v;
-      } else if (in_bin <= kCandidateCap) {
-        sm.cand[atomicAdd(&sm.n_cand, 1)] = v;
-      }
-    });
-    __syncthreads();
-    if (in_bin == need) {
-      // The whole bin is taken: no refinement.
-      for (int i = tid; i < in_bin; i += kTopkThreads) sm.sel[K - need + i] = sm.cand[i];
-      // (when in_bin > kCandidateCap, need <= K <= kTopkMaxBlocks < in_bin: never here)
-      __syncthreads();
-    } else if (in_bin <= kCandidateCap) {
-      take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, top, need, sm);
-    } else {
-      take_from_threshold_bin(WorkspaceCandidates{keys, n}, top, need, sm);
-    }
-  }
-
-  // Sort the K winners, descending (score descending, then block ascending): bitonic.
+// Sorts sm.sel[0..n) descending (n <= kTopkMaxBlocks), padding to a power of two with
+// zeros (below every composite). Bitonic; strides under 32 run in registers with warp
+// shuffles, one barrier per size instead of one per stride.
+__device__ void sort_selection_descending(TopkSmem& sm, int n) {
+  constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
   int n_sort = 1;
-  while (n_sort < K) n_sort <<= 1;
-  for (int i = K + tid; i < n_sort; i += kTopkThreads) sm.sel[i] = 0ull;
+  while (n_sort < n) n_sort <<= 1;
+  for (int i = n + threadIdx.x; i < n_sort; i += kTopkThreads) sm.sel[i] = 0ull;
   __syncthreads();
   for (int size = 2; size <= n_sort; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < n_sort; i += kTopkThreads) {
+    int stride = size >> 1;
+    for (; stride >= 32; stride >>= 1) {
+      for (int i = threadIdx.x; i < n_sort; i += kTopkThreads) {
         const int j = i ^ stride;
         if (j > i) {
           const bool desc = (i & size) == 0;
@@ -266,7 +255,104 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectP
       }
       __syncthreads();
     }
+    // Strides < 32: partners are lanes of the same warp. Indices >= n_sort only meet
+    // each other (n_sort is a power of two) and are never written back.
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int i = slot * kTopkThreads + threadIdx.x;
+      if (slot * kTopkThreads >= n_sort) break;  // block-uniform
+      unsigned long long v = i < n_sort ? sm.sel[i] : 0ull;
+      const bool desc = (i & size) == 0;
+      for (int s = stride; s > 0; s >>= 1) {
+        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, s);
+        const bool lower = (i & s) == 0;
+        const bool keep_max = desc == lower;
+        v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
+      }
+      if (i < n_sort) sm.sel[i] = v;
+    }
+    __syncthreads();
   }
+}
+
+__global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectParams p, int row0,
+                                                                   int wave_rows, int64_t ws_stride) {
+  __shared__ TopkSmem sm;
+  const int row = row0 + static_cast<int>(blockIdx.x);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm.n_sel = 0;
+    sm.n_cand = 0;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
+  if (row >= p.meta.header->num_rows) return;
+  const int pos = p.meta.row_pos[row];
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
+  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(wave_rows) * ws_stride +
+                       static_cast<int64_t>(row - row0) * kTopBins;
+
+  // The histogram of the top bits (left zero for the next call) and the number of
+  // selectable (mapped) blocks.
+  int local = 0;
+  for (int i = tid; i < kTopBins; i += kTopkThreads) {
+    const uint32_t c = row_hist[i];
+    sm.hist[i] = c;
+    local += static_cast<int>(c);
+    if (c) row_hist[i] = 0u;
+  }
+  int n_valid;
+  block_inclusive_scan(local, sm.warp_sums, &n_valid);
+  const int K = min(n_valid, p.topk_blocks);
+
+  if (K > 0) {
+    find_digit<kTopBins>(sm.hist, K, sm.warp_sums, &sm.digit, &sm.need);
+    const uint32_t top = static_cast<uint32_t>(sm.digit);
+    const int need = sm.need;
+    const int in_bin = static_cast<int>(sm.hist[top]);
+    const bool fits = in_bin <= kCandidateCap;
+    __syncthreads();  // hist is reused below when the bin does not fit
+    if (!fits)
+      for (int i = tid; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
+    __syncthreads();
+    // Keys above the threshold bin are taken; the bin's keys are gathered, or (too many)
+    // counted by their next 11 bits.
+    for_each_key(keys, n, [&](int64_t b, uint32_t key) {
+      const uint32_t t = key >> (32 - kTopBits);
+      if (key == 0u || t < top) return;
+      if (t > top) sm.sel[atomicAdd(&sm.n_sel, 1)] = composite(key, static_cast<uint32_t>(b));
+      else if (fits) sm.cand[atomicAdd(&sm.n_cand, 1)] = composite(key, static_cast<uint32_t>(b));
+      else atomicAdd(&sm.hist[(key >> (32 - 2 * kTopBits)) & (kTopBins - 1)], 1u);
+    });
+    __syncthreads();
+    if (fits) {
+      take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, kTopBits, top, need, sm);
+    } else {
+      // Narrow the bin by the next 11 bits, then gather the narrower bin.
+      find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+      const uint32_t mid = static_cast<uint32_t>(sm.digit);
+      const int need2 = sm.need;
+      const int in_bin2 = static_cast<int>(sm.hist[mid]);
+      const bool fits2 = in_bin2 <= kCandidateCap;
+      const uint32_t top2 = (top << kTopBits) | mid;
+      __syncthreads();
+      for_each_key(keys, n, [&](int64_t b, uint32_t key) {
+        const uint32_t t = key >> (32 - 2 * kTopBits);
+        if (key == 0u || (t >> kTopBits) != top || t < top2) return;
+        if (t > top2) sm.sel[atomicAdd(&sm.n_sel, 1)] = composite(key, static_cast<uint32_t>(b));
+        else if (fits2) sm.cand[atomicAdd(&sm.n_cand, 1)] = composite(key, static_cast<uint32_t>(b));
+      });
+      __syncthreads();
+      if (fits2)
+        take_from_threshold_bin(SharedCandidates{sm.cand, in_bin2}, 2 * kTopBits, top2, need2, sm);
+      else
+        take_from_threshold_bin(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
+    }
+  }
+
+  sort_selection_descending(sm, K);
 
   // Expand: chosen blocks' tokens, then the open group's tail, then -1.
   int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
@@ -284,8 +370,6 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectP
   }
 }
 
-int64_t workspace_stride(int64_t max_blocks) { return (std::max<int64_t>(max_blocks, 1) + 3) / 4 * 4; }
-
 }  // namespace
 
 int select_rows_per_wave(int max_rows, int64_t max_blocks) {
@@ -299,7 +383,7 @@ int select_rows_per_wave(int max_rows, int64_t max_blocks) {
 
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks) {
   return static_cast<size_t>(select_rows_per_wave(max_rows, max_blocks)) *
-         static_cast<size_t>(workspace_stride(max_blocks)) * 4;
+         static_cast<size_t>(workspace_stride(max_blocks) + kTopBins) * 4;
 }
 
 bool select_supports(int index_heads, int index_dim, int topk_blocks) {
@@ -307,7 +391,7 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks) {
          (index_dim == 64 || index_dim == 128 || index_dim == 256) && topk_blocks <= kTopkMaxBlocks;
 }
 
-void launch_select_topk(const SelectParams& p, cudaStream_t stream) {
+void launch_select_topk(const SelectParams& p, int sm_version, cudaStream_t stream) {
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
   const int64_t stride = workspace_stride(p.max_blocks);
   const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
@@ -316,11 +400,23 @@ void launch_select_topk(const SelectParams& p, cudaStream_t stream) {
     const int rows = std::min(wave, p.meta.max_rows - row0);
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
     switch (p.index_dim) {
-      case 64: select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
-      case 128: select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
-      default: select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, stride, inv_sqrt_dim); break;
+      case 64: select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, inv_sqrt_dim); break;
+      case 128: select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, inv_sqrt_dim); break;
+      default: select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, inv_sqrt_dim); break;
     }
-    select_topk_kernel<<<rows, kTopkThreads, 0, stream>>>(p, row0, stride);
+    // Programmatic dependent launch (SM90+): the top-k grid is scheduled while the
+    // scoring grid drains; it waits in cudaGridDependencySynchronize for the scores.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(rows));
+    cfg.blockDim = dim3(kTopkThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = sm_version >= 90 ? 1 : 0;
+    if (cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride) != cudaSuccess)
+      return;  // the error stays pending for the caller's check
   }
 }
 

@@ -508,15 +508,22 @@ static double attention_us_for(const int* rows_list, const double* us, int n, in
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
-  int n_rows = 9, e4m3_only = 0;
+  int n_rows = 9, e4m3_only = 0, select_only = 0;
+  int case_mask = -1; /* selection cases to run (bit i: case i) */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!strcmp(argv[i], "--e4m3-only")) e4m3_only = 1;
+    else if (!strcmp(argv[i], "--select-only")) select_only = 1;
+    else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
+      case_mask = 0;
+      for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
+    }
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
       n_rows = 0;
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ",")) rows_list[n_rows++] = atoi(t);
     } else {
-      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
+                      "[--select-cases 0,4,...]\n", argv[0]);
       return 2;
     }
   }
@@ -544,7 +551,8 @@ int main(int argc, char** argv) {
          info.device_name, info.sm_version, info.multiprocessor_count,
          info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software", memcpy_gbs, kcopy_gbs, copy_gbs);
 
-  int rows_max = 0;
+  if (select_only) n_rows = 0;
+  int rows_max = 1;
   for (int i = 0; i < n_rows; ++i) rows_max = rows_list[i] > rows_max ? rows_list[i] : rows_max;
   bench_cache e8, e8sw, f16;
   make_cache(&e8, hw, QSAKV_DTYPE_E4M3, rows_max, kSeq, kRequests);
@@ -580,15 +588,17 @@ int main(int argc, char** argv) {
   }
   if (js) fprintf(js, "  ],\n");
 
-  const int store_tokens = 65536;
-  const double ts8 = time_store(&e8, store_tokens, s), ts16 = time_store(&f16, store_tokens, s);
-  const double sb8 = store_tokens * 256.0 * 2 * (2 + 1), sb16 = store_tokens * 256.0 * 2 * (2 + 2);
-  printf("\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f GB/s, %.1f%%)\n",
-         store_tokens, ts8, sb8 / (ts8 * 1e-6) / 1e9, 100.0 * sb8 / (ts8 * 1e-6) / 1e9 / copy_gbs, ts16,
-         sb16 / (ts16 * 1e-6) / 1e9, 100.0 * sb16 / (ts16 * 1e-6) / 1e9 / copy_gbs);
-  if (js)
-    fprintf(js, "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f},\n",
-            store_tokens, ts8, ts16, sb8 / (ts8 * 1e-6) / 1e9, sb16 / (ts16 * 1e-6) / 1e9);
+  if (!select_only) {
+    const int store_tokens = 65536;
+    const double ts8 = time_store(&e8, store_tokens, s), ts16 = time_store(&f16, store_tokens, s);
+    const double sb8 = store_tokens * 256.0 * 2 * (2 + 1), sb16 = store_tokens * 256.0 * 2 * (2 + 2);
+    printf("\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f GB/s, %.1f%%)\n",
+           store_tokens, ts8, sb8 / (ts8 * 1e-6) / 1e9, 100.0 * sb8 / (ts8 * 1e-6) / 1e9 / copy_gbs, ts16,
+           sb16 / (ts16 * 1e-6) / 1e9, 100.0 * sb16 / (ts16 * 1e-6) / 1e9 / copy_gbs);
+    if (js)
+      fprintf(js, "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f},\n",
+              store_tokens, ts8, ts16, sb8 / (ts8 * 1e-6) / 1e9, sb16 / (ts16 * 1e-6) / 1e9);
+  }
   free_cache(&e8);
   free_cache(&e8sw);
   free_cache(&f16);
@@ -612,7 +622,9 @@ int main(int argc, char** argv) {
   printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows", "context",
          "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us", "sel+attn");
   if (js) fprintf(js, "  \"select\": [\n");
+  int printed = 0;
   for (int i = 0; i < n_cases; ++i) {
+    if (!((case_mask >> i) & 1)) continue;
     const sel_case* c = &cases[i];
     const int rows = c->requests * c->rows_per_request;
     const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq, s);
@@ -626,14 +638,13 @@ int main(int argc, char** argv) {
            c->requests, rows, c->seq, t.key_bytes / 1e6, t.us, gbs, t.us_flushed, gbs_f,
            100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
     if (js)
-      fprintf(js, "    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, \"key_bytes\": %.0f, "
+      fprintf(js, "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, \"key_bytes\": %.0f, "
                   "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
-                  "\"attention_us\": %s}%s\n",
-              c->kind, c->requests, rows, c->seq, t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json,
-              i + 1 < n_cases ? "," : "");
+                  "\"attention_us\": %s}",
+              printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq, t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json);
   }
   if (js) {
-    fprintf(js, "  ]\n}\n");
+    fprintf(js, "\n  ]\n}\n");
     fclose(js);
   }
   CUDA(cudaStreamDestroy(s));
