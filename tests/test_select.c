@@ -268,8 +268,9 @@ static void unmap_page(tu_world* w, int r, int page) {
   TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
 }
 
-/* Long and short contexts (1 token to 256K), decode and verify rows, an unmapped page. */
-static const tu_shape kContractShape = {5, {1, 2, 1, 3, 1}, {1, 5, 262144, 70001, 2051}};
+/* Long and short contexts (1 token to 256K), decode and verify rows, a 37-row chunk (row
+ * blocks of the multi-row route hold several requests), an unmapped page. */
+static const tu_shape kContractShape = {6, {1, 2, 1, 3, 1, 37}, {1, 5, 262144, 70001, 2051, 9000}};
 
 static void contract_config(qsakv_model_config* c) {
   tu_small_config(c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64);

@@ -19,13 +19,13 @@ cmake --build build-gpu -j16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 if [ "$stage" = all ] || [ "$stage" = test ]; then
-  (cd build-gpu && ctest --output-on-failure -j4 > "$OUT/ctest.log" 2>&1); echo "ctest rc=$?"
+  (cd build-gpu && ctest --output-on-failure --timeout 240 -j4 > "$OUT/ctest.log" 2>&1); echo "ctest rc=$?"
   grep -E "tests passed|Failed|Skipped|SKIP|rel_l2|identical|differ|selected" "$OUT/ctest.log" | head -60
-  (cd build-gpu && for t in test_attention test_graph test_select test_store; do ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; done)
+  (cd build-gpu && for t in test_attention test_graph test_select test_store; do timeout 120 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; done)
   grep -hE "cuda|rel_l2|replay|PASSED|FAILED|SKIPPED" "$OUT"/test_attention.log "$OUT"/test_graph.log "$OUT"/test_select.log | head -60
 fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
-  build-gpu/qsakv_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+  timeout 240 build-gpu/qsakv_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
   if [ -n "${BENCH_AB:-}" ]; then  # the alternative E4M3 tile path, for comparison
     QSAKV_E4M3_STAGING=1 build-gpu/qsakv_bench --e4m3-only --rows 1,16,64,256,1024 \
       --json "$OUT/bench-staged.json" > "$OUT/bench-staged.log" 2>&1; echo "bench (staged) rc=$?"

@@ -20,7 +20,7 @@ void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
 bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
-void launch_select_topk(const SelectParams& p, int sm_version, cudaStream_t stream);
+void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qsakv

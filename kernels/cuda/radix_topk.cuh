@@ -13,13 +13,30 @@
 namespace qsakv {
 namespace cuda {
 
-constexpr int kTopkThreads = 512;
+constexpr int kTopkThreads = 1024;
 
 __device__ __forceinline__ uint64_t composite(uint32_t key, uint32_t block) {
   return (static_cast<uint64_t>(key) << 32) | (0xFFFFFFFFu - block);
 }
 __device__ __forceinline__ uint32_t composite_block(uint64_t c) {
   return 0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull);
+}
+
+// Appends v to arr (a shared-memory list of `capacity` entries with a shared counter)
+// where `take`, one atomic per warp instead of one per lane (the counter is contended by
+// the whole CTA). Never writes past capacity (callers size the lists so that correct
+// counts fit). Every lane of the warp must call it.
+template <int capacity>
+__device__ __forceinline__ void warp_append(unsigned long long* arr, int* counter, bool take,
+                                            unsigned long long v) {
+  const unsigned mask = __ballot_sync(0xffffffffu, take);
+  if (mask == 0u) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(mask));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  const int slot = base + __popc(mask & ((1u << lane) - 1u));
+  if (take && slot < capacity) arr[slot] = v;
 }
 
 // Inclusive block-wide scan of one int per thread (kTopkThreads threads); *total gets the

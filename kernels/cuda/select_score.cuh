@@ -103,5 +103,32 @@ __device__ __forceinline__ void score_tile(const KeyFrags<D>& k, const QueryFrag
   s_hi = hi * inv_sqrt_dim;
 }
 
+// ---- Several rows of one request per MMA (verify rows, prefill chunks) ----------------
+//
+// The rows of one request read the same keys, so a CTA scores a key tile once for up to
+// kRowsPerBlock of them: N = rows x heads, kHeadsPad columns per row (the row's heads,
+// zero-padded to a power of two), 8 / kHeadsPad rows per MMA n-tile. A column's dot
+// product is the same MMA k-step sequence as in score_tile, and the head sum below adds
+// the same values in the same order (score_tile's extra additions add +0), so both
+// routes give every (row, key) the same score bits.
+
+constexpr int kRowsPerBlock = 16;
+
+// Column sums of one n-tile: on return the lanes with t4 % (kHeadsPad / 2) == 0 hold the
+// scores of keys g (lo) and g + 8 (hi) for row 2 * t4 / kHeadsPad of the tile.
+template <int kHeadsPad>
+__device__ __forceinline__ void sum_row_heads(const float (&c)[4], float inv_sqrt_dim, float& lo,
+                                              float& hi) {
+  lo = relu_like_reference(c[0]) + relu_like_reference(c[1]);
+  hi = relu_like_reference(c[2]) + relu_like_reference(c[3]);
+#pragma unroll
+  for (int s = 1; s < kHeadsPad / 2; s <<= 1) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, s);
+    hi += __shfl_xor_sync(0xffffffffu, hi, s);
+  }
+  lo *= inv_sqrt_dim;
+  hi *= inv_sqrt_dim;
+}
+
 }  // namespace cuda
 }  // namespace qsakv

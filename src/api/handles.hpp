@@ -36,6 +36,7 @@ struct qsakv_plan {
   qsakv_plan_options options{};
   int32_t num_rows = -1;  // -1: no update yet
   int32_t num_requests = 0;
+  int32_t max_request_rows = 0;  // most query rows of one request in the last update
   int64_t max_context = 0;
   qsakv::DeviceBuffer meta;        // PlanMetaHeader + arrays
   qsakv::HostBuffer staging;       // pinned mirror of meta

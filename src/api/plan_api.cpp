@@ -1,4 +1,5 @@
 // extern "C" entry points: plans (batch metadata), selection and attention.
+#include <algorithm>
 #include <cstring>
 
 #include "api/guard.hpp"
@@ -225,6 +226,9 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
     plan->fence_pending = true;
     plan->num_rows = rows;
     plan->num_requests = b.num_requests;
+    int most = 0;
+    for (int r = 0; r < b.num_requests; ++r) most = std::max(most, b.query_start[r + 1] - b.query_start[r]);
+    plan->max_request_rows = most;
   });
 }
 
@@ -276,6 +280,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     p.score_workspace = plan->select_ws.as<float>();
     p.score_workspace_elems = static_cast<int64_t>(plan->select_ws.bytes() / sizeof(float));
     p.max_blocks = c.max_model_len / c.compress_ratio;
+    p.rows_share_requests = plan->max_request_rows > 1;
     cache->context->backend->select_topk(p, stream);
   });
 }

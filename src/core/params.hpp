@@ -89,6 +89,9 @@ struct SelectParams {
   float* score_workspace;         // backend scratch (plan-owned)
   int64_t score_workspace_elems;
   int64_t max_blocks;             // compressed blocks of the longest request the plan allows
+  // Some request of the batch has several rows (verify rows, a prefill chunk): the CUDA
+  // backend then scores each key once for all rows of its request (same scores).
+  int32_t rows_share_requests;
 };
 
 struct AttentionParams {

@@ -153,7 +153,7 @@ class CudaBackend final : public Backend {
            "CPU backend supports every valid config", p.index_heads, p.index_dim, p.topk_blocks);
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
-    cuda::launch_select_topk(p, stream);
+    cuda::launch_select_topk(p, info_.sm_version, info_.multiprocessor_count, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
