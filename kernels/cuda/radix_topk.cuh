@@ -13,7 +13,7 @@
 namespace qsakv {
 namespace cuda {
 
-constexpr int kTopkThreads = 1024;
+constexpr int kTopkThreads = 512;
 
 __device__ __forceinline__ uint64_t composite(uint32_t key, uint32_t block) {
   return (static_cast<uint64_t>(key) << 32) | (0xFFFFFFFFu - block);

@@ -522,10 +522,10 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
   const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
   const int64_t tiles = (std::max<int64_t>(p.max_blocks, 1) + kScoreTileKeys - 1) / kScoreTileKeys;
   // Fewer tiles per CTA when the plan's rows would not give every SM ~4 CTAs: a short
-  // batch of long rows then still has many loads in flight (1 row at 128K: 512 CTAs).
+  // batch of long rows then still has many loads in flight (1 row at 128K: 256 CTAs).
   // Scores do not depend on this choice (each key is scored by one warp either way).
   int tiles_per_cta = kScoreMaxTilesPerCta;
-  while (tiles_per_cta > kScoreWarps &&
+  while (tiles_per_cta > 2 * kScoreWarps &&
          (tiles + tiles_per_cta - 1) / tiles_per_cta * std::min(wave, p.meta.max_rows) < 4ll * sm_count)
     tiles_per_cta /= 2;
   const int64_t chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
