@@ -151,11 +151,11 @@ fn errors_stay_in_their_thread() {
 
 #[test]
 fn handles_are_freed_on_drop() {
-    // 200 create/drop cycles of context + cache + plan + buffers; a leak of a cache
-    // (MiBs each) would show in the resident set.
-    fn rss_kib() -> u64 {
+    // 200 create/drop cycles of context + cache + plan + buffers; a leaked cache (tens
+    // of MiB each) would grow the virtual size (untouched pages never reach the RSS).
+    fn vm_size_kib() -> u64 {
         let s = std::fs::read_to_string("/proc/self/status").unwrap();
-        s.lines().find(|l| l.starts_with("VmRSS:")).unwrap()
+        s.lines().find(|l| l.starts_with("VmSize:")).unwrap()
             .split_whitespace().nth(1).unwrap().parse().unwrap()
     }
     let mut cfg = ModelConfig::preset("qwen4_exp").unwrap();
@@ -178,13 +178,15 @@ fn handles_are_freed_on_drop() {
     for _ in 0..20 {
         cycle();
     }
-    let before = rss_kib();
+    let before = vm_size_kib();
     for _ in 0..200 {
         cycle();
     }
-    let grown = rss_kib().saturating_sub(before);
-    println!("cache {per_cycle} bytes per cycle; RSS grew {grown} KiB over 200 cycles");
-    assert!(grown * 1024 < per_cycle * 20, "RSS grew {grown} KiB: handles leak");
+    let grown = vm_size_kib().saturating_sub(before);
+    println!("cache {per_cycle} bytes per cycle; virtual size grew {grown} KiB over 200 cycles");
+    // A leak grows it by 200 caches; the slack (50 caches) covers malloc arenas of the
+    // test threads running alongside.
+    assert!(grown * 1024 < per_cycle * 50, "virtual size grew {grown} KiB: handles leak");
 }
 
 #[test]
