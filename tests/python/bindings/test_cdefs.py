@@ -64,7 +64,8 @@ def test_layouts_match_the_c_compiler(tmp_path):
             expect.append(f"{name}.{field} {getattr(rec, field).offset}")
     lines += ["  return 0;", "}"]
     (tmp_path / "layout.c").write_text("\n".join(lines))
-    subprocess.run([cc, "-std=c99", "-I", str(REPO / "include"), "-I", str(BUILD_INCLUDE), "-o", str(tmp_path / "layout"),
+    subprocess.run([cc, "-std=c99", "-I", str(REPO / "include"), "-I", str(BUILD_INCLUDE),
+                    "-o", str(tmp_path / "layout"),
                     str(tmp_path / "layout.c")], check=True)
     got = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True,
                          check=True).stdout.split("\n")[:-1]
