@@ -495,7 +495,9 @@ pub struct Cache<'c> {
     _parents: PhantomData<(&'c Context, &'c Overlay)>,
 }
 
-unsafe impl Send for Cache<'_> {}
+// Not Send: a cache uses its context internally, and the context may be in use on the
+// thread that lent it (the C API allows distinct handles on distinct threads, not one
+// handle, here the context, from two threads at once).
 
 impl<'c> Cache<'c> {
     /// `overlay`: required for E4M3 caches (validated), `None` for 16-bit caches.
@@ -623,7 +625,7 @@ pub struct Plan<'c> {
     rows: usize,
 }
 
-unsafe impl Send for Plan<'_> {}
+// Not Send either, for the same reason (a plan uses its cache and context).
 
 impl<'c> Plan<'c> {
     /// `max_rows`/`max_requests` 0: the config's maxima.
