@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -42,7 +43,7 @@ func NewDeviceBuffer(ctx *Context, bytes int) (*DeviceBuffer, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_malloc(ctx.ptr, &b.ptr, C.size_t(bytes)) }); err != nil {
 		return nil, err
 	}
-	ctx.children++
+	ctx.children.Add(1)
 	runtime.SetFinalizer(b, (*DeviceBuffer).Close)
 	return b, nil
 }
@@ -72,7 +73,7 @@ func (b *DeviceBuffer) Close() error {
 	if b.ptr != nil {
 		C.qsakv_free(b.ctx.ptr, b.ptr)
 		b.ptr = nil
-		b.ctx.children--
+		b.ctx.children.Add(-1)
 		runtime.SetFinalizer(b, nil)
 	}
 	return nil
@@ -140,7 +141,7 @@ type Cache struct {
 	overlay  *Overlay
 	cfg      C.qsakv_model_config
 	geo      RankGeometry
-	children int // open plans
+	children atomic.Int32 // open plans
 }
 
 // NewCache allocates the caches; overlay is required for E4M3 (validated) and nil for
@@ -167,9 +168,9 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }); err != nil {
 		return nil, err
 	}
-	ctx.children++
+	ctx.children.Add(1)
 	if overlay != nil {
-		overlay.children++
+		overlay.children.Add(1)
 	}
 	runtime.SetFinalizer(cc, (*Cache).Close)
 	return cc, nil
@@ -177,15 +178,15 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 
 // Close frees the cache. Idempotent; refuses (ErrState) while a plan uses it.
 func (c *Cache) Close() error {
-	if c.children > 0 {
-		return &Error{Status: ErrState, Message: fmt.Sprintf("cache: %d plans using it are still open", c.children)}
+	if n := c.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("cache: %d plans using it are still open", n)}
 	}
 	if c.ptr != nil {
 		C.qsakv_cache_destroy(c.ptr)
 		c.ptr = nil
-		c.ctx.children--
+		c.ctx.children.Add(-1)
 		if c.overlay != nil {
-			c.overlay.children--
+			c.overlay.children.Add(-1)
 		}
 		runtime.SetFinalizer(c, nil)
 	}
@@ -283,7 +284,7 @@ func NewPlan(cache *Cache, maxRows, maxRequests int32) (*Plan, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_plan_create(&p.ptr, cache.ptr, &o) }); err != nil {
 		return nil, err
 	}
-	cache.children++
+	cache.children.Add(1)
 	runtime.SetFinalizer(p, (*Plan).Close)
 	return p, nil
 }
@@ -293,7 +294,7 @@ func (p *Plan) Close() error {
 	if p.ptr != nil {
 		C.qsakv_plan_destroy(p.ptr)
 		p.ptr = nil
-		p.cache.children--
+		p.cache.children.Add(-1)
 		runtime.SetFinalizer(p, nil)
 	}
 	return nil

@@ -23,6 +23,7 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -133,7 +134,7 @@ const (
 // Context is a backend (CUDA or the CPU reference) and device.
 type Context struct {
 	ptr      *C.qsakv_context
-	children int // open caches, calibrations and buffers made from it
+	children atomic.Int32 // open caches and buffers made from it (finalizers run on their own goroutine)
 }
 
 // NewContext creates a context; BackendAuto picks CUDA when a GPU is usable.
@@ -154,8 +155,8 @@ func NewContext(backend Backend) (*Context, error) {
 // Close frees the context. Idempotent. While a cache or buffer made from it is still
 // open it refuses (ErrState) and frees nothing.
 func (c *Context) Close() error {
-	if c.children > 0 {
-		return &Error{Status: ErrState, Message: fmt.Sprintf("context: %d caches or buffers made from it are still open", c.children)}
+	if n := c.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("context: %d caches or buffers made from it are still open", n)}
 	}
 	if c.ptr != nil {
 		C.qsakv_context_destroy(c.ptr)
@@ -325,7 +326,7 @@ func CheckpointRevision(path string) (string, error) {
 // Overlay holds calibrated K/V scales bound to a checkpoint revision.
 type Overlay struct {
 	ptr      *C.qsakv_overlay
-	children int // open caches using it
+	children atomic.Int32 // open caches using it
 }
 
 // LoadOverlay loads a checkpoint directory, or a scale file with its manifest
@@ -348,8 +349,8 @@ func LoadOverlay(path, manifest string) (*Overlay, error) {
 
 // Close frees the overlay. Idempotent. While a cache uses it, it refuses (ErrState).
 func (o *Overlay) Close() error {
-	if o.children > 0 {
-		return &Error{Status: ErrState, Message: fmt.Sprintf("overlay: %d caches using it are still open", o.children)}
+	if n := o.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("overlay: %d caches using it are still open", n)}
 	}
 	if o.ptr != nil {
 		C.qsakv_overlay_destroy(o.ptr)
