@@ -7,8 +7,9 @@ CUDA_ARCHS ?= 75
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PYTHON ?= python3
+PREFIX ?= /usr/local
 
-.PHONY: all build demo test deps gpu-test bench sanitize fuzz clean
+.PHONY: all build demo test deps install gpu-test bench sanitize fuzz clean
 
 all: build
 
@@ -23,6 +24,11 @@ build: $(BUILD)/CMakeCache.txt
 
 demo: build
 	$(BUILD)/qsakv_demo
+
+# The library (with its SONAME links), headers, the qsakv tool, qsakv.pc and the CMake
+# package config (find_package(qsakv) -> qsakv::qsakv) under $(PREFIX).
+install: build
+	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 # Every suite must run: ctest fails on a failure, and check-suites fails when a suite
 # that tests/SUITES names was not registered or did not run.

@@ -9,6 +9,14 @@ import re
 import sys
 
 
+# cmocka's PASSED / FAILED / SKIPPED lines, pytest's closing line, cargo's "test result"
+# lines, go test's package verdict, and the verdict lines of the packaging scripts.
+SUMMARY = re.compile(
+    r"\[\s+(PASSED|FAILED|SKIPPED)\s+\]|^=* ?\d+ (passed|failed|skipped)"
+    r"|^test result: (ok|FAILED)\. \d+ passed|^(ok|FAIL)\s+\S+\s+[\d.]+s"
+    r"|^(-- )?(abi-check|python_wheel|test_install): (PASS|FAIL)|^regen\.sh: .*(matches|stale)")
+
+
 def summaries(last_test_log: str) -> dict:
     """Per test name, the summary lines of its output (cmocka's PASSED / FAILED / SKIPPED
     lines, pytest's closing line)."""
@@ -21,7 +29,7 @@ def summaries(last_test_log: str) -> dict:
         if m:
             current = m.group(1)
             continue
-        if current and re.search(r"\[\s+(PASSED|FAILED|SKIPPED)\s+\]|^=* ?\d+ (passed|failed|skipped)", line):
+        if current and re.search(SUMMARY, line):
             kept = out.setdefault(current, [])
             if line.strip() not in kept and "listed below" not in line:
                 kept.append(line.strip())

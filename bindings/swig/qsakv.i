@@ -313,6 +313,9 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
     val._context = context
 %}
 
+/* The version macros live in the generated qsakv_version.h (CMake's project version),
+   which SWIG does not follow from qsakv.h by itself. */
+%include "qsakv_version.h"
 %include "qsakv.h"
 
 %pythoncode %{

@@ -74,8 +74,29 @@ def compiler() -> list[str]:
     return shlex.split(os.environ.get("CC", "gcc"))
 
 
+# qsakv.h includes qsakv_version.h, which CMake generates into <build>/include from the
+# project version. Where to find it: --include-dir, else $QSAKV_INCLUDE_DIR, else the
+# newest <repo>/build*/include holding it.
+INCLUDE_DIRS: list[Path] = []
+
+
+def default_include_dirs() -> list[Path]:
+    env = os.environ.get("QSAKV_INCLUDE_DIR")
+    if env:
+        return [Path(env)]
+    found = sorted(REPO.glob("build*/include/qsakv_version.h"), key=lambda p: p.stat().st_mtime)
+    return [found[-1].parent] if found else []
+
+
+def include_flags() -> list[str]:
+    flags = []
+    for d in INCLUDE_DIRS:
+        flags += ["-I", str(d)]
+    return flags
+
+
 def preprocess(source: Path, extra: list[str] | None = None) -> str:
-    cmd = compiler() + ["-E", "-P", "-nostdinc", "-I", str(FAKE_LIBC),
+    cmd = compiler() + ["-E", "-P", "-nostdinc", "-I", str(FAKE_LIBC), *include_flags(),
                         "-D__attribute__(x)=", "-D__extension__=", "-U__GNUC__",
                         *(extra or []), str(source)]
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -85,6 +106,13 @@ def header_macros(header: Path) -> list[tuple[str, object]]:
     """Object-like QSAKV_* macros in header order with their integer (or string) values;
     macros without such a value (the include guard, QSAKV_API) are left out."""
     text = header.read_text()
+    # The text of the quoted includes found in the include directories, in place.
+    def inline(m):
+        for d in [header.parent, *INCLUDE_DIRS]:
+            if (d / m.group(1)).exists():
+                return (d / m.group(1)).read_text()
+        return m.group(0)
+    text = re.sub(r'^\s*#\s*include\s+"([^"]+)"', inline, text, flags=re.M)
     names = []
     for m in re.finditer(r"^\s*#\s*define\s+(QSAKV_\w+)(\()?", text, re.M):
         if m.group(2) is None and m.group(1) not in names:
@@ -368,10 +396,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--header", type=Path, default=DEFAULT_HEADER)
     ap.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    ap.add_argument("--include-dir", type=Path, action="append",
+                    help="where qsakv_version.h is (<build>/include); default: "
+                         "$QSAKV_INCLUDE_DIR, else the newest <repo>/build*/include")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="fail if --output is stale")
     mode.add_argument("--stdout", action="store_true")
     args = ap.parse_args(argv)
+    INCLUDE_DIRS[:] = args.include_dir or default_include_dirs()
+    if not any((d / "qsakv_version.h").exists() for d in INCLUDE_DIRS):
+        print("gen_cdefs: qsakv_version.h not found (CMake generates it into <build>/include:"
+              " configure a build first, or pass --include-dir)", file=sys.stderr)
+        return 2
     code = generate(args.header.resolve())
     if args.stdout:
         sys.stdout.write(code)

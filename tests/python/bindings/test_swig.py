@@ -179,3 +179,11 @@ def test_cache_keeps_context_alive():
     del cache
     gc.collect()
     assert q.qsakv_plan_get_info(plan).max_rows == 2
+
+
+def test_version_constants_match_the_library():
+    # They come from the generated qsakv_version.h, which the interface %includes.
+    assert q.QSAKV_VERSION_NUMBER == q.qsakv_version()
+    assert q.QSAKV_ABI_VERSION == q.qsakv_abi_version()
+    assert (f"{q.QSAKV_VERSION_MAJOR}.{q.QSAKV_VERSION_MINOR}.{q.QSAKV_VERSION_PATCH}"
+            == q.qsakv_version_string())

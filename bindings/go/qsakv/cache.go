@@ -1,0 +1,385 @@
+package qsakv
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include <qsakv.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+)
+
+// ---------------------------------------------------------------------------------
+// Device memory
+// ---------------------------------------------------------------------------------
+
+// Element is a plain numeric type that can be copied to and from device memory.
+type Element interface {
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 | ~float32 | ~float64
+}
+
+// DeviceBuffer is device memory of a context's backend (host memory on the CPU
+// backend).
+type DeviceBuffer struct {
+	ctx   *Context
+	ptr   unsafe.Pointer
+	bytes int
+}
+
+// NewDeviceBuffer allocates bytes of device memory.
+func NewDeviceBuffer(ctx *Context, bytes int) (*DeviceBuffer, error) {
+	if err := ctx.live(); err != nil {
+		return nil, err
+	}
+	if bytes < 0 {
+		return nil, invalid("bytes: %d", bytes)
+	}
+	b := &DeviceBuffer{ctx: ctx, bytes: bytes}
+	if err := call(func() C.qsakv_status { return C.qsakv_malloc(ctx.ptr, &b.ptr, C.size_t(bytes)) }); err != nil {
+		return nil, err
+	}
+	ctx.children.Add(1)
+	runtime.SetFinalizer(b, (*DeviceBuffer).Close)
+	return b, nil
+}
+
+// BufferFrom allocates a buffer holding a copy of data.
+func BufferFrom[T Element](ctx *Context, data []T) (*DeviceBuffer, error) {
+	var zero T
+	b, err := NewDeviceBuffer(ctx, len(data)*int(unsafe.Sizeof(zero)))
+	if err != nil {
+		return nil, err
+	}
+	if err := Upload(b, data); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Len is the buffer's size in bytes.
+func (b *DeviceBuffer) Len() int { return b.bytes }
+
+// Pointer is the device address (for calls this package does not wrap).
+func (b *DeviceBuffer) Pointer() unsafe.Pointer { return b.ptr }
+
+// Close frees the buffer. Idempotent.
+func (b *DeviceBuffer) Close() error {
+	if b.ptr != nil {
+		C.qsakv_free(b.ctx.ptr, b.ptr)
+		b.ptr = nil
+		b.ctx.children.Add(-1)
+		runtime.SetFinalizer(b, nil)
+	}
+	return nil
+}
+
+func (b *DeviceBuffer) need(what string, bytes int) error {
+	if b == nil || b.ptr == nil {
+		return &Error{Status: ErrState, Message: what + ": closed or nil buffer"}
+	}
+	if b.bytes < bytes {
+		return invalid("%s: needs %d bytes, the buffer has %d", what, bytes, b.bytes)
+	}
+	return nil
+}
+
+func copyBytes[T Element](data []T) int {
+	var zero T
+	return len(data) * int(unsafe.Sizeof(zero))
+}
+
+// Upload copies data to the start of the buffer and waits for the copy.
+func Upload[T Element](b *DeviceBuffer, data []T) error {
+	n := copyBytes(data)
+	if err := b.need("upload", n); err != nil || n == 0 {
+		return err
+	}
+	err := call(func() C.qsakv_status {
+		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, nil)
+	})
+	if err != nil {
+		return err
+	}
+	return b.ctx.Synchronize()
+}
+
+// Download copies the start of the buffer into out after the default stream's work.
+func Download[T Element](b *DeviceBuffer, out []T) error {
+	n := copyBytes(out)
+	if err := b.need("download", n); err != nil || n == 0 {
+		return err
+	}
+	err := call(func() C.qsakv_status {
+		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, nil)
+	})
+	if err != nil {
+		return err
+	}
+	return b.ctx.Synchronize()
+}
+
+// ---------------------------------------------------------------------------------
+// Cache
+// ---------------------------------------------------------------------------------
+
+// CacheOptions size a cache: NumBlocks per QSA layer, or (NumBlocks 0) a memory budget.
+type CacheOptions struct {
+	NumBlocks         int64
+	MemoryBudgetBytes uint64
+}
+
+// Cache is the KV caches of every QSA layer of a rank.
+type Cache struct {
+	ptr      *C.qsakv_cache
+	ctx      *Context
+	overlay  *Overlay
+	cfg      C.qsakv_model_config
+	geo      RankGeometry
+	children atomic.Int32 // open plans
+}
+
+// NewCache allocates the caches; overlay is required for E4M3 (validated) and nil for
+// 16-bit caches.
+func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions) (*Cache, error) {
+	if err := ctx.live(); err != nil {
+		return nil, err
+	}
+	geo, err := m.RankGeometry()
+	if err != nil {
+		return nil, err
+	}
+	var o C.qsakv_cache_options
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_options_init(&o) }); err != nil {
+		return nil, err
+	}
+	o.num_blocks = C.int64_t(opts.NumBlocks)
+	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
+	cc := &Cache{ctx: ctx, overlay: overlay, cfg: m.c(), geo: geo}
+	var ov *C.qsakv_overlay
+	if overlay != nil {
+		ov = overlay.ptr
+	}
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }); err != nil {
+		return nil, err
+	}
+	ctx.children.Add(1)
+	if overlay != nil {
+		overlay.children.Add(1)
+	}
+	runtime.SetFinalizer(cc, (*Cache).Close)
+	return cc, nil
+}
+
+// Close frees the cache. Idempotent; refuses (ErrState) while a plan uses it.
+func (c *Cache) Close() error {
+	if n := c.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("cache: %d plans using it are still open", n)}
+	}
+	if c.ptr != nil {
+		C.qsakv_cache_destroy(c.ptr)
+		c.ptr = nil
+		c.ctx.children.Add(-1)
+		if c.overlay != nil {
+			c.overlay.children.Add(-1)
+		}
+		runtime.SetFinalizer(c, nil)
+	}
+	return nil
+}
+
+func (c *Cache) live() error {
+	if c == nil || c.ptr == nil {
+		return &Error{Status: ErrState, Message: "cache: closed"}
+	}
+	return nil
+}
+
+// Geometry is the cache's rank geometry.
+func (c *Cache) Geometry() RankGeometry { return c.geo }
+
+// TotalBytes is everything the cache allocated.
+func (c *Cache) TotalBytes() (uint64, error) {
+	if err := c.live(); err != nil {
+		return 0, err
+	}
+	var l C.qsakv_cache_layout
+	l.struct_size = C.size_t(unsafe.Sizeof(l))
+	l.version = C.QSAKV_CACHE_LAYOUT_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }); err != nil {
+		return 0, err
+	}
+	return uint64(l.total_bytes), nil
+}
+
+func (c *Cache) actBytes() int { return int(C.qsakv_dtype_size(c.cfg.activation_dtype)) }
+
+// StoreKV stores numTokens rows of K and V (activation dtype, [n, kv_heads, head_dim])
+// at slotMapping (int64 [n]; -1 skips).
+func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens int) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	row := int(c.geo.KVHeads) * int(c.cfg.head_dim) * c.actBytes()
+	for _, x := range []struct {
+		name  string
+		b     *DeviceBuffer
+		bytes int
+	}{{"k", k, numTokens * row}, {"v", v, numTokens * row}, {"slot_mapping", slotMapping, numTokens * 8}} {
+		if err := x.b.need(x.name, x.bytes); err != nil {
+			return err
+		}
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), nil)
+	})
+}
+
+// StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim])
+// for the groups of the slots in slotMapping (int64 [n]).
+func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer, numKeys int) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	if err := keys.need("keys", numKeys*int(c.cfg.index_head_dim)*2); err != nil {
+		return err
+	}
+	if err := slotMapping.need("slot_mapping", numKeys*8); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), nil)
+	})
+}
+
+// ---------------------------------------------------------------------------------
+// Plan, selection, attention
+// ---------------------------------------------------------------------------------
+
+// Plan is a batch's metadata, consumed by select and attention.
+type Plan struct {
+	ptr        *C.qsakv_plan
+	cache      *Cache
+	rows       int
+	blockTable *DeviceBuffer // read when select/attention run: kept reachable
+}
+
+// NewPlan makes a plan for batches of at most maxRows rows and maxRequests requests
+// (0: the config's maxima).
+func NewPlan(cache *Cache, maxRows, maxRequests int32) (*Plan, error) {
+	if err := cache.live(); err != nil {
+		return nil, err
+	}
+	var o C.qsakv_plan_options
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_options_init(&o) }); err != nil {
+		return nil, err
+	}
+	o.max_rows, o.max_requests = C.int32_t(maxRows), C.int32_t(maxRequests)
+	p := &Plan{cache: cache}
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_create(&p.ptr, cache.ptr, &o) }); err != nil {
+		return nil, err
+	}
+	cache.children.Add(1)
+	runtime.SetFinalizer(p, (*Plan).Close)
+	return p, nil
+}
+
+// Close frees the plan. Idempotent.
+func (p *Plan) Close() error {
+	if p.ptr != nil {
+		C.qsakv_plan_destroy(p.ptr)
+		p.ptr = nil
+		p.cache.children.Add(-1)
+		runtime.SetFinalizer(p, nil)
+	}
+	return nil
+}
+
+// Update describes the next batch: queryStart [requests+1] (the rows of each request),
+// seqLens [requests], and the device block table (int32 [requests, stride]).
+func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, stride int32) error {
+	if p.ptr == nil {
+		return &Error{Status: ErrState, Message: "plan: closed"}
+	}
+	n := len(seqLens)
+	if len(queryStart) != n+1 {
+		return invalid("query_start: %d entries for %d requests (needs requests + 1)", len(queryStart), n)
+	}
+	if stride < 0 {
+		return invalid("block_table_stride: %d", stride)
+	}
+	if err := blockTable.need("block_table", n*int(stride)*4); err != nil {
+		return err
+	}
+	// The batch and its host arrays in C memory (cgo: no Go pointers inside C structs).
+	qs := (*C.int32_t)(C.malloc(C.size_t(4 * (n + 1))))
+	defer C.free(unsafe.Pointer(qs))
+	sl := (*C.int32_t)(C.malloc(C.size_t(4*n + 4)))
+	defer C.free(unsafe.Pointer(sl))
+	copy(unsafe.Slice(qs, n+1), unsafe.Slice((*C.int32_t)(unsafe.Pointer(&queryStart[0])), n+1))
+	if n > 0 {
+		copy(unsafe.Slice(sl, n), unsafe.Slice((*C.int32_t)(unsafe.Pointer(&seqLens[0])), n))
+	}
+	b := (*C.qsakv_batch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.qsakv_batch{}))))
+	defer C.free(unsafe.Pointer(b))
+	b.struct_size = C.size_t(unsafe.Sizeof(*b))
+	b.version = C.QSAKV_BATCH_VERSION
+	b.num_requests = C.int32_t(n)
+	b.query_start, b.seq_lens = qs, sl
+	b.block_table = (*C.int32_t)(blockTable.ptr)
+	b.block_table_stride = C.int32_t(stride)
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, nil) }); err != nil {
+		return err
+	}
+	p.blockTable = blockTable
+	var info C.qsakv_plan_info
+	info.struct_size = C.size_t(unsafe.Sizeof(info))
+	info.version = C.QSAKV_PLAN_INFO_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_get_info(p.ptr, &info) }); err != nil {
+		return err
+	}
+	p.rows = int(info.num_rows)
+	return nil
+}
+
+// Rows is the number of query rows of the last update.
+func (p *Plan) Rows() int { return p.rows }
+
+// SelectTopK selects every row's top-k tokens into the layer's shared top-k buffer.
+// indexQ: FP16 [rows, index_num_heads, index_head_dim].
+func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
+	if p.ptr == nil {
+		return &Error{Status: ErrState, Message: "plan: closed"}
+	}
+	c := p.cache
+	if err := indexQ.need("index_q", p.rows*int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, nil, 0, nil)
+	})
+}
+
+// Attention runs attention for every row: q and out in the activation dtype,
+// [rows, q_heads, head_dim]; sparse mode reads the shared top-k buffer.
+func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) error {
+	if p.ptr == nil {
+		return &Error{Status: ErrState, Message: "plan: closed"}
+	}
+	c := p.cache
+	bytes := p.rows * int(c.geo.QHeads) * int(c.cfg.head_dim) * c.actBytes()
+	if err := q.need("q", bytes); err != nil {
+		return err
+	}
+	if err := out.need("out", bytes); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, nil, 0, out.ptr, nil)
+	})
+}

@@ -1,0 +1,3 @@
+module qsakv.dev/qsakv
+
+go 1.19

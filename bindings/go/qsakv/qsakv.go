@@ -1,0 +1,403 @@
+// Package qsakv is the Go (cgo) binding of libqsakv: calibrated FP8 (E4M3) KV caches
+// and sparse (QSA) / dense attention for LLM serving.
+//
+// Every C object is owned by a Go value with a Close method (idempotent; a finalizer is
+// the backstop); children keep their parents reachable (a Cache its Context and
+// Overlay, a Plan its Cache). Every failure is an *Error carrying the Status and the
+// library's message. The library's message is per OS thread, so each call and the read
+// of its message run with the goroutine locked to its thread.
+//
+// The package finds the library with pkg-config (qsakv.pc of an installed libqsakv, or
+// the qsakv-uninstalled.pc a CMake build tree writes): set PKG_CONFIG_PATH accordingly.
+// No outside Go modules are used.
+package qsakv
+
+/*
+#cgo pkg-config: qsakv
+#include <stdlib.h>
+#include <string.h>
+#include <qsakv.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Status is a qsakv_status code.
+type Status int32
+
+// The status codes of include/qsakv.h.
+const (
+	Success                 Status = C.QSAKV_SUCCESS
+	ErrInvalidArgument      Status = C.QSAKV_ERROR_INVALID_ARGUMENT
+	ErrInvalidConfig        Status = C.QSAKV_ERROR_INVALID_CONFIG
+	ErrUnsupported          Status = C.QSAKV_ERROR_UNSUPPORTED
+	ErrNoDevice             Status = C.QSAKV_ERROR_NO_DEVICE
+	ErrOutOfMemory          Status = C.QSAKV_ERROR_OUT_OF_MEMORY
+	ErrCUDA                 Status = C.QSAKV_ERROR_CUDA
+	ErrNCCL                 Status = C.QSAKV_ERROR_NCCL
+	ErrIO                   Status = C.QSAKV_ERROR_IO
+	ErrFormat               Status = C.QSAKV_ERROR_FORMAT
+	ErrState                Status = C.QSAKV_ERROR_STATE
+	ErrInternal             Status = C.QSAKV_ERROR_INTERNAL
+	ErrOverlayMissing       Status = C.QSAKV_ERROR_OVERLAY_MISSING
+	ErrOverlayIncomplete    Status = C.QSAKV_ERROR_OVERLAY_INCOMPLETE
+	ErrOverlayBadScale      Status = C.QSAKV_ERROR_OVERLAY_BAD_SCALE
+	ErrOverlayBadTensor     Status = C.QSAKV_ERROR_OVERLAY_BAD_TENSOR
+	ErrOverlayDuplicate     Status = C.QSAKV_ERROR_OVERLAY_DUPLICATE
+	ErrOverlayUnknownTensor Status = C.QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR
+	ErrRevisionMismatch     Status = C.QSAKV_ERROR_REVISION_MISMATCH
+	ErrHashMismatch         Status = C.QSAKV_ERROR_HASH_MISMATCH
+	ErrContract             Status = C.QSAKV_ERROR_CONTRACT
+	ErrOverlayNotValidated  Status = C.QSAKV_ERROR_OVERLAY_NOT_VALIDATED
+	ErrCalibNonFinite       Status = C.QSAKV_ERROR_CALIB_NON_FINITE
+	ErrTPMismatch           Status = C.QSAKV_ERROR_TP_MISMATCH
+)
+
+// String is the status' name, e.g. "QSAKV_ERROR_INVALID_CONFIG".
+func (s Status) String() string {
+	return C.GoString(C.qsakv_status_string(C.qsakv_status(s)))
+}
+
+// Error is a failed call: its status and the library's message naming the field,
+// layer, expected and actual values.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return e.Status.String() + ": " + e.Message }
+
+// Is makes errors.Is(err, &qsakv.Error{Status: qsakv.ErrInvalidConfig}) match by status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status
+}
+
+// call runs f and, on failure, reads the message on the same OS thread.
+func call(f func() C.qsakv_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s := f()
+	if s == C.QSAKV_SUCCESS {
+		return nil
+	}
+	msg := C.GoString(C.qsakv_last_error())
+	C.qsakv_clear_error()
+	return &Error{Status: Status(s), Message: msg}
+}
+
+func invalid(format string, args ...any) error {
+	return &Error{Status: ErrInvalidArgument, Message: fmt.Sprintf(format, args...)}
+}
+
+// Version is "major.minor.patch" of the loaded library.
+func Version() string { return C.GoString(C.qsakv_version_string()) }
+
+// LibraryMatchesHeader says whether the loaded library has the version and ABI of the
+// header this package was compiled against.
+func LibraryMatchesHeader() bool {
+	return C.qsakv_version() == C.QSAKV_VERSION_NUMBER && C.qsakv_abi_version() == C.QSAKV_ABI_VERSION
+}
+
+// BuiltWithCUDA says whether the library has the CUDA backend.
+func BuiltWithCUDA() bool { return C.qsakv_built_with_cuda() != 0 }
+
+// Backend, Dtype and AttentionMode mirror the header's enums.
+type (
+	Backend       int32
+	Dtype         int32
+	AttentionMode int32
+)
+
+const (
+	BackendAuto Backend = C.QSAKV_BACKEND_AUTO
+	BackendCPU  Backend = C.QSAKV_BACKEND_CPU
+	BackendCUDA Backend = C.QSAKV_BACKEND_CUDA
+
+	DtypeFP16 Dtype = C.QSAKV_DTYPE_FP16
+	DtypeBF16 Dtype = C.QSAKV_DTYPE_BF16
+	DtypeE4M3 Dtype = C.QSAKV_DTYPE_E4M3
+
+	AttentionSparse AttentionMode = C.QSAKV_ATTENTION_SPARSE
+	AttentionDense  AttentionMode = C.QSAKV_ATTENTION_DENSE
+)
+
+// ---------------------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------------------
+
+// Context is a backend (CUDA or the CPU reference) and device.
+type Context struct {
+	ptr      *C.qsakv_context
+	children atomic.Int32 // open caches and buffers made from it (finalizers run on their own goroutine)
+}
+
+// NewContext creates a context; BackendAuto picks CUDA when a GPU is usable.
+func NewContext(backend Backend) (*Context, error) {
+	var o C.qsakv_context_options
+	if err := call(func() C.qsakv_status { return C.qsakv_context_options_init(&o) }); err != nil {
+		return nil, err
+	}
+	o.backend = C.qsakv_backend(backend)
+	c := &Context{}
+	if err := call(func() C.qsakv_status { return C.qsakv_context_create(&c.ptr, &o) }); err != nil {
+		return nil, err
+	}
+	runtime.SetFinalizer(c, (*Context).Close)
+	return c, nil
+}
+
+// Close frees the context. Idempotent. While a cache or buffer made from it is still
+// open it refuses (ErrState) and frees nothing.
+func (c *Context) Close() error {
+	if n := c.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("context: %d caches or buffers made from it are still open", n)}
+	}
+	if c.ptr != nil {
+		C.qsakv_context_destroy(c.ptr)
+		c.ptr = nil
+		runtime.SetFinalizer(c, nil)
+	}
+	return nil
+}
+
+func (c *Context) live() error {
+	if c == nil || c.ptr == nil {
+		return &Error{Status: ErrState, Message: "context: closed"}
+	}
+	return nil
+}
+
+// ContextInfo says what a context chose.
+type ContextInfo struct {
+	Backend        Backend
+	Device         int32
+	SMVersion      int32
+	DeviceName     string
+	FallbackReason string
+}
+
+// Info describes the context.
+func (c *Context) Info() (ContextInfo, error) {
+	if err := c.live(); err != nil {
+		return ContextInfo{}, err
+	}
+	var i C.qsakv_context_info
+	i.struct_size = C.size_t(unsafe.Sizeof(i))
+	i.version = C.QSAKV_CONTEXT_INFO_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_context_get_info(c.ptr, &i) }); err != nil {
+		return ContextInfo{}, err
+	}
+	return ContextInfo{
+		Backend: Backend(i.backend), Device: int32(i.device), SMVersion: int32(i.sm_version),
+		DeviceName:     C.GoString(&i.device_name[0]),
+		FallbackReason: C.GoString(&i.fallback_reason[0]),
+	}, nil
+}
+
+// Synchronize waits for the default stream (a no-op on the CPU backend).
+func (c *Context) Synchronize() error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, nil) })
+}
+
+// ---------------------------------------------------------------------------------
+// Model config
+// ---------------------------------------------------------------------------------
+
+// ModelConfig is a model's geometry (read through methods) and its runtime fields
+// (exported, settable).
+type ModelConfig struct {
+	base C.qsakv_model_config
+
+	TPSize, TPRank    int32
+	SpeculativeTokens int32
+	ActivationDtype   Dtype
+	KVDtype           Dtype
+	BlockSize         int32
+	MaxRequests       int32
+	MaxBatchedTokens  int32
+	MaxModelLen       int32
+}
+
+// Preset returns a named preset, e.g. "qwen4_exp" (the reference model).
+func Preset(name string) (*ModelConfig, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	m := &ModelConfig{}
+	if err := call(func() C.qsakv_status { return C.qsakv_model_config_preset(&m.base, cname) }); err != nil {
+		return nil, err
+	}
+	b := &m.base
+	m.TPSize, m.TPRank, m.SpeculativeTokens = int32(b.tp_size), int32(b.tp_rank), int32(b.speculative_tokens)
+	m.ActivationDtype, m.KVDtype = Dtype(b.activation_dtype), Dtype(b.kv_dtype)
+	m.BlockSize, m.MaxRequests = int32(b.block_size), int32(b.max_requests)
+	m.MaxBatchedTokens, m.MaxModelLen = int32(b.max_batched_tokens), int32(b.max_model_len)
+	return m, nil
+}
+
+func (m *ModelConfig) c() C.qsakv_model_config {
+	b := m.base
+	b.tp_size, b.tp_rank, b.speculative_tokens = C.int32_t(m.TPSize), C.int32_t(m.TPRank), C.int32_t(m.SpeculativeTokens)
+	b.activation_dtype, b.kv_dtype = C.qsakv_dtype(m.ActivationDtype), C.qsakv_dtype(m.KVDtype)
+	b.block_size, b.max_requests = C.int32_t(m.BlockSize), C.int32_t(m.MaxRequests)
+	b.max_batched_tokens, b.max_model_len = C.int32_t(m.MaxBatchedTokens), C.int32_t(m.MaxModelLen)
+	return b
+}
+
+// SetHeadDim changes the head dimension (64, 128 or 256).
+func (m *ModelConfig) SetHeadDim(d int32) { m.base.head_dim = C.int32_t(d) }
+
+func (m *ModelConfig) HeadDim() int32       { return int32(m.base.head_dim) }
+func (m *ModelConfig) IndexNumHeads() int32 { return int32(m.base.index_num_heads) }
+func (m *ModelConfig) IndexHeadDim() int32  { return int32(m.base.index_head_dim) }
+func (m *ModelConfig) CompressRatio() int32 { return int32(m.base.compress_ratio) }
+
+// QSALayers are the model-layer ids of the QSA layers.
+func (m *ModelConfig) QSALayers() []int32 {
+	n := int(m.base.num_qsa_layers)
+	out := make([]int32, n)
+	for i := 0; i < n; i++ {
+		out[i] = int32(m.base.qsa_layers[i])
+	}
+	return out
+}
+
+// Validate checks every field: ErrInvalidConfig naming the field and value.
+func (m *ModelConfig) Validate() error {
+	c := m.c()
+	return call(func() C.qsakv_status { return C.qsakv_model_config_validate(&c) })
+}
+
+// RankGeometry is this rank's share of the model.
+type RankGeometry struct {
+	QHeads, KVHeads, GroupSize, TopkWidth, TopkBlocks, RingLength int32
+	SoftmaxScale                                                  float32
+}
+
+// RankGeometry validates, then derives this rank's geometry.
+func (m *ModelConfig) RankGeometry() (RankGeometry, error) {
+	c := m.c()
+	var g C.qsakv_rank_geometry
+	g.struct_size = C.size_t(unsafe.Sizeof(g))
+	g.version = C.QSAKV_RANK_GEOMETRY_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_model_config_rank_geometry(&c, &g) }); err != nil {
+		return RankGeometry{}, err
+	}
+	return RankGeometry{int32(g.q_heads), int32(g.kv_heads), int32(g.group_size), int32(g.topk_width),
+		int32(g.topk_blocks), int32(g.ring_length), float32(g.softmax_scale)}, nil
+}
+
+// CapacityTokens is how many tokens fit in budgetBytes per rank.
+func (m *ModelConfig) CapacityTokens(budgetBytes uint64) (int64, error) {
+	c := m.c()
+	var cap C.qsakv_capacity
+	cap.struct_size = C.size_t(unsafe.Sizeof(cap))
+	cap.version = C.QSAKV_CAPACITY_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_capacity_plan(&c, C.uint64_t(budgetBytes), &cap) }); err != nil {
+		return 0, err
+	}
+	return int64(cap.num_tokens), nil
+}
+
+// CheckpointRevision is the revision an overlay binds to: the SHA-256 (hex) of a
+// checkpoint's model.safetensors.index.json (path: the directory or the file).
+func CheckpointRevision(path string) (string, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var hex [65]C.char
+	if err := call(func() C.qsakv_status { return C.qsakv_checkpoint_revision(cpath, &hex[0]) }); err != nil {
+		return "", err
+	}
+	return C.GoString(&hex[0]), nil
+}
+
+// ---------------------------------------------------------------------------------
+// Overlay
+// ---------------------------------------------------------------------------------
+
+// Overlay holds calibrated K/V scales bound to a checkpoint revision.
+type Overlay struct {
+	ptr      *C.qsakv_overlay
+	children atomic.Int32 // open caches using it
+}
+
+// LoadOverlay loads a checkpoint directory, or a scale file with its manifest
+// (manifest "": the default next to it).
+func LoadOverlay(path, manifest string) (*Overlay, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var cman *C.char
+	if manifest != "" {
+		cman = C.CString(manifest)
+		defer C.free(unsafe.Pointer(cman))
+	}
+	o := &Overlay{}
+	if err := call(func() C.qsakv_status { return C.qsakv_overlay_load(&o.ptr, cpath, cman) }); err != nil {
+		return nil, err
+	}
+	runtime.SetFinalizer(o, (*Overlay).Close)
+	return o, nil
+}
+
+// Close frees the overlay. Idempotent. While a cache uses it, it refuses (ErrState).
+func (o *Overlay) Close() error {
+	if n := o.children.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("overlay: %d caches using it are still open", n)}
+	}
+	if o.ptr != nil {
+		C.qsakv_overlay_destroy(o.ptr)
+		o.ptr = nil
+		runtime.SetFinalizer(o, nil)
+	}
+	return nil
+}
+
+// Validate applies every fail-closed rule against the config and the revision.
+func (o *Overlay) Validate(m *ModelConfig, revision string) error {
+	if o.ptr == nil {
+		return &Error{Status: ErrState, Message: "overlay: closed"}
+	}
+	c := m.c()
+	crev := C.CString(revision)
+	defer C.free(unsafe.Pointer(crev))
+	return call(func() C.qsakv_status { return C.qsakv_overlay_validate(o.ptr, &c, crev) })
+}
+
+// Scales returns the K and V scale of a model layer.
+func (o *Overlay) Scales(layer int32) (k, v float32, err error) {
+	if o.ptr == nil {
+		return 0, 0, &Error{Status: ErrState, Message: "overlay: closed"}
+	}
+	var ck, cv C.float
+	err = call(func() C.qsakv_status { return C.qsakv_overlay_get_scales(o.ptr, C.int32_t(layer), &ck, &cv) })
+	return float32(ck), float32(cv), err
+}
+
+// WriteOverlay writes a scale pack into outDir (which must not exist) for the given
+// layers' scales, bound to the checkpoint index file baseIndexPath.
+func WriteOverlay(outDir string, layers []int32, kScales, vScales []float32, baseIndexPath string) error {
+	if len(kScales) != len(layers) || len(vScales) != len(layers) || len(layers) == 0 {
+		return invalid("scales: %d layers, %d K and %d V scales", len(layers), len(kScales), len(vScales))
+	}
+	cout, cbase := C.CString(outDir), C.CString(baseIndexPath)
+	defer C.free(unsafe.Pointer(cout))
+	defer C.free(unsafe.Pointer(cbase))
+	var o C.qsakv_overlay_write_options
+	if err := call(func() C.qsakv_status { return C.qsakv_overlay_write_options_init(&o) }); err != nil {
+		return err
+	}
+	o.base_index_path = cbase
+	return call(func() C.qsakv_status {
+		return C.qsakv_overlay_write(cout, (*C.int32_t)(unsafe.Pointer(&layers[0])),
+			(*C.float)(unsafe.Pointer(&kScales[0])), (*C.float)(unsafe.Pointer(&vScales[0])),
+			C.int32_t(len(layers)), &o)
+	})
+}

@@ -1,0 +1,314 @@
+package qsakv
+
+import (
+	"errors"
+	"math"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// toHalf is exact for the values used here (normal or zero).
+func toHalf(x float32) uint16 {
+	u := math.Float32bits(x)
+	if u&0x7fffffff == 0 {
+		return uint16(u >> 16)
+	}
+	sign := (u >> 16) & 0x8000
+	exp := int32((u>>23)&0xff) - 127 + 15
+	return uint16(sign | uint32(exp)<<10 | (u>>13)&0x3ff)
+}
+
+func fromHalf(h uint16) float64 {
+	e := int((h >> 10) & 0x1f)
+	m := float64(h & 0x3ff)
+	v := math.Ldexp(1024+m, e-25)
+	if e == 0 {
+		v = math.Ldexp(m, -24)
+	}
+	if h&0x8000 != 0 {
+		return -v
+	}
+	return v
+}
+
+// must panics on an error: a panic fails the test with its stack.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func smallFP16Config(t *testing.T) *ModelConfig {
+	cfg := must(Preset("qwen4_exp"))
+	cfg.TPSize = 4
+	cfg.KVDtype = DtypeFP16
+	cfg.MaxBatchedTokens = 8
+	cfg.MaxRequests = 2
+	cfg.MaxModelLen = 256
+	return cfg
+}
+
+// The pipeline on the CPU backend (store, plan, select, sparse and dense attention)
+// against an FP64 reference.
+func TestPipelineMatchesFP64(t *testing.T) {
+	if !LibraryMatchesHeader() {
+		t.Fatalf("library %s does not match the header", Version())
+	}
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	if info := must(ctx.Info()); info.Backend != BackendCPU {
+		t.Fatalf("backend %d", info.Backend)
+	}
+	cfg := smallFP16Config(t)
+	g := must(cfg.RankGeometry())
+	if g.KVHeads != 1 {
+		t.Fatalf("kv_heads %d", g.KVHeads)
+	}
+	d, h, l, hot, block := int(cfg.HeadDim()), int(g.QHeads), 37, 5, int32(1)
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	layer := cfg.QSALayers()[0]
+
+	// K is zero except at token `hot`; q = 1/16: score 1 at `hot`, 0 elsewhere.
+	k, v := make([]uint16, l*d), make([]uint16, l*d)
+	q := make([]uint16, h*d)
+	for i := range q {
+		q[i] = toHalf(0.0625)
+	}
+	slots := make([]int64, l)
+	var cslots []int64
+	ratio := int(cfg.CompressRatio())
+	for tok := 0; tok < l; tok++ {
+		slots[tok] = int64(block)*int64(cfg.BlockSize) + int64(tok)
+		for j := 0; j < d; j++ {
+			v[tok*d+j] = toHalf(0.25 * float32((tok+j)%8))
+			if tok == hot {
+				k[tok*d+j] = toHalf(1)
+			}
+		}
+		if tok%ratio == ratio-1 {
+			cslots = append(cslots, slots[tok])
+		}
+	}
+	ck := make([]uint16, len(cslots)*int(cfg.IndexHeadDim()))
+	for i := range ck {
+		ck[i] = toHalf(0.5)
+	}
+	iq := make([]uint16, cfg.IndexNumHeads()*cfg.IndexHeadDim())
+	for i := range iq {
+		iq[i] = toHalf(0.25)
+	}
+	dk, dv := must(BufferFrom(ctx, k)), must(BufferFrom(ctx, v))
+	ds, dcs := must(BufferFrom(ctx, slots)), must(BufferFrom(ctx, cslots))
+	dck, diq := must(BufferFrom(ctx, ck)), must(BufferFrom(ctx, iq))
+	dq, dbt := must(BufferFrom(ctx, q)), must(BufferFrom(ctx, []int32{block, -1}))
+	dout := must(NewDeviceBuffer(ctx, len(q)*2))
+	bufs := []*DeviceBuffer{dk, dv, ds, dcs, dck, diq, dq, dbt, dout}
+	defer func() {
+		for _, b := range bufs {
+			b.Close()
+		}
+	}()
+
+	if err := cache.StoreKV(layer, dk, dv, ds, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.StoreCompressedKeys(layer, dck, dcs, len(cslots)); err != nil {
+		t.Fatal(err)
+	}
+	plan := must(NewPlan(cache, 1, 1))
+	defer plan.Close()
+	if err := plan.Update([]int32{0, 1}, []int32{int32(l)}, dbt, 2); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Rows() != 1 {
+		t.Fatalf("rows %d", plan.Rows())
+	}
+	if err := plan.SelectTopK(layer, diq); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []AttentionMode{AttentionSparse, AttentionDense} {
+		if err := plan.Attention(layer, mode, dq, dout); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]uint16, len(q))
+		if err := Download(dout, out); err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for hh := 0; hh < h; hh++ {
+			for j := 0; j < d; j++ {
+				num := 0.0
+				for tok := 0; tok < l; tok++ {
+					w := 1.0
+					if tok == hot {
+						w = math.E
+					}
+					num += w * 0.25 * float64((tok+j)%8)
+				}
+				want := num / (math.E + float64(l-1))
+				worst = math.Max(worst, math.Abs(fromHalf(out[hh*d+j])-want))
+			}
+		}
+		t.Logf("mode %d: max |out - fp64| = %.3g", mode, worst)
+		if worst >= 4e-3 {
+			t.Fatalf("mode %d: max error %g", mode, worst)
+		}
+	}
+
+	// A buffer too small for the batch is refused before the call, naming it.
+	small := must(NewDeviceBuffer(ctx, 8))
+	bufs = append(bufs, small)
+	err := plan.Attention(layer, AttentionDense, small, dout)
+	var qe *Error
+	if !errors.As(err, &qe) || qe.Status != ErrInvalidArgument || !strings.HasPrefix(qe.Message, "q: needs") {
+		t.Fatalf("small q: %v", err)
+	}
+	// Parents refuse to close under their children.
+	if err := ctx.Close(); err == nil || !strings.Contains(err.Error(), "still open") {
+		t.Fatalf("context closed under its cache: %v", err)
+	}
+	if err := cache.Close(); err == nil {
+		t.Fatal("cache closed under its plan")
+	}
+}
+
+func TestErrorsCarryStatusAndMessage(t *testing.T) {
+	_, err := Preset("no_such_preset")
+	var qe *Error
+	if !errors.As(err, &qe) {
+		t.Fatalf("not an *Error: %v", err)
+	}
+	if qe.Status != ErrInvalidArgument || qe.Status.String() != "QSAKV_ERROR_INVALID_ARGUMENT" ||
+		!strings.Contains(qe.Message, "no_such_preset") {
+		t.Fatalf("%#v", qe)
+	}
+	if !strings.HasPrefix(err.Error(), "QSAKV_ERROR_INVALID_ARGUMENT: ") {
+		t.Fatal(err.Error())
+	}
+	if !errors.Is(err, &Error{Status: ErrInvalidArgument}) {
+		t.Fatal("errors.Is by status")
+	}
+
+	cfg := must(Preset("qwen4_exp"))
+	cfg.SetHeadDim(100)
+	err = cfg.Validate()
+	if !errors.As(err, &qe) || qe.Status != ErrInvalidConfig || !strings.Contains(qe.Message, "head_dim") {
+		t.Fatalf("head_dim 100: %v", err)
+	}
+
+	if _, err := LoadOverlay("/nonexistent/qsakv", ""); !errors.As(err, &qe) || qe.Message == "" {
+		t.Fatalf("missing overlay: %v", err)
+	}
+
+	// An E4M3 cache without an overlay is refused (fail closed).
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	e4 := must(Preset("qwen4_exp"))
+	e4.TPSize = 4
+	if _, err := NewCache(ctx, e4, nil, CacheOptions{NumBlocks: 2}); !errors.As(err, &qe) {
+		t.Fatalf("E4M3 without overlay: %v", err)
+	} else {
+		t.Logf("E4M3 cache without overlay: %v", err)
+	}
+}
+
+// Messages are per OS thread; the package reads each on the thread that failed, so
+// goroutines failing at once each get their own.
+func TestErrorsFromManyGoroutines(t *testing.T) {
+	var wg sync.WaitGroup
+	errs := make([]error, 32)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			_, errs[i] = Preset(strings.Repeat("x", i+1))
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		var qe *Error
+		if !errors.As(err, &qe) || !strings.Contains(qe.Message, "\""+strings.Repeat("x", i+1)+"\"") &&
+			!strings.Contains(qe.Message, " "+strings.Repeat("x", i+1)) {
+			t.Fatalf("goroutine %d: %v", i, err)
+		}
+	}
+}
+
+func TestHandlesAreFreed(t *testing.T) {
+	vmSize := func() int64 {
+		s, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(s), "\n") {
+			if strings.HasPrefix(line, "VmSize:") {
+				kib, err := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return kib
+			}
+		}
+		t.Fatal("no VmSize")
+		return 0
+	}
+	cfg := smallFP16Config(t)
+	cycle := func() uint64 {
+		ctx := must(NewContext(BackendCPU))
+		cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 64}))
+		plan := must(NewPlan(cache, 1, 1))
+		buf := must(NewDeviceBuffer(ctx, 1<<20))
+		total := must(cache.TotalBytes())
+		for _, c := range []interface{ Close() error }{buf, plan, cache, ctx} {
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Close twice is harmless.
+		if err := ctx.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return total
+	}
+	per := cycle()
+	if per < 1<<20 {
+		t.Fatalf("cache of %d bytes", per)
+	}
+	for i := 0; i < 20; i++ {
+		cycle()
+	}
+	runtime.GC()
+	before := vmSize()
+	for i := 0; i < 200; i++ {
+		cycle()
+	}
+	runtime.GC()
+	grown := vmSize() - before
+	t.Logf("cache %d bytes per cycle; virtual size grew %d KiB over 200 cycles", per, grown)
+	// A leak grows it by 200 caches; the slack (20 caches) covers malloc arenas of the
+	// OS threads cgo calls run on.
+	if uint64(grown)*1024 > 20*per {
+		t.Fatalf("virtual size grew %d KiB: handles leak", grown)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if !strings.HasPrefix(Version(), "0.") && !strings.Contains(Version(), ".") {
+		t.Fatal(Version())
+	}
+	// The library's version is CMakeLists.txt's project(VERSION): compare with it.
+	cmake, err := os.ReadFile("../../../CMakeLists.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Fields(strings.SplitN(string(cmake), "project(qsakv VERSION ", 2)[1])[0]
+	if Version() != want {
+		t.Fatalf("library %s, CMakeLists.txt %s", Version(), want)
+	}
+}

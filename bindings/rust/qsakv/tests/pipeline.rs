@@ -1,0 +1,196 @@
+//! The pipeline through the safe crate on the CPU backend (context, config, cache,
+//! store, plan, select, sparse and dense attention) against an FP64 reference; errors
+//! carrying status and message; handles freed on drop.
+use qsakv::*;
+
+fn to_half(x: f32) -> u16 {
+    // Exact for the values used here (normal or zero).
+    let u = x.to_bits();
+    if u & 0x7fff_ffff == 0 {
+        return (u >> 16) as u16;
+    }
+    let sign = (u >> 16) & 0x8000;
+    let exp = ((u >> 23) & 0xff) as i32 - 127 + 15;
+    (sign | ((exp as u32) << 10) | ((u >> 13) & 0x3ff)) as u16
+}
+
+fn from_half(h: u16) -> f64 {
+    let e = ((h >> 10) & 0x1f) as i32;
+    let m = (h & 0x3ff) as f64;
+    let v = if e == 0 { m * 2f64.powi(-24) } else { (1024.0 + m) * 2f64.powi(e - 25) };
+    if h & 0x8000 != 0 { -v } else { v }
+}
+
+#[test]
+fn pipeline_matches_fp64_on_the_cpu_backend() -> Result<()> {
+    assert!(library_matches_bindings());
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    assert_eq!(ctx.info()?.backend(), Backend::QSAKV_BACKEND_CPU);
+
+    let mut cfg = ModelConfig::preset("qwen4_exp")?;
+    cfg.tp_size = 4;
+    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
+    cfg.max_batched_tokens = 8;
+    cfg.max_requests = 2;
+    cfg.max_model_len = 256;
+    let g = cfg.rank_geometry()?;
+    let (d, h, l, hot, block) = (cfg.head_dim as usize, g.q_heads as usize, 37usize, 5usize, 1i32);
+    assert_eq!(g.kv_heads, 1);
+
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 2;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+
+    // K is zero except at token `hot`; q = 1/16: score 1 at `hot`, 0 elsewhere.
+    let mut k = vec![0u16; l * d];
+    let mut v = vec![0u16; l * d];
+    let q = vec![to_half(0.0625); h * d];
+    let mut slots = vec![0i64; l];
+    let mut cslots = Vec::new();
+    let ratio = cfg.compress_ratio as usize;
+    for t in 0..l {
+        slots[t] = block as i64 * cfg.block_size as i64 + t as i64;
+        for j in 0..d {
+            v[t * d + j] = to_half(0.25 * ((t + j) % 8) as f32);
+            if t == hot {
+                k[t * d + j] = to_half(1.0);
+            }
+        }
+        if t % ratio == ratio - 1 {
+            cslots.push(slots[t]);
+        }
+    }
+    let ck = vec![to_half(0.5); cslots.len() * cfg.index_head_dim as usize];
+    let iq = vec![to_half(0.25); (cfg.index_num_heads * cfg.index_head_dim) as usize];
+
+    let dk = DeviceBuffer::from_slice(&ctx, &k)?;
+    let dv = DeviceBuffer::from_slice(&ctx, &v)?;
+    let ds = DeviceBuffer::from_slice(&ctx, &slots)?;
+    let dcs = DeviceBuffer::from_slice(&ctx, &cslots)?;
+    let dck = DeviceBuffer::from_slice(&ctx, &ck)?;
+    let diq = DeviceBuffer::from_slice(&ctx, &iq)?;
+    let dq = DeviceBuffer::from_slice(&ctx, &q)?;
+    let dbt = DeviceBuffer::from_slice(&ctx, &[block, -1])?;
+    let mut dout = DeviceBuffer::new(&ctx, q.len() * 2)?;
+
+    cache.store_kv(layer, &dk, &dv, &ds, l)?;
+    cache.store_compressed_keys(layer, &dck, &dcs, cslots.len())?;
+    let mut plan = Plan::new(&cache, 1, 1)?;
+    plan.update(&[0, 1], &[l as i32], &dbt, 2)?;
+    assert_eq!(plan.info()?.num_rows, 1);
+    plan.select_topk(layer, &diq)?;
+
+    let e = std::f64::consts::E;
+    for mode in [AttentionMode::QSAKV_ATTENTION_SPARSE, AttentionMode::QSAKV_ATTENTION_DENSE] {
+        plan.attention(layer, mode, &dq, &mut dout)?;
+        let out: Vec<u16> = dout.to_vec()?;
+        let mut worst = 0f64;
+        for hh in 0..h {
+            for j in 0..d {
+                let num: f64 = (0..l)
+                    .map(|t| if t == hot { e } else { 1.0 } * 0.25 * ((t + j) % 8) as f64)
+                    .sum();
+                let want = num / (e + (l - 1) as f64);
+                worst = worst.max((from_half(out[hh * d + j]) - want).abs());
+            }
+        }
+        println!("{mode:?}: max |out - fp64| = {worst:.3e}");
+        assert!(worst < 4e-3, "{mode:?}: max error {worst}");
+    }
+
+    // A buffer too small for the batch is refused before the call, naming it.
+    let small = DeviceBuffer::new(&ctx, 8)?;
+    let err = plan.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &small, &mut dout)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().starts_with("q: needs"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn errors_carry_status_and_message() {
+    let err = ModelConfig::preset("no_such_preset").err().expect("an error");
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_eq!(err.status_name(), "QSAKV_ERROR_INVALID_ARGUMENT");
+    assert!(err.message().contains("no_such_preset"), "{err}");
+    assert!(err.to_string().starts_with("QSAKV_ERROR_INVALID_ARGUMENT: "));
+    // Copied and cleared in this thread.
+    let left = unsafe { std::ffi::CStr::from_ptr(sys::qsakv_last_error()) };
+    assert!(left.to_bytes().is_empty());
+
+    let mut cfg = ModelConfig::preset("qwen4_exp").unwrap();
+    cfg.head_dim = 100;
+    let err = cfg.validate().unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_CONFIG);
+    assert!(err.message().contains("head_dim"), "{err}");
+
+    let err = Overlay::load(std::path::Path::new("/nonexistent/qsakv"), None).err().expect("an error");
+    assert_ne!(err.status(), Status::QSAKV_SUCCESS);
+    assert!(!err.message().is_empty());
+
+    // An E4M3 cache without an overlay is refused (fail closed).
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU).unwrap();
+    let mut cfg = ModelConfig::preset("qwen4_exp").unwrap();
+    cfg.tp_size = 4;
+    let mut opts = CacheOptions::new().unwrap();
+    opts.num_blocks = 2;
+    let err = Cache::new(&ctx, &cfg, None, &opts).err().expect("an error");
+    assert_ne!(err.status(), Status::QSAKV_SUCCESS);
+    println!("E4M3 cache without overlay: {err}");
+}
+
+#[test]
+fn errors_stay_in_their_thread() {
+    let t = std::thread::spawn(|| ModelConfig::preset("in_another_thread").err().unwrap());
+    let err = t.join().unwrap();
+    assert!(err.message().contains("in_another_thread"));
+    let left = unsafe { std::ffi::CStr::from_ptr(sys::qsakv_last_error()) };
+    assert!(!left.to_string_lossy().contains("in_another_thread"));
+}
+
+#[test]
+fn handles_are_freed_on_drop() {
+    // 200 create/drop cycles of context + cache + plan + buffers; a leaked cache (tens
+    // of MiB each) would grow the virtual size (untouched pages never reach the RSS).
+    fn vm_size_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        s.lines().find(|l| l.starts_with("VmSize:")).unwrap()
+            .split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+    let mut cfg = ModelConfig::preset("qwen4_exp").unwrap();
+    cfg.tp_size = 4;
+    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
+    cfg.max_batched_tokens = 8;
+    cfg.max_requests = 2;
+    cfg.max_model_len = 256;
+    let cycle = || {
+        let ctx = Context::new(Backend::QSAKV_BACKEND_CPU).unwrap();
+        let mut opts = CacheOptions::new().unwrap();
+        opts.num_blocks = 64;
+        let cache = Cache::new(&ctx, &cfg, None, &opts).unwrap();
+        let _plan = Plan::new(&cache, 1, 1).unwrap();
+        let _buf = DeviceBuffer::new(&ctx, 1 << 20).unwrap();
+        cache.layout().unwrap().total_bytes
+    };
+    let per_cycle = cycle();
+    assert!(per_cycle > 1 << 20, "a cache of {per_cycle} bytes");
+    for _ in 0..20 {
+        cycle();
+    }
+    let before = vm_size_kib();
+    for _ in 0..200 {
+        cycle();
+    }
+    let grown = vm_size_kib().saturating_sub(before);
+    println!("cache {per_cycle} bytes per cycle; virtual size grew {grown} KiB over 200 cycles");
+    // A leak grows it by 200 caches; the slack (50 caches) covers malloc arenas of the
+    // test threads running alongside.
+    assert!(grown * 1024 < per_cycle * 50, "virtual size grew {grown} KiB: handles leak");
+}
+
+#[test]
+fn crate_version_equals_the_library_version() {
+    // The library's version is CMakeLists.txt's project(VERSION): the one place.
+    assert_eq!(env!("CARGO_PKG_VERSION"), version_string(), "bindings/rust/*/Cargo.toml version");
+}

@@ -1,0 +1,315 @@
+/*
+ * qsakv.hpp -- C++17 RAII wrappers over the C API of libqsakv (include/qsakv.h).
+ *
+ * Header-only; links against the same libqsakv (no C++ symbols are exported, so no C++
+ * ABI is involved). Every failing call throws qsakv::Error carrying the qsakv_status and
+ * the library's thread-local message (copied and cleared in the failing thread).
+ * Handles are move-only and free their C object in the destructor; get() gives the raw
+ * pointer for C calls this header does not wrap. Parents must outlive their children,
+ * as in C: a Cache its Context and Overlay, a Plan its Cache.
+ *
+ *   qsakv::Context ctx(QSAKV_BACKEND_CPU);
+ *   auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+ *   qsakv::Cache cache(ctx, cfg, nullptr, options);
+ *   qsakv::Plan plan(cache, plan_options);
+ *   plan.update(batch); plan.select_topk(layer, index_q); plan.attention(layer, q, out);
+ */
+#ifndef QSAKV_HPP
+#define QSAKV_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "qsakv.h"
+
+namespace qsakv {
+
+/* A failed call: status() is the qsakv_status, message() the library's message. */
+class Error : public std::runtime_error {
+ public:
+  Error(qsakv_status status, const std::string& message)
+      : std::runtime_error(std::string(qsakv_status_string(status)) + ": " + message),
+        status_(status),
+        message_(message) {}
+  qsakv_status status() const noexcept { return status_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  qsakv_status status_;
+  std::string message_;
+};
+
+/* Throws Error for a failing status (copying and clearing the thread's message). */
+inline void check(qsakv_status status) {
+  if (status == QSAKV_SUCCESS) return;
+  const char* m = qsakv_last_error();
+  std::string message = m ? m : "";
+  qsakv_clear_error();
+  throw Error(status, message);
+}
+
+/* Version of the loaded library, and whether it matches this header. */
+inline int version() noexcept { return qsakv_version(); }
+inline std::string version_string() { return qsakv_version_string(); }
+inline bool library_matches_header() noexcept {
+  return qsakv_version() == QSAKV_VERSION_NUMBER && qsakv_abi_version() == QSAKV_ABI_VERSION;
+}
+
+namespace detail {
+template <class T, void (*Destroy)(T*)>
+struct Deleter {
+  void operator()(T* p) const noexcept { Destroy(p); }
+};
+template <class T, void (*Destroy)(T*)>
+using Unique = std::unique_ptr<T, Deleter<T, Destroy>>;
+
+/* A zeroed versioned struct with struct_size and version set. */
+template <class S>
+S versioned(uint32_t version) {
+  S s;
+  std::memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.version = version;
+  return s;
+}
+}  // namespace detail
+
+/* Model config: a plain C struct with helpers. */
+struct ModelConfig {
+  static qsakv_model_config preset(const char* name) {
+    qsakv_model_config c;
+    check(qsakv_model_config_preset(&c, name));
+    return c;
+  }
+  static void validate(const qsakv_model_config& c) { check(qsakv_model_config_validate(&c)); }
+  static qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
+    auto g = detail::versioned<qsakv_rank_geometry>(QSAKV_RANK_GEOMETRY_VERSION);
+    check(qsakv_model_config_rank_geometry(&c, &g));
+    return g;
+  }
+};
+
+inline qsakv_capacity capacity_plan(const qsakv_model_config& c, uint64_t budget_bytes) {
+  auto cap = detail::versioned<qsakv_capacity>(QSAKV_CAPACITY_VERSION);
+  check(qsakv_capacity_plan(&c, budget_bytes, &cap));
+  return cap;
+}
+
+inline std::string checkpoint_revision(const std::string& path) {
+  char hex[65] = {0};
+  check(qsakv_checkpoint_revision(path.c_str(), hex));
+  return hex;
+}
+
+class Context {
+ public:
+  explicit Context(qsakv_backend backend = QSAKV_BACKEND_AUTO, int32_t device = 0) {
+    qsakv_context_options o;
+    check(qsakv_context_options_init(&o));
+    o.backend = backend;
+    o.device = device;
+    create(&o);
+  }
+  explicit Context(const qsakv_context_options& options) { create(&options); }
+  qsakv_context* get() const noexcept { return h_.get(); }
+  qsakv_context_info info() const {
+    auto i = detail::versioned<qsakv_context_info>(QSAKV_CONTEXT_INFO_VERSION);
+    check(qsakv_context_get_info(h_.get(), &i));
+    return i;
+  }
+  void synchronize(qsakv_stream_t stream = nullptr) const {
+    check(qsakv_stream_synchronize(h_.get(), stream));
+  }
+
+ private:
+  void create(const qsakv_context_options* o) {
+    qsakv_context* c = nullptr;
+    check(qsakv_context_create(&c, o));
+    h_.reset(c);
+  }
+  detail::Unique<qsakv_context, qsakv_context_destroy> h_;
+};
+
+/* Device memory of a context's backend (host memory on the CPU backend). */
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const Context& ctx, size_t bytes) : ctx_(ctx.get()), bytes_(bytes) {
+    check(qsakv_malloc(ctx_, &ptr_, bytes));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(ctx_, o.ctx_);
+      std::swap(ptr_, o.ptr_);
+      std::swap(bytes_, o.bytes_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() noexcept {
+    if (ptr_) qsakv_free(ctx_, ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const noexcept { return ptr_; }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(ptr_); }
+  size_t size() const noexcept { return bytes_; }
+  /* Copies `bytes` (default: all) from host memory; async on `stream`. */
+  void upload(const void* src, size_t bytes, qsakv_stream_t stream = nullptr) {
+    if (bytes > bytes_) throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "upload larger than the buffer");
+    check(qsakv_memcpy(ctx_, ptr_, src, bytes, QSAKV_COPY_HOST_TO_DEVICE, stream));
+  }
+  void download(void* dst, size_t bytes, qsakv_stream_t stream = nullptr) const {
+    if (bytes > bytes_) throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "download larger than the buffer");
+    check(qsakv_memcpy(ctx_, dst, ptr_, bytes, QSAKV_COPY_DEVICE_TO_HOST, stream));
+  }
+
+ private:
+  qsakv_context* ctx_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Overlay {
+ public:
+  /* A checkpoint directory, or a scale file with its manifest (empty: the default). */
+  explicit Overlay(const std::string& path, const std::string& manifest = std::string()) {
+    qsakv_overlay* o = nullptr;
+    check(qsakv_overlay_load(&o, path.c_str(), manifest.empty() ? nullptr : manifest.c_str()));
+    h_.reset(o);
+  }
+  qsakv_overlay* get() const noexcept { return h_.get(); }
+  void validate(const qsakv_model_config& c, const std::string& expected_revision) {
+    check(qsakv_overlay_validate(h_.get(), &c, expected_revision.c_str()));
+  }
+  qsakv_overlay_info info() const {
+    auto i = detail::versioned<qsakv_overlay_info>(QSAKV_OVERLAY_INFO_VERSION);
+    check(qsakv_overlay_get_info(h_.get(), &i));
+    return i;
+  }
+  std::pair<float, float> scales(int32_t layer) const {
+    float k = 0, v = 0;
+    check(qsakv_overlay_get_scales(h_.get(), layer, &k, &v));
+    return {k, v};
+  }
+
+ private:
+  detail::Unique<qsakv_overlay, qsakv_overlay_destroy> h_;
+};
+
+class Cache {
+ public:
+  static qsakv_cache_options default_options() {
+    qsakv_cache_options o;
+    check(qsakv_cache_options_init(&o));
+    return o;
+  }
+  /* overlay: nullptr for 16-bit caches. */
+  Cache(const Context& ctx, const qsakv_model_config& c, const Overlay* overlay,
+        const qsakv_cache_options& options) {
+    qsakv_cache* p = nullptr;
+    check(qsakv_cache_create(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr, &options));
+    h_.reset(p);
+  }
+  qsakv_cache* get() const noexcept { return h_.get(); }
+  qsakv_cache_layout layout() const {
+    auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
+    check(qsakv_cache_get_layout(h_.get(), &l));
+    return l;
+  }
+  void store_kv(int32_t layer, const void* k, const void* v, const int64_t* slot_mapping,
+                int64_t num_tokens, qsakv_stream_t stream = nullptr) {
+    check(qsakv_store_kv(h_.get(), layer, k, v, slot_mapping, num_tokens, stream));
+  }
+  void store_compressed_keys(int32_t layer, const void* keys, const int64_t* slot_mapping,
+                             int64_t num_keys, qsakv_stream_t stream = nullptr) {
+    check(qsakv_store_compressed_keys(h_.get(), layer, keys, slot_mapping, num_keys, stream));
+  }
+
+ private:
+  detail::Unique<qsakv_cache, qsakv_cache_destroy> h_;
+};
+
+class Plan {
+ public:
+  static qsakv_plan_options default_options() {
+    qsakv_plan_options o;
+    check(qsakv_plan_options_init(&o));
+    return o;
+  }
+  Plan(Cache& cache, const qsakv_plan_options& options) {
+    qsakv_plan* p = nullptr;
+    check(qsakv_plan_create(&p, cache.get(), &options));
+    h_.reset(p);
+  }
+  qsakv_plan* get() const noexcept { return h_.get(); }
+  void update(const qsakv_batch& batch, qsakv_stream_t stream = nullptr) {
+    check(qsakv_plan_update(h_.get(), &batch, stream));
+  }
+  qsakv_plan_info info() const {
+    auto i = detail::versioned<qsakv_plan_info>(QSAKV_PLAN_INFO_VERSION);
+    check(qsakv_plan_get_info(h_.get(), &i));
+    return i;
+  }
+  /* topk nullptr: the layer's shared top-k buffer. */
+  void select_topk(int32_t layer, const void* index_q, int32_t* topk = nullptr,
+                   int64_t topk_stride = 0, qsakv_stream_t stream = nullptr) {
+    check(qsakv_select_topk(h_.get(), layer, index_q, topk, topk_stride, stream));
+  }
+  void attention(int32_t layer, qsakv_attention_mode mode, const void* q, void* out,
+                 const int32_t* topk = nullptr, int64_t topk_stride = 0,
+                 qsakv_stream_t stream = nullptr) {
+    check(qsakv_attention_run(h_.get(), layer, mode, q, topk, topk_stride, out, stream));
+  }
+
+ private:
+  detail::Unique<qsakv_plan, qsakv_plan_destroy> h_;
+};
+
+class Calib {
+ public:
+  /* A live handle on `ctx` (starts stopped). */
+  Calib(const Context& ctx, const qsakv_model_config& c) {
+    qsakv_calib* p = nullptr;
+    check(qsakv_calib_create(&p, ctx.get(), &c));
+    h_.reset(p);
+  }
+  /* A host handle loaded from a file written by save(). */
+  static Calib load(const std::string& path) {
+    qsakv_calib* p = nullptr;
+    check(qsakv_calib_load(&p, path.c_str()));
+    return Calib(p);
+  }
+  /* A host copy (waits for `stream`). */
+  Calib snapshot(qsakv_stream_t stream = nullptr) const {
+    qsakv_calib* p = nullptr;
+    check(qsakv_calib_snapshot(&p, h_.get(), stream));
+    return Calib(p);
+  }
+  qsakv_calib* get() const noexcept { return h_.get(); }
+  void start() { check(qsakv_calib_start(h_.get())); }
+  void stop() { check(qsakv_calib_stop(h_.get())); }
+  void observe(int32_t layer, const void* k, const void* v, int64_t num_tokens,
+               qsakv_stream_t stream = nullptr) {
+    check(qsakv_calib_observe(h_.get(), layer, k, v, num_tokens, stream));
+  }
+  void save(const std::string& path) const { check(qsakv_calib_save(h_.get(), path.c_str())); }
+
+ private:
+  explicit Calib(qsakv_calib* p) : h_(p) {}
+  detail::Unique<qsakv_calib, qsakv_calib_destroy> h_;
+};
+
+}  // namespace qsakv
+
+#endif /* QSAKV_HPP */

@@ -1,0 +1,178 @@
+// include/qsakv.hpp: the C++ RAII wrappers. The pipeline (context, config, cache, store,
+// plan, select, sparse and dense attention) on the CPU backend against an FP64
+// reference, errors as exceptions carrying status and message, move-only handles.
+#include "qsakv.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "testutil.h"
+
+static_assert(!std::is_copy_constructible<qsakv::Context>::value, "handles are move-only");
+static_assert(std::is_nothrow_move_constructible<qsakv::Context>::value, "movable");
+static_assert(std::is_base_of<std::runtime_error, qsakv::Error>::value, "std exception");
+
+static uint16_t to_half(float x) {  // exact for the values used here (normal or zero)
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) == 0) return (uint16_t)(u >> 16);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+  return (uint16_t)(sign | ((uint32_t)exp << 10) | ((u >> 13) & 0x3ffu));
+}
+static double from_half(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double v = e == 0 ? std::ldexp((double)m, -24) : std::ldexp(1024.0 + m, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+static void test_pipeline_matches_fp64(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  assert_int_equal(ctx.info().backend, QSAKV_BACKEND_CPU);
+  assert_true(qsakv::library_matches_header());
+
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  const auto g = qsakv::ModelConfig::rank_geometry(cfg);
+  const int D = cfg.head_dim, H = g.q_heads, L = 37, hot = 5, block = 1;
+  assert_int_equal(g.kv_heads, 1);
+
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 2;
+  qsakv::Cache cache(ctx, cfg, nullptr, co);
+  auto po = qsakv::Plan::default_options();
+  po.max_rows = 1;
+  po.max_requests = 1;
+  qsakv::Plan plan(cache, po);
+  const int layer = cfg.qsa_layers[0];
+
+  // K is zero except at token `hot`; q = 1/16 everywhere: score 1 at `hot`, 0 elsewhere.
+  std::vector<uint16_t> k((size_t)L * D, 0), v((size_t)L * D), q((size_t)H * D, to_half(0.0625f));
+  std::vector<int64_t> slots(L);
+  std::vector<int64_t> cslots;
+  for (int t = 0; t < L; ++t) {
+    slots[t] = (int64_t)block * cfg.block_size + t;
+    for (int d = 0; d < D; ++d) {
+      v[(size_t)t * D + d] = to_half(0.25f * ((t + d) % 8));
+      if (t == hot) k[(size_t)t * D + d] = to_half(1.0f);
+    }
+    if (t % cfg.compress_ratio == cfg.compress_ratio - 1) cslots.push_back(slots[t]);
+  }
+  const int groups = (int)cslots.size();
+  std::vector<uint16_t> ck((size_t)groups * cfg.index_head_dim, to_half(0.5f));
+  std::vector<uint16_t> iq((size_t)cfg.index_num_heads * cfg.index_head_dim, to_half(0.25f));
+  int32_t bt[2] = {block, -1};
+
+  auto up = [&](const void* src, size_t bytes) {
+    qsakv::DeviceBuffer b(ctx, bytes);
+    b.upload(src, bytes);
+    return b;
+  };
+  auto dk = up(k.data(), k.size() * 2), dv = up(v.data(), v.size() * 2);
+  auto ds = up(slots.data(), slots.size() * 8), dcs = up(cslots.data(), cslots.size() * 8);
+  auto dck = up(ck.data(), ck.size() * 2), diq = up(iq.data(), iq.size() * 2);
+  auto dq = up(q.data(), q.size() * 2), dbt = up(bt, sizeof bt);
+  qsakv::DeviceBuffer dout(ctx, q.size() * 2);
+
+  cache.store_kv(layer, dk.get(), dv.get(), ds.as<int64_t>(), L);
+  cache.store_compressed_keys(layer, dck.get(), dcs.as<int64_t>(), groups);
+  int32_t qs[2] = {0, 1}, lens[1] = {L};
+  qsakv_batch batch;
+  std::memset(&batch, 0, sizeof batch);
+  batch.struct_size = sizeof batch;
+  batch.version = QSAKV_BATCH_VERSION;
+  batch.num_requests = 1;
+  batch.query_start = qs;
+  batch.seq_lens = lens;
+  batch.block_table = dbt.as<int32_t>();
+  batch.block_table_stride = 2;
+  plan.update(batch);
+  assert_int_equal(plan.info().num_rows, 1);
+  plan.select_topk(layer, diq.get());
+
+  const double e = std::exp(1.0);
+  for (auto mode : {QSAKV_ATTENTION_SPARSE, QSAKV_ATTENTION_DENSE}) {
+    plan.attention(layer, mode, dq.get(), dout.get());
+    ctx.synchronize();
+    std::vector<uint16_t> out(q.size());
+    dout.download(out.data(), out.size() * 2);
+    double worst = 0;
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) {
+        double num = 0;
+        for (int t = 0; t < L; ++t) num += (t == hot ? e : 1.0) * 0.25 * ((t + d) % 8);
+        const double want = num / (e + L - 1);
+        worst = std::fmax(worst, std::fabs(from_half(out[(size_t)h * D + d]) - want));
+      }
+    print_message("mode %d: max |out - fp64| = %.3g\n", (int)mode, worst);
+    assert_true(worst < 4e-3);  // fp16 output of values below 2: ulp 2^-10
+  }
+}
+
+static void test_errors_carry_status_and_message(void** state) {
+  (void)state;
+  try {
+    qsakv::ModelConfig::preset("no_such_preset");
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(err.message().c_str(), "no_such_preset"));
+    assert_non_null(std::strstr(err.what(), "QSAKV_ERROR_INVALID_ARGUMENT"));
+  }
+  // The message was copied and cleared in this thread.
+  assert_string_equal(qsakv_last_error(), "");
+
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.head_dim = 100;
+  try {
+    qsakv::ModelConfig::validate(cfg);
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_CONFIG);
+    assert_non_null(std::strstr(err.message().c_str(), "head_dim"));
+  }
+  try {
+    qsakv::Overlay ov("/nonexistent/qsakv-overlay-dir");
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_true(err.status() != QSAKV_SUCCESS);
+    assert_false(err.message().empty());
+  }
+}
+
+static void test_handles_move_and_free(void** state) {
+  (void)state;
+  qsakv::Context a(QSAKV_BACKEND_CPU);
+  qsakv_context* raw = a.get();
+  qsakv::Context b(std::move(a));
+  assert_ptr_equal(b.get(), raw);
+  assert_null(a.get());  // NOLINT(bugprone-use-after-move): moved-from is empty
+  qsakv::DeviceBuffer buf(b, 64);
+  assert_non_null(buf.get());
+  qsakv::DeviceBuffer moved = std::move(buf);
+  assert_null(buf.get());  // NOLINT
+  assert_int_equal(moved.size(), 64);
+  unsigned char big[128] = {0};
+  try {
+    moved.upload(big, sizeof big);
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pipeline_matches_fp64),
+      cmocka_unit_test(test_errors_carry_status_and_message),
+      cmocka_unit_test(test_handles_move_and_free),
+  };
+  return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
+}
