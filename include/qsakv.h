@@ -227,6 +227,34 @@ QSAKV_API qsakv_status qsakv_model_config_init(qsakv_model_config* config);
  * 8192 batched tokens, 131072 tokens per request. */
 QSAKV_API qsakv_status qsakv_model_config_preset(qsakv_model_config* config,
                                                  const char* preset_name);
+/* A config from a checkpoint's Hugging Face config.json. `checkpoint_dir_or_config_json`
+ * is the checkpoint directory (its config.json is read) or the JSON file itself. The
+ * geometry comes from the file; every runtime field (tp_size ... max_model_len) is the
+ * qwen4_exp preset's (TP1 rank 0, FP16 activations, E4M3 KV, block size 64, ...), for
+ * the caller to set; softmax_scale is 0 (1/sqrt(head_dim)). When the top level has a
+ * "text_config" object (multimodal checkpoints), the keys are read from it. Keys:
+ *   num_hidden_layers    -> num_layers                      (required)
+ *   num_attention_heads  -> num_q_heads                     (required)
+ *   num_key_value_heads  -> num_kv_heads                    (required: no MHA default)
+ *   head_dim             -> head_dim      (if absent: hidden_size / num_attention_heads)
+ *   index_n_heads        -> index_num_heads                 (required)
+ *   index_head_dim       -> index_head_dim                  (required)
+ *   index_compress_ratio -> compress_ratio                  (required)
+ *   index_topk           -> topk_tokens                     (required)
+ * and the QSA layers from at least one of (several must name the same layers):
+ *   qsa_layers              a list of ascending model-layer ids;
+ *   full_attention_interval N: layer i is QSA when (i + 1) % N == 0 (the reference family
+ *                           uses 4: layers 3, 7, ..., 47);
+ *   layer_types             one string per layer: "full_attention" or "qsa_attention"
+ *                           (a QSA layer) or "linear_attention" (not QSA).
+ * Other keys are ignored. Strict: integers must be JSON integers; a duplicated key, a
+ * missing or ill-typed key, an unknown layer type or no pattern is QSAKV_ERROR_FORMAT
+ * naming the file and the key; a missing or unreadable file QSAKV_ERROR_IO; a result
+ * that qsakv_model_config_validate refuses QSAKV_ERROR_INVALID_CONFIG naming the field,
+ * the key and the file. Fills *config whole (struct_size and version included), like a
+ * preset; on failure *config is untouched. Blocking. */
+QSAKV_API qsakv_status qsakv_model_config_from_checkpoint(
+    qsakv_model_config* config, const char* checkpoint_dir_or_config_json);
 /* Checks every field and every combination. QSAKV_ERROR_INVALID_CONFIG with a message
  * naming the field and the bad value. */
 QSAKV_API qsakv_status qsakv_model_config_validate(const qsakv_model_config* config);

@@ -545,6 +545,7 @@ FUNCTIONS = {
     'qsakv_built_with_cuda': Function(ctypes.c_int, [], (), 'int'),
     'qsakv_model_config_init': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config)], ('config', ), 'qsakv_status'),
     'qsakv_model_config_preset': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config), ctypes.c_char_p], ('config', 'preset_name', ), 'qsakv_status'),
+    'qsakv_model_config_from_checkpoint': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config), ctypes.c_char_p], ('config', 'checkpoint_dir_or_config_json', ), 'qsakv_status'),
     'qsakv_model_config_validate': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config)], ('config', ), 'qsakv_status'),
     'qsakv_model_config_rank_geometry': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config), ctypes.POINTER(qsakv_rank_geometry)], ('config', 'out', ), 'qsakv_status'),
     'qsakv_overlay_load': Function(qsakv_status, [ctypes.POINTER(ctypes.POINTER(qsakv_overlay)), ctypes.c_char_p, ctypes.c_char_p], ('out', 'path', 'manifest_path', ), 'qsakv_status'),

@@ -959,6 +959,13 @@ extern "C" {
 }
 extern "C" {
     #[must_use]
+    pub fn qsakv_model_config_from_checkpoint(
+        config: *mut qsakv_model_config,
+        checkpoint_dir_or_config_json: *const ::std::os::raw::c_char,
+    ) -> qsakv_status;
+}
+extern "C" {
+    #[must_use]
     pub fn qsakv_model_config_validate(config: *const qsakv_model_config) -> qsakv_status;
 }
 #[repr(C)]
