@@ -319,6 +319,23 @@ QSAKV_API qsakv_status qsakv_overlay_get_info(const qsakv_overlay* overlay,
 QSAKV_API qsakv_status qsakv_overlay_get_scales(const qsakv_overlay* overlay, int32_t layer,
                                                 float* k_scale, float* v_scale);
 
+/* Reads the K/V scales a scale file (model-kvscales.safetensors) holds, as they are,
+ * for inspection tools: no manifest, no checkpoint revision, no config, nothing
+ * validated. The result is bound to nothing and cannot back a cache (qsakv_overlay_load
+ * and qsakv_overlay_validate are the way to that). Writes up to `capacity` entries in
+ * ascending layer order (layers, k_scales, v_scales: arrays of capacity; NULL allowed
+ * when capacity is 0); *num_layers is the number of layers the file holds, which may be
+ * more than capacity (call again with room for all). The half of a K/V pair that the
+ * file lacks is NaN. sha256_hex (NULL or 65 bytes) receives the file's SHA-256. Refuses
+ * a malformed file (QSAKV_ERROR_FORMAT), a tensor that is not a K/V scale name
+ * (QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR) or not an F32 scalar
+ * (QSAKV_ERROR_OVERLAY_BAD_TENSOR), a layer's K or V given twice
+ * (QSAKV_ERROR_OVERLAY_DUPLICATE); a missing file is QSAKV_ERROR_IO. Blocking. */
+QSAKV_API qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int32_t capacity,
+                                                     int32_t* layers, float* k_scales,
+                                                     float* v_scales, int32_t* num_layers,
+                                                     char sha256_hex[65]);
+
 /* Scale contract recorded in a manifest by qsakv_overlay_write. */
 #define QSAKV_OVERLAY_WRITE_OPTIONS_VERSION 1
 typedef struct qsakv_overlay_write_options {

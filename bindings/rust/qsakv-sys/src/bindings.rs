@@ -1458,6 +1458,18 @@ extern "C" {
         v_scale: *mut f32,
     ) -> qsakv_status;
 }
+extern "C" {
+    #[must_use]
+    pub fn qsakv_overlay_read_scale_file(
+        scale_file: *const ::std::os::raw::c_char,
+        capacity: i32,
+        layers: *mut i32,
+        k_scales: *mut f32,
+        v_scales: *mut f32,
+        num_layers: *mut i32,
+        sha256_hex: *mut ::std::os::raw::c_char,
+    ) -> qsakv_status;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct qsakv_overlay_write_options {
