@@ -6,8 +6,8 @@
 
 #include "commands.h"
 
-static const char kCalibUsage[] =
-    "usage: qsakv calib summarize STATS... [--json] [--histograms]\n"
+const char kCalibUsage[] =
+    "usage: qsakv calib summarize STATS... [--json [--histograms]]\n"
     "       qsakv calib merge OUT STATS...\n"
     "       qsakv calib envelope OUT STATS...\n"
     "\n"
@@ -15,32 +15,14 @@ static const char kCalibUsage[] =
     "summarize: per QSA layer and K/V: count, max |x|, scale (max/448 rounded up),\n"
     "  p99.9, p99.99, saturating and underflowing fractions. Several files are merged\n"
     "  first: as ranks of one run, or, when each is complete, as an envelope of runs.\n"
-    "  --json prints one JSON object; --histograms adds the nonzero histogram bins\n"
-    "  ([bin, count] pairs; bin b spans [2^(-24 + 40b/4096), 2^(-24 + 40(b+1)/4096))).\n"
+    "  --json prints one JSON object; --histograms (with --json) adds the nonzero\n"
+    "  histogram bins ([bin, count] pairs; bin b spans\n"
+    "  [2^(-24 + 40b/4096), 2^(-24 + 40(b+1)/4096))).\n"
     "merge: the TP ranks of one run into OUT (each rank exactly once).\n"
     "envelope: complete statistics of several runs into OUT (max of maxima).\n"
-    "OUT must not exist.\n"
+    "OUT must not exist. merge and envelope take no options.\n"
     "\n"
-    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
-    "2 bad command line.\n";
-
-static const char kOverlayMakeUsage[] =
-    "usage: qsakv overlay make --stats STATS... --base-index PATH OUT_DIR\n"
-    "             [--tp N] [--spec N] [--act fp16|bf16] [--min-sm N] [--prefix P]\n"
-    "       qsakv overlay materialize BASE_DIR SCALE_PACK OUT_DIR\n"
-    "\n"
-    "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
-    "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
-    "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
-    "  index PATH. Contract: --tp (default: the statistics' TP size; 0 = any), --spec\n"
-    "  (default any), --act (default: the statistics' activation dtype), --min-sm\n"
-    "  (default any); --prefix is the checkpoint's layer prefix (model.layers).\n"
-    "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
-    "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
-    "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
-    "\n"
-    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
-    "2 bad command line.\n";
+    QSAKV_EXIT_CODES_TEXT;
 
 static void free_all(qsakv_calib** h, int n) {
   for (int i = 0; i < n; ++i) qsakv_calib_destroy(h[i]);
@@ -176,9 +158,9 @@ static int summarize(char** paths, int n, int json, int histograms) {
 }
 
 int cmd_calib(int argc, char** argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    fputs(kCalibUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? QSAKV_EXIT_USAGE : QSAKV_EXIT_OK;
+  if (argc < 2) {
+    fputs(kCalibUsage, stderr);
+    return QSAKV_EXIT_USAGE;
   }
   int json = 0, histograms = 0, n = 0;
   char** files = calloc((size_t)argc, sizeof *files);
@@ -186,23 +168,27 @@ int cmd_calib(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--histograms")) histograms = 1;
-    else if (argv[i][0] == '-' && argv[i][1] == '-') {
+    else if (argv[i][0] == '-') {
       free(files);
-      return tool_usage_error("unknown option %s", argv[i]);
+      return tool_usage_error("calib %s: unknown option %s", argv[1], argv[i]);
     } else files[n++] = argv[i];
   }
   int rc;
   if (!strcmp(argv[1], "summarize")) {
     rc = n < 1 ? tool_usage_error("calib summarize: STATS missing")
-               : summarize(files, n, json, histograms);
+         : histograms && !json ? tool_usage_error("calib summarize: --histograms needs --json")
+                               : summarize(files, n, json, histograms);
   } else if (!strcmp(argv[1], "merge") || !strcmp(argv[1], "envelope")) {
     const int ranks = !strcmp(argv[1], "merge");
-    if (json || histograms) rc = tool_usage_error("calib %s takes no --json", argv[1]);
+    if (json || histograms)
+      rc = tool_usage_error("calib %s does not take %s (calib summarize does)", argv[1],
+                            json ? "--json" : "--histograms");
     else if (n < 2) rc = tool_usage_error("calib %s: OUT and at least one STATS needed", argv[1]);
     else rc = merge_to(files + 1, n - 1, files[0],
                        ranks ? QSAKV_CALIB_MERGE_RANKS : QSAKV_CALIB_MERGE_ENVELOPE);
   } else {
-    rc = tool_usage_error("unknown verb \"calib %s\"", argv[1]);
+    rc = tool_usage_error("unknown verb \"calib %s\" (verbs: summarize, merge, envelope)",
+                          argv[1]);
   }
   free(files);
   return rc;
@@ -227,16 +213,20 @@ static int overlay_make(int argc, char** argv) {
       in_stats = 1;
       continue;
     }
-    if (o[0] == '-' && o[1] == '-') {
+    if (o[0] == '-') {
       in_stats = 0;
-      if (!has_value) rc = tool_usage_error("%s needs a value", o);
+      const int known = !strcmp(o, "--base-index") || !strcmp(o, "--act") ||
+                        !strcmp(o, "--prefix") || !strcmp(o, "--tp") || !strcmp(o, "--spec") ||
+                        !strcmp(o, "--min-sm");
+      if (!known) rc = tool_usage_error("overlay make: unknown option %s", o);
+      else if (!has_value) rc = tool_usage_error("overlay make: %s needs a value", o);
       else if (!strcmp(o, "--base-index")) base_index = argv[++i];
       else if (!strcmp(o, "--act")) act = argv[++i];
       else if (!strcmp(o, "--prefix")) prefix = argv[++i];
       else if (!strcmp(o, "--tp") || !strcmp(o, "--spec") || !strcmp(o, "--min-sm")) {
         int* dst = !strcmp(o, "--tp") ? &tp : !strcmp(o, "--spec") ? &spec : &min_sm;
         if (tool_parse_int(argv[++i], dst)) rc = tool_usage_error("%s: not an integer", o);
-      } else rc = tool_usage_error("unknown option %s", o);
+      }
     } else if (in_stats) {
       stats[n++] = argv[i];
     } else if (!out_dir) {
@@ -280,7 +270,12 @@ static int overlay_make(int argc, char** argv) {
 }
 
 static int overlay_materialize(int argc, char** argv) {
-  if (argc != 5) return tool_usage_error("usage: qsakv overlay materialize BASE_DIR SCALE_PACK OUT_DIR");
+  for (int i = 2; i < argc; ++i)
+    if (argv[i][0] == '-')
+      return tool_usage_error("overlay materialize takes no options (got %s)", argv[i]);
+  if (argc != 5)
+    return tool_usage_error("overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d "
+                            "argument(s)", argc - 2);
   /* qsakv_overlay_materialize compares the base index hash with the manifest before it
    * creates anything. */
   qsakv_status s = qsakv_overlay_materialize(argv[4], argv[2], argv[3]);
@@ -293,10 +288,6 @@ static int overlay_materialize(int argc, char** argv) {
 }
 
 int cmd_overlay_build(int argc, char** argv) {
-  if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
-    fputs(kOverlayMakeUsage, stdout);
-    return QSAKV_EXIT_OK;
-  }
   if (!strcmp(argv[1], "make")) return overlay_make(argc, argv);
   return overlay_materialize(argc, argv);
 }

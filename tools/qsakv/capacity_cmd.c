@@ -5,26 +5,31 @@
 
 #include "commands.h"
 
-static const char kCapacityUsage[] =
-    "usage: qsakv capacity [--preset qwen4_exp] [--tp N] [--kv e4m3|fp16|bf16]\n"
-    "                      [--budget-gib X] [--json]\n"
+const char kCapacityUsage[] =
+    "usage: qsakv capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N]\n"
+    "                      [--kv e4m3|fp16|bf16] [--budget-gib X] [--json]\n"
     "\n"
     "Bytes per token per rank (all QSA layers), fixed costs (index-key rings, the\n"
     "shared top-k workspace and what one buffer per layer would cost), and the blocks\n"
     "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache.\n"
+    "The model: the preset (default qwen4_exp) or --checkpoint CKPT (a checkpoint\n"
+    "directory or its config.json, read as by qsakv_model_config_from_checkpoint).\n"
+    "--json prints one JSON object.\n"
     "\n"
-    "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n"
-    "2 bad command line.\n";
+    QSAKV_EXIT_CODES_TEXT;
 
-static void print_json(const qsakv_model_config* c, const qsakv_capacity* k, double gib) {
-  printf("{\"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, \"budget_bytes\": %llu, "
+static void print_json(const char* model, const qsakv_model_config* c, const qsakv_capacity* k,
+                       double gib) {
+  printf("{\"model\": ");
+  tool_json_string(stdout, model);
+  printf(", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, \"budget_bytes\": %llu, "
          "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
          "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
          "\"fp16_bytes_per_token\": %llu,\n \"ring_bytes\": %llu, "
          "\"ring_bytes_per_request\": %llu, \"topk_bytes\": %llu, \"topk_bytes_unshared\": %llu,\n"
          " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
          "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
-         c->tp_size, qsakv_dtype_name(c->kv_dtype), gib, (unsigned long long)k->budget_bytes,
+         c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype), gib, (unsigned long long)k->budget_bytes,
          c->block_size, (unsigned long long)k->main_bytes_per_token,
          (unsigned long long)k->compressed_bytes_per_token,
          (unsigned long long)k->bytes_per_token, (unsigned long long)k->fp16_bytes_per_token,
@@ -60,23 +65,25 @@ static void print_text(const char* preset, const qsakv_model_config* c, const qs
 }
 
 int cmd_capacity(int argc, char** argv) {
-  const char* preset = "qwen4_exp";
+  const char* preset = NULL;
+  const char* checkpoint = NULL;
   const char* kv = "e4m3";
   int tp = 1, json = 0;
   double gib = 64.0;
   for (int i = 1; i < argc; ++i) {
     const char* o = argv[i];
-    if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-      fputs(kCapacityUsage, stdout);
-      return QSAKV_EXIT_OK;
-    }
     if (!strcmp(o, "--json")) {
       json = 1;
       continue;
     }
-    if (i + 1 >= argc) return tool_usage_error("%s needs a value", o);
+    if (o[0] != '-') return tool_usage_error("capacity: unexpected argument %s", o);
+    if (strcmp(o, "--preset") && strcmp(o, "--checkpoint") && strcmp(o, "--kv") &&
+        strcmp(o, "--tp") && strcmp(o, "--budget-gib"))
+      return tool_usage_error("capacity: unknown option %s", o);
+    if (i + 1 >= argc) return tool_usage_error("capacity: %s needs a value", o);
     const char* v = argv[++i];
     if (!strcmp(o, "--preset")) preset = v;
+    else if (!strcmp(o, "--checkpoint")) checkpoint = v;
     else if (!strcmp(o, "--kv")) kv = v;
     else if (!strcmp(o, "--tp")) {
       if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
@@ -89,8 +96,12 @@ int cmd_capacity(int argc, char** argv) {
       return tool_usage_error("unknown option %s", o);
     }
   }
+  if (preset && checkpoint)
+    return tool_usage_error("capacity: --preset and --checkpoint exclude each other");
+  const char* model = checkpoint ? checkpoint : preset ? preset : "qwen4_exp";
   qsakv_model_config c;
-  qsakv_status s = qsakv_model_config_preset(&c, preset);
+  qsakv_status s = checkpoint ? qsakv_model_config_from_checkpoint(&c, checkpoint)
+                              : qsakv_model_config_preset(&c, model);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   c.tp_size = tp;
   if (!strcmp(kv, "e4m3")) c.kv_dtype = QSAKV_DTYPE_E4M3;
@@ -103,7 +114,7 @@ int cmd_capacity(int argc, char** argv) {
   k.version = QSAKV_CAPACITY_VERSION;
   s = qsakv_capacity_plan(&c, (uint64_t)(gib * 1073741824.0), &k);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
-  if (json) print_json(&c, &k, gib);
-  else print_text(preset, &c, &k, gib);
+  if (json) print_json(model, &c, &k, gib);
+  else print_text(model, &c, &k, gib);
   return QSAKV_EXIT_OK;
 }

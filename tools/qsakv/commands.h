@@ -3,6 +3,8 @@
 #ifndef QSAKV_TOOL_COMMANDS_H
 #define QSAKV_TOOL_COMMANDS_H
 
+#include <stdio.h>
+
 #include "qsakv.h"
 
 /* Exit codes (documented in `qsakv --help`). */
@@ -10,11 +12,23 @@
 #define QSAKV_EXIT_REFUSED 1 /* the library refused: status name and message on stderr */
 #define QSAKV_EXIT_USAGE 2   /* bad command line */
 
-/* Each area: argv[0] is the area name; returns an exit code. */
+/* The closing paragraph of every usage text. */
+#define QSAKV_EXIT_CODES_TEXT                                                        \
+  "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n" \
+  "2 bad command line.\n"
+
+/* Each area's usage (all its verbs): printed by `qsakv <area> [<verb> ...] --help`. */
+extern const char kOverlayUsage[];
+extern const char kCalibUsage[];
+extern const char kCapacityUsage[];
+
+/* Each area: argv[0] is the area name; returns an exit code. --help never reaches it
+ * (main.c answers it for every area and verb). */
 int cmd_overlay(int argc, char** argv);
 int cmd_calib(int argc, char** argv);
 int cmd_capacity(int argc, char** argv);
-/* `overlay make` and `overlay materialize` (calib_cmd.c): argv[0] is "overlay". */
+/* `overlay make` and `overlay materialize` (calib_cmd.c), called by cmd_overlay:
+ * argv[0] is "overlay". */
 int cmd_overlay_build(int argc, char** argv);
 
 /* Shared helpers (main.c). */
@@ -22,6 +36,8 @@ int cmd_overlay_build(int argc, char** argv);
 int tool_refused(qsakv_status status);
 /* Prints "qsakv: message" on stderr and returns QSAKV_EXIT_USAGE. */
 int tool_usage_error(const char* fmt, ...);
+/* Writes s as a JSON string literal (quoted, escaped). */
+void tool_json_string(FILE* f, const char* s);
 /* Parses a decimal int; 0 on success. */
 int tool_parse_int(const char* s, int* out);
 

@@ -14,20 +14,24 @@ static const char kUsage[] =
     "\n"
     "areas:\n"
     "  overlay inspect DIR|FILE [--manifest M] [--json]\n"
-    "        show an overlay's scales, revision hashes and contract\n"
-    "  overlay verify DIR|FILE --revision SHA [--manifest M] [--preset qwen4_exp]\n"
-    "        [--tp N] [--rank R] [--spec N] [--act fp16|bf16]\n"
+    "        show an overlay's scales, revision hashes and contract (a bare scale file\n"
+    "        without a manifest: its scales, and that nothing binds it)\n"
+    "  overlay verify DIR|FILE --revision SHA [--manifest M]\n"
+    "        [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--rank R] [--spec N]\n"
+    "        [--act fp16|bf16] [--json]\n"
     "        validate an overlay against a model config and base revision\n"
     "  overlay make --stats STATS... --base-index PATH OUT_DIR [--tp N ...]\n"
     "        write a scale pack from calibration statistics\n"
     "  overlay materialize BASE_DIR SCALE_PACK OUT_DIR\n"
     "        build a calibrated checkpoint directory (checks the base revision first)\n"
-    "  calib summarize STATS... [--json] | merge OUT STATS... | envelope OUT STATS...\n"
+    "  calib summarize STATS... [--json [--histograms]] | merge OUT STATS...\n"
+    "        | envelope OUT STATS...\n"
     "        report, merge (TP ranks) or envelope (runs) calibration statistics\n"
-    "  capacity [--preset qwen4_exp] [--tp N] [--kv e4m3|fp16|bf16] [--budget-gib X]\n"
-    "        [--json]   the capacity table\n"
+    "  capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--kv e4m3|fp16|bf16]\n"
+    "        [--budget-gib X] [--json]   the capacity table\n"
     "\n"
-    "`qsakv <area> --help` describes an area.\n"
+    "`qsakv <area> --help` and `qsakv <area> <verb> --help` describe an area and its\n"
+    "verbs. An option a verb does not take is refused. --json prints one JSON object.\n"
     "\n"
     "exit codes:\n"
     "  0  success (verify: the overlay is valid for the config and revision)\n"
@@ -50,6 +54,19 @@ int tool_usage_error(const char* fmt, ...) {
   return QSAKV_EXIT_USAGE;
 }
 
+void tool_json_string(FILE* f, const char* s) {
+  fputc('"', f);
+  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p < 0x20)
+      fprintf(f, "\\u%04x", *p);
+    else
+      fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
 int tool_parse_int(const char* s, int* out) {
   char* end = NULL;
   errno = 0;
@@ -62,13 +79,14 @@ int tool_parse_int(const char* s, int* out) {
 struct area {
   const char* name;
   int (*run)(int argc, char** argv);
+  const char* usage;
 };
 
 /* New areas (capacity, bench, ...) add a line here and a cmd_<area> in their own file. */
 static const struct area kAreas[] = {
-    {"overlay", cmd_overlay},
-    {"calib", cmd_calib},
-    {"capacity", cmd_capacity},
+    {"overlay", cmd_overlay, kOverlayUsage},
+    {"calib", cmd_calib, kCalibUsage},
+    {"capacity", cmd_capacity, kCapacityUsage},
 };
 
 int main(int argc, char** argv) {
@@ -85,10 +103,16 @@ int main(int argc, char** argv) {
            qsakv_built_with_cuda() ? "CUDA" : "CPU only");
     return QSAKV_EXIT_OK;
   }
-  if (!strcmp(argv[1], "overlay") && argc > 2 &&
-      (!strcmp(argv[2], "make") || !strcmp(argv[2], "materialize")))
-    return cmd_overlay_build(argc - 1, argv + 1);
-  for (size_t i = 0; i < sizeof kAreas / sizeof kAreas[0]; ++i)
-    if (!strcmp(argv[1], kAreas[i].name)) return kAreas[i].run(argc - 1, argv + 1);
-  return tool_usage_error("unknown area \"%s\"", argv[1]);
+  for (size_t i = 0; i < sizeof kAreas / sizeof kAreas[0]; ++i) {
+    if (strcmp(argv[1], kAreas[i].name)) continue;
+    /* --help anywhere after the area, for every area and verb alike: the area's usage
+     * on stdout, exit 0, nothing else done. */
+    for (int j = 2; j < argc; ++j)
+      if (!strcmp(argv[j], "--help") || !strcmp(argv[j], "-h")) {
+        fputs(kAreas[i].usage, stdout);
+        return QSAKV_EXIT_OK;
+      }
+    return kAreas[i].run(argc - 1, argv + 1);
+  }
+  return tool_usage_error("unknown area \"%s\" (areas: overlay, calib, capacity)", argv[1]);
 }

@@ -1,28 +1,54 @@
-/* qsakv overlay inspect | verify */
+/* qsakv overlay inspect | verify (make and materialize: calib_cmd.c) */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "commands.h"
 
-static const char kOverlayUsage[] =
+const char kOverlayUsage[] =
     "usage: qsakv overlay inspect DIR|FILE [--manifest M] [--json]\n"
     "       qsakv overlay verify DIR|FILE --revision SHA [--manifest M]\n"
-    "             [--preset qwen4_exp] [--tp N] [--rank R] [--spec N] [--act fp16|bf16]\n"
+    "             [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--rank R] [--spec N]\n"
+    "             [--act fp16|bf16] [--json]\n"
+    "       qsakv overlay make --stats STATS... --base-index PATH OUT_DIR\n"
+    "             [--tp N] [--spec N] [--act fp16|bf16] [--min-sm N] [--prefix P]\n"
+    "       qsakv overlay materialize BASE_DIR SCALE_PACK OUT_DIR\n"
     "\n"
     "DIR is a materialised checkpoint directory (model.safetensors.index.json,\n"
     "model-kvscales.safetensors, qsakv-overlay.json) or a scale pack written by\n"
     "qsakv_overlay_write; FILE is a bare scale file (its manifest: --manifest, else\n"
     "qsakv-overlay.json beside it).\n"
-    "verify: SHA is the SHA-256 of the base checkpoint's model.safetensors.index.json.\n"
-    "The config is the preset (default qwen4_exp) with E4M3 KV and the given runtime.\n";
+    "inspect: the scales, revision hashes and contract. A scale file that no manifest\n"
+    "  binds is shown as found, with a note that nothing binds it (inspecting is not\n"
+    "  validating; verify refuses it).\n"
+    "verify: validates against a model config and the base revision SHA (the SHA-256 of\n"
+    "  the base checkpoint's model.safetensors.index.json). The config: the preset\n"
+    "  (default qwen4_exp) or --checkpoint CKPT (a checkpoint directory or its\n"
+    "  config.json, read as by qsakv_model_config_from_checkpoint), with E4M3 KV and the\n"
+    "  given runtime (TP1 rank 0, no speculative tokens, fp16 by default).\n"
+    "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
+    "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
+    "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
+    "  index PATH. Contract: --tp (default: the statistics' TP size; 0 = any), --spec\n"
+    "  (default any), --act (default: the statistics' activation dtype), --min-sm\n"
+    "  (default any); --prefix is the checkpoint's layer prefix (model.layers).\n"
+    "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
+    "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
+    "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
+    "--json prints one JSON object on stdout (verify: also when the library refuses,\n"
+    "  {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
+    "\n"
+    QSAKV_EXIT_CODES_TEXT;
 
-/* Options of both verbs. */
+/* Options of both verbs; which verb takes which is checked in parse_args. */
 struct overlay_args {
   const char* path;
   const char* manifest;
   const char* revision;
   const char* preset;
+  const char* checkpoint;
   const char* act;
   int json;
   int tp, rank, spec;
@@ -30,36 +56,42 @@ struct overlay_args {
 
 /* Returns -1 on success, else an exit code. */
 static int parse_args(int argc, char** argv, struct overlay_args* a) {
+  const int verify = !strcmp(argv[1], "verify");
   memset(a, 0, sizeof *a);
-  a->preset = "qwen4_exp";
   a->tp = 1;
   for (int i = 2; i < argc; ++i) {
     const char* o = argv[i];
-    const int has_value = i + 1 < argc;
+    if (o[0] != '-') {
+      if (a->path) return tool_usage_error("overlay %s: unexpected argument %s", argv[1], o);
+      a->path = o;
+      continue;
+    }
     if (!strcmp(o, "--json")) {
       a->json = 1;
-    } else if (o[0] == '-' && o[1] == '-' && !has_value) {
-      return tool_usage_error("%s needs a value", o);
-    } else if (!strcmp(o, "--manifest")) {
-      a->manifest = argv[++i];
-    } else if (!strcmp(o, "--revision")) {
-      a->revision = argv[++i];
-    } else if (!strcmp(o, "--preset")) {
-      a->preset = argv[++i];
-    } else if (!strcmp(o, "--act")) {
-      a->act = argv[++i];
-    } else if (!strcmp(o, "--tp") || !strcmp(o, "--rank") || !strcmp(o, "--spec")) {
+      continue;
+    }
+    const int known = !strcmp(o, "--manifest") || !strcmp(o, "--revision") ||
+                      !strcmp(o, "--preset") || !strcmp(o, "--checkpoint") ||
+                      !strcmp(o, "--act") || !strcmp(o, "--tp") || !strcmp(o, "--rank") ||
+                      !strcmp(o, "--spec");
+    if (!known) return tool_usage_error("overlay %s: unknown option %s", argv[1], o);
+    if (!verify && strcmp(o, "--manifest"))
+      return tool_usage_error("overlay %s does not take %s (overlay verify does)", argv[1], o);
+    if (i + 1 >= argc) return tool_usage_error("overlay %s: %s needs a value", argv[1], o);
+    const char* v = argv[++i];
+    if (!strcmp(o, "--manifest")) a->manifest = v;
+    else if (!strcmp(o, "--revision")) a->revision = v;
+    else if (!strcmp(o, "--preset")) a->preset = v;
+    else if (!strcmp(o, "--checkpoint")) a->checkpoint = v;
+    else if (!strcmp(o, "--act")) a->act = v;
+    else {
       int* dst = !strcmp(o, "--tp") ? &a->tp : !strcmp(o, "--rank") ? &a->rank : &a->spec;
-      if (tool_parse_int(argv[++i], dst)) return tool_usage_error("%s: not an integer", o);
-    } else if (o[0] == '-') {
-      return tool_usage_error("unknown option %s", o);
-    } else if (!a->path) {
-      a->path = o;
-    } else {
-      return tool_usage_error("unexpected argument %s", o);
+      if (tool_parse_int(v, dst)) return tool_usage_error("%s: not an integer: %s", o, v);
     }
   }
   if (!a->path) return tool_usage_error("overlay %s: DIR or FILE missing", argv[1]);
+  if (a->preset && a->checkpoint)
+    return tool_usage_error("overlay verify: --preset and --checkpoint exclude each other");
   return -1;
 }
 
@@ -71,6 +103,12 @@ static const char* contract_int(int v, int unset, char* buf, size_t n) {
 }
 
 static const char* any(const char* s) { return strcmp(s, "null") ? s : "any"; }
+
+static void print_scale_rows(const int32_t* layers, const float* k, const float* v, int n) {
+  printf("%6s  %-14s  %-14s\n", "layer", "k_scale", "v_scale");
+  for (int i = 0; i < n; ++i)
+    printf("%6d  %-14.9g  %-14.9g\n", layers[i], (double)k[i], (double)v[i]);
+}
 
 static void print_text(const qsakv_overlay* o, const qsakv_overlay_info* in) {
   char b1[16], b2[16], b3[16];
@@ -93,8 +131,9 @@ static void print_text(const qsakv_overlay* o, const qsakv_overlay_info* in) {
   }
 }
 
-/* JSON by hand is safe here: every string printed is a hex digest, a dtype name or a
- * layer prefix the library checked to be [A-Za-z0-9_.-]. */
+/* JSON by hand is safe for the bound view: every string printed is a hex digest, a dtype
+ * name or a layer prefix the library checked to be [A-Za-z0-9_.-]; paths and messages
+ * go through tool_json_string. */
 static void print_json_number(float x) {
   if (isfinite(x))
     printf("%.9g", (double)x);
@@ -102,8 +141,16 @@ static void print_json_number(float x) {
     printf("null");
 }
 
+static void print_json_layer(int first, int layer, float k, float v) {
+  printf("%s\n  {\"layer\": %d, \"k_scale\": ", first ? "" : ",", layer);
+  print_json_number(k);
+  printf(", \"v_scale\": ");
+  print_json_number(v);
+  printf("}");
+}
+
 static void print_json(const qsakv_overlay* o, const qsakv_overlay_info* in) {
-  printf("{\"layer_prefix\": \"%s\", \"base_index_sha256\": \"%s\", "
+  printf("{\"bound\": true, \"layer_prefix\": \"%s\", \"base_index_sha256\": \"%s\", "
          "\"scale_file_sha256\": \"%s\", \"unit_scale_control\": %s, \"num_scales\": %d,\n",
          in->layer_prefix, in->base_index_sha256, in->scale_file_sha256,
          in->unit_scale_control ? "true" : "false", in->num_scales);
@@ -120,19 +167,84 @@ static void print_json(const qsakv_overlay* o, const qsakv_overlay_info* in) {
   for (int layer = 0; layer < QSAKV_MAX_LAYERS; ++layer) {
     float k, v;
     if (qsakv_overlay_get_scales(o, layer, &k, &v) != QSAKV_SUCCESS) continue;
-    printf("%s\n  {\"layer\": %d, \"k_scale\": ", first ? "" : ",", layer);
-    print_json_number(k);
-    printf(", \"v_scale\": ");
-    print_json_number(v);
-    printf("}");
+    print_json_layer(first, layer, k, v);
     first = 0;
   }
   printf("\n ]}\n");
 }
 
+static int is_kind(const char* path, mode_t kind) {
+  struct stat st;
+  return stat(path, &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+/* The scale file and default manifest of DIR|FILE, as qsakv_overlay_load looks for them. */
+static void overlay_paths(const char* path, char* scale, char* manifest, size_t n) {
+  if (is_kind(path, S_IFDIR)) {
+    snprintf(scale, n, "%s/model-kvscales.safetensors", path);
+    snprintf(manifest, n, "%s/qsakv-overlay.json", path);
+    return;
+  }
+  snprintf(scale, n, "%s", path);
+  const char* slash = strrchr(path, '/');
+  if (slash)
+    snprintf(manifest, n, "%.*s/qsakv-overlay.json", (int)(slash - path), path);
+  else
+    snprintf(manifest, n, "qsakv-overlay.json");
+}
+
+/* A scale file that no manifest binds: its scales as found, and that nothing binds them. */
+static int inspect_unbound(const struct overlay_args* a, const char* scale, const char* manifest) {
+  int32_t n = 0;
+  char sha[65];
+  qsakv_status s = qsakv_overlay_read_scale_file(scale, 0, NULL, NULL, NULL, &n, sha);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  int32_t* layers = calloc((size_t)n + 1, sizeof *layers);
+  float* k = calloc((size_t)n + 1, sizeof *k);
+  float* v = calloc((size_t)n + 1, sizeof *v);
+  if (!layers || !k || !v) {
+    free(layers), free(k), free(v);
+    return tool_usage_error("out of memory");
+  }
+  s = qsakv_overlay_read_scale_file(scale, n, layers, k, v, &n, sha);
+  if (s != QSAKV_SUCCESS) {
+    free(layers), free(k), free(v);
+    return tool_refused(s);
+  }
+  int num_scales = 0;
+  for (int i = 0; i < n; ++i) num_scales += !isnan(k[i]) + !isnan(v[i]);
+  if (a->json) {
+    printf("{\"bound\": false, \"scale_file\": ");
+    tool_json_string(stdout, scale);
+    printf(", \"missing_manifest\": ");
+    tool_json_string(stdout, manifest);
+    printf(", \"scale_file_sha256\": \"%s\", \"num_scales\": %d,\n \"layers\": [", sha,
+           num_scales);
+    for (int i = 0; i < n; ++i) print_json_layer(i == 0, layers[i], k[i], v[i]);
+    printf("\n ]}\n");
+  } else {
+    printf("scale file:         %s\n", scale);
+    printf("scale file sha256:  %s\n", sha);
+    printf("manifest:           none: no manifest binds this file (%s does not exist),\n"
+           "                    so no checkpoint revision and no contract; the scales are\n"
+           "                    shown as found, not validated (overlay verify refuses it)\n",
+           manifest);
+    printf("scales:             %d (a K or V the file lacks shows as nan)\n\n", num_scales);
+    print_scale_rows(layers, k, v, n);
+  }
+  free(layers), free(k), free(v);
+  return QSAKV_EXIT_OK;
+}
+
 static int inspect(const struct overlay_args* a) {
   qsakv_overlay* o = NULL;
   qsakv_status s = qsakv_overlay_load(&o, a->path, a->manifest);
+  if (s == QSAKV_ERROR_OVERLAY_MISSING && !a->manifest) {
+    char scale[4096], manifest[4096];
+    overlay_paths(a->path, scale, manifest, sizeof scale);
+    if (is_kind(scale, S_IFREG) && !is_kind(manifest, S_IFREG))
+      return inspect_unbound(a, scale, manifest);
+  }
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   qsakv_overlay_info info;
   memset(&info, 0, sizeof info);
@@ -149,48 +261,84 @@ static int inspect(const struct overlay_args* a) {
   return s == QSAKV_SUCCESS ? QSAKV_EXIT_OK : tool_refused(s);
 }
 
-static int make_config(const struct overlay_args* a, qsakv_model_config* c) {
-  qsakv_status s = qsakv_model_config_preset(c, a->preset);
-  if (s != QSAKV_SUCCESS) return tool_refused(s);
+static qsakv_status make_config(const struct overlay_args* a, qsakv_model_config* c) {
+  const qsakv_status s = a->checkpoint ? qsakv_model_config_from_checkpoint(c, a->checkpoint)
+                                 : qsakv_model_config_preset(c, a->preset ? a->preset
+                                                                          : "qwen4_exp");
+  if (s != QSAKV_SUCCESS) return s;
   c->kv_dtype = QSAKV_DTYPE_E4M3;
   c->tp_size = a->tp;
   c->tp_rank = a->rank;
   c->speculative_tokens = a->spec;
-  if (a->act && !strcmp(a->act, "fp16"))
-    c->activation_dtype = QSAKV_DTYPE_FP16;
-  else if (a->act && !strcmp(a->act, "bf16"))
-    c->activation_dtype = QSAKV_DTYPE_BF16;
-  else if (a->act)
-    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
-  return -1;
+  return QSAKV_SUCCESS;
+}
+
+/* verify's refusal: the usual stderr line, and with --json a verdict on stdout. */
+static int verify_refused(const struct overlay_args* a, qsakv_status s) {
+  if (a->json) {
+    printf("{\"valid\": false, \"path\": ");
+    tool_json_string(stdout, a->path);
+    printf(", \"status\": \"%s\", \"message\": ", qsakv_status_string(s));
+    tool_json_string(stdout, qsakv_last_error());
+    printf("}\n");
+  }
+  return tool_refused(s);
 }
 
 static int verify(const struct overlay_args* a) {
   if (!a->revision) return tool_usage_error("overlay verify: --revision SHA is required");
+  qsakv_dtype act = QSAKV_DTYPE_FP16;
+  if (a->act && !strcmp(a->act, "bf16")) act = QSAKV_DTYPE_BF16;
+  else if (a->act && strcmp(a->act, "fp16"))
+    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
   qsakv_model_config c;
-  int rc = make_config(a, &c);
-  if (rc >= 0) return rc;
+  qsakv_status s = make_config(a, &c);
+  if (s != QSAKV_SUCCESS) return verify_refused(a, s);
+  c.activation_dtype = act;
   qsakv_overlay* o = NULL;
-  qsakv_status s = qsakv_overlay_load(&o, a->path, a->manifest);
-  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  s = qsakv_overlay_load(&o, a->path, a->manifest);
+  if (s != QSAKV_SUCCESS) return verify_refused(a, s);
   s = qsakv_overlay_validate(o, &c, a->revision);
   qsakv_overlay_destroy(o);
-  if (s != QSAKV_SUCCESS) return tool_refused(s);
-  printf("OK: %s is valid for preset %s, TP%d rank %d, %d speculative tokens, %s "
-         "activations, base revision %s\n", a->path, a->preset, c.tp_size, c.tp_rank,
-         c.speculative_tokens, qsakv_dtype_name(c.activation_dtype), a->revision);
+  if (s != QSAKV_SUCCESS) return verify_refused(a, s);
+  if (a->json) {
+    printf("{\"valid\": true, \"path\": ");
+    tool_json_string(stdout, a->path);
+    printf(", \"revision\": ");
+    tool_json_string(stdout, a->revision);
+    printf(", \"config\": {\"source\": ");
+    tool_json_string(stdout, a->checkpoint ? a->checkpoint : a->preset ? a->preset : "qwen4_exp");
+    printf(", \"source_kind\": \"%s\", \"tp_size\": %d, \"tp_rank\": %d, "
+           "\"speculative_tokens\": %d, \"activation_dtype\": \"%s\", \"kv_dtype\": \"%s\", "
+           "\"num_layers\": %d, \"qsa_layers\": [",
+           a->checkpoint ? "checkpoint" : "preset", c.tp_size, c.tp_rank, c.speculative_tokens,
+           qsakv_dtype_name(c.activation_dtype), qsakv_dtype_name(c.kv_dtype), c.num_layers);
+    for (int i = 0; i < c.num_qsa_layers; ++i) printf("%s%d", i ? ", " : "", c.qsa_layers[i]);
+    printf("]}}\n");
+    return QSAKV_EXIT_OK;
+  }
+  if (a->checkpoint)
+    printf("OK: %s is valid for checkpoint config %s", a->path, a->checkpoint);
+  else
+    printf("OK: %s is valid for preset %s", a->path, a->preset ? a->preset : "qwen4_exp");
+  printf(", TP%d rank %d, %d speculative tokens, %s activations, base revision %s\n",
+         c.tp_size, c.tp_rank, c.speculative_tokens, qsakv_dtype_name(c.activation_dtype),
+         a->revision);
   return QSAKV_EXIT_OK;
 }
 
 int cmd_overlay(int argc, char** argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    fputs(kOverlayUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? QSAKV_EXIT_USAGE : QSAKV_EXIT_OK;
+  if (argc < 2) {
+    fputs(kOverlayUsage, stderr);
+    return QSAKV_EXIT_USAGE;
   }
+  if (!strcmp(argv[1], "make") || !strcmp(argv[1], "materialize"))
+    return cmd_overlay_build(argc, argv);
+  if (strcmp(argv[1], "inspect") && strcmp(argv[1], "verify"))
+    return tool_usage_error("unknown verb \"overlay %s\" (verbs: inspect, verify, make, "
+                            "materialize)", argv[1]);
   struct overlay_args a;
   const int rc = parse_args(argc, argv, &a);
   if (rc >= 0) return rc;
-  if (!strcmp(argv[1], "inspect")) return inspect(&a);
-  if (!strcmp(argv[1], "verify")) return verify(&a);
-  return tool_usage_error("unknown verb \"overlay %s\"", argv[1]);
+  return !strcmp(argv[1], "inspect") ? inspect(&a) : verify(&a);
 }

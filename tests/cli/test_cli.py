@@ -1,0 +1,290 @@
+"""The `qsakv` tool's command line: --help on every area and verb, options a verb does
+not take refused, --json where a script parses the output, verify/capacity with
+--checkpoint, and inspect of a scale file that no manifest binds.
+Needs QSAKV_LIB (libqsakv.so), QSAKV_TOOL (qsakv) and QSAKV_TEST_DATA (tests/data)."""
+import ctypes
+import hashlib
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from qsakv import _cdefs  # struct layouts generated from include/qsakv.h
+
+DATA = Path(os.environ.get("QSAKV_TEST_DATA", Path(__file__).resolve().parents[1] / "data"))
+HF = DATA / "hf_config"
+QSA_LAYERS = [4 * i + 3 for i in range(12)]
+
+AREAS = {
+    "overlay": ["inspect", "verify", "make", "materialize"],
+    "calib": ["summarize", "merge", "envelope"],
+    "capacity": [],
+}
+
+
+@pytest.fixture(scope="module")
+def env():
+    lib_path, tool = os.environ.get("QSAKV_LIB"), os.environ.get("QSAKV_TOOL")
+    if not lib_path or not tool:
+        pytest.skip("QSAKV_LIB and QSAKV_TOOL must be set")
+    lib = ctypes.CDLL(lib_path)
+    lib.qsakv_last_error.restype = ctypes.c_char_p
+    lib.qsakv_status_string.restype = ctypes.c_char_p
+    for name, fn in _cdefs.FUNCTIONS.items():
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype, f.argtypes = fn[0], fn[1]
+    return lib, tool
+
+
+def run(tool, *args):
+    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
+
+
+def write_pack(lib, tmp_path, tp=0):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"lm_head.weight": "model-00001.safetensors"}}))
+    opts = _cdefs.qsakv_overlay_write_options()
+    assert lib.qsakv_overlay_write_options_init(ctypes.byref(opts)) == 0
+    opts.base_index_path = str(index).encode()
+    opts.contract_tp_size = tp
+    n = len(QSA_LAYERS)
+    layers = (ctypes.c_int32 * n)(*QSA_LAYERS)
+    k = (ctypes.c_float * n)(*[0.01 * (i + 1) for i in range(n)])
+    v = (ctypes.c_float * n)(*[0.5] * n)
+    out = tmp_path / "pack"
+    assert lib.qsakv_overlay_write(str(out).encode(), layers, k, v, n, ctypes.byref(opts)) == 0, \
+        lib.qsakv_last_error()
+    return out, hashlib.sha256(index.read_bytes()).hexdigest()
+
+
+# --help ---------------------------------------------------------------------------------
+
+def test_help_on_every_area_and_verb(env):
+    _, tool = env
+    for area, verbs in AREAS.items():
+        area_help = run(tool, area, "--help")
+        assert area_help.returncode == 0, area_help.stderr
+        assert area_help.stdout.startswith(f"usage: qsakv {area}")
+        assert "exit codes: 0 success; 1 the library refused" in area_help.stdout
+        assert area_help.stderr == ""
+        for verb in verbs:
+            assert f"qsakv {area} {verb}" in area_help.stdout, (area, verb)
+            for args in ([verb, "--help"], [verb, "-h"], [verb, "x", "--help"]):
+                r = run(tool, area, *args)
+                assert r.returncode == 0, (args, r.stderr)
+                # The same wording for the area and each of its verbs.
+                assert r.stdout == area_help.stdout, args
+                assert r.stderr == ""
+    top = run(tool, "--help")
+    assert top.returncode == 0 and "qsakv <area> <verb> --help" in top.stdout
+    for area, verbs in AREAS.items():
+        for verb in verbs:
+            assert f"{area} {verb}" in top.stdout or verb in top.stdout
+
+
+def test_area_without_verb_is_a_usage_error(env):
+    _, tool = env
+    for area in ("overlay", "calib"):
+        r = run(tool, area)
+        assert r.returncode == 2 and r.stderr.startswith(f"usage: qsakv {area}")
+    r = run(tool, "overlay", "frobnicate", "x")
+    assert r.returncode == 2 and "inspect, verify, make, materialize" in r.stderr
+
+
+# options a verb does not take ---------------------------------------------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["overlay", "inspect", "x", "--revision", "0" * 64], "does not take --revision"),
+    (["overlay", "inspect", "x", "--tp", "4"], "does not take --tp"),
+    (["overlay", "verify", "x", "--revision", "0" * 64, "--bogus", "1"], "unknown option --bogus"),
+    (["overlay", "verify", "x", "--revision"], "--revision needs a value"),
+    (["overlay", "verify", "x", "--revision", "0" * 64, "--preset", "qwen4_exp",
+      "--checkpoint", "y"], "exclude each other"),
+    (["overlay", "make", "--stats", "a", "--base-index", "b", "out", "--json"],
+     "unknown option --json"),
+    (["overlay", "materialize", "a", "b", "c", "--json"], "takes no options"),
+    (["calib", "merge", "out", "a", "--json"], "does not take --json"),
+    (["calib", "envelope", "out", "a", "--histograms"], "does not take --histograms"),
+    (["calib", "summarize", "a", "--histograms"], "--histograms needs --json"),
+    (["calib", "summarize", "a", "--bogus"], "unknown option --bogus"),
+    (["capacity", "--bogus", "1"], "unknown option --bogus"),
+    (["capacity", "extra"], "unexpected argument extra"),
+    (["capacity", "--preset", "qwen4_exp", "--checkpoint", "x"], "exclude each other"),
+])
+def test_unsupported_option_refused(env, args, needle):
+    _, tool = env
+    r = run(tool, *args)
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert needle in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+# overlay verify --json / --checkpoint -----------------------------------------------------
+
+def test_verify_json(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path, tp=4)
+    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["valid"] is True and doc["revision"] == rev and doc["path"] == str(pack)
+    assert doc["config"]["tp_size"] == 4 and doc["config"]["qsa_layers"] == QSA_LAYERS
+    assert doc["config"]["source_kind"] == "preset"
+    # Refused (the contract says TP4): a JSON verdict on stdout, the usual line on stderr.
+    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "2", "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["valid"] is False and doc["status"] == "QSAKV_ERROR_CONTRACT"
+    assert r.stderr.strip() == f"{doc['status']}: {doc['message']}"
+    assert "tp" in doc["message"].lower()
+
+
+def test_verify_with_checkpoint_config(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    for ckpt in (HF / "qwen4_exp", HF / "qwen4_exp" / "config.json"):
+        r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", ckpt)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("OK:") and f"checkpoint config {ckpt}" in r.stdout
+    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint",
+            HF / "qwen4_exp", "--json")
+    assert json.loads(r.stdout)["config"]["source_kind"] == "checkpoint"
+    # A checkpoint whose QSA layers differ from the overlay's: the overlay does not fit.
+    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", HF / "multimodal")
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_"), r.stderr
+    # A broken config.json: the library's refusal, naming the key and the file.
+    bad = HF / "missing_kv_heads.json"
+    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", bad)
+    assert r.returncode == 1
+    assert r.stderr.startswith("QSAKV_ERROR_FORMAT:") and "num_key_value_heads" in r.stderr
+    assert str(bad) in r.stderr
+
+
+# overlay inspect ----------------------------------------------------------------------
+
+def test_inspect_scale_file_without_manifest(env, tmp_path):
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    scale = pack / "model-kvscales.safetensors"
+    bound = json.loads(run(tool, "overlay", "inspect", pack, "--json").stdout)
+    assert bound["bound"] is True
+    (pack / "qsakv-overlay.json").unlink()
+    for target in (scale, pack):
+        r = run(tool, "overlay", "inspect", target)
+        assert r.returncode == 0, r.stderr
+        assert "no manifest binds this file" in r.stdout
+        assert bound["scale_file_sha256"] in r.stdout
+        assert "     3  0.00999999978" in r.stdout
+        r = run(tool, "overlay", "inspect", target, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["bound"] is False and doc["num_scales"] == 24
+        assert doc["scale_file_sha256"] == bound["scale_file_sha256"]
+        assert doc["layers"] == bound["layers"]
+    # Inspecting is not validating: verify still refuses it.
+    r = run(tool, "overlay", "verify", scale, "--revision", "0" * 64)
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
+    # A manifest asked for by name that is missing is still a refusal.
+    r = run(tool, "overlay", "inspect", scale, "--manifest", tmp_path / "nope.json")
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
+    # No scale file at all: refused as before.
+    r = run(tool, "overlay", "inspect", tmp_path / "nothing")
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
+
+
+def test_inspect_half_pair_shows_null(env, tmp_path):
+    _, tool = env
+    header = json.dumps({"model.layers.3.self_attn.k_scale":
+                         {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "model-kvscales.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<f", 0.25))
+    r = run(tool, "overlay", "inspect", path, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["num_scales"] == 1
+    assert doc["layers"] == [{"layer": 3, "k_scale": 0.25, "v_scale": None}]
+
+
+# capacity -----------------------------------------------------------------------------
+
+def test_capacity_json_and_checkpoint(env):
+    lib, tool = env
+    preset = json.loads(run(tool, "capacity", "--tp", "4", "--budget-gib", "40", "--json").stdout)
+    assert preset["bytes_per_token"] == 6912 and preset["fp16_bytes_per_token"] == 13056
+    assert preset["model"] == "qwen4_exp"
+    r = run(tool, "capacity", "--checkpoint", HF / "qwen4_exp", "--tp", "4", "--budget-gib", "40",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    ckpt = json.loads(r.stdout)
+    assert ckpt["model"] == str(HF / "qwen4_exp")
+    del ckpt["model"], preset["model"]
+    assert ckpt == preset
+    # Against the C API.
+    cfg = _cdefs.qsakv_model_config()
+    assert lib.qsakv_model_config_from_checkpoint(ctypes.byref(cfg),
+                                                  str(HF / "multimodal").encode()) == 0
+    cap = _cdefs.qsakv_capacity()
+    cap.struct_size = ctypes.sizeof(cap)
+    assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 1 << 30, ctypes.byref(cap)) == 0
+    doc = json.loads(run(tool, "capacity", "--checkpoint", HF / "multimodal", "--budget-gib", "1",
+                         "--json").stdout)
+    assert doc["num_qsa_layers"] == 3
+    assert doc["bytes_per_token"] == cap.bytes_per_token and doc["num_blocks"] == cap.num_blocks
+
+
+# calib summarize --json ---------------------------------------------------------------
+
+def test_calib_summarize_json(env, tmp_path):
+    lib, tool = env
+    ranks = []
+    for r in range(4):
+        # Each rank its own file: the same config at its own tp_rank.
+        p = tmp_path / f"rank{r}.st"
+        write_stats_rank(lib, p, r)
+        ranks.append(p)
+    r = run(tool, "calib", "summarize", *ranks, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tp_size"] == 4 and doc["ranks_covered"] == 4
+    assert [e["layer"] for e in doc["layers"] if e["kind"] == "k"] == QSA_LAYERS
+    k3 = next(e for e in doc["layers"] if e["layer"] == 3 and e["kind"] == "k")
+    assert k3["max_abs"] == 1.0 and k3["count"] == 4 * 4 * 256
+    assert "histogram" not in k3
+    r = run(tool, "calib", "summarize", *ranks, "--json", "--histograms")
+    assert "histogram" in json.loads(r.stdout)["layers"][0]
+    # Incomplete (one rank of four): refused, nothing on stdout.
+    r = run(tool, "calib", "summarize", ranks[0], "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE")
+
+
+def write_stats_rank(lib, path, rank):
+    opts = _cdefs.qsakv_context_options()
+    assert lib.qsakv_context_options_init(ctypes.byref(opts)) == 0
+    opts.backend = 1
+    ctx = ctypes.POINTER(_cdefs.qsakv_context)()
+    assert lib.qsakv_context_create(ctypes.byref(ctx), ctypes.byref(opts)) == 0
+    cfg = _cdefs.qsakv_model_config()
+    assert lib.qsakv_model_config_preset(ctypes.byref(cfg), b"qwen4_exp") == 0
+    cfg.tp_size, cfg.tp_rank = 4, rank
+    live = ctypes.POINTER(_cdefs.qsakv_calib)()
+    assert lib.qsakv_calib_create(ctypes.byref(live), ctx, ctypes.byref(cfg)) == 0, \
+        lib.qsakv_last_error()
+    assert lib.qsakv_calib_start(live) == 0
+    tokens, dim = 4, 256  # TP4: one KV head of 256 per rank
+    for i, layer in enumerate(QSA_LAYERS):
+        k = struct.pack(f"<{tokens * dim}e", *[(i + 1) * ((j % 7) - 3) / 3
+                                                for j in range(tokens * dim)])
+        v = struct.pack(f"<{tokens * dim}e", *[0.5] * (tokens * dim))
+        assert lib.qsakv_calib_observe(live, layer, k, v, tokens, None) == 0, \
+            lib.qsakv_last_error()
+    host = ctypes.POINTER(_cdefs.qsakv_calib)()
+    assert lib.qsakv_calib_snapshot(ctypes.byref(host), live, None) == 0
+    assert lib.qsakv_calib_save(host, str(path).encode()) == 0, lib.qsakv_last_error()
+    lib.qsakv_calib_destroy(host)
+    lib.qsakv_calib_destroy(live)
+    lib.qsakv_context_destroy(ctx)
