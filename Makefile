@@ -22,8 +22,9 @@ $(BUILD)/CMakeCache.txt: | deps
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
+# The C demo; DEMO_ARGS=--keep keeps (and prints) its working directory.
 demo: build
-	$(BUILD)/qsakv_demo
+	$(BUILD)/qsakv_demo $(DEMO_ARGS)
 
 # The library (with its SONAME links), headers, the qsakv tool, qsakv.pc and the CMake
 # package config (find_package(qsakv) -> qsakv::qsakv) under $(PREFIX).

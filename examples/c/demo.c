@@ -1,12 +1,15 @@
 /* The main job end to end through the public API: on the GPU when there is one, on the
  * CPU reference backend otherwise.
  *   1. context (AUTO) and the capacity table for the reference model at TP4;
- *   2. a synthetic checkpoint directory, calibration of K/V scales on synthetic
- *      activations (max |x| / 448, rounded up), an overlay written for that checkpoint,
- *      loaded and validated against its revision (fail closed);
+ *   2. a synthetic checkpoint directory; calibration through the library's calibration
+ *      API (qsakv_calib_*): each of the 4 TP ranks observes its own synthetic K/V of
+ *      every QSA layer, saves its statistics, the ranks are merged and the scales
+ *      (max |x| / 448, rounded up) written as an overlay bound to that checkpoint, which
+ *      is loaded and validated against its revision (fail closed);
  *   3. E4M3 and FP16 caches for the reference geometry (TP4 rank 0, fewer blocks);
  *   4. store K/V, store compressed index keys, select top-k, attend (a mixed batch of
- *      decode, verify and prefill rows), and the E4M3-vs-FP16 output error. */
+ *      decode, verify and prefill rows), and the E4M3-vs-FP16 output error.
+ * Usage: qsakv_demo [--keep]   (--keep keeps the working directory; it is always printed) */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -79,6 +82,15 @@ static void print_capacity(const qsakv_model_config* base) {
   printf("  capacity ratio %.3fx (ideal %.3fx); one shared top-k buffer instead of %d saves %.1f MiB\n",
          e.capacity_ratio, e.ideal_ratio, c.num_qsa_layers,
          (e.topk_bytes_unshared - e.topk_bytes) / 1048576.0);
+  printf("  columns, per rank and per token over all %d QSA layers:\n"
+         "    B/token       what one token costs: main K/V plus its compressed index key\n"
+         "                  (%llu B of FP16 index keys, the same for both caches)\n"
+         "    main B/token  the K and V part alone, the part E4M3 halves\n"
+         "    tokens        tokens that fit in the 40 GiB after the fixed costs\n"
+         "    top-k (MiB)   the top-k index workspace, int32 [%d batched tokens, %d], one\n"
+         "                  buffer shared by every layer (a fixed cost, not per token)\n",
+         c.num_qsa_layers, (unsigned long long)e.compressed_bytes_per_token,
+         c.max_batched_tokens, c.topk_tokens + c.compress_ratio - 1);
 }
 
 /* One cache + pipeline run for a kv dtype; returns the attention output (host FP16). */
@@ -155,7 +167,99 @@ static uint16_t* run_pipeline(qsakv_context* ctx, const qsakv_model_config* cfg,
   return out;
 }
 
-int main(void) {
+
+/* Synthetic K and V rows of one rank: channel-dependent K magnitudes, as real K has. */
+static void synth_kv(uint16_t* k, uint16_t* v, size_t tokens, int row_elems) {
+  for (size_t t = 0; t < tokens; ++t)
+    for (int e = 0; e < row_elems; ++e) {
+      k[t * row_elems + e] = f32_to_fp16((float)(normal() * (0.5 + 3.0 * (e % 17 == 0))));
+      v[t * row_elems + e] = f32_to_fp16((float)(normal() * 0.8));
+    }
+}
+
+/* Calibration through the library's calibration API, as a TP4 deployment runs it: each
+ * rank (here: one live handle per rank on this one context) observes the K and V of
+ * every QSA layer on its stream and saves its statistics; the rank files are merged as
+ * the ranks of one run, summarised, and the overlay (scale pack) written from them,
+ * bound to the checkpoint index. Rank 0 observes the K/V this demo stores later, the
+ * other ranks synthetic traffic of the same kind. Returns the merged statistics. */
+static qsakv_calib* calibrate(qsakv_context* ctx, const qsakv_model_config* cfg,
+                              const batch_data* b, int row_elems, const char* dir) {
+  enum { MAX_RANKS = 8 };
+  qsakv_calib* ranks[MAX_RANKS];
+  char path[400];
+  snprintf(path, sizeof path, "%s/calib", dir);
+  if (mkdir(path, 0755) != 0) perror("mkdir"), exit(1);
+  printf("\nCalibration (qsakv_calib_*), TP%d: every rank observes the K/V of all %d QSA layers\n",
+         cfg->tp_size, cfg->num_qsa_layers);
+  for (int r = 0; r < cfg->tp_size && r < MAX_RANKS; ++r) {
+    qsakv_model_config rank_cfg = *cfg;
+    rank_cfg.tp_rank = r;
+    const size_t tokens = r == 0 ? (size_t)b->total_tokens : 2048;
+    uint16_t* k = b->k;
+    uint16_t* v = b->v;
+    if (r != 0) {
+      k = malloc(2 * tokens * row_elems);
+      v = malloc(2 * tokens * row_elems);
+      synth_kv(k, v, tokens, row_elems);
+    }
+    void* dk = dev_copy(ctx, k, 2 * tokens * row_elems);
+    void* dv = dev_copy(ctx, v, 2 * tokens * row_elems);
+    qsakv_calib* live = NULL;
+    CHECK(qsakv_calib_create(&live, ctx, &rank_cfg));
+    CHECK(qsakv_calib_start(live));
+    for (int i = 0; i < cfg->num_qsa_layers; ++i)
+      CHECK(qsakv_calib_observe(live, cfg->qsa_layers[i], dk, dv, (int64_t)tokens, NULL));
+    CHECK(qsakv_calib_stop(live));
+    qsakv_calib* host = NULL;
+    CHECK(qsakv_calib_snapshot(&host, live, NULL)); /* waits for the observes */
+    snprintf(path, sizeof path, "%s/calib/rank%d.safetensors", dir, r);
+    CHECK(qsakv_calib_save(host, path));
+    qsakv_calib_destroy(host);
+    qsakv_calib_destroy(live);
+    qsakv_free(ctx, dk);
+    qsakv_free(ctx, dv);
+    if (r != 0) free(k), free(v);
+    /* As an offline step would: from the files. */
+    CHECK(qsakv_calib_load(&ranks[r], path));
+    printf("  rank %d: %zu tokens per layer -> %s\n", r, tokens, path);
+  }
+  qsakv_calib* merged = NULL;
+  CHECK(qsakv_calib_merge(&merged, (const qsakv_calib* const*)ranks, cfg->tp_size,
+                          QSAKV_CALIB_MERGE_RANKS));
+  for (int r = 0; r < cfg->tp_size; ++r) qsakv_calib_destroy(ranks[r]);
+  for (int kind = 0; kind < 2; ++kind) {
+    qsakv_calib_summary sum;
+    memset(&sum, 0, sizeof sum);
+    sum.struct_size = sizeof sum;
+    sum.version = QSAKV_CALIB_SUMMARY_VERSION;
+    CHECK(qsakv_calib_summarize(merged, cfg->qsa_layers[0], (qsakv_calib_kind)kind, &sum));
+    printf("  merged, layer %d %s: max |x| %.5g -> scale %.6g (max / 448 rounded up), "
+           "p99.9 %.4g, saturating %.3g\n", cfg->qsa_layers[0], kind ? "V" : "K",
+           (double)sum.max_abs, (double)sum.scale, (double)sum.p99_9, sum.saturate_fraction);
+  }
+  return merged;
+}
+
+static const char kDemoUsage[] =
+    "usage: qsakv_demo [--keep]\n"
+    "Runs the whole pipeline on synthetic data (GPU if present, else the CPU backend).\n"
+    "  --keep   keep the working directory (checkpoint index, calibration statistics,\n"
+    "           scale pack) instead of removing it at exit; it is printed either way\n";
+
+int main(int argc, char** argv) {
+  int keep = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--keep")) {
+      keep = 1;
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(kDemoUsage, stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "qsakv_demo: unknown argument %s\n%s", argv[i], kDemoUsage);
+      return 2;
+    }
+  }
   printf("libqsakv %s (ABI %d), built %s CUDA\n", qsakv_version_string(), qsakv_abi_version(),
          qsakv_built_with_cuda() ? "with" : "without");
   qsakv_context* ctx = NULL;
@@ -170,6 +274,12 @@ int main(void) {
            info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software");
   else
     printf("backend: CPU reference (%s)\n", info.fallback_reason[0] ? info.fallback_reason : "asked for");
+
+  /* The working directory: a synthetic checkpoint, calibration statistics, the overlay. */
+  char dir[] = "/tmp/qsakv-demo-XXXXXX";
+  if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+  printf("working directory: %s (%s)\n", dir,
+         keep ? "kept at exit: --keep" : "removed at exit; --keep keeps it");
 
   qsakv_model_config cfg;
   CHECK(qsakv_model_config_preset(&cfg, "qwen4_exp"));
@@ -209,7 +319,6 @@ int main(void) {
   b.cslots = malloc(sizeof(int64_t) * b.groups);
   /* Blocks handed out in reverse order: pages are not contiguous. */
   int next = (int)b.num_blocks - 1, tok = 0, grp = 0;
-  float kmax = 0, vmax = 0;
   for (int r = 0; r < 4; ++r) {
     for (int p = 0; p < b.bt_stride; ++p) b.bt[r * b.bt_stride + p] = p * bs < lens[r] ? next-- : -1;
     for (int t = 0; t < lens[r]; ++t, ++tok) {
@@ -220,8 +329,6 @@ int main(void) {
         const float vx = (float)(normal() * 0.8);
         b.k[(size_t)tok * row_elems + e] = f32_to_fp16(kx);
         b.v[(size_t)tok * row_elems + e] = f32_to_fp16(vx);
-        kmax = fmaxf(kmax, fabsf(fp16_to_f32(b.k[(size_t)tok * row_elems + e])));
-        vmax = fmaxf(vmax, fabsf(fp16_to_f32(b.v[(size_t)tok * row_elems + e])));
       }
       if (t % 4 == 3) {
         b.cslots[grp] = b.slots[tok];
@@ -237,43 +344,33 @@ int main(void) {
   for (size_t i = 0; i < (size_t)b.rows * cfg.index_num_heads * cfg.index_head_dim; ++i)
     b.iq[i] = f32_to_fp16((float)normal());
 
-  /* Calibration on this synthetic traffic: scale = max|x| / 448, rounded up to the next
-   * FP32 value so that no calibrated value saturates. */
-  float ks = kmax / 448.0f, vs = vmax / 448.0f;
-  if (ks * 448.0f < kmax) ks = nextafterf(ks, INFINITY);
-  if (vs * 448.0f < vmax) vs = nextafterf(vs, INFINITY);
-
-  /* A synthetic checkpoint and an overlay made for its revision. */
-  char dir[] = "/tmp/qsakv-demo-XXXXXX";
-  if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+  /* A synthetic checkpoint (its index is what an overlay is bound to), calibrated. */
   char index[256], pack[256], scale_file[300];
   snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
   FILE* f = fopen(index, "w");
   fprintf(f, "{\"metadata\": {\"total_size\": 1024}, \"weight_map\": "
              "{\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}\n");
   fclose(f);
+  qsakv_calib* stats = calibrate(ctx, &cfg, &b, row_elems, dir);
   snprintf(pack, sizeof pack, "%s/kvscales", dir);
-  int32_t layers[QSAKV_MAX_LAYERS];
-  float kss[QSAKV_MAX_LAYERS], vss[QSAKV_MAX_LAYERS];
-  for (int i = 0; i < cfg.num_qsa_layers; ++i) {
-    layers[i] = cfg.qsa_layers[i];
-    kss[i] = ks;
-    vss[i] = vs;
-  }
   qsakv_overlay_write_options wo;
   CHECK(qsakv_overlay_write_options_init(&wo));
   wo.base_index_path = index;
   wo.contract_tp_size = 4;
   wo.contract_speculative_tokens = 0;
   wo.contract_activation_dtype = QSAKV_DTYPE_FP16;
-  CHECK(qsakv_overlay_write(pack, layers, kss, vss, cfg.num_qsa_layers, &wo));
+  CHECK(qsakv_calib_write_overlay(stats, pack, &wo));
+  qsakv_calib_destroy(stats);
+  printf("  scale pack written from the merged statistics: %s\n", pack);
   snprintf(scale_file, sizeof scale_file, "%s/model-kvscales.safetensors", pack);
   char revision[65];
   CHECK(qsakv_checkpoint_revision(dir, revision));
   qsakv_overlay* ov = NULL;
   CHECK(qsakv_overlay_load(&ov, scale_file, NULL));
-  printf("\nOverlay: %d layers, k_scale %.6g, v_scale %.6g, bound to revision %.16s...\n",
-         cfg.num_qsa_layers, ks, vs, revision);
+  float ks = 0, vs = 0;
+  CHECK(qsakv_overlay_get_scales(ov, cfg.qsa_layers[0], &ks, &vs));
+  printf("\nOverlay: %d layers, layer %d k_scale %.6g, v_scale %.6g, bound to revision %.16s...\n",
+         cfg.num_qsa_layers, cfg.qsa_layers[0], (double)ks, (double)vs, revision);
   /* Fail closed: a wrong revision is refused before anything is allocated. */
   char wrong[65];
   memcpy(wrong, revision, 65);
@@ -298,12 +395,30 @@ int main(void) {
   printf("\nPipeline (store K/V + compressed keys, plan, select top-k, sparse attention), "
          "%d rows in %d requests, head_dim %d, %d query heads / %d KV head:\n", b.rows, b.requests,
          D, g.q_heads, g.kv_heads);
-  printf("  e4m3 cache: %.1f ms   fp16 cache: %.1f ms   (%s backend, wall clock incl. launch)\n",
-         ms_e4m3, ms_fp16, info.backend == QSAKV_BACKEND_CUDA ? "CUDA" : "CPU");
+  printf("  e4m3 cache: %.1f ms   fp16 cache: %.1f ms   (wall clock of one cold run)\n", ms_e4m3,
+         ms_fp16);
+  if (info.backend == QSAKV_BACKEND_CUDA)
+    printf("  (CUDA backend, one run including launches and first-touch costs: `make bench`\n"
+           "   measures kernels properly; docs/perf.md has H200 figures)\n");
+  else
+    printf("  (CPU reference backend: these timings say nothing about GPU speed; the CPU\n"
+           "   backend is the correctness oracle, not a fast path. docs/perf.md has H200 figures)\n");
   printf("  E4M3 vs FP16 attention output: relative L2 error %.3e\n", sqrt(num / den));
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  if (keep) {
+    printf("\nkept working directory %s:\n"
+           "  model.safetensors.index.json  the synthetic checkpoint's index (its revision)\n"
+           "  calib/rank*.safetensors       each rank's calibration statistics\n"
+           "  kvscales/                     the scale pack (model-kvscales.safetensors +\n"
+           "                                qsakv-overlay.json)\n"
+           "try (the qsakv tool is built beside qsakv_demo):\n"
+           "     qsakv calib summarize %s/calib/rank*.safetensors\n"
+           "     qsakv overlay inspect %s/kvscales\n", dir, dir, dir);
+  } else {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    else printf("\nremoved working directory %s (--keep keeps it)\n", dir);
+  }
   qsakv_overlay_destroy(ov);
   qsakv_context_destroy(ctx);
   free(out8);
