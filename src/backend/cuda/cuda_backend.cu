@@ -187,14 +187,33 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+namespace {
+// Why there is no usable GPU, in a sentence a user can act on; the CUDA error name stays
+// in parentheses for searching. The runtime reports a machine without any NVIDIA driver
+// as cudaErrorInsufficientDriver ("CUDA driver version is insufficient"), which reads as
+// "update your driver": cudaDriverGetVersion tells the two apart (0: no driver).
+std::string no_gpu_reason(cudaError_t e) {
+  const std::string name = std::string(" (") + cudaGetErrorName(e) + ")";
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+    return "no NVIDIA driver found" + name;
+  if (e == cudaErrorInsufficientDriver)
+    return "the NVIDIA driver supports CUDA " + std::to_string(driver / 1000) + "." +
+           std::to_string(driver % 1000 / 10) + "; this build's CUDA runtime needs " +
+           std::to_string(CUDART_VERSION / 1000) + "." +
+           std::to_string(CUDART_VERSION % 1000 / 10) + ": update the driver" + name;
+  if (e == cudaErrorNoDevice) return "no NVIDIA GPU found" + name;
+  return std::string("no usable CUDA GPU: ") + cudaGetErrorString(e) + name;
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
     cudaGetLastError();
-    *why = e != cudaSuccess ? std::string("no usable CUDA driver or GPU (") + cudaGetErrorName(e) +
-                                  ": " + cudaGetErrorString(e) + ")"
-                            : std::string("no CUDA GPU found");
+    *why = e != cudaSuccess ? no_gpu_reason(e) : no_gpu_reason(cudaErrorNoDevice);
+    cudaGetLastError();
     return nullptr;
   }
   if (device >= count)
