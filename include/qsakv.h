@@ -388,6 +388,7 @@ QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* cont
                                           const qsakv_cache_options* options);
 QSAKV_API void qsakv_cache_destroy(qsakv_cache* cache);
 
+
 #define QSAKV_CACHE_LAYOUT_VERSION 1
 typedef struct qsakv_cache_layout {
   size_t struct_size;
@@ -415,7 +416,7 @@ typedef struct qsakv_cache_layout {
   int64_t topk_cols;
   int32_t topk_shared; /* 1 when one buffer serves every layer */
   int32_t topk_external;
-  uint64_t total_bytes; /* everything the cache allocated */
+  uint64_t total_bytes; /* everything the library allocated for the cache */
 } qsakv_cache_layout;
 QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache,
                                               qsakv_cache_layout* out);
@@ -441,6 +442,50 @@ QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
  * speed in that layer). Async on `stream`; no effect on 16-bit caches. */
 QSAKV_API qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
                                                        qsakv_stream_t stream);
+
+/* Caller-owned cache memory, for engines that allocate and profile their KV memory
+ * themselves. One entry per QSA layer, in config.qsa_layers order; each buffer device
+ * memory of the context's GPU (host memory on the CPU backend), 16-byte aligned, at least
+ * the bytes qsakv_cache_layout_for reports, and no two buffers overlapping. The top-k
+ * buffer can be the caller's too (qsakv_cache_options.external_topk). */
+typedef struct qsakv_layer_memory {
+  void* kv;                  /* main K/V cache: >= layout.kv_bytes_per_layer bytes */
+  uint64_t kv_bytes;
+  void* compressed_keys;     /* compressed index keys: >= compressed_bytes_per_layer */
+  uint64_t compressed_bytes;
+  void* ring_keys;           /* raw index-key ring: >= ring_bytes_per_layer */
+  uint64_t ring_bytes;
+} qsakv_layer_memory;
+
+#define QSAKV_CACHE_MEMORY_VERSION 1
+typedef struct qsakv_cache_memory {
+  size_t struct_size;
+  uint32_t version;
+  int32_t num_layers;                /* == config.num_qsa_layers */
+  const qsakv_layer_memory* layers;  /* [num_layers] */
+} qsakv_cache_memory;
+
+/* The layout (strides and bytes per layer) a cache of this config and options has, without
+ * creating one: what to allocate for qsakv_cache_create_with_memory. options.num_blocks
+ * must be set (> 0). Host only; no allocation. */
+QSAKV_API qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
+                                              const qsakv_cache_options* options,
+                                              qsakv_cache_layout* out);
+
+/* qsakv_cache_create over the caller's memory (options.num_blocks > 0 sets its size). Each
+ * buffer is checked (NULL, size, alignment, device, overlap) with a message naming it,
+ * e.g. "memory.layers[2].kv (layer 11) is 1048576 bytes; needs 2097152". The library
+ * never frees the buffers; they must outlive the cache. Their contents are used as they
+ * are (not zeroed), so E4M3 layers start with the software decoder's NaN check on (as
+ * after qsakv_cache_note_external_codes). The library still allocates the per-layer
+ * scales, NaN flags and (unless external) the top-k buffer; layout.total_bytes counts only
+ * those. Blocking. */
+QSAKV_API qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out,
+                                                      qsakv_context* context,
+                                                      const qsakv_model_config* config,
+                                                      const qsakv_overlay* overlay,
+                                                      const qsakv_cache_options* options,
+                                                      const qsakv_cache_memory* memory);
 
 /* ---------------------------------------------------------------------------------- */
 /* Store                                                                               */

@@ -54,7 +54,7 @@ qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const voi
     require_ptr(positions, "positions");
     const qsakv_cache_layout& L = cache->layout;
     StoreRowsParams p{};
-    p.dst = static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * i;
+    p.dst = cache->ring_layers[static_cast<size_t>(i)];
     p.max_requests = cache->config.max_requests;
     p.ring_length = L.ring_length;
     p.dst_rows = static_cast<int64_t>(p.max_requests) * p.ring_length;
@@ -79,7 +79,7 @@ qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer, cons
     require_ptr(slot_mapping, "slot_mapping");
     const qsakv_cache_layout& L = cache->layout;
     StoreRowsParams p{};
-    p.dst = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
+    p.dst = cache->compressed_layers[static_cast<size_t>(i)];
     p.compress_ratio = cache->config.compress_ratio;
     p.dst_rows = L.num_blocks * (L.block_size / p.compress_ratio);
     p.src = static_cast<const uint16_t*>(keys);
