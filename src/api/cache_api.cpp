@@ -62,9 +62,10 @@ void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config&
   if (!o.share_topk)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk is set with share_topk = 0; an "
          "external buffer is the shared model-level buffer");
-  if (o.external_topk_dtype != QSAKV_DTYPE_INT32)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s; the top-k "
-         "buffer must be int32", dtype_name(o.external_topk_dtype));
+  const int32_t dtype = enum_value(o.external_topk_dtype);
+  if (dtype != QSAKV_DTYPE_INT32)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s (%d); the top-k "
+         "buffer must be int32", dtype_name(dtype), dtype);
   if (o.external_topk_rows < c.max_batched_tokens)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_rows is %lld; needs at least "
          "max_batched_tokens = %d rows", static_cast<long long>(o.external_topk_rows),
