@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "core/checked.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -86,7 +87,7 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
          what.c_str(), QSAKV_MAX_LAYERS);
   for (const json& q : j["qsa_layers"]) {
     if (!q.is_number_integer() || q.get<int64_t>() < 0 || q.get<int64_t>() > INT32_MAX)
-      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(), q.dump().c_str());
+      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(), json_excerpt(q).c_str());
     c.qsa_layers[c.num_qsa_layers++] = static_cast<int32_t>(q.get<int64_t>());
   }
   c.num_q_heads = get_int(j, "num_q_heads", what);
@@ -261,8 +262,13 @@ HostStats parse_stats(const std::string& file, const std::string& what) {
     const uint64_t* e = s.words.data() + i * kEntryWords;
     const int layer = s.config.qsa_layers[i / 2];
     const char* kind = i % 2 ? "V" : "K";
+    // Summed with a check: a total that wraps modulo 2^64 could match any nonzero count.
     uint64_t total = 0;
-    for (int b = 0; b < kBins; ++b) total += e[kWordHist + b];
+    bool wrapped = false;
+    for (int b = 0; b < kBins; ++b) wrapped |= !add_u64(total, e[kWordHist + b], &total);
+    if (wrapped)
+      fail(QSAKV_ERROR_FORMAT, "%s: layer %d %s histogram total is more than a 64-bit count "
+           "holds (it wraps); the statistics are inconsistent", what.c_str(), layer, kind);
     const float mx = s.max_abs[i];
     if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
         total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
