@@ -73,6 +73,9 @@ void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config&
   if (o.external_topk_cols != g.topk_width)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_cols is %lld; must be the "
          "top-k width %d", static_cast<long long>(o.external_topk_cols), g.topk_width);
+  // The layout reports rows x cols: a product no buffer can have would wrap.
+  require_bytes("options.external_topk_rows", o.external_topk_rows,
+                static_cast<uint64_t>(g.topk_width) * sizeof(int32_t));
 }
 
 }  // namespace
@@ -198,9 +201,17 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     L.topk_external = o.external_topk ? 1 : 0;
 
     const size_t nl = static_cast<size_t>(c.num_qsa_layers);
-    cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
-    cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
-    cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    try {
+      cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
+      cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
+      cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    } catch (const Error& e) {
+      // Say which argument asked for that much.
+      if (e.status() != QSAKV_ERROR_OUT_OF_MEMORY) throw;
+      fail(QSAKV_ERROR_OUT_OF_MEMORY, "the caches of %lld blocks per layer (%s) do not fit: %s",
+           static_cast<long long>(num_blocks),
+           o.num_blocks ? "options.num_blocks" : "from options.memory_budget_bytes", e.what());
+    }
     if (o.external_topk) {
       cache->topk_base = static_cast<int32_t*>(o.external_topk);
     } else {

@@ -57,9 +57,9 @@ int require_layer(const qsakv_calib* c, int32_t layer) {
   return i;
 }
 
-// The caller's kind as an index (0: K, 1: V), read as int32 (see core/checked.hpp).
-int require_kind(qsakv_calib_kind kind) {
-  const int32_t k = enum_value(kind);
+// The caller's kind as an index (0: K, 1: V). Takes the raw int32 (enum_value at the
+// entry point: even passing the enum on by value would load it).
+int require_kind(int32_t k) {
   if (k != QSAKV_CALIB_K && k != QSAKV_CALIB_V)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; QSAKV_CALIB_K (0) or QSAKV_CALIB_V (1)",
          k);
@@ -243,7 +243,7 @@ qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer,
   return guarded([&] {
     require_host(calib, "qsakv_calib_get_stats");
     const int i = require_layer(calib, layer);
-    const int k = require_kind(kind);
+    const int k = require_kind(enum_value(kind));
     const uint64_t* e = calib->host.entry(i, k);
     qsakv_calib_stats r;
     std::memset(&r, 0, sizeof r);
@@ -306,7 +306,7 @@ qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer,
   return guarded([&] {
     require_host(calib, "qsakv_calib_summarize");
     const int i = require_layer(calib, layer);
-    const int k = require_kind(kind);
+    const int k = require_kind(enum_value(kind));
     if (!summary) fail(QSAKV_ERROR_INVALID_ARGUMENT, "summary is NULL");
     calib::check_summarizable(calib->host);
     write_versioned(summary, calib::summarize_entry(calib->host, i, k), "summary");
