@@ -194,7 +194,12 @@ StagingDir::StagingDir(const std::string& final_dir) : final_(final_dir) {
          std::strerror(errno));
   path_ = tmpl.data();
   try {
-    write_file(join_path(path_, kStagingOwnerFile), owner_record(::getpid()));
+    // Written aside and renamed: a cleaner sees a whole record or none, never a torn one.
+    const std::string tmp = join_path(path_, std::string(kStagingOwnerFile) + ".tmp");
+    write_file(tmp, owner_record(::getpid()));
+    if (::rename(tmp.c_str(), join_path(path_, kStagingOwnerFile).c_str()) != 0)
+      fail(QSAKV_ERROR_IO, "cannot create the owner record of %s: %s", path_.c_str(),
+           std::strerror(errno));
   } catch (...) {
     remove_tree(path_);
     throw;
