@@ -22,7 +22,12 @@ namespace calib {
 
 namespace {
 
-constexpr uint64_t kMaxStatsBytes = 1ull << 30;
+// The largest valid statistics file: 512 QSA layers x 2 x (3 + 4096) uint64 words
+// (33.6 MB), their maxima and a few KiB of header. 64 MiB leaves room and bounds what a
+// hostile file costs before it is refused (a 1 GiB bound let one cost a gigabyte).
+constexpr uint64_t kMaxStatsBytes = 64ull << 20;
+static_assert(uint64_t{QSAKV_MAX_LAYERS} * 2 * kEntryWords * 8 + (1u << 20) < kMaxStatsBytes,
+              "the stats file bound must hold the largest valid file");
 
 json config_json(const qsakv_model_config& c) {
   json j = json::object();
