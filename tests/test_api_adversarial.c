@@ -67,6 +67,8 @@ static struct {
   int tried, refused, correct, crashed, wrong;
 } g_count;
 
+/* Reports the verdict and ends the child. In the parent (building the fixture) a wrong
+ * verdict fails the cmocka test instead. */
 __attribute__((noreturn, format(printf, 3, 4))) static void report(int kind, qsakv_status status, const char* fmt, ...) {
   struct verdict v;
   memset(&v, 0, sizeof v);
@@ -76,6 +78,10 @@ __attribute__((noreturn, format(printf, 3, 4))) static void report(int kind, qsa
   va_start(ap, fmt);
   vsnprintf(v.detail, sizeof v.detail, fmt, ap);
   va_end(ap);
+  if (g_pipe < 0) {
+    fail_msg("%s", v.detail);
+    abort(); /* not reached: fail_msg does not return */
+  }
   const char* p = (const char*)&v;
   size_t left = sizeof v;
   while (left > 0) {
@@ -120,6 +126,17 @@ __attribute__((noreturn)) static void correct(qsakv_status got, int ok, const ch
   report(V_CORRECT, got, "%s", what);
 }
 
+/* A call that must succeed, usable in a child: cmocka's own assertions would longjmp
+ * back into cmocka's runner inside the child, which would then run on as a second
+ * parent. */
+#define C_OK(call)                                                                   \
+  do {                                                                               \
+    qsakv_status c_ok_s_ = (call);                                                   \
+    if (c_ok_s_ != QSAKV_SUCCESS)                                                    \
+      report(V_WRONG, c_ok_s_, "%s returned %s: %s", #call, qsakv_status_string(c_ok_s_), \
+             qsakv_last_error());                                                    \
+  } while (0)
+
 static ssize_t read_full(int fd, void* buf, size_t n) {
   size_t done = 0;
   while (done < n) {
@@ -141,6 +158,11 @@ static void run_cases(const char* group, const struct acase* cases, size_t n) {
     const pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+      /* cmocka catches SIGSEGV and friends with a longjmp back into its runner; in the
+       * child that would run the rest of the suite as a second parent. A signal must end
+       * the child instead, so the parent sees it. */
+      const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS};
+      for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; ++k) signal(sigs[k], SIG_DFL);
       close(fds[0]);
       g_pipe = fds[1];
       P = cases[i].param;
@@ -223,7 +245,7 @@ static struct {
 
 static void* dev(size_t bytes) {
   void* p = NULL;
-  TU_OK(qsakv_malloc(F.ctx, &p, bytes));
+  C_OK(qsakv_malloc(F.ctx, &p, bytes));
   memset(p, 0, bytes);
   return p;
 }
@@ -234,9 +256,8 @@ static void fill_random_fp16(uint16_t* p, size_t n) {
 
 static void write_text(const char* path, const char* text, size_t n) {
   FILE* f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(text, 1, n, f), n);
-  assert_int_equal(fclose(f), 0);
+  if (!f || fwrite(text, 1, n, f) != n || fclose(f) != 0)
+    report(V_WRONG, QSAKV_SUCCESS, "cannot write %s: %s", path, strerror(errno));
 }
 
 static char* read_all(const char* path, size_t* n) {
@@ -264,9 +285,9 @@ static void crafted_stats(const char* path, int rank, uint64_t n, uint64_t hist0
   c.tp_size = 2;
   c.tp_rank = rank;
   qsakv_calib *live = NULL, *snap = NULL;
-  TU_OK(qsakv_calib_create(&live, F.ctx, &c));
-  TU_OK(qsakv_calib_snapshot(&snap, live, NULL));
-  TU_OK(qsakv_calib_save(snap, path));
+  C_OK(qsakv_calib_create(&live, F.ctx, &c));
+  C_OK(qsakv_calib_snapshot(&snap, live, NULL));
+  C_OK(qsakv_calib_save(snap, path));
   qsakv_calib_destroy(snap);
   qsakv_calib_destroy(live);
   size_t size = 0;
@@ -299,25 +320,25 @@ static void fixture_build(void) {
   F.cfg.max_model_len = 512;
   F.geo.struct_size = sizeof F.geo;
   F.geo.version = QSAKV_RANK_GEOMETRY_VERSION;
-  TU_OK(qsakv_model_config_rank_geometry(&F.cfg, &F.geo));
+  C_OK(qsakv_model_config_rank_geometry(&F.cfg, &F.geo));
   qsakv_cache_options co;
-  TU_OK(qsakv_cache_options_init(&co));
+  C_OK(qsakv_cache_options_init(&co));
   co.num_blocks = 64;
-  TU_OK(qsakv_cache_create(&F.cache, F.ctx, &F.cfg, NULL, &co));
+  C_OK(qsakv_cache_create(&F.cache, F.ctx, &F.cfg, NULL, &co));
   F.layout.struct_size = sizeof F.layout;
   F.layout.version = QSAKV_CACHE_LAYOUT_VERSION;
-  TU_OK(qsakv_cache_get_layout(F.cache, &F.layout));
+  C_OK(qsakv_cache_get_layout(F.cache, &F.layout));
   /* Random K/V and compressed keys in every layer. */
   for (int l = 0; l < F.cfg.num_qsa_layers; ++l) {
     qsakv_layer_buffers lb;
-    TU_OK(qsakv_cache_get_layer_buffers(F.cache, F.cfg.qsa_layers[l], &lb));
+    C_OK(qsakv_cache_get_layer_buffers(F.cache, F.cfg.qsa_layers[l], &lb));
     fill_random_fp16(lb.kv, F.layout.kv_bytes_per_layer / 2);
     fill_random_fp16(lb.compressed_keys, F.layout.compressed_bytes_per_layer / 2);
   }
   qsakv_plan_options po;
-  TU_OK(qsakv_plan_options_init(&po));
-  TU_OK(qsakv_plan_create(&F.plan, F.cache, &po));
-  TU_OK(qsakv_plan_create(&F.fresh, F.cache, &po));
+  C_OK(qsakv_plan_options_init(&po));
+  C_OK(qsakv_plan_create(&F.plan, F.cache, &po));
+  C_OK(qsakv_plan_create(&F.fresh, F.cache, &po));
   F.block_table = dev(sizeof(int32_t) * 2 * BT_STRIDE);
   for (int i = 0; i < 2 * BT_STRIDE; ++i) F.block_table[i] = i;
   const int32_t qs[3] = {0, 1, ROWS}, lens[2] = {40, 100};
@@ -330,7 +351,7 @@ static void fixture_build(void) {
   b.seq_lens = lens;
   b.block_table = F.block_table;
   b.block_table_stride = BT_STRIDE;
-  TU_OK(qsakv_plan_update(F.plan, &b, NULL));
+  C_OK(qsakv_plan_update(F.plan, &b, NULL));
   const size_t qn = (size_t)MAX_ROWS * F.geo.q_heads * F.cfg.head_dim;
   F.q = dev(qn * 2);
   fill_random_fp16(F.q, qn);
@@ -344,10 +365,10 @@ static void fixture_build(void) {
   for (int i = 0; i < 8; ++i) F.slots[i] = 16 + i;
   F.topk_stride = F.geo.topk_width + TOPK_EXTRA;
   F.topk = dev(sizeof(int32_t) * MAX_ROWS * (size_t)F.topk_stride);
-  TU_OK(qsakv_select_topk(F.plan, 3, F.index_q, NULL, 0, NULL));
+  C_OK(qsakv_select_topk(F.plan, 3, F.index_q, NULL, 0, NULL));
   /* Calibration handles. */
-  TU_OK(qsakv_calib_create(&F.live, F.ctx, &F.cfg));
-  TU_OK(qsakv_calib_snapshot(&F.host, F.live, NULL));
+  C_OK(qsakv_calib_create(&F.live, F.ctx, &F.cfg));
+  C_OK(qsakv_calib_snapshot(&F.host, F.live, NULL));
   /* Files. */
   strcpy(F.dir, "/tmp/qsakv-adv-XXXXXX");
   assert_non_null(mkdtemp(F.dir));
@@ -355,14 +376,14 @@ static void fixture_build(void) {
   assert_int_equal(mkdir(F.base, 0755), 0);
   snprintf(F.index, sizeof F.index, "%s/model.safetensors.index.json", F.base);
   write_text(F.index, kIndex, strlen(kIndex));
-  TU_OK(qsakv_checkpoint_revision(F.base, F.rev));
+  C_OK(qsakv_checkpoint_revision(F.base, F.rev));
   snprintf(F.pack, sizeof F.pack, "%s/pack", F.dir);
   qsakv_overlay_write_options wo;
-  TU_OK(qsakv_overlay_write_options_init(&wo));
+  C_OK(qsakv_overlay_write_options_init(&wo));
   wo.base_index_path = F.index;
   const float ks[2] = {0.5f, 0.25f}, vs[2] = {0.125f, 1.0f};
-  TU_OK(qsakv_overlay_write(F.pack, F.cfg.qsa_layers, ks, vs, 2, &wo));
-  TU_OK(qsakv_overlay_load(&F.overlay, F.pack, NULL));
+  C_OK(qsakv_overlay_write(F.pack, F.cfg.qsa_layers, ks, vs, 2, &wo));
+  C_OK(qsakv_overlay_load(&F.overlay, F.pack, NULL));
   for (int r = 0; r < 2; ++r) {
     snprintf(F.stats_big[r], sizeof F.stats_big[r], "%s/big-rank%d.safetensors", F.dir, r);
     crafted_stats(F.stats_big[r], r, UINT64_C(1) << 63, 0, UINT64_C(1) << 63);
@@ -957,7 +978,7 @@ static void test_cache(void** state) {
 /* All of the cache's memory of layer 3 (main, compressed, ring), to compare before/after. */
 static unsigned char* cache_copy(void) {
   qsakv_layer_buffers lb;
-  TU_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
+  C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   const size_t a = F.layout.kv_bytes_per_layer, b = F.layout.compressed_bytes_per_layer,
                c = F.layout.ring_bytes_per_layer;
   unsigned char* m = malloc(a + b + c);
@@ -1159,7 +1180,7 @@ static qsakv_plan_info plan_info(const qsakv_plan* p) {
   memset(&i, 0, sizeof i);
   i.struct_size = sizeof i;
   i.version = QSAKV_PLAN_INFO_VERSION;
-  TU_OK(qsakv_plan_get_info(p, &i));
+  C_OK(qsakv_plan_get_info(p, &i));
   return i;
 }
 
@@ -1168,14 +1189,14 @@ static qsakv_plan_info plan_info(const qsakv_plan* p) {
 static void refuse_update(const qsakv_batch* b, const char* arg) {
   const qsakv_plan_info before = plan_info(F.plan);
   const size_t on = (size_t)ROWS * F.geo.q_heads * F.cfg.head_dim;
-  TU_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
+  C_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
   uint16_t* ref = malloc(on * 2);
   memcpy(ref, F.out, on * 2);
   qsakv_status s = qsakv_plan_update(F.plan, b, NULL);
   if (s != QSAKV_SUCCESS) {
     const qsakv_plan_info after = plan_info(F.plan);
     memset(F.out, 0, on * 2);
-    TU_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
+    C_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
     if (after.num_rows != before.num_rows || after.num_requests != before.num_requests ||
         memcmp(ref, F.out, on * 2) != 0)
       report(V_WRONG, s, "a refused update changed the plan");
@@ -1353,7 +1374,7 @@ static void c_select_arg(void) {
 static void c_select_wide(void) {
   const int w = F.geo.topk_width;
   qsakv_layer_buffers lb;
-  TU_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
+  C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   for (int i = 0; i < MAX_ROWS * F.topk_stride; ++i) F.topk[i] = 0x6666;
   qsakv_status s = qsakv_select_topk(F.plan, 3, F.index_q, F.topk, F.topk_stride, NULL);
   int ok = 1;
@@ -1396,7 +1417,7 @@ static void c_attn_arg(void) {
 /* DENSE ignores the top-k arguments, whatever they are. */
 static void c_attn_dense_ignores(void) {
   const size_t on = (size_t)ROWS * F.geo.q_heads * F.cfg.head_dim;
-  TU_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
+  C_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL));
   uint16_t* ref = malloc(on * 2);
   memcpy(ref, F.out, on * 2);
   memset(F.out, 0, on * 2);
@@ -1409,7 +1430,7 @@ static void c_attn_dense_ignores(void) {
 static void c_attn_bad_indices(void) {
   const int w = F.geo.topk_width;
   qsakv_layer_buffers lb;
-  TU_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
+  C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   int32_t* bad = dev(sizeof(int32_t) * MAX_ROWS * w);
   int32_t* clean = dev(sizeof(int32_t) * MAX_ROWS * w);
   memcpy(bad, lb.topk, sizeof(int32_t) * MAX_ROWS * w);
@@ -1421,7 +1442,7 @@ static void c_attn_bad_indices(void) {
       clean[r * w + 2 * j] = -1;
     }
   const size_t on = (size_t)ROWS * F.geo.q_heads * F.cfg.head_dim;
-  TU_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_SPARSE, F.q, clean, w, F.out, NULL));
+  C_OK(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_SPARSE, F.q, clean, w, F.out, NULL));
   uint16_t* ref = malloc(on * 2);
   memcpy(ref, F.out, on * 2);
   memset(F.out, 0, on * 2);
@@ -1497,7 +1518,7 @@ static void c_calib_merge_mode(void) {
 }
 static void c_calib_observe(void) {
   qsakv_calib* h = F.live;
-  if (P >= 100) TU_OK(qsakv_calib_start(h)); /* the same cases while counting */
+  if (P >= 100) C_OK(qsakv_calib_start(h)); /* the same cases while counting */
   const void *k = F.kv_in, *v = F.kv_in;
   int64_t n = 8;
   int32_t layer = 3;
@@ -1516,12 +1537,12 @@ static void c_calib_observe(void) {
   qsakv_status s = qsakv_calib_observe(h, layer, k, v, n, NULL);
   /* Nothing was counted. */
   qsakv_calib* snap = NULL;
-  TU_OK(qsakv_calib_snapshot(&snap, h, NULL));
+  C_OK(qsakv_calib_snapshot(&snap, h, NULL));
   qsakv_calib_stats st;
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
   st.version = QSAKV_CALIB_STATS_VERSION;
-  TU_OK(qsakv_calib_get_stats(snap, 3, QSAKV_CALIB_K, &st, NULL));
+  C_OK(qsakv_calib_get_stats(snap, 3, QSAKV_CALIB_K, &st, NULL));
   if (st.count != 0) report(V_WRONG, s, "a refused observe counted %llu values", (unsigned long long)st.count);
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
@@ -1637,8 +1658,8 @@ static void c_calib_scale_extreme(void) {
 /* Two valid rank files whose counts are 2^63 each: the merge would wrap to 0. */
 static void c_calib_wrap_merge(void) {
   qsakv_calib *a = NULL, *b = NULL, *out = (qsakv_calib*)0x1;
-  TU_OK(qsakv_calib_load(&a, F.stats_big[0]));
-  TU_OK(qsakv_calib_load(&b, F.stats_big[1]));
+  C_OK(qsakv_calib_load(&a, F.stats_big[0]));
+  C_OK(qsakv_calib_load(&b, F.stats_big[1]));
   const qsakv_calib* in[2] = {a, b};
   refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT,
              "count", &out);
@@ -1979,7 +2000,7 @@ static void c_total_size_wrap(void) {
   const int32_t layers[2] = {3, 7};
   const float k[2] = {1, 1};
   snprintf(out, sizeof out, "%s.pack", base);
-  TU_OK(qsakv_overlay_write(out, layers, k, k, 2, &o));
+  C_OK(qsakv_overlay_write(out, layers, k, k, 2, &o));
   char dest[700];
   snprintf(dest, sizeof dest, "%s.out", base);
   refuse(qsakv_overlay_materialize(dest, base, out), QSAKV_ERROR_FORMAT, "total_size");
