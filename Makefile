@@ -58,8 +58,9 @@ sanitize:
 	$(PYTHON) tools/check_suites.py build-asan/ctest.log <(grep -v -e '^pytest' -e '_cli$$' tests/SUITES)
 	@grep -h 'adversarial \] cases tried' build-asan/Testing/Temporary/LastTest.log
 
-# The safetensors parser under libFuzzer (clang), bounded in time; the seed corpus is
-# copied so libFuzzer's new inputs never land in the repository.
+# The file parsers (safetensors, manifest, index, statistics) under libFuzzer (clang),
+# bounded in time; the seed corpus is copied so libFuzzer's new inputs never land in the
+# repository.
 fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DQSAKV_WITH_CUDA=OFF -DQSAKV_FUZZ=ON
 	cmake --build build-fuzz --target fuzz_safetensors -j$(JOBS)
