@@ -757,6 +757,8 @@ typedef struct qsakv_calib_summary {
 
 /* Summarises one QSA layer and kind of a host handle, after checking the whole handle
  * (each refusal names the layer and K/V, first broken rule in this order):
+ * - counts that contradict each other (e.g. a sum that wrapped: fewer nonzero values
+ *   than max |x| implies, a histogram that does not add up): INVALID_ARGUMENT;
  * - the statistics do not cover every TP rank: QSAKV_ERROR_OVERLAY_INCOMPLETE;
  * - per layer (ascending), K then V: never observed (a missing layer, or a missing half
  *   of its K/V pair): QSAKV_ERROR_OVERLAY_INCOMPLETE; non-finite activations seen:

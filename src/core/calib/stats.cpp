@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
@@ -59,6 +60,30 @@ void accumulate(HostStats& a, const HostStats& b) {
   }
   a.words = std::move(sum);
   for (size_t i = 0; i < a.max_abs.size(); ++i) a.max_abs[i] = std::max(a.max_abs[i], b.max_abs[i]);
+}
+
+void check_consistent(const HostStats& s, qsakv_status status, const std::string& what) {
+  const size_t entries = static_cast<size_t>(s.config.num_qsa_layers) * 2;
+  for (size_t i = 0; i < entries; ++i) {
+    const uint64_t* e = s.words.data() + i * kEntryWords;
+    const int layer = s.config.qsa_layers[i / 2];
+    const char* kind = i % 2 ? "V" : "K";
+    // Summed with a check: a total that wraps modulo 2^64 could match any nonzero count.
+    uint64_t total = 0;
+    bool wrapped = false;
+    for (int b = 0; b < kBins; ++b) wrapped |= !add_u64(total, e[kWordHist + b], &total);
+    if (wrapped)
+      fail(status, "%s: layer %d %s histogram total is more than a 64-bit count holds (it "
+           "wraps); the statistics are inconsistent", what.c_str(), layer, kind);
+    const float mx = s.max_abs[i];
+    if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
+        total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
+        (mx > 0.0f) != (e[kWordNonzero] > 0))
+      fail(status, "%s: layer %d %s statistics are inconsistent (count %llu, finite %llu, "
+           "nonzero %llu, histogram total %llu, max_abs %g)", what.c_str(), layer, kind,
+           (unsigned long long)e[kWordCount], (unsigned long long)e[kWordFinite],
+           (unsigned long long)e[kWordNonzero], (unsigned long long)total, (double)mx);
+  }
 }
 
 namespace {

@@ -263,26 +263,7 @@ HostStats parse_stats(const std::string& file, const std::string& what) {
     fail(QSAKV_ERROR_FORMAT, "%s: rank is %lld but ranks marks %d rank(s)", what.c_str(),
          static_cast<long long>(rank), s.ranks_covered());
   // The counts must tell one consistent story, or a summary built on them means nothing.
-  for (uint64_t i = 0; i < nq * 2; ++i) {
-    const uint64_t* e = s.words.data() + i * kEntryWords;
-    const int layer = s.config.qsa_layers[i / 2];
-    const char* kind = i % 2 ? "V" : "K";
-    // Summed with a check: a total that wraps modulo 2^64 could match any nonzero count.
-    uint64_t total = 0;
-    bool wrapped = false;
-    for (int b = 0; b < kBins; ++b) wrapped |= !add_u64(total, e[kWordHist + b], &total);
-    if (wrapped)
-      fail(QSAKV_ERROR_FORMAT, "%s: layer %d %s histogram total is more than a 64-bit count "
-           "holds (it wraps); the statistics are inconsistent", what.c_str(), layer, kind);
-    const float mx = s.max_abs[i];
-    if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
-        total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
-        (mx > 0.0f) != (e[kWordNonzero] > 0))
-      fail(QSAKV_ERROR_FORMAT, "%s: layer %d %s statistics are inconsistent (count %llu, finite "
-           "%llu, nonzero %llu, histogram total %llu, max_abs %g)", what.c_str(), layer, kind,
-           (unsigned long long)e[kWordCount], (unsigned long long)e[kWordFinite],
-           (unsigned long long)e[kWordNonzero], (unsigned long long)total, (double)mx);
-  }
+  check_consistent(s, QSAKV_ERROR_FORMAT, what);
   return s;
 }
 
