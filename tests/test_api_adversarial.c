@@ -588,7 +588,36 @@ static void c_options_init_null(void) {
   }
 }
 
+/* Calls without arguments to abuse: each must answer what the header says. */
+static void c_no_args(void) {
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", QSAKV_VERSION_MAJOR, QSAKV_VERSION_MINOR,
+           QSAKV_VERSION_PATCH);
+  const int ok = qsakv_version() == QSAKV_VERSION_NUMBER &&
+                 qsakv_abi_version() == QSAKV_ABI_VERSION &&
+                 !strcmp(qsakv_version_string(), want) &&
+                 (qsakv_built_with_cuda() == 0 || qsakv_built_with_cuda() == 1);
+  correct(QSAKV_SUCCESS, ok, "version queries match the header");
+}
+/* *_destroy(NULL) and qsakv_free of NULL are no-ops; clear_error empties the message. */
+static void c_destroy_null(void) {
+  qsakv_context_destroy(NULL);
+  qsakv_overlay_destroy(NULL);
+  qsakv_cache_destroy(NULL);
+  qsakv_plan_destroy(NULL);
+  qsakv_calib_destroy(NULL);
+  qsakv_free(F.ctx, NULL);
+  qsakv_free(NULL, NULL);
+  qsakv_status s = qsakv_context_create(NULL, NULL);
+  const int had = qsakv_last_error()[0] != 0;
+  qsakv_clear_error();
+  correct(QSAKV_SUCCESS, s != QSAKV_SUCCESS && had && qsakv_last_error()[0] == 0,
+          "destroy(NULL) and free(NULL) are no-ops; clear_error clears");
+}
+
 static const struct acase k_context_cases[] = {
+    {"version queries", c_no_args, 0},
+    {"destroy NULL", c_destroy_null, 0},
     {"create out NULL", c_ctx_out_null, 0},
     {"backend -1", c_ctx_backend, -1},
     {"backend 3", c_ctx_backend, 3},
@@ -713,6 +742,42 @@ static void c_cfg_cache(void) {
   refuse_out(qsakv_cache_create(&cache, F.ctx, &c, NULL, NULL), QSAKV_ERROR_INVALID_CONFIG,
              field, &cache);
 }
+/* The same config refusals through every other entry point that takes a config: P is
+ * path * 100 + field case. */
+static void c_cfg_paths(void) {
+  const int64_t path = P / 100;
+  P %= 100;
+  const char* field;
+  qsakv_model_config c = bad_config(&field);
+  switch (path) {
+    case 0: {
+      qsakv_overlay_info before, after;
+      memset(&before, 0, sizeof before);
+      before.struct_size = sizeof before;
+      after = before;
+      C_OK(qsakv_overlay_get_info(F.overlay, &before));
+      qsakv_status s = qsakv_overlay_validate(F.overlay, &c, F.rev);
+      C_OK(qsakv_overlay_get_info(F.overlay, &after));
+      if (after.validated) report(V_WRONG, s, "the overlay counts as validated after a refusal");
+      refuse(s, QSAKV_ERROR_INVALID_CONFIG, field);
+    }
+    case 1: {
+      qsakv_calib* h = (qsakv_calib*)0x1;
+      refuse_out(qsakv_calib_create(&h, F.ctx, &c), QSAKV_ERROR_INVALID_CONFIG, field, &h);
+    }
+    case 2:
+      refuse(qsakv_tp_consensus(F.ctx, &c, NULL, (void*)0x10, NULL), QSAKV_ERROR_INVALID_CONFIG,
+             field);
+    case 3: {
+      qsakv_rank_geometry g;
+      memset(&g, 0, sizeof g);
+      g.struct_size = sizeof g;
+      refuse(qsakv_model_config_rank_geometry(&c, &g), QSAKV_ERROR_INVALID_CONFIG, field);
+    }
+    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+  }
+}
+
 static void c_cfg_softmax(void) {
   qsakv_model_config c = F.cfg;
   const float vals[] = {NAN, INFINITY, -INFINITY, -1.0f};
@@ -775,6 +840,12 @@ static const struct acase k_config_cases[] = {
     FIELD(49), FIELD(50), FIELD(51), FIELD(52), FIELD(53), FIELD(54), FIELD(55), FIELD(56),
     FIELD(57),
 #undef FIELD
+#define PATHS(i) {"overlay_validate field " #i, c_cfg_paths, i}, \
+                 {"calib_create field " #i, c_cfg_paths, 100 + i}, \
+                 {"tp_consensus field " #i, c_cfg_paths, 200 + i}, \
+                 {"rank_geometry field " #i, c_cfg_paths, 300 + i}
+    PATHS(0), PATHS(3), PATHS(30), PATHS(37), PATHS(41), PATHS(42), PATHS(46),
+#undef PATHS
     {"softmax_scale nan", c_cfg_softmax, 0},
     {"softmax_scale inf", c_cfg_softmax, 1},
     {"softmax_scale -inf", c_cfg_softmax, 2},
