@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1997,6 +1998,31 @@ static void c_json_bomb(void) {
     report(V_WRONG, s, "refusing the bomb cost %ld MiB (%s)", grown_mib, qsakv_last_error());
   refuse(s, QSAKV_ERROR_FORMAT, arg);
 }
+/* A header just inside the JSON limits whose array holds 2 Mi objects: parsing must be
+ * linear (a parser that rescans the array per element took hours) and end in the
+ * safetensors rule it breaks. */
+static void c_json_wide(void) {
+  const size_t n = (1u << 21) - 3; /* + root, key and array: exactly the value limit */
+  char* j = malloc(3 * n + 16);
+  size_t len = (size_t)sprintf(j, "{\"a\":[");
+  for (size_t i = 0; i < n; ++i) {
+    memcpy(j + len, "{},", 3);
+    len += 3;
+  }
+  j[len - 1] = ']';
+  j[len++] = '}';
+  const char* path = tmp_path("wide.safetensors");
+  write_safetensors(path, j, len);
+  free(j);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  qsakv_calib* out = (qsakv_calib*)0x1;
+  qsakv_status s = qsakv_calib_load(&out, path);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (secs > 30) report(V_WRONG, s, "refusing took %.1f s", secs);
+  refuse_out(s, QSAKV_ERROR_FORMAT, "\"a\"", &out);
+}
 /* A base directory whose name is not UTF-8: refused clearly (never INTERNAL); the same
  * base under a UTF-8 name materialises. */
 static void c_materialize_non_utf8(void) {
@@ -2090,6 +2116,7 @@ static const struct acase k_overlay_cases[] = {
     {"stats header nested 10 Mi deep", c_json_bomb, 0},
     {"stats header of 5 Mi values", c_json_bomb, 1},
     {"base index nested 10 Mi deep", c_json_bomb, 2},
+    {"stats header of 2 Mi objects", c_json_wide, 0},
     {"materialize non-UTF-8 base", c_materialize_non_utf8, 0},
     {"materialize UTF-8 base", c_materialize_non_utf8, 1},
     {"materialize stale staging", c_stale_staging, 0},
