@@ -65,9 +65,10 @@ void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config&
   if (!o.share_topk)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk is set with share_topk = 0; an "
          "external buffer is the shared model-level buffer");
-  if (o.external_topk_dtype != QSAKV_DTYPE_INT32)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s; the top-k "
-         "buffer must be int32", dtype_name(o.external_topk_dtype));
+  const int32_t dtype = enum_value(o.external_topk_dtype);
+  if (dtype != QSAKV_DTYPE_INT32)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s (%d); the top-k "
+         "buffer must be int32", dtype_name(dtype), dtype);
   if (o.external_topk_rows < c.max_batched_tokens)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_rows is %lld; needs at least "
          "max_batched_tokens = %d rows", static_cast<long long>(o.external_topk_rows),
@@ -75,6 +76,9 @@ void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config&
   if (o.external_topk_cols != g.topk_width)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_cols is %lld; must be the "
          "top-k width %d", static_cast<long long>(o.external_topk_cols), g.topk_width);
+  // The layout reports rows x cols: a product no buffer can have would wrap.
+  require_bytes("options.external_topk_rows", o.external_topk_rows,
+                static_cast<uint64_t>(g.topk_width) * sizeof(int32_t));
 }
 
 // Blocks per layer: options.num_blocks, or as many as the memory budget holds.
@@ -233,14 +237,23 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     const auto o = options ? read_versioned(options, default_cache_options(), "options")
                            : default_cache_options();
     Backend* be = context->backend.get();
-    // The overlay first: E4M3 without valid scales is refused before anything else.
+    rank_geometry(c);  // validates the config: INVALID_CONFIG before anything else
+    // Then the overlay: E4M3 without valid scales is refused before any size question.
     const std::vector<float> scales = layer_scales(c, overlay, be->info());
     auto cache = new_cache(context, c, scales, o, resolve_num_blocks(c, o));
     const qsakv_cache_layout& L = cache->layout;
     const size_t nl = static_cast<size_t>(c.num_qsa_layers);
-    cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
-    cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
-    cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    try {
+      cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
+      cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
+      cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    } catch (const Error& e) {
+      // Say which argument asked for that much.
+      if (e.status() != QSAKV_ERROR_OUT_OF_MEMORY) throw;
+      fail(QSAKV_ERROR_OUT_OF_MEMORY, "the caches of %lld blocks per layer (%s) do not fit: %s",
+           static_cast<long long>(L.num_blocks),
+           o.num_blocks ? "options.num_blocks" : "from options.memory_budget_bytes", e.what());
+    }
     for (size_t i = 0; i < nl; ++i) {
       cache->kv_layers[i] = static_cast<char*>(cache->kv.get()) + L.kv_bytes_per_layer * i;
       cache->compressed_layers[i] = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
@@ -255,12 +268,12 @@ qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
                                     const qsakv_cache_options* options, qsakv_cache_layout* out) {
   return guarded([&] {
     const auto c = read_versioned(config, default_model_config(), "config");
+    const qsakv_rank_geometry g = rank_geometry(c);
     if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
     const auto o = read_versioned(options, default_cache_options(), "options");
     if (o.num_blocks <= 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; give the number of blocks "
            "per layer (> 0)", static_cast<long long>(o.num_blocks));
-    const qsakv_rank_geometry g = rank_geometry(c);
     write_versioned(out, build_layout(c, g, o, resolve_num_blocks(c, o)), "out");
   });
 }
@@ -274,6 +287,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     require_out(out, "out");
     if (!context) fail(QSAKV_ERROR_INVALID_ARGUMENT, "context is NULL");
     const auto c = read_versioned(config, default_model_config(), "config");
+    rank_geometry(c);  // validates the config first
     const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
     if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
     const auto o = read_versioned(options, default_cache_options(), "options");
@@ -283,6 +297,8 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
     qsakv_cache_memory m;
     std::memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.version = QSAKV_CACHE_MEMORY_VERSION;
     m = read_versioned(memory, m, "memory");
     if (m.num_layers != c.num_qsa_layers)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.num_layers is %d; the config has %d QSA layers",
