@@ -50,15 +50,36 @@ bench:
 	cmake --build build-gpu -j$(JOBS) --target qsakv_bench
 	build-gpu/qsakv_bench --json bench.json
 
+# ASan + UBSan (Debug, CPU backend) of the library, the tool and every C suite. The
+# Python-driven suites load the library into an uninstrumented interpreter: they are
+# neither built for (no SWIG module) nor run here (they run in `make test`). Any
+# sanitizer report aborts its test (UBSan does not recover), so it fails; check-suites
+# then checks that every C suite of tests/SUITES ran, and the adversarial suite's counts
+# are printed.
+# The demo (the whole pipeline on the CPU backend) runs too, with leak checks off: it
+# keeps its own host buffers to the end (the library's objects are all released).
+# SAN_BUILD names the build tree (e.g. an existing Debug ASan tree, to reuse it).
+SAN_BUILD ?= build-asan
+# Suites that load the library into uninstrumented programs (consumers, cargo, go, pip):
+# not registered under ASan (tests/packaging/CMakeLists.txt); they run in `make test`.
+SAN_UNREGISTERED := test_install rust_qsakv go_qsakv python_wheel
+# Suites that are scripts, not build targets (they still run under ctest there).
+SAN_SCRIPTS := rust_sys_bindings test_abi test_exports
+SAN_SUITES := $(filter-out pytest% %_cli $(SAN_UNREGISTERED) $(SAN_SCRIPTS),$(shell cat tests/SUITES))
 sanitize:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQSAKV_WITH_CUDA=OFF -DQSAKV_SANITIZE=ON $(CMAKE_FLAGS)
-	cmake --build build-asan -j$(JOBS)
-	# The Python-driven suites load the library into an uninstrumented interpreter: skip
-	# them here (they run in `make test`).
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -E 'pytest|_cli'
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DQSAKV_WITH_CUDA=OFF -DQSAKV_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake --build $(SAN_BUILD) -j$(JOBS) --target qsakv qsakv_tool qsakv_demo $(SAN_SUITES)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j$(JOBS) -E 'pytest|_cli' 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
+	$(PYTHON) tools/check_suites.py $(SAN_BUILD)/ctest.log <(grep -v -e '^pytest' -e '_cli$$' $(addprefix -e ^,$(addsuffix $$,$(SAN_UNREGISTERED))) tests/SUITES)
+	@grep -h 'adversarial \] cases tried' $(SAN_BUILD)/Testing/Temporary/LastTest.log
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 $(SAN_BUILD)/qsakv_demo \
+	  > $(SAN_BUILD)/demo.log
+	@echo "demo under ASan + UBSan: $$(tail -1 $(SAN_BUILD)/demo.log)"
 
-# The safetensors parser under libFuzzer (clang), bounded in time; the seed corpus is
-# copied so libFuzzer's new inputs never land in the repository.
+# The file parsers (safetensors, manifest, index, statistics) under libFuzzer (clang),
+# bounded in time; the seed corpus is copied so libFuzzer's new inputs never land in the
+# repository.
 fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DQSAKV_WITH_CUDA=OFF -DQSAKV_FUZZ=ON
 	cmake --build build-fuzz --target fuzz_safetensors -j$(JOBS)
@@ -66,4 +87,4 @@ fuzz:
 	build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time=$${FUZZ_SECONDS:-60} -rss_limit_mb=2048 build-fuzz/corpus
 
 clean:
-	rm -rf $(BUILD) build-gpu build-asan build-fuzz
+	rm -rf $(BUILD) build-gpu $(SAN_BUILD) build-fuzz

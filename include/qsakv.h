@@ -23,6 +23,13 @@
  *   "run" never allocate, never synchronise and may be captured in a CUDA graph.
  * - Thread safety: distinct handles may be used from distinct threads at once. One
  *   handle must not be used by two threads at once unless a function says otherwise.
+ * - Checks: every pointer is checked for NULL, every option struct for struct_size and a
+ *   known version (1 .. its *_VERSION), every enum as the int32 it is (any value may be
+ *   passed; out-of-range ones are refused), every count, stride and size with
+ *   overflow-checked arithmetic against what any buffer can hold. A refusal names the
+ *   argument and changes nothing. The library cannot check device memory from the host:
+ *   the caller guarantees that each device buffer is as large as the function says, lives
+ *   on the context's device and stays valid until the enqueued work ran (docs/safety.md).
  */
 #ifndef QSAKV_H
 #define QSAKV_H
@@ -366,8 +373,11 @@ QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* l
  * metadata.total_size grown by the scale file's size), symbolic links to every other
  * base file, copies of the scale file and manifest, and qsakv-provenance.json with the
  * hashes. Refuses an existing out_dir (INVALID_ARGUMENT), a base whose index hash is not
- * the manifest's (REVISION_MISMATCH) and a scale name the base already has (OVERLAY_
- * DUPLICATE). Builds in a staging directory renamed atomically. Blocking. */
+ * the manifest's (REVISION_MISMATCH), a scale name the base already has (OVERLAY_
+ * DUPLICATE) and a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
+ * records it as JSON text). Builds in a staging directory renamed atomically; first
+ * removes stale staging directories of out_dir whose writer process is gone
+ * (docs/overlay.md). Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_materialize(const char* out_dir,
                                                  const char* base_checkpoint_dir,
                                                  const char* scale_pack_dir);
@@ -433,6 +443,7 @@ QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* cont
                                           const qsakv_cache_options* options);
 QSAKV_API void qsakv_cache_destroy(qsakv_cache* cache);
 
+
 #define QSAKV_CACHE_LAYOUT_VERSION 1
 typedef struct qsakv_cache_layout {
   size_t struct_size;
@@ -460,7 +471,7 @@ typedef struct qsakv_cache_layout {
   int64_t topk_cols;
   int32_t topk_shared; /* 1 when one buffer serves every layer */
   int32_t topk_external;
-  uint64_t total_bytes; /* everything the cache allocated */
+  uint64_t total_bytes; /* everything the library allocated for the cache */
 } qsakv_cache_layout;
 QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache,
                                               qsakv_cache_layout* out);
@@ -486,6 +497,50 @@ QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
  * speed in that layer). Async on `stream`; no effect on 16-bit caches. */
 QSAKV_API qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
                                                        qsakv_stream_t stream);
+
+/* Caller-owned cache memory, for engines that allocate and profile their KV memory
+ * themselves. One entry per QSA layer, in config.qsa_layers order; each buffer device
+ * memory of the context's GPU (host memory on the CPU backend), 16-byte aligned, at least
+ * the bytes qsakv_cache_layout_for reports, and no two buffers overlapping. The top-k
+ * buffer can be the caller's too (qsakv_cache_options.external_topk). */
+typedef struct qsakv_layer_memory {
+  void* kv;                  /* main K/V cache: >= layout.kv_bytes_per_layer bytes */
+  uint64_t kv_bytes;
+  void* compressed_keys;     /* compressed index keys: >= compressed_bytes_per_layer */
+  uint64_t compressed_bytes;
+  void* ring_keys;           /* raw index-key ring: >= ring_bytes_per_layer */
+  uint64_t ring_bytes;
+} qsakv_layer_memory;
+
+#define QSAKV_CACHE_MEMORY_VERSION 1
+typedef struct qsakv_cache_memory {
+  size_t struct_size;
+  uint32_t version;
+  int32_t num_layers;                /* == config.num_qsa_layers */
+  const qsakv_layer_memory* layers;  /* [num_layers] */
+} qsakv_cache_memory;
+
+/* The layout (strides and bytes per layer) a cache of this config and options has, without
+ * creating one: what to allocate for qsakv_cache_create_with_memory. options.num_blocks
+ * must be set (> 0). Host only; no allocation. */
+QSAKV_API qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
+                                              const qsakv_cache_options* options,
+                                              qsakv_cache_layout* out);
+
+/* qsakv_cache_create over the caller's memory (options.num_blocks > 0 sets its size). Each
+ * buffer is checked (NULL, size, alignment, device, overlap) with a message naming it,
+ * e.g. "memory.layers[2].kv (layer 11) is 1048576 bytes; needs 2097152". The library
+ * never frees the buffers; they must outlive the cache. Their contents are used as they
+ * are (not zeroed), so E4M3 layers start with the software decoder's NaN check on (as
+ * after qsakv_cache_note_external_codes). The library still allocates the per-layer
+ * scales, NaN flags and (unless external) the top-k buffer; layout.total_bytes counts only
+ * those. Blocking. */
+QSAKV_API qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out,
+                                                      qsakv_context* context,
+                                                      const qsakv_model_config* config,
+                                                      const qsakv_overlay* overlay,
+                                                      const qsakv_cache_options* options,
+                                                      const qsakv_cache_memory* memory);
 
 /* ---------------------------------------------------------------------------------- */
 /* Store                                                                               */
@@ -680,7 +735,8 @@ QSAKV_API qsakv_status qsakv_calib_stop(qsakv_calib* calib);
 /* Observes K and V of one QSA layer (model-layer id). k, v: device, the config's
  * activation dtype, [num_tokens, kv_heads (this rank), head_dim] contiguous, 16-byte
  * aligned on CUDA. While stopped this is a no-op that returns QSAKV_SUCCESS and reads
- * no data (its arguments are still checked, so warm-up passes catch wiring bugs).
+ * no data (its arguments are still checked, so warm-up passes catch wiring bugs: layer,
+ * num_tokens, and for num_tokens > 0 k, v and their alignment).
  * Async on `stream`; run: no allocation, no synchronisation, capturable (a captured
  * observe counts at every replay, so capture only while stopped unless that is wanted).
  * Observing on several streams at once is safe (atomic updates). QSAKV_ERROR_STATE
@@ -763,7 +819,9 @@ typedef enum qsakv_calib_merge_mode {
 } qsakv_calib_merge_mode;
 
 /* Merges host handles into a new one: max of maxima, sums of counts and histograms
- * (the same algebra in both modes; the mode decides what is checked and recorded).
+ * (the same algebra in both modes; the mode decides what is checked and recorded). A
+ * sum that would not fit in 64 bits is refused (QSAKV_ERROR_INVALID_ARGUMENT naming the
+ * layer, K/V and field): counts never wrap.
  * Mismatched fingerprints or TP sizes are QSAKV_ERROR_INVALID_ARGUMENT naming both;
  * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. Blocking. */
 QSAKV_API qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inputs,
@@ -793,6 +851,8 @@ typedef struct qsakv_calib_summary {
 
 /* Summarises one QSA layer and kind of a host handle, after checking the whole handle
  * (each refusal names the layer and K/V, first broken rule in this order):
+ * - counts that contradict each other (e.g. a sum that wrapped: fewer nonzero values
+ *   than max |x| implies, a histogram that does not add up): INVALID_ARGUMENT;
  * - the statistics do not cover every TP rank: QSAKV_ERROR_OVERLAY_INCOMPLETE;
  * - per layer (ascending), K then V: never observed (a missing layer, or a missing half
  *   of its K/V pair): QSAKV_ERROR_OVERLAY_INCOMPLETE; non-finite activations seen:

@@ -211,11 +211,18 @@ static void test_start_stop(void** state) {
   uint16_t* k = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 100.0, 0);
   /* Stopped from creation: a no-op that succeeds... */
   observe(ctx, h, 3, k, k, 8, row);
-  /* ...but still checks its arguments, and reads no data (NULL is fine then? no: checked
-   * only when counting; a bad layer is refused always). */
+  /* ...but still checks its arguments (the header's promise: warm-up passes catch wiring
+   * bugs), and reads no data. */
   TU_EXPECT_STATUS(qsakv_calib_observe(h, 4, k, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
   MSG_HAS("layer 4");
-  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 8, NULL)); /* no data read while stopped */
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("k is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("v is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, k, INT64_MAX, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("num_tokens");
+  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
   TU_OK(qsakv_calib_start(h));
   TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
   observe(ctx, h, 3, k, k, 8, row); /* counted */

@@ -1,11 +1,15 @@
 // extern "C" entry points: capacity planning and cache creation.
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "core/cache_layout.hpp"
 #include "core/capacity.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
@@ -47,38 +51,44 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
   return scales;
 }
 
-// a * b, refusing a product beyond what any allocation can be (it would wrap).
-uint64_t checked_mul(uint64_t a, uint64_t b, const char* what) {
-  uint64_t r;
-  if (__builtin_mul_overflow(a, b, &r) || r > (uint64_t{1} << 56))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "the %s would need %llu x %llu bytes: more than any "
-         "device holds (options.num_blocks too large?)", what,
-         static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
-  return r;
-}
-
-void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config& c,
-                         const qsakv_rank_geometry& g) {
-  if (!o.share_topk)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk is set with share_topk = 0; an "
-         "external buffer is the shared model-level buffer");
-  if (o.external_topk_dtype != QSAKV_DTYPE_INT32)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s; the top-k "
-         "buffer must be int32", dtype_name(o.external_topk_dtype));
-  if (o.external_topk_rows < c.max_batched_tokens)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_rows is %lld; needs at least "
-         "max_batched_tokens = %d rows", static_cast<long long>(o.external_topk_rows),
-         c.max_batched_tokens);
-  if (o.external_topk_cols != g.topk_width)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_cols is %lld; must be the "
-         "top-k width %d", static_cast<long long>(o.external_topk_cols), g.topk_width);
+// A cache handle with its layout, scales, NaN flags and top-k buffer; the K/V, ring and
+// compressed buffers are the caller's to attach.
+std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model_config& c,
+                                       const std::vector<float>& scales,
+                                       const qsakv_cache_options& o, int64_t num_blocks) {
+  Backend* be = context->backend.get();
+  const qsakv_rank_geometry g = rank_geometry(c);
+  auto cache = std::make_unique<qsakv_cache>();
+  cache->context = context;
+  cache->config = c;
+  cache->geometry = g;
+  cache->layout = build_layout(c, g, o, num_blocks);
+  const qsakv_cache_layout& L = cache->layout;
+  const size_t nl = static_cast<size_t>(c.num_qsa_layers);
+  cache->kv_layers.assign(nl, nullptr);
+  cache->compressed_layers.assign(nl, nullptr);
+  cache->ring_layers.assign(nl, nullptr);
+  if (o.external_topk) {
+    cache->topk_base = static_cast<int32_t*>(o.external_topk);
+  } else {
+    const size_t buffers = o.share_topk ? 1 : nl;
+    cache->topk = DeviceBuffer(be, buffers * L.topk_rows * L.topk_cols * sizeof(int32_t));
+    cache->topk_base = cache->topk.as<int32_t>();
+  }
+  cache->scales = DeviceBuffer(be, scales.size() * sizeof(float));
+  cache->nan_flags = DeviceBuffer(be, nl * sizeof(int32_t));
+  be->copy(cache->scales.get(), scales.data(), scales.size() * sizeof(float),
+           QSAKV_COPY_HOST_TO_DEVICE, nullptr);
+  be->synchronize(nullptr);
+  cache->layout.total_bytes = cache->topk.bytes() + cache->scales.bytes() + cache->nan_flags.bytes();
+  return cache;
 }
 
 }  // namespace
 
 qsakv::KvCacheView qsakv_cache::kv_view(int i) const {
   KvCacheView v;
-  v.data = static_cast<char*>(kv.get()) + layout.kv_bytes_per_layer * static_cast<size_t>(i);
+  v.data = kv_layers[static_cast<size_t>(i)];
   v.num_blocks = layout.num_blocks;
   v.block_size = layout.block_size;
   v.kv_heads = layout.kv_heads;
@@ -125,95 +135,118 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     const auto c = read_versioned(config, default_model_config(), "config");
     const auto o = options ? read_versioned(options, default_cache_options(), "options")
                            : default_cache_options();
-    const qsakv_rank_geometry g = rank_geometry(c);
     Backend* be = context->backend.get();
+    rank_geometry(c);  // validates the config: INVALID_CONFIG before anything else
+    // Then the overlay: E4M3 without valid scales is refused before any size question.
     const std::vector<float> scales = layer_scales(c, overlay, be->info());
-
-    int64_t num_blocks = o.num_blocks;
-    if (num_blocks < 0)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; must be >= 0",
-           static_cast<long long>(num_blocks));
-    if (num_blocks > INT32_MAX)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; block tables are int32, "
-           "so at most %d", static_cast<long long>(num_blocks), INT32_MAX);
-    if (num_blocks == 0) {
-      if (o.memory_budget_bytes == 0)
-        fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks and "
-             "options.memory_budget_bytes are both 0; give one");
-      const TopkBuffer topk = o.external_topk ? TopkBuffer::kExternal
-                              : o.share_topk  ? TopkBuffer::kShared
-                                              : TopkBuffer::kPerLayer;
-      const qsakv_capacity cap = plan_capacity(c, o.memory_budget_bytes, topk);
-      const uint64_t topk_cost = topk == TopkBuffer::kShared     ? cap.topk_bytes
-                                 : topk == TopkBuffer::kPerLayer ? cap.topk_bytes_unshared
-                                                                 : 0;
-      if (cap.num_blocks <= 0)
-        fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.memory_budget_bytes %llu holds no block: "
-             "fixed costs are %llu bytes (rings %llu, top-k %llu), one block is %llu bytes",
-             static_cast<unsigned long long>(o.memory_budget_bytes),
-             static_cast<unsigned long long>(cap.ring_bytes + topk_cost),
-             static_cast<unsigned long long>(cap.ring_bytes),
-             static_cast<unsigned long long>(topk_cost),
-             static_cast<unsigned long long>(cap.bytes_per_block));
-      num_blocks = std::min<int64_t>(cap.num_blocks, INT32_MAX);
-    }
-    if (o.external_topk) check_external_topk(o, c, g);
-    if (o.share_topk != 0 && o.share_topk != 1)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.share_topk is %d; must be 0 or 1",
-           o.share_topk);
-
-    auto cache = std::make_unique<qsakv_cache>();
-    cache->context = context;
-    cache->config = c;
-    cache->geometry = g;
-    qsakv_cache_layout& L = cache->layout;
-    std::memset(&L, 0, sizeof L);
-    L.struct_size = sizeof L;
-    L.version = QSAKV_CACHE_LAYOUT_VERSION;
-    L.kv_dtype = c.kv_dtype;
-    L.num_blocks = num_blocks;
-    L.block_size = c.block_size;
-    L.kv_heads = g.kv_heads;
-    L.head_dim = c.head_dim;
-    L.num_qsa_layers = c.num_qsa_layers;
-    L.kv_stride_head = c.head_dim;
-    L.kv_stride_token = static_cast<int64_t>(g.kv_heads) * c.head_dim;
-    L.kv_stride_kv = L.kv_stride_token * c.block_size;
-    L.kv_stride_block = 2 * L.kv_stride_kv;
-    const uint64_t nb = static_cast<uint64_t>(num_blocks);
-    L.kv_bytes_per_layer = checked_mul(nb, static_cast<uint64_t>(L.kv_stride_block) *
-                                               dtype_size(c.kv_dtype), "K/V cache");
-    L.compressed_bytes_per_layer = checked_mul(
-        nb, static_cast<uint64_t>(c.block_size / c.compress_ratio) * c.index_head_dim * 2,
-        "compressed index-key cache");
-    L.ring_length = g.ring_length;
-    L.ring_bytes_per_layer =
-        static_cast<uint64_t>(c.max_requests) * g.ring_length * c.index_head_dim * 2;
-    checked_mul(L.kv_bytes_per_layer + L.compressed_bytes_per_layer + L.ring_bytes_per_layer,
-                static_cast<uint64_t>(c.num_qsa_layers), "all layers' caches");
-    L.topk_rows = o.external_topk ? o.external_topk_rows : c.max_batched_tokens;
-    L.topk_cols = g.topk_width;
-    L.topk_shared = o.share_topk;
-    L.topk_external = o.external_topk ? 1 : 0;
-
+    auto cache = new_cache(context, c, scales, o, resolve_num_blocks(c, o));
+    const qsakv_cache_layout& L = cache->layout;
     const size_t nl = static_cast<size_t>(c.num_qsa_layers);
-    cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
-    cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
-    cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
-    if (o.external_topk) {
-      cache->topk_base = static_cast<int32_t*>(o.external_topk);
-    } else {
-      const size_t buffers = o.share_topk ? 1 : nl;
-      cache->topk = DeviceBuffer(be, buffers * L.topk_rows * L.topk_cols * sizeof(int32_t));
-      cache->topk_base = cache->topk.as<int32_t>();
+    try {
+      cache->kv = DeviceBuffer(be, L.kv_bytes_per_layer * nl);
+      cache->compressed = DeviceBuffer(be, L.compressed_bytes_per_layer * nl);
+      cache->ring = DeviceBuffer(be, L.ring_bytes_per_layer * nl);
+    } catch (const Error& e) {
+      // Say which argument asked for that much.
+      if (e.status() != QSAKV_ERROR_OUT_OF_MEMORY) throw;
+      fail(QSAKV_ERROR_OUT_OF_MEMORY, "the caches of %lld blocks per layer (%s) do not fit: %s",
+           static_cast<long long>(L.num_blocks),
+           o.num_blocks ? "options.num_blocks" : "from options.memory_budget_bytes", e.what());
     }
-    cache->scales = DeviceBuffer(be, scales.size() * sizeof(float));
-    cache->nan_flags = DeviceBuffer(be, nl * sizeof(int32_t));
-    be->copy(cache->scales.get(), scales.data(), scales.size() * sizeof(float),
-             QSAKV_COPY_HOST_TO_DEVICE, nullptr);
-    be->synchronize(nullptr);
-    L.total_bytes = cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes() +
-                    cache->topk.bytes() + cache->scales.bytes() + cache->nan_flags.bytes();
+    for (size_t i = 0; i < nl; ++i) {
+      cache->kv_layers[i] = static_cast<char*>(cache->kv.get()) + L.kv_bytes_per_layer * i;
+      cache->compressed_layers[i] = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
+      cache->ring_layers[i] = static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * i;
+    }
+    cache->layout.total_bytes += cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes();
+    *out = cache.release();
+  });
+}
+
+qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
+                                    const qsakv_cache_options* options, qsakv_cache_layout* out) {
+  return guarded([&] {
+    const auto c = read_versioned(config, default_model_config(), "config");
+    const qsakv_rank_geometry g = rank_geometry(c);
+    if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
+    const auto o = read_versioned(options, default_cache_options(), "options");
+    if (o.num_blocks <= 0)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; give the number of blocks "
+           "per layer (> 0)", static_cast<long long>(o.num_blocks));
+    write_versioned(out, build_layout(c, g, o, resolve_num_blocks(c, o)), "out");
+  });
+}
+
+qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* context,
+                                            const qsakv_model_config* config,
+                                            const qsakv_overlay* overlay,
+                                            const qsakv_cache_options* options,
+                                            const qsakv_cache_memory* memory) {
+  return guarded([&] {
+    require_out(out, "out");
+    if (!context) fail(QSAKV_ERROR_INVALID_ARGUMENT, "context is NULL");
+    const auto c = read_versioned(config, default_model_config(), "config");
+    rank_geometry(c);  // validates the config first
+    const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
+    if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
+    const auto o = read_versioned(options, default_cache_options(), "options");
+    if (o.num_blocks <= 0)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; caller-owned memory needs "
+           "the number of blocks per layer (> 0)", static_cast<long long>(o.num_blocks));
+    if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
+    qsakv_cache_memory m;
+    std::memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.version = QSAKV_CACHE_MEMORY_VERSION;
+    m = read_versioned(memory, m, "memory");
+    if (m.num_layers != c.num_qsa_layers)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.num_layers is %d; the config has %d QSA layers",
+           m.num_layers, c.num_qsa_layers);
+    if (!m.layers) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.layers is NULL");
+    const qsakv_rank_geometry g = rank_geometry(c);
+    const qsakv_cache_layout L = build_layout(c, g, o, resolve_num_blocks(c, o));
+    Backend* be = context->backend.get();
+    struct Range {
+      uintptr_t begin, end;
+      std::string name;
+    };
+    std::vector<Range> ranges;
+    auto check = [&](int i, const char* field, void* p, uint64_t given, uint64_t needed) {
+      char name[96];
+      std::snprintf(name, sizeof name, "memory.layers[%d].%s (layer %d)", i, field, c.qsa_layers[i]);
+      if (needed == 0) return;
+      if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+      if (given < needed)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %llu bytes; needs %llu", name,
+             static_cast<unsigned long long>(given), static_cast<unsigned long long>(needed));
+      if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) must be 16-byte aligned", name, p);
+      be->check_caller_memory(p, needed, name);
+      const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+      for (const Range& r : ranges)
+        if (b < r.end && r.begin < b + needed)
+          fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s overlaps %s", name, r.name.c_str());
+      ranges.push_back({b, b + needed, name});
+    };
+    for (int i = 0; i < c.num_qsa_layers; ++i) {
+      const qsakv_layer_memory& lm = m.layers[i];
+      check(i, "kv", lm.kv, lm.kv_bytes, L.kv_bytes_per_layer);
+      check(i, "compressed_keys", lm.compressed_keys, lm.compressed_bytes, L.compressed_bytes_per_layer);
+      check(i, "ring_keys", lm.ring_keys, lm.ring_bytes, L.ring_bytes_per_layer);
+    }
+    auto cache = new_cache(context, c, scales, o, L.num_blocks);
+    for (int i = 0; i < c.num_qsa_layers; ++i) {
+      cache->kv_layers[i] = static_cast<char*>(m.layers[i].kv);
+      cache->compressed_layers[i] = static_cast<char*>(m.layers[i].compressed_keys);
+      cache->ring_layers[i] = static_cast<char*>(m.layers[i].ring_keys);
+    }
+    // The caller's bytes may hold E4M3 NaN codes: the software decoder checks every layer.
+    if (c.kv_dtype == QSAKV_DTYPE_E4M3) {
+      const std::vector<int32_t> ones(static_cast<size_t>(c.num_qsa_layers), 1);
+      be->copy(cache->nan_flags.get(), ones.data(), ones.size() * sizeof(int32_t),
+               QSAKV_COPY_HOST_TO_DEVICE, nullptr);
+      be->synchronize(nullptr);
+    }
     *out = cache.release();
   });
 }
@@ -246,12 +279,9 @@ qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t lay
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
     const int i = qsa_index(cache->config, layer);
     if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
-    const qsakv_cache_layout& L = cache->layout;
-    out->kv = cache->kv_view(i).data;
-    out->compressed_keys = static_cast<char*>(cache->compressed.get()) +
-                           L.compressed_bytes_per_layer * static_cast<size_t>(i);
-    out->ring_keys =
-        static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * static_cast<size_t>(i);
+    out->kv = cache->kv_layers[static_cast<size_t>(i)];
+    out->compressed_keys = cache->compressed_layers[static_cast<size_t>(i)];
+    out->ring_keys = cache->ring_layers[static_cast<size_t>(i)];
     out->topk = cache->topk_for(i);
     out->scales = cache->scales.as<float>() + 2 * i;
   });

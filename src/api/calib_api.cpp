@@ -10,6 +10,7 @@
 #include "core/calib/stats_file.hpp"
 #include "core/calib/summary.hpp"
 #include "core/config.hpp"
+#include "core/dtype.hpp"
 #include "core/overlay/write.hpp"
 
 using namespace qsakv;
@@ -56,10 +57,13 @@ int require_layer(const qsakv_calib* c, int32_t layer) {
   return i;
 }
 
-void require_kind(qsakv_calib_kind kind) {
-  if (kind != QSAKV_CALIB_K && kind != QSAKV_CALIB_V)
+// The caller's kind as an index (0: K, 1: V). Takes the raw int32 (enum_value at the
+// entry point: even passing the enum on by value would load it).
+int require_kind(int32_t k) {
+  if (k != QSAKV_CALIB_K && k != QSAKV_CALIB_V)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; QSAKV_CALIB_K (0) or QSAKV_CALIB_V (1)",
-         static_cast<int>(kind));
+         k);
+  return k;
 }
 
 std::unique_ptr<qsakv_calib> host_handle(calib::HostStats s) {
@@ -131,14 +135,24 @@ qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, const void* 
     if (num_tokens < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "num_tokens is %lld; must be >= 0",
            static_cast<long long>(num_tokens));
-    // Arguments are checked even while stopped, so warm-up passes catch wiring bugs.
-    if (!calib->started || num_tokens == 0) return;
-    if (!k || !v) fail(QSAKV_ERROR_INVALID_ARGUMENT, "k or v is NULL");
+    // Arguments are checked even while stopped, so warm-up passes catch wiring bugs: only
+    // the data is not read then.
+    if (num_tokens == 0) return;
+    if (!k) fail(QSAKV_ERROR_INVALID_ARGUMENT, "k is NULL");
+    if (!v) fail(QSAKV_ERROR_INVALID_ARGUMENT, "v is NULL");
     const qsakv_rank_geometry g = rank_geometry(calib->host.config);
     const int64_t row = static_cast<int64_t>(g.kv_heads) * calib->host.config.head_dim;
-    if (num_tokens > INT64_MAX / row)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "num_tokens %lld overflows the element count",
-           static_cast<long long>(num_tokens));
+    require_bytes("num_tokens", num_tokens,
+                  static_cast<uint64_t>(row) * dtype_size(calib->host.config.activation_dtype));
+    // The CUDA kernels load 16 bytes at a time (checked here, so also while stopped).
+    Backend* be = calib->context->backend.get();
+    if (be->info().kind == QSAKV_BACKEND_CUDA) {
+      for (const void* x : {k, v})
+        if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
+          fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %p; must be 16-byte aligned on CUDA",
+               x == k ? "k" : "v", x);
+    }
+    if (!calib->started) return;
     CalibObserveParams p;
     p.k = k;
     p.v = v;
@@ -229,8 +243,8 @@ qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer,
   return guarded([&] {
     require_host(calib, "qsakv_calib_get_stats");
     const int i = require_layer(calib, layer);
-    require_kind(kind);
-    const uint64_t* e = calib->host.entry(i, kind);
+    const int k = require_kind(enum_value(kind));
+    const uint64_t* e = calib->host.entry(i, k);
     qsakv_calib_stats r;
     std::memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
@@ -238,7 +252,7 @@ qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer,
     r.count = e[calib::kWordCount];
     r.finite_count = e[calib::kWordFinite];
     r.nonzero_count = e[calib::kWordNonzero];
-    r.max_abs = calib->host.max_of(i, kind);
+    r.max_abs = calib->host.max_of(i, k);
     write_versioned(stats, r, "stats");
     if (histogram) std::memcpy(histogram, e + calib::kWordHist, sizeof(uint64_t) * calib::kBins);
   });
@@ -264,6 +278,10 @@ qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inpu
                                int32_t num_inputs, qsakv_calib_merge_mode mode) {
   return guarded([&] {
     require_out(out, "out");
+    const int32_t m = enum_value(mode);
+    if (m != QSAKV_CALIB_MERGE_RANKS && m != QSAKV_CALIB_MERGE_ENVELOPE)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "mode is %d; QSAKV_CALIB_MERGE_RANKS (0) or "
+           "QSAKV_CALIB_MERGE_ENVELOPE (1)", m);
     if (!inputs || num_inputs < 1)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "inputs is NULL or num_inputs (%d) < 1", num_inputs);
     std::vector<const calib::HostStats*> in;
@@ -272,7 +290,7 @@ qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inpu
       require_host(inputs[i], "qsakv_calib_merge");
       in.push_back(&inputs[i]->host);
     }
-    *out = host_handle(calib::merge(in, mode)).release();
+    *out = host_handle(calib::merge(in, static_cast<qsakv_calib_merge_mode>(m))).release();
   });
 }
 
@@ -288,10 +306,10 @@ qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer,
   return guarded([&] {
     require_host(calib, "qsakv_calib_summarize");
     const int i = require_layer(calib, layer);
-    require_kind(kind);
+    const int k = require_kind(enum_value(kind));
     if (!summary) fail(QSAKV_ERROR_INVALID_ARGUMENT, "summary is NULL");
     calib::check_summarizable(calib->host);
-    write_versioned(summary, calib::summarize_entry(calib->host, i, kind), "summary");
+    write_versioned(summary, calib::summarize_entry(calib->host, i, k), "summary");
   });
 }
 

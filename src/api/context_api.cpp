@@ -45,29 +45,30 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
     require_out(out, "out");
     const auto o = options ? read_versioned(options, default_context_options(), "options")
                            : default_context_options();
-    if (o.backend != QSAKV_BACKEND_AUTO && o.backend != QSAKV_BACKEND_CPU &&
-        o.backend != QSAKV_BACKEND_CUDA)
+    const int32_t backend = enum_value(o.backend), decoder = enum_value(o.decoder);
+    if (backend != QSAKV_BACKEND_AUTO && backend != QSAKV_BACKEND_CPU &&
+        backend != QSAKV_BACKEND_CUDA)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.backend is %d; must be AUTO (0), CPU (1) "
-           "or CUDA (2)", static_cast<int>(o.backend));
-    if (o.decoder != QSAKV_DECODER_AUTO && o.decoder != QSAKV_DECODER_HARDWARE &&
-        o.decoder != QSAKV_DECODER_SOFTWARE)
+           "or CUDA (2)", backend);
+    if (decoder != QSAKV_DECODER_AUTO && decoder != QSAKV_DECODER_HARDWARE &&
+        decoder != QSAKV_DECODER_SOFTWARE)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.decoder is %d; must be AUTO (0), "
-           "HARDWARE (1) or SOFTWARE (2)", static_cast<int>(o.decoder));
+           "HARDWARE (1) or SOFTWARE (2)", decoder);
     if (o.device < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.device is %d; must be >= 0", o.device);
     auto ctx = std::make_unique<qsakv_context>();
-    if (o.backend != QSAKV_BACKEND_CPU) {
+    if (backend != QSAKV_BACKEND_CPU) {
       std::string why;
-      ctx->backend = make_cuda_backend(o.device, o.decoder, &why);
+      ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), &why);
       if (!ctx->backend) {
-        if (o.backend == QSAKV_BACKEND_CUDA)
+        if (backend == QSAKV_BACKEND_CUDA)
           fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s",
                why.c_str());
         ctx->fallback_reason = why;
       }
     }
     if (!ctx->backend) {
-      if (o.decoder == QSAKV_DECODER_HARDWARE)
+      if (decoder == QSAKV_DECODER_HARDWARE)
         fail(QSAKV_ERROR_UNSUPPORTED, "options.decoder is HARDWARE, but the CPU backend has "
              "no FP8 conversion hardware; use AUTO or SOFTWARE");
       ctx->backend = make_cpu_backend();
@@ -105,6 +106,9 @@ qsakv_status qsakv_malloc(qsakv_context* context, void** out, size_t bytes) {
     require_out(out, "out");
     require_context(context);
     if (bytes == 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "bytes is 0");
+    if (bytes > kMaxBufferBytes)
+      fail(QSAKV_ERROR_OUT_OF_MEMORY, "bytes is %zu; more than any device holds (at most "
+           "%llu)", bytes, static_cast<unsigned long long>(kMaxBufferBytes));
     *out = context->backend->alloc(bytes);
   });
 }
@@ -117,12 +121,18 @@ qsakv_status qsakv_memcpy(qsakv_context* context, void* dst, const void* src, si
                           qsakv_copy_kind kind, qsakv_stream_t stream) {
   return guarded([&] {
     require_context(context);
+    // The kind is checked even for an empty copy, so a wiring bug shows at once.
+    const int32_t k = enum_value(kind);
+    if (k != QSAKV_COPY_HOST_TO_DEVICE && k != QSAKV_COPY_DEVICE_TO_HOST &&
+        k != QSAKV_COPY_DEVICE_TO_DEVICE)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; must be HOST_TO_DEVICE (1), "
+           "DEVICE_TO_HOST (2) or DEVICE_TO_DEVICE (3)", k);
     if (bytes == 0) return;
     if (!dst || !src) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", dst ? "src" : "dst");
-    if (kind != QSAKV_COPY_HOST_TO_DEVICE && kind != QSAKV_COPY_DEVICE_TO_HOST &&
-        kind != QSAKV_COPY_DEVICE_TO_DEVICE)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d", static_cast<int>(kind));
-    context->backend->copy(dst, src, bytes, kind, stream);
+    if (bytes > kMaxBufferBytes)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "bytes is %zu; more than any buffer holds (at most "
+           "%llu)", bytes, static_cast<unsigned long long>(kMaxBufferBytes));
+    context->backend->copy(dst, src, bytes, static_cast<qsakv_copy_kind>(k), stream);
   });
 }
 

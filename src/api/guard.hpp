@@ -5,7 +5,9 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "qsakv.h"
 
@@ -33,14 +35,20 @@ qsakv_status guarded(F&& body) noexcept {
   }
 }
 
-// Copies a versioned struct the caller passed: checks the pointer and that struct_size
-// covers at least the header; reads min(struct_size, sizeof(T)) bytes over `defaults`.
+// Copies a versioned struct the caller passed: checks the pointer, that struct_size
+// covers at least the header and that version is one this library knows (1 ..
+// defaults.version; the model config's version is checked by validate_config, with the
+// config's status); reads min(struct_size, sizeof(T)) bytes over `defaults`.
 template <class T>
 T read_versioned(const T* in, const T& defaults, const char* what) {
   if (!in) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
   if (in->struct_size < sizeof(size_t) + sizeof(uint32_t))
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s.struct_size is %zu; call its *_init function first",
          what, in->struct_size);
+  if (!std::is_same<T, qsakv_model_config>::value &&
+      (in->version == 0 || in->version > defaults.version))
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s.version is %u; this library knows versions 1..%u "
+         "(call its *_init function first)", what, in->version, defaults.version);
   T out = defaults;
   const size_t n = in->struct_size < sizeof(T) ? in->struct_size : sizeof(T);
   std::memcpy(static_cast<void*>(&out), in, n);

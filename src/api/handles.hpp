@@ -19,10 +19,13 @@ struct qsakv_cache {
   qsakv_model_config config{};
   qsakv_rank_geometry geometry{};
   qsakv_cache_layout layout{};
-  // One allocation per kind, sliced per layer (fewer, larger allocations).
+  // Library-allocated caches: one allocation per kind, sliced per layer (fewer, larger
+  // allocations); empty when the caller owns the memory.
   qsakv::DeviceBuffer kv;
   qsakv::DeviceBuffer compressed;
   qsakv::DeviceBuffer ring;
+  // Each QSA layer's buffers, in the owned allocations or the caller's memory.
+  std::vector<char*> kv_layers, compressed_layers, ring_layers;
   qsakv::DeviceBuffer topk;    // owned top-k buffer(s); empty when external
   qsakv::DeviceBuffer scales;  // float[2 * num_qsa_layers]: k, v per layer
   qsakv::DeviceBuffer nan_flags;  // int32[num_qsa_layers]: an E4M3 NaN code was stored

@@ -11,6 +11,7 @@ using namespace qsakv;
 extern "C" qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex[65]) {
   return guarded([&] {
     if (!path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL");
+    if (!*path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is empty");
     if (!out_hex) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_hex is NULL");
     std::string file = path;
     if (path_kind(file, "checkpoint path") == PathKind::directory)

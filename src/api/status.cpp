@@ -26,7 +26,9 @@ const char* qsakv_version_string(void) {
 int qsakv_abi_version(void) { return QSAKV_ABI_VERSION; }
 
 const char* qsakv_status_string(qsakv_status status) {
-  switch (status) {
+  // qsakv_status has negative enumerators, so every int32 is in its range; read it raw
+  // all the same, like every other enum from a caller.
+  switch (static_cast<qsakv_status>(qsakv::enum_value(status))) {
 #define CASE(x) \
   case x:       \
     return #x;
@@ -65,8 +67,10 @@ const char* qsakv_last_error(void) { return qsakv::t_last_error.c_str(); }
 
 void qsakv_clear_error(void) { qsakv::t_last_error.clear(); }
 
-size_t qsakv_dtype_size(qsakv_dtype dtype) { return qsakv::dtype_size(dtype); }
+size_t qsakv_dtype_size(qsakv_dtype dtype) { return qsakv::dtype_size(qsakv::enum_value(dtype)); }
 
-const char* qsakv_dtype_name(qsakv_dtype dtype) { return qsakv::dtype_name(dtype); }
+const char* qsakv_dtype_name(qsakv_dtype dtype) {
+  return qsakv::dtype_name(qsakv::enum_value(dtype));
+}
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 // extern "C" entry points: stores into the main cache and the indexer caches.
 #include "api/guard.hpp"
 #include "api/layer.hpp"
+#include "core/dtype.hpp"
 
 using namespace qsakv;
 
@@ -30,6 +31,11 @@ qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const void* k, co
     require_ptr(k, "k");
     require_ptr(v, "v");
     require_ptr(slot_mapping, "slot_mapping");
+    // k and v are [num_tokens, kv_heads, head_dim]: a count no buffer can hold would make
+    // the element offsets wrap.
+    require_bytes("num_tokens", num_tokens,
+                  static_cast<uint64_t>(cache->geometry.kv_heads) * cache->config.head_dim *
+                      dtype_size(cache->config.activation_dtype));
     StoreKvParams p;
     p.cache = cache->kv_view(i);
     p.k = k;
@@ -52,9 +58,11 @@ qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const voi
     require_ptr(keys, "keys");
     require_ptr(request_slots, "request_slots");
     require_ptr(positions, "positions");
+    require_bytes("num_tokens", num_tokens,
+                  static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
     const qsakv_cache_layout& L = cache->layout;
     StoreRowsParams p{};
-    p.dst = static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * i;
+    p.dst = cache->ring_layers[static_cast<size_t>(i)];
     p.max_requests = cache->config.max_requests;
     p.ring_length = L.ring_length;
     p.dst_rows = static_cast<int64_t>(p.max_requests) * p.ring_length;
@@ -77,9 +85,11 @@ qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer, cons
     if (num_keys == 0) return;
     require_ptr(keys, "keys");
     require_ptr(slot_mapping, "slot_mapping");
+    require_bytes("num_keys", num_keys,
+                  static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
     const qsakv_cache_layout& L = cache->layout;
     StoreRowsParams p{};
-    p.dst = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
+    p.dst = cache->compressed_layers[static_cast<size_t>(i)];
     p.compress_ratio = cache->config.compress_ratio;
     p.dst_rows = L.num_blocks * (L.block_size / p.compress_ratio);
     p.src = static_cast<const uint16_t*>(keys);

@@ -38,6 +38,10 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
                     qsakv_stream_t stream) = 0;
   virtual void synchronize(qsakv_stream_t stream) = 0;
+  // Refuses (INVALID_ARGUMENT, naming `what`) memory this backend cannot compute on: on the
+  // CUDA backend, anything but device or managed memory of its GPU. The CPU backend cannot
+  // tell host pointers apart and accepts them.
+  virtual void check_caller_memory(const void*, uint64_t, const char*) const {}
 
   // Staging fences for plan updates: record after an async copy; wait before the
   // staging buffer is rewritten.

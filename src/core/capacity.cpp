@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/cache_layout.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 
@@ -27,11 +28,16 @@ qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget, TopkB
   r.topk_bytes = static_cast<uint64_t>(c.max_batched_tokens) * g.topk_width * 4;
   r.topk_bytes_unshared = r.topk_bytes * layers;
   r.budget_bytes = budget;
-  // Per block, exactly what the cache allocates (block_size / ratio compressed keys).
+  // Per block, exactly what the cache allocates: the cache's own layout of one block.
+  qsakv_cache_options one;
+  std::memset(&one, 0, sizeof one);
+  one.struct_size = sizeof one;
+  one.version = QSAKV_CACHE_OPTIONS_VERSION;
+  one.share_topk = 1;
+  const qsakv_cache_layout block = build_layout(c, g, one, 1);
   const uint64_t bs = static_cast<uint64_t>(c.block_size);
-  const uint64_t compressed_per_block =
-      layers * (bs / static_cast<uint64_t>(c.compress_ratio)) * c.index_head_dim * 2;
-  r.bytes_per_block = r.main_bytes_per_token * bs + compressed_per_block;
+  const uint64_t compressed_per_block = layers * block.compressed_bytes_per_layer;
+  r.bytes_per_block = layers * block.kv_bytes_per_layer + compressed_per_block;
   const uint64_t topk_cost = topk == TopkBuffer::kShared     ? r.topk_bytes
                              : topk == TopkBuffer::kPerLayer ? r.topk_bytes_unshared
                                                              : 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 
@@ -117,17 +118,15 @@ void validate_config(const qsakv_model_config& c) {
                           c.num_kv_heads));
   if (c.speculative_tokens < 0 || c.speculative_tokens > 64)
     bad("speculative_tokens", format("is %d; must be in 0..64", c.speculative_tokens));
-  if (c.activation_dtype != QSAKV_DTYPE_FP16 && c.activation_dtype != QSAKV_DTYPE_BF16)
-    bad("activation_dtype", format("is %s (%d); must be fp16 or bf16",
-                                   dtype_name(c.activation_dtype), c.activation_dtype));
-  if (c.kv_dtype != QSAKV_DTYPE_E4M3 && c.kv_dtype != QSAKV_DTYPE_FP16 &&
-      c.kv_dtype != QSAKV_DTYPE_BF16)
-    bad("kv_dtype",
-        format("is %s (%d); must be e4m3, fp16 or bf16", dtype_name(c.kv_dtype), c.kv_dtype));
-  if (c.kv_dtype != QSAKV_DTYPE_E4M3 && c.kv_dtype != c.activation_dtype)
+  // The caller's enums, read as int32 (any value may arrive; see core/checked.hpp).
+  const int32_t act = enum_value(c.activation_dtype), kv = enum_value(c.kv_dtype);
+  if (act != QSAKV_DTYPE_FP16 && act != QSAKV_DTYPE_BF16)
+    bad("activation_dtype", format("is %s (%d); must be fp16 or bf16", dtype_name(act), act));
+  if (kv != QSAKV_DTYPE_E4M3 && kv != QSAKV_DTYPE_FP16 && kv != QSAKV_DTYPE_BF16)
+    bad("kv_dtype", format("is %s (%d); must be e4m3, fp16 or bf16", dtype_name(kv), kv));
+  if (kv != QSAKV_DTYPE_E4M3 && kv != act)
     bad("kv_dtype", format("is %s but activation_dtype is %s; a 16-bit cache stores the "
-                           "activation type", dtype_name(c.kv_dtype),
-                           dtype_name(c.activation_dtype)));
+                           "activation type", dtype_name(kv), dtype_name(act)));
   positive("block_size", c.block_size);
   if (c.block_size % c.compress_ratio != 0)
     bad("block_size", format("%d is not a multiple of compress_ratio %d", c.block_size,

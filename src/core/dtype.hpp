@@ -2,12 +2,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "qsakv.h"
 
 namespace qsakv {
 
-inline size_t dtype_size(qsakv_dtype d) {
+// Both take the raw int32 (see enum_value in core/checked.hpp): any value is answered.
+inline size_t dtype_size(int32_t d) {
   switch (d) {
     case QSAKV_DTYPE_FP16:
     case QSAKV_DTYPE_BF16:
@@ -24,7 +26,7 @@ inline size_t dtype_size(qsakv_dtype d) {
   }
 }
 
-inline const char* dtype_name(qsakv_dtype d) {
+inline const char* dtype_name(int32_t d) {
   switch (d) {
     case QSAKV_DTYPE_FP16: return "fp16";
     case QSAKV_DTYPE_BF16: return "bf16";

@@ -61,7 +61,7 @@ std::string field_value(const RankRecord& r, int i) {
     std::memcpy(&f, &v, 4);
     return format("%g", static_cast<double>(f));
   }
-  if (i == 11 || i == 12) return dtype_name(static_cast<qsakv_dtype>(v));
+  if (i == 11 || i == 12) return dtype_name(static_cast<int32_t>(v));
   return std::to_string(v);
 }
 

@@ -118,3 +118,75 @@ def test_inspect_json_matches_written_scales(env, tmp_path):
         assert e["k_scale"] == pytest.approx(0.01 * (i + 1), rel=1e-7)
     text = run_tool(tool, "overlay", "inspect", pack)
     assert text.returncode == 0 and "tp_size 4" in text.stdout
+
+
+def test_materialize_non_utf8_base_is_refused_clearly(env, tmp_path):
+    """A base directory whose name is not UTF-8 cannot be recorded in the JSON provenance:
+    a clear INVALID_ARGUMENT naming base_checkpoint_dir, never INTERNAL; the same base under
+    a UTF-8 name materialises."""
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    index = (tmp_path / "model.safetensors.index.json").read_bytes()
+    bad = os.path.join(os.fsencode(tmp_path), b"base-\xff\xfe")
+    os.mkdir(bad)
+    with open(os.path.join(bad, b"model.safetensors.index.json"), "wb") as f:
+        f.write(index)
+    out = tmp_path / "out"
+    r = subprocess.run([os.fsencode(tool), b"overlay", b"materialize", bad,
+                        os.fsencode(pack), os.fsencode(out)], capture_output=True)
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode("utf-8")  # the message itself is UTF-8 (the bytes are escaped)
+    assert err.startswith("QSAKV_ERROR_INVALID_ARGUMENT: base_checkpoint_dir"), err
+    assert "\\xff" in err and not out.exists()
+    good = tmp_path / "base-\u00e9"
+    good.mkdir()
+    (good / "model.safetensors.index.json").write_bytes(index)
+    r = run_tool(tool, "overlay", "materialize", good, pack, out)
+    assert r.returncode == 0, r.stderr
+    assert (out / "qsakv-provenance.json").exists()
+
+
+def test_materialize_removes_staging_left_by_a_killed_run(env, tmp_path):
+    """A materialize killed with SIGKILL leaves OUT.staging-XXXXXX behind; the next one to
+    the same destination removes it (its owner is gone) and succeeds."""
+    import signal
+    import time
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors.index.json").write_bytes(
+        (tmp_path / "model.safetensors.index.json").read_bytes())
+    # Many base files make the staging phase (one link each) long enough to interrupt.
+    for i in range(20000):
+        (base / f"model-{i:05d}.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    stale = []
+    for _ in range(50):
+        p = subprocess.Popen([tool, "overlay", "materialize", base, pack, out],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline and p.poll() is None:
+            stale = [n for n in os.listdir(tmp_path) if n.startswith("out.staging-")]
+            if stale and (tmp_path / stale[0] / ".qsakv-staging-owner").exists():
+                break
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+        p.wait()
+        import shutil
+        stale = [n for n in os.listdir(tmp_path) if n.startswith("out.staging-")]
+        # Killed after its owner record was written (the window before it is a few
+        # instructions; a directory without one is, by design, not cleaned up).
+        if (len(stale) == 1 and not out.exists()
+                and (tmp_path / stale[0] / ".qsakv-staging-owner").exists()):
+            break
+        for n in stale:
+            shutil.rmtree(tmp_path / n, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        stale = []
+    if not stale:
+        pytest.skip("could not interrupt a materialize during its staging phase")
+    r = run_tool(tool, "overlay", "materialize", base, pack, out)
+    assert r.returncode == 0, r.stderr
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("out.staging-")]
+    assert not (out / ".qsakv-staging-owner").exists()

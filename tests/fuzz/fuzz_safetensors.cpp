@@ -1,5 +1,8 @@
-// libFuzzer target for the overlay parsers: the safetensors reader (strict header,
-// offsets, duplicates) and, for inputs starting with 'M', the manifest parser.
+// libFuzzer target for the file parsers: the safetensors reader (strict header,
+// offsets, duplicates) and, by first byte, 'M' the manifest parser, 'I' the checkpoint
+// index parser, 'C' the calibration statistics reader (its checked count consistency).
+// JSON bombs are bounded by the strict parser's depth and value limits, so the run's
+// -rss_limit_mb catches a parser whose memory grows with its input's nesting.
 // Properties checked beyond "no crash, no sanitizer report": a refusal is always a
 // qsakv::Error (any other exception aborts), and an accepted file whose tensors are all
 // FP32 scalars survives a write/read round trip bit for bit.
@@ -10,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "core/calib/stats_file.hpp"
 #include "core/error.hpp"
+#include "core/overlay/index.hpp"
 #include "core/overlay/manifest.hpp"
 #include "core/overlay/safetensors.hpp"
 
@@ -40,6 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (size > 0 && data[0] == 'M') {
       qsakv::parse_manifest(input.substr(1), "fuzz manifest");
+    } else if (size > 0 && data[0] == 'I') {
+      qsakv::parse_index(input.substr(1), "fuzz index");
+    } else if (size > 0 && data[0] == 'C') {
+      qsakv::calib::parse_stats(input.substr(1), "fuzz statistics");
     } else {
       round_trip(qsakv::parse_safetensors(input, "fuzz input"));
     }

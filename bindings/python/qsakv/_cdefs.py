@@ -25,6 +25,7 @@ QSAKV_OVERLAY_WRITE_OPTIONS_VERSION = 1
 QSAKV_CAPACITY_VERSION = 1
 QSAKV_CACHE_OPTIONS_VERSION = 1
 QSAKV_CACHE_LAYOUT_VERSION = 1
+QSAKV_CACHE_MEMORY_VERSION = 1
 QSAKV_PLAN_OPTIONS_VERSION = 1
 QSAKV_BATCH_VERSION = 1
 QSAKV_PLAN_INFO_VERSION = 1
@@ -245,6 +246,14 @@ class qsakv_layer_buffers(ctypes.Structure):
     pass
 
 
+class qsakv_layer_memory(ctypes.Structure):
+    pass
+
+
+class qsakv_cache_memory(ctypes.Structure):
+    pass
+
+
 class qsakv_plan_options(ctypes.Structure):
     pass
 
@@ -440,6 +449,22 @@ qsakv_layer_buffers._fields_ = [
     ('scales', ctypes.POINTER(ctypes.c_float)),
 ]
 
+qsakv_layer_memory._fields_ = [
+    ('kv', ctypes.c_void_p),
+    ('kv_bytes', ctypes.c_uint64),
+    ('compressed_keys', ctypes.c_void_p),
+    ('compressed_bytes', ctypes.c_uint64),
+    ('ring_keys', ctypes.c_void_p),
+    ('ring_bytes', ctypes.c_uint64),
+]
+
+qsakv_cache_memory._fields_ = [
+    ('struct_size', ctypes.c_size_t),
+    ('version', ctypes.c_uint32),
+    ('num_layers', ctypes.c_int32),
+    ('layers', ctypes.POINTER(qsakv_layer_memory)),
+]
+
 qsakv_plan_options._fields_ = [
     ('struct_size', ctypes.c_size_t),
     ('version', ctypes.c_uint32),
@@ -564,6 +589,8 @@ FUNCTIONS = {
     'qsakv_cache_get_layout': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.POINTER(qsakv_cache_layout)], ('cache', 'out', ), 'qsakv_status'),
     'qsakv_cache_get_layer_buffers': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.POINTER(qsakv_layer_buffers)], ('cache', 'layer', 'out', ), 'qsakv_status'),
     'qsakv_cache_note_external_codes': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, qsakv_stream_t], ('cache', 'layer', 'stream', ), 'qsakv_status'),
+    'qsakv_cache_layout_for': Function(qsakv_status, [ctypes.POINTER(qsakv_model_config), ctypes.POINTER(qsakv_cache_options), ctypes.POINTER(qsakv_cache_layout)], ('config', 'options', 'out', ), 'qsakv_status'),
+    'qsakv_cache_create_with_memory': Function(qsakv_status, [ctypes.POINTER(ctypes.POINTER(qsakv_cache)), ctypes.POINTER(qsakv_context), ctypes.POINTER(qsakv_model_config), ctypes.POINTER(qsakv_overlay), ctypes.POINTER(qsakv_cache_options), ctypes.POINTER(qsakv_cache_memory)], ('out', 'context', 'config', 'overlay', 'options', 'memory', ), 'qsakv_status'),
     'qsakv_store_kv': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'k', 'v', 'slot_mapping', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_index_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'request_slots', 'positions', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_compressed_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'slot_mapping', 'num_keys', 'stream', ), 'qsakv_status'),

@@ -92,6 +92,22 @@ class CudaBackend final : public Backend {
                                                                  : cudaMemcpyDeviceToDevice;
     check(cudaMemcpyAsync(dst, src, bytes, k, stream), "cudaMemcpyAsync");
   }
+  void check_caller_memory(const void* p, uint64_t bytes, const char* what) const override {
+    cudaPointerAttributes a;
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is not memory the CUDA runtime knows (%s)",
+           what, p, cudaGetErrorName(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is %s memory; the CUDA backend needs device "
+           "(or managed) memory", what, p, a.type == cudaMemoryTypeHost ? "pinned host" : "host");
+    if (a.type == cudaMemoryTypeDevice && a.device != info_.device)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is on GPU %d; the context uses GPU %d", what, p,
+           a.device, info_.device);
+    (void)bytes;  // the runtime does not report an allocation's extent
+  }
   void synchronize(qsakv_stream_t stream) override {
     DeviceGuard g(info_.device);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

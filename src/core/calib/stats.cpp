@@ -1,7 +1,10 @@
 #include "core/calib/stats.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/overlay/sha256.hpp"
@@ -37,8 +40,50 @@ std::string config_fingerprint(const qsakv_model_config& c) {
 }
 
 void accumulate(HostStats& a, const HostStats& b) {
-  for (size_t i = 0; i < a.words.size(); ++i) a.words[i] += b.words[i];
+  // Checked: a wrapped count would make the sum look like less data, or none (a count
+  // of 2^63 + 2^63 is 0, "never observed"). Nothing is changed unless all of it fits.
+  std::vector<uint64_t> sum(a.words.size());
+  for (size_t i = 0; i < a.words.size(); ++i) {
+    if (!add_u64(a.words[i], b.words[i], &sum[i])) {
+      const size_t entry = i / kEntryWords, word = i % kEntryWords;
+      const int layer = a.config.qsa_layers[entry / 2];
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d %s: the merged %s would be %llu + %llu, "
+           "more than a 64-bit count holds; refusing to wrap it", layer,
+           entry % 2 ? "V" : "K",
+           word == kWordCount     ? "count"
+           : word == kWordFinite  ? "finite count"
+           : word == kWordNonzero ? "nonzero count"
+                                  : format("histogram bin %zu", word - kWordHist).c_str(),
+           static_cast<unsigned long long>(a.words[i]),
+           static_cast<unsigned long long>(b.words[i]));
+    }
+  }
+  a.words = std::move(sum);
   for (size_t i = 0; i < a.max_abs.size(); ++i) a.max_abs[i] = std::max(a.max_abs[i], b.max_abs[i]);
+}
+
+void check_consistent(const HostStats& s, qsakv_status status, const std::string& what) {
+  const size_t entries = static_cast<size_t>(s.config.num_qsa_layers) * 2;
+  for (size_t i = 0; i < entries; ++i) {
+    const uint64_t* e = s.words.data() + i * kEntryWords;
+    const int layer = s.config.qsa_layers[i / 2];
+    const char* kind = i % 2 ? "V" : "K";
+    // Summed with a check: a total that wraps modulo 2^64 could match any nonzero count.
+    uint64_t total = 0;
+    bool wrapped = false;
+    for (int b = 0; b < kBins; ++b) wrapped |= !add_u64(total, e[kWordHist + b], &total);
+    if (wrapped)
+      fail(status, "%s: layer %d %s histogram total is more than a 64-bit count holds (it "
+           "wraps); the statistics are inconsistent", what.c_str(), layer, kind);
+    const float mx = s.max_abs[i];
+    if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
+        total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
+        (mx > 0.0f) != (e[kWordNonzero] > 0))
+      fail(status, "%s: layer %d %s statistics are inconsistent (count %llu, finite %llu, "
+           "nonzero %llu, histogram total %llu, max_abs %g)", what.c_str(), layer, kind,
+           (unsigned long long)e[kWordCount], (unsigned long long)e[kWordFinite],
+           (unsigned long long)e[kWordNonzero], (unsigned long long)total, (double)mx);
+  }
 }
 
 namespace {
@@ -81,7 +126,9 @@ HostStats merge(const std::vector<const HostStats*>& in, qsakv_calib_merge_mode 
         out.ranks[r] |= s.ranks[r];
       }
     } else {
-      out.num_runs += s.num_runs;
+      if (__builtin_add_overflow(out.num_runs, s.num_runs, &out.num_runs))
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu: the envelope would pool more than %d "
+             "runs", i, INT32_MAX);
     }
     accumulate(out, s);
   }

@@ -44,8 +44,13 @@ std::string config_fingerprint(const qsakv_model_config& config);
 HostStats merge(const std::vector<const HostStats*>& inputs, qsakv_calib_merge_mode mode);
 
 // Adds b's counts and histogram into a and takes the max of maxima (the algebra of every
-// merge and of the all-reduce).
+// merge and of the all-reduce). Refuses a sum that does not fit in 64 bits.
 void accumulate(HostStats& a, const HostStats& b);
+
+// Checks that every entry tells one consistent story: finite <= count, nonzero <= finite,
+// the histogram sums (without wrapping) to nonzero, max |x| finite, >= 0 and > 0 exactly
+// when something nonzero was counted. Refuses with `status`, `what` naming the source.
+void check_consistent(const HostStats& s, qsakv_status status, const std::string& what);
 
 }  // namespace calib
 }  // namespace qsakv

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "core/checked.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -21,7 +22,12 @@ namespace calib {
 
 namespace {
 
-constexpr uint64_t kMaxStatsBytes = 1ull << 30;
+// The largest valid statistics file: 512 QSA layers x 2 x (3 + 4096) uint64 words
+// (33.6 MB), their maxima and a few KiB of header. 64 MiB leaves room and bounds what a
+// hostile file costs before it is refused (a 1 GiB bound let one cost a gigabyte).
+constexpr uint64_t kMaxStatsBytes = 64ull << 20;
+static_assert(uint64_t{QSAKV_MAX_LAYERS} * 2 * kEntryWords * 8 + (1u << 20) < kMaxStatsBytes,
+              "the stats file bound must hold the largest valid file");
 
 json config_json(const qsakv_model_config& c) {
   json j = json::object();
@@ -86,7 +92,7 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
          what.c_str(), QSAKV_MAX_LAYERS);
   for (const json& q : j["qsa_layers"]) {
     if (!q.is_number_integer() || q.get<int64_t>() < 0 || q.get<int64_t>() > INT32_MAX)
-      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(), q.dump().c_str());
+      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(), json_excerpt(q).c_str());
     c.qsa_layers[c.num_qsa_layers++] = static_cast<int32_t>(q.get<int64_t>());
   }
   c.num_q_heads = get_int(j, "num_q_heads", what);
@@ -257,21 +263,7 @@ HostStats parse_stats(const std::string& file, const std::string& what) {
     fail(QSAKV_ERROR_FORMAT, "%s: rank is %lld but ranks marks %d rank(s)", what.c_str(),
          static_cast<long long>(rank), s.ranks_covered());
   // The counts must tell one consistent story, or a summary built on them means nothing.
-  for (uint64_t i = 0; i < nq * 2; ++i) {
-    const uint64_t* e = s.words.data() + i * kEntryWords;
-    const int layer = s.config.qsa_layers[i / 2];
-    const char* kind = i % 2 ? "V" : "K";
-    uint64_t total = 0;
-    for (int b = 0; b < kBins; ++b) total += e[kWordHist + b];
-    const float mx = s.max_abs[i];
-    if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
-        total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
-        (mx > 0.0f) != (e[kWordNonzero] > 0))
-      fail(QSAKV_ERROR_FORMAT, "%s: layer %d %s statistics are inconsistent (count %llu, finite "
-           "%llu, nonzero %llu, histogram total %llu, max_abs %g)", what.c_str(), layer, kind,
-           (unsigned long long)e[kWordCount], (unsigned long long)e[kWordFinite],
-           (unsigned long long)e[kWordNonzero], (unsigned long long)total, (double)mx);
-  }
+  check_consistent(s, QSAKV_ERROR_FORMAT, what);
   return s;
 }
 

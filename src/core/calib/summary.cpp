@@ -26,6 +26,10 @@ float scale_from_max(float max_abs) {
 }
 
 void check_summarizable(const HostStats& s) {
+  // Handles from files were checked when loaded; snapshots of device statistics (or of an
+  // all-reduce, whose sums NCCL computes without a check) are checked here. Sums that
+  // wrapped show as counts below what max |x| says was seen.
+  check_consistent(s, QSAKV_ERROR_INVALID_ARGUMENT, "the statistics");
   if (!s.complete()) {
     std::string missing;
     for (size_t r = 0; r < s.ranks.size(); ++r)

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +35,63 @@ void remove_tree(const std::string& path) {
   // Depth first, not following links: a staging dir holds links into a base checkpoint
   // that must survive.
   ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+// The owner record a staging directory holds while it is being built: which process on
+// which machine (and boot, and PID namespace) made it. Removed just before the rename, so
+// a published directory never has it.
+constexpr char kStagingOwnerFile[] = ".qsakv-staging-owner";
+
+std::string small_file(const char* path) {
+  Fd f{::open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
+  if (f.fd < 0) return std::string();
+  char buf[512];
+  const ssize_t n = ::read(f.fd, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string owner_record(pid_t pid) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot = small_file("/proc/sys/kernel/random/boot_id");
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  char ns[128] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (n < 0) ns[0] = 0;
+  return format("pid %lld\nhost %s\nboot %s\npidns %s\n", static_cast<long long>(pid), host,
+                boot.c_str(), ns);
+}
+
+// Removes staging directories beside `final_dir` (named "<final>.staging-XXXXXX") that a
+// library process made on this machine, in this boot and PID namespace, and that is gone
+// (killed during a write or materialize). Anything else, including directories of a live
+// writer, of another user or without an owner record, is left alone. Best effort.
+void remove_stale_staging(const std::string& final_dir) {
+  const std::string dir = dir_name(final_dir);
+  const size_t slash = final_dir.find_last_of('/');
+  const std::string prefix =
+      (slash == std::string::npos ? final_dir : final_dir.substr(slash + 1)) + ".staging-";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0)
+      continue;
+    const std::string path = join_path(dir, name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    const std::string rec = small_file(join_path(path, kStagingOwnerFile).c_str());
+    long long pid = 0;
+    if (std::sscanf(rec.c_str(), "pid %lld", &pid) != 1 || pid <= 0) continue;
+    // Same machine, boot and namespace, or the PID means nothing here.
+    if (rec != owner_record(static_cast<pid_t>(pid))) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive
+    stale.push_back(path);
+  }
+  ::closedir(d);
+  for (const std::string& p : stale) remove_tree(p);
 }
 
 }  // namespace
@@ -125,6 +184,7 @@ StagingDir::StagingDir(const std::string& final_dir) : final_(final_dir) {
   std::string t = final_dir;
   while (t.size() > 1 && t.back() == '/') t.pop_back();
   final_ = t;
+  remove_stale_staging(t);
   // Beside the target, so that rename(2) stays within one file system.
   std::vector<char> tmpl(t.begin(), t.end());
   const char suffix[] = ".staging-XXXXXX";
@@ -133,6 +193,17 @@ StagingDir::StagingDir(const std::string& final_dir) : final_(final_dir) {
     fail(QSAKV_ERROR_IO, "cannot create a staging directory beside %s: %s", t.c_str(),
          std::strerror(errno));
   path_ = tmpl.data();
+  try {
+    // Written aside and renamed: a cleaner sees a whole record or none, never a torn one.
+    const std::string tmp = join_path(path_, std::string(kStagingOwnerFile) + ".tmp");
+    write_file(tmp, owner_record(::getpid()));
+    if (::rename(tmp.c_str(), join_path(path_, kStagingOwnerFile).c_str()) != 0)
+      fail(QSAKV_ERROR_IO, "cannot create the owner record of %s: %s", path_.c_str(),
+           std::strerror(errno));
+  } catch (...) {
+    remove_tree(path_);
+    throw;
+  }
 }
 
 StagingDir::~StagingDir() {
@@ -140,6 +211,11 @@ StagingDir::~StagingDir() {
 }
 
 void StagingDir::commit() {
+  // The owner record belongs to the staging phase only (a cleaner that finds none leaves
+  // the directory alone).
+  if (::unlink(join_path(path_, kStagingOwnerFile).c_str()) != 0)
+    fail(QSAKV_ERROR_IO, "cannot remove %s/%s: %s", path_.c_str(), kStagingOwnerFile,
+         std::strerror(errno));
   // RENAME_NOREPLACE: a directory created at final_ after our check must not be replaced.
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, final_.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;

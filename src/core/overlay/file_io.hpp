@@ -24,7 +24,10 @@ PathKind path_kind(const std::string& path, const char* what);
 std::string dir_name(const std::string& path);
 std::string join_path(const std::string& dir, const std::string& name);
 
-// A staging directory beside `final_dir`, removed with its contents unless committed.
+// A staging directory beside `final_dir` ("<final_dir>.staging-XXXXXX"), removed with its
+// contents unless committed. While it is built it holds an owner record (process, host,
+// boot); creating one first removes the stale staging directories of the same final_dir
+// whose owner process is gone (a writer killed with SIGKILL), and only those.
 // commit() renames it onto final_dir without replacing anything that appeared meanwhile.
 class StagingDir {
  public:

@@ -54,7 +54,7 @@ int32_t get_bound(const json& c, const char* field, int32_t unset, int32_t lo, i
   if (v.is_null()) return unset;
   if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
     fail(QSAKV_ERROR_FORMAT, "%s: contract.%s is %s; expected null or an integer in %d..%d",
-         what.c_str(), field, v.dump().c_str(), lo, hi);
+         what.c_str(), field, json_excerpt(v).c_str(), lo, hi);
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
@@ -75,7 +75,7 @@ Contract parse_contract(const json& c, const std::string& what) {
     out.activation_dtype = QSAKV_DTYPE_BF16;
   else
     fail(QSAKV_ERROR_FORMAT, "%s: contract.activation_dtype is %s; expected \"fp16\", "
-         "\"bf16\" or null", what.c_str(), d.dump().c_str());
+         "\"bf16\" or null", what.c_str(), json_excerpt(d).c_str());
   return out;
 }
 
@@ -115,7 +115,7 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
   if (!j.contains("schema_version") || !j["schema_version"].is_number_integer() ||
       j["schema_version"].get<int64_t>() != kManifestSchemaVersion)
     fail(QSAKV_ERROR_FORMAT, "%s: schema_version is %s; this library reads version %d",
-         what.c_str(), j.contains("schema_version") ? j["schema_version"].dump().c_str()
+         what.c_str(), j.contains("schema_version") ? json_excerpt(j["schema_version"]).c_str()
                                                     : "absent",
          kManifestSchemaVersion);
   require_fields(j, kFields, what, "the manifest");

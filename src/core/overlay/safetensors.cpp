@@ -45,7 +45,7 @@ uint64_t as_u64(const json& j, const std::string& what, const std::string& name,
                 const char* field) {
   if (!j.is_number_unsigned())
     fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": %s holds %s, not a non-negative integer",
-         what.c_str(), name.c_str(), field, j.dump().c_str());
+         what.c_str(), name.c_str(), field, json_excerpt(j).c_str());
   return j.get<uint64_t>();
 }
 

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "core/overlay/file_io.hpp"
 #include "core/overlay/index.hpp"
@@ -54,17 +55,18 @@ void check_write_options(const qsakv_overlay_write_options& o) {
   if (!o.base_index_path)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is NULL; the manifest binds "
          "the overlay to the base checkpoint's model.safetensors.index.json");
+  if (!*o.base_index_path)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is empty");
   if (o.contract_tp_size < 0)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_tp_size is %d; 0 or more",
          o.contract_tp_size);
   if (o.contract_speculative_tokens < -1 || o.contract_speculative_tokens > 64)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_speculative_tokens is %d; -1..64",
          o.contract_speculative_tokens);
-  if (o.contract_activation_dtype != QSAKV_DTYPE_INVALID &&
-      o.contract_activation_dtype != QSAKV_DTYPE_FP16 &&
-      o.contract_activation_dtype != QSAKV_DTYPE_BF16)
+  const int32_t act = enum_value(o.contract_activation_dtype);
+  if (act != QSAKV_DTYPE_INVALID && act != QSAKV_DTYPE_FP16 && act != QSAKV_DTYPE_BF16)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_activation_dtype is %d; INVALID "
-         "(unconstrained), FP16 or BF16", o.contract_activation_dtype);
+         "(unconstrained), FP16 or BF16", act);
   if (o.contract_min_sm < 0 || o.contract_min_sm > 10000)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_min_sm is %d", o.contract_min_sm);
   if (o.unit_scale_control != 0 && o.unit_scale_control != 1)
@@ -129,8 +131,14 @@ std::string merged_index(const Base& b, const qsakv_overlay& o, uint64_t scale_b
     json& total = doc["metadata"]["total_size"];
     if (!total.is_number_unsigned())
       fail(QSAKV_ERROR_FORMAT, "%s: metadata.total_size is %s, not a byte count",
-           b.index_path.c_str(), total.dump().c_str());
-    total = total.get<uint64_t>() + scale_bytes;
+           b.index_path.c_str(), json_excerpt(total).c_str());
+    uint64_t grown = 0;
+    if (!add_u64(total.get<uint64_t>(), scale_bytes, &grown))
+      fail(QSAKV_ERROR_FORMAT, "%s: metadata.total_size %llu plus the scale file's %llu bytes "
+           "does not fit in 64 bits", b.index_path.c_str(),
+           static_cast<unsigned long long>(total.get<uint64_t>()),
+           static_cast<unsigned long long>(scale_bytes));
+    total = grown;
   }
   return doc.dump(2) + "\n";
 }
@@ -226,6 +234,14 @@ void overlay_materialize(const std::string& out_dir, const std::string& base_dir
          "checkpoint was built", o->scale_file.c_str());
   const std::string index = merged_index(base, *o, scale.size());
   const std::string base_real = real_path(base_dir);
+  // The provenance file records the base's path in JSON, which holds UTF-8 only: a path
+  // that is not UTF-8 is refused up front, naming the byte, rather than written mangled.
+  size_t bad = 0;
+  if (!utf8_valid(base_real, &bad))
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "base_checkpoint_dir resolves to a path that is not "
+         "valid UTF-8 (byte 0x%02x at offset %zu of \"%s\"); qsakv-provenance.json records "
+         "that path as JSON text, so rename the directory (or link it under a UTF-8 name)",
+         static_cast<unsigned char>(base_real[bad]), bad, utf8_escaped(base_real).c_str());
   json prov = json::object();
   prov["schema_version"] = 1;
   prov["kind"] = "qsakv-provenance";

@@ -16,6 +16,7 @@ pub const QSAKV_OVERLAY_WRITE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CAPACITY_VERSION: u32 = 1;
 pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_LAYOUT_VERSION: u32 = 1;
+pub const QSAKV_CACHE_MEMORY_VERSION: u32 = 1;
 pub const QSAKV_PLAN_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_BATCH_VERSION: u32 = 1;
 pub const QSAKV_PLAN_INFO_VERSION: u32 = 1;
@@ -2724,6 +2725,239 @@ extern "C" {
         cache: *mut qsakv_cache,
         layer: i32,
         stream: qsakv_stream_t,
+    ) -> qsakv_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qsakv_layer_memory {
+    pub kv: *mut ::std::os::raw::c_void,
+    pub kv_bytes: u64,
+    pub compressed_keys: *mut ::std::os::raw::c_void,
+    pub compressed_bytes: u64,
+    pub ring_keys: *mut ::std::os::raw::c_void,
+    pub ring_bytes: u64,
+}
+#[test]
+fn bindgen_test_layout_qsakv_layer_memory() {
+    assert_eq!(
+        ::std::mem::size_of::<qsakv_layer_memory>(),
+        48usize,
+        concat!("Size of: ", stringify!(qsakv_layer_memory))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<qsakv_layer_memory>(),
+        8usize,
+        concat!("Alignment of ", stringify!(qsakv_layer_memory))
+    );
+    fn test_field_kv() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kv) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(kv)
+            )
+        );
+    }
+    test_field_kv();
+    fn test_field_kv_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kv_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(kv_bytes)
+            )
+        );
+    }
+    test_field_kv_bytes();
+    fn test_field_compressed_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_keys) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(compressed_keys)
+            )
+        );
+    }
+    test_field_compressed_keys();
+    fn test_field_compressed_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_bytes) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(compressed_bytes)
+            )
+        );
+    }
+    test_field_compressed_bytes();
+    fn test_field_ring_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ring_keys) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(ring_keys)
+            )
+        );
+    }
+    test_field_ring_keys();
+    fn test_field_ring_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ring_bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_memory),
+                "::",
+                stringify!(ring_bytes)
+            )
+        );
+    }
+    test_field_ring_bytes();
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qsakv_cache_memory {
+    pub struct_size: usize,
+    pub version: u32,
+    pub num_layers: i32,
+    pub layers: *const qsakv_layer_memory,
+}
+#[test]
+fn bindgen_test_layout_qsakv_cache_memory() {
+    assert_eq!(
+        ::std::mem::size_of::<qsakv_cache_memory>(),
+        24usize,
+        concat!("Size of: ", stringify!(qsakv_cache_memory))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<qsakv_cache_memory>(),
+        8usize,
+        concat!("Alignment of ", stringify!(qsakv_cache_memory))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_memory),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_memory),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_num_layers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_layers) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_memory),
+                "::",
+                stringify!(num_layers)
+            )
+        );
+    }
+    test_field_num_layers();
+    fn test_field_layers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_memory>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).layers) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_memory),
+                "::",
+                stringify!(layers)
+            )
+        );
+    }
+    test_field_layers();
+}
+extern "C" {
+    #[must_use]
+    pub fn qsakv_cache_layout_for(
+        config: *const qsakv_model_config,
+        options: *const qsakv_cache_options,
+        out: *mut qsakv_cache_layout,
+    ) -> qsakv_status;
+}
+extern "C" {
+    #[must_use]
+    pub fn qsakv_cache_create_with_memory(
+        out: *mut *mut qsakv_cache,
+        context: *mut qsakv_context,
+        config: *const qsakv_model_config,
+        overlay: *const qsakv_overlay,
+        options: *const qsakv_cache_options,
+        memory: *const qsakv_cache_memory,
     ) -> qsakv_status;
 }
 extern "C" {
