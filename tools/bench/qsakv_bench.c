@@ -61,14 +61,20 @@ static int cmp_float(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
-/* Median milliseconds of `reps` replays of a graph. */
-static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+/* Median milliseconds of `reps` replays of a graph. flush_l2: a 256 MiB memset before
+ * each replay, outside the timed events, so nothing is served from L2 (how peers are
+ * measured); otherwise replays follow each other after three warm-ups. */
+static float time_graph_ex(cudaGraphExec_t exec, cudaStream_t s, int reps, int flush_l2) {
+  static void* flush = NULL;
+  const size_t flush_bytes = 256ull << 20;
+  if (flush_l2 && !flush) CUDA(cudaMalloc(&flush, flush_bytes));
   cudaEvent_t a, b;
   CUDA(cudaEventCreate(&a));
   CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CUDA(cudaGraphLaunch(exec, s));
+  for (int i = 0; i < (flush_l2 ? 1 : 3); ++i) CUDA(cudaGraphLaunch(exec, s));
   float* t = malloc(sizeof(float) * reps);
   for (int i = 0; i < reps; ++i) {
+    if (flush_l2) CUDA(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
     CUDA(cudaEventRecord(a, s));
     CUDA(cudaGraphLaunch(exec, s));
     CUDA(cudaEventRecord(b, s));
@@ -89,7 +95,7 @@ static float end_capture_and_time(cudaStream_t s, int reps) {
   cudaGraphExec_t e;
   CUDA(cudaStreamEndCapture(s, &g));
   CUDA(cudaGraphInstantiate(&e, g, 0));
-  const float ms = time_graph(e, s, reps);
+  const float ms = time_graph_ex(e, s, reps, 0);
   CUDA(cudaGraphExecDestroy(e));
   CUDA(cudaGraphDestroy(g));
   return ms;
@@ -358,33 +364,6 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
   return ms * 1e3 / kLayers;
 }
 
-/* Median milliseconds of `reps` replays of a one-call graph, L2 flushed before each
- * (a 256 MiB memset outside the timed events): how peers are measured. */
-static float time_graph_flushed(cudaGraphExec_t exec, cudaStream_t s, int reps) {
-  static void* flush = NULL;
-  const size_t flush_bytes = 256ull << 20;
-  if (!flush) CUDA(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t a, b;
-  CUDA(cudaEventCreate(&a));
-  CUDA(cudaEventCreate(&b));
-  CUDA(cudaGraphLaunch(exec, s));
-  float* t = malloc(sizeof(float) * reps);
-  for (int i = 0; i < reps; ++i) {
-    CUDA(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, s));
-    CUDA(cudaEventRecord(a, s));
-    CUDA(cudaGraphLaunch(exec, s));
-    CUDA(cudaEventRecord(b, s));
-    CUDA(cudaEventSynchronize(b));
-    CUDA(cudaEventElapsedTime(&t[i], a, b));
-  }
-  qsort(t, reps, sizeof(float), cmp_float);
-  const float m = t[reps / 2];
-  free(t);
-  CUDA(cudaEventDestroy(a));
-  CUDA(cudaEventDestroy(b));
-  return m;
-}
-
 typedef struct {
   double us;         /* per call, 8 calls per graph (L2 warm for small cases) */
   double us_flushed; /* one-call graph, L2 flushed before each replay */
@@ -484,7 +463,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
   CUDA(cudaStreamEndCapture(s, &g));
   CUDA(cudaGraphInstantiate(&e, g, 0));
-  t.us_flushed = time_graph_flushed(e, s, 2 * reps) * 1e3;
+  t.us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
   CUDA(cudaGraphExecDestroy(e));
   CUDA(cudaGraphDestroy(g));
   qsakv_plan_destroy(plan);
