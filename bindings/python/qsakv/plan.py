@@ -90,6 +90,7 @@ class Plan(Handle):
         previous update's copy still reads the staging buffer."""
         import numpy as np
 
+        p = self._p
         def host(name, values, n):
             a = np.ascontiguousarray(np.asarray(values), dtype=np.int32)
             if a.shape != (n,):
@@ -111,7 +112,7 @@ class Plan(Handle):
         b.request_slots = None if slots is None else typed(slots.ctypes.data, ctypes.c_int32)
         b.block_table = typed(bt.ptr, ctypes.c_int32)
         b.block_table_stride = bt.shape[1]
-        lib.qsakv_plan_update(self._p, ctypes.byref(b),
+        lib.qsakv_plan_update(p, ctypes.byref(b),
                               stream_arg(resolve_stream(stream, self._cuda, self._device)))
         self._batch = batch  # the block table is read at run time
         self._rows = int(qs[-1])

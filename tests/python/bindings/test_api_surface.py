@@ -31,9 +31,9 @@ def _touch(obj, name):
     attr = getattr(obj, name)
     if callable(attr):
         params = [p for p in inspect.signature(attr).parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
-                                                         p.POSITIONAL_OR_KEYWORD)]
-        attr(*[3] * len(params))
+                  if p.default is p.empty]
+        attr(*[3] * sum(p.kind != p.KEYWORD_ONLY for p in params),
+             **{p.name: 3 for p in params if p.kind == p.KEYWORD_ONLY})
 
 
 def test_every_method_and_property_refuses_a_closed_object(small_cfg, tmp_path, checkpoint):
