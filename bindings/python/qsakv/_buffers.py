@@ -191,7 +191,7 @@ def _fast_types():
         _NDARRAY = np.ndarray
     torch = sys.modules.get("torch")
     if torch is not None:
-        _TORCH_TENSOR = torch.Tensor
+        _TORCH_TENSOR = getattr(torch, "Tensor", None)
 
 
 class ArgSpec:
