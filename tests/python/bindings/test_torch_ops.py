@@ -118,6 +118,7 @@ def test_cuda_graph_capture_and_replay(small_cfg):
         slots.fill_(-1)  # captured with padding slots: nothing stored at capture time
         plan.update(qsakv.Batch(w.query_start, w.lens, dev(w.bt)))
         side = torch.cuda.Stream()
+        qops.token(cache), qops.kv_cache(cache, layer)  # made before capture (allocate)
         g = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(g):  # on a side stream torch made current: the default
