@@ -165,3 +165,49 @@ def test_overhead_benchmark_runs(tmp_path):
     assert set(res["per_call_us"]) == {"store_kv", "select_topk", "attention"}
     for v in res["per_call_us"].values():
         assert v["package"] > 0 and v["raw"] > 0
+
+
+def test_torch_tensors_take_the_fast_path(monkeypatch):
+    """ArgSpec's torch branch, with a stand-in torch.Tensor (the real one runs in
+    test_gpu_torch.py): a matching tensor gives its data_ptr without the general check;
+    any mismatch (dtype, device, device id, contiguity, shape, rows) falls back to it."""
+    import types
+
+    class Tensor:
+        def __init__(self, shape, dtype, cuda=True, device=0, contiguous=True, ptr=0x9000):
+            self.shape, self.dtype, self.is_cuda = tuple(shape), dtype, cuda
+            self._device, self._contiguous, self._ptr = device, contiguous, ptr
+            self.device = types.SimpleNamespace(type="cuda" if cuda else "cpu", index=device)
+
+        def is_contiguous(self):
+            return self._contiguous
+
+        def get_device(self):
+            return self._device
+
+        def data_ptr(self):
+            return self._ptr
+
+    Tensor.__module__ = "torch"
+    fake = types.ModuleType("torch")
+    fake.Tensor, fake.float16, fake.int64 = Tensor, object(), object()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(_buffers, "_TORCH_TENSOR", None)
+    spec = _buffers.ArgSpec("k", "float16", (1, 256), cuda=True, device_id=0)
+    slow = []
+    real_check = _buffers.check
+    monkeypatch.setattr(_buffers, "check", lambda *a, **kw: slow.append(a[1]) or
+                        real_check(*a, **kw))
+    assert spec.ptr(Tensor((5, 1, 256), fake.float16)) == (0x9000, 5)
+    assert spec.ptr(Tensor((5, 1, 256), fake.float16), rows=5, min_rows=3) == (0x9000, 5)
+    assert slow == []
+    bad = [Tensor((5, 1, 256), fake.int64), Tensor((5, 1, 256), fake.float16, cuda=False),
+           Tensor((5, 1, 256), fake.float16, device=1),
+           Tensor((5, 1, 256), fake.float16, contiguous=False),
+           Tensor((5, 2, 256), fake.float16)]
+    for t in bad:
+        with pytest.raises(qsakv.InvalidArgumentError):
+            spec.ptr(t)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"k: expected float16 \[4, 1, 256\]"):
+        spec.ptr(Tensor((5, 1, 256), fake.float16), rows=4)
+    assert len(slow) == len(bad) + 1  # every refusal worded by the general check
