@@ -85,9 +85,13 @@ def _get(hid: int, cls):
 
 
 def as_tensor(view) -> torch.Tensor:
-    """A torch tensor sharing the memory of a layer_buffers view (no copy)."""
+    """A torch tensor sharing the memory of a layer_buffers view (no copy). E4M3 codes
+    stay uint8 (.view(torch.float8_e4m3fn)); a bfloat16 cache is uint16 on the device
+    (.view(torch.bfloat16)), bfloat16 on the host."""
     if isinstance(view, DeviceArray):
         return torch.as_tensor(view, device=f"cuda:{view.device}")
+    if view.dtype.name == "bfloat16":  # ml_dtypes: torch.from_numpy does not know it
+        return torch.from_numpy(view.view("uint16")).view(torch.bfloat16)
     return torch.from_numpy(view)
 
 
