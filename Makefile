@@ -45,8 +45,9 @@ install: build
 # Every suite must run: ctest fails on a failure, and check-suites fails when a suite
 # that tests/SUITES names was not registered or did not run.
 # The Python-driven suites (pytest_*, test_overlay_cli, python_wheel) take CMake's
-# Python3_EXECUTABLE: the venv's interpreter here.
-test: build venv
+# Python3_EXECUTABLE: the venv's interpreter here. System packages first (python3-venv),
+# then the venv, then the long build.
+test: deps venv build
 	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(VENV_PY) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
