@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import qsakv
-from qsakv import _cdefs
+from qsakv._buffers import stream_arg
 from qsakv._lib import lib
 
 
@@ -75,7 +75,7 @@ def main() -> dict:
 
     P = ctypes.POINTER
     sk = (cache._ptr, layer, ptr(k), ptr(v), ctypes.cast(ptr(slots), P(ctypes.c_int64)), 1,
-          None if stream is None else ctypes.c_void_p(stream.cuda_stream))
+          None if stream is None else stream_arg(stream.cuda_stream))
     tk = ctypes.cast(ptr(topk), P(ctypes.c_int32))
     st = sk[-1]
     raw = {
