@@ -87,6 +87,6 @@ case "${1:-all}" in
   --system) system_deps ;;
   --python) python_deps ;;
   all) system_deps; python_deps ;;
-  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "install-deps: unknown option $1 (--system, --python, or none for both)" >&2; exit 2 ;;
 esac
