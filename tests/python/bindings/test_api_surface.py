@@ -211,3 +211,26 @@ def test_torch_tensors_take_the_fast_path(monkeypatch):
     with pytest.raises(qsakv.InvalidArgumentError, match=r"k: expected float16 \[4, 1, 256\]"):
         spec.ptr(Tensor((5, 1, 256), fake.float16), rows=4)
     assert len(slow) == len(bad) + 1  # every refusal worded by the general check
+
+
+def test_hot_call_prototypes_agree_with_the_generated_declarations():
+    """The hot calls use hand-written prototypes (int addresses as c_void_p): they must
+    stay in step with the header's declarations (_cdefs.py, generated, drift-tested)."""
+    import ctypes
+
+    from qsakv import _cdefs, cache, calibration, plan
+
+    def kind(t):
+        if t is ctypes.c_void_p or t is ctypes.c_char_p or (
+                isinstance(t, type) and issubclass(t, ctypes._Pointer)):
+            return "pointer"
+        return ("int", ctypes.sizeof(t))
+
+    raw = {"qsakv_store_kv": cache._store_kv, "qsakv_store_index_keys": cache._store_index_keys,
+           "qsakv_store_compressed_keys": cache._store_compressed_keys,
+           "qsakv_select_topk": plan._select_topk, "qsakv_attention_run": plan._attention_run,
+           "qsakv_calib_observe": calibration._observe}
+    for name, fn in raw.items():
+        declared = _cdefs.FUNCTIONS[name]
+        assert [kind(t) for t in fn.argtypes] == [kind(t) for t in declared.argtypes], name
+        assert fn.restype is ctypes.c_int and declared.c_restype == "qsakv_status", name
