@@ -20,7 +20,8 @@
  *   the work ran. Struct members of pointer type read back as int addresses;
  * - typed buffers: where a call reads or writes a counted buffer (store, observe,
  *   select, attention, overlay_write, memcpy, get_stats' histogram, plan_update's batch
- *   arrays), an array argument's element type must be the one the call reads (float16
+ *   arrays, cache_create's external top-k; calib_merge's count against its list), an
+ *   array argument's element type must be the one the call reads (float16
  *   for FP16 activations, int64 slot mappings, int32 top-k ...) and it must hold every
  *   element the count implies: otherwise InvalidArgumentError naming the argument,
  *   before the library is called. An int address is taken as it is, unchecked (as in
@@ -430,8 +431,19 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 %pythonprepend qsakv_plan_update %{
     _check_batch(batch)
 %}
-/* Batch members remember the arrays they were set from, so plan_update can check them. */
+%pythonprepend qsakv_cache_create %{
+    _check_external_topk(options)
+%}
+%pythonprepend qsakv_calib_merge %{
+    if not 0 <= num_inputs <= len(inputs):
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT,
+            f"num_inputs: {num_inputs}, but inputs holds {len(inputs)} handles")
+%}
+/* Batch and cache-option members remember the arrays they were set from, so that
+ * plan_update / cache_create can check them. */
 %pythondynamic qsakv_batch;
+%pythondynamic qsakv_cache_options;
 
 /* The version macros live in the generated qsakv_version.h (CMake's project version),
    which SWIG does not follow from qsakv.h by itself. */
@@ -583,6 +595,23 @@ def _batch_setattr(self, name, value):
 
 _swig_setattr_base = qsakv_batch.__setattr__
 qsakv_batch.__setattr__ = _batch_setattr
+
+
+def _options_setattr(self, name, value):
+    if name == "external_topk":
+        self.__dict__["_external_topk"] = value
+    _swig_setattr_options(self, name, value)
+
+
+_swig_setattr_options = qsakv_cache_options.__setattr__
+qsakv_cache_options.__setattr__ = _options_setattr
+
+
+def _check_external_topk(options):
+    topk = getattr(options, "__dict__", {}).get("_external_topk")
+    if topk is not None:
+        rows, cols = options.external_topk_rows, options.external_topk_cols
+        _buffer(topk, "options.external_topk", _I32, max(rows, 0) * max(cols, 0))
 
 
 def _check_batch(batch):

@@ -315,3 +315,24 @@ def test_destroyed_handles_raise_closed_error():
     q.qsakv_calib_destroy(live)
     with pytest.raises(q.ClosedError, match="this calib was destroyed"):
         q.qsakv_calib_start(live)
+
+
+def test_external_topk_and_merge_counts_are_checked():
+    ctx = cpu_context()
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 2
+    small = np.zeros((8, 2051), np.int32)
+    co.external_topk, co.external_topk_dtype = small, q.QSAKV_DTYPE_INT32
+    co.external_topk_rows, co.external_topk_cols = 64, 2051  # more rows than it has
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16)
+    with pytest.raises(q.InvalidArgumentError, match=r"options.external_topk: the call "
+                                                     r"uses 131264 elements, the array holds 16408"):
+        q.qsakv_cache_create(ctx, cfg, None, co)
+    co.external_topk = np.zeros((64, 2051), np.int32)
+    cache = q.qsakv_cache_create(ctx, cfg, None, co)
+    assert q.qsakv_cache_get_layout(cache).topk_external == 1
+    live = q.qsakv_calib_create(ctx, config())
+    host = q.qsakv_calib_snapshot(live, None)
+    with pytest.raises(q.InvalidArgumentError, match="num_inputs: 3, but inputs holds 1"):
+        q.qsakv_calib_merge([host], 3, q.QSAKV_CALIB_MERGE_RANKS)
