@@ -148,17 +148,21 @@ def _attention(out, q, topk, token, plan: int, layer: int, mode: int) -> None:
     _get(plan, Plan).attention(layer, q, out, mode=mode, topk=topk)
 
 
-def _nothing(*args) -> None:  # Meta / fake: the operators return nothing
+def _nothing(*args) -> None:  # fake / Meta kernel: the operators return nothing
     return None
 
 
 _lib = torch.library.Library("qsakv", "DEF")
+_register_fake = getattr(torch.library, "register_fake", None)  # torch >= 2.4
 for _name, _fn in (("store_kv", _store_kv), ("store_compressed_keys", _store_compressed_keys),
                    ("select_topk", _select_topk), ("attention", _attention)):
     _lib.define(SCHEMAS[_name])
     _lib.impl(_name, _fn, "CPU")
     _lib.impl(_name, _fn, "CUDA")
-    _lib.impl(_name, _nothing, "Meta")
+    if _register_fake is not None:  # what torch.compile's fake tensors run
+        _register_fake(f"qsakv::{_name}", _nothing, lib=_lib)
+    else:
+        _lib.impl(_name, _nothing, "Meta")
 
 
 # -- conveniences for eager code ------------------------------------------------------
