@@ -13,7 +13,7 @@ from ._lib import lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name
-from .errors import InternalError  # noqa: F401 (a class made from the header)
+from .errors import InternalError, InvalidArgumentError, argument_error  # noqa: F401
 from .overlay import Overlay
 
 DType = by_c_name["qsakv_dtype"]
@@ -48,17 +48,118 @@ def act_dtype(config: ModelConfig) -> str:
     return ARRAY_DTYPE_NAMES[DType(config.activation_dtype).name]
 
 
+def _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk, geometry,
+                   cuda, device):
+    opts = _structs.new(_cdefs.qsakv_cache_options)
+    lib.qsakv_cache_options_init(ctypes.byref(opts))
+    opts.num_blocks = num_blocks
+    opts.memory_budget_bytes = memory_budget_bytes
+    opts.share_topk = int(bool(share_topk))
+    if external_topk is not None:
+        b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
+                  backend_cuda=cuda, device_id=device)
+        opts.external_topk = b.ptr
+        opts.external_topk_dtype = DType.INT32
+        opts.external_topk_rows, opts.external_topk_cols = b.shape
+    return opts
+
+
+def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
+               external_topk=None):
+    """The CacheLayout (shapes, strides, bytes per layer) of a cache of `num_blocks` blocks
+    per layer, without creating one: what to allocate for Cache(..., memory=...). Host
+    only. external_topk is only read for its shape."""
+    geometry = config.rank_geometry()
+    opts = _structs.new(_cdefs.qsakv_cache_options)
+    lib.qsakv_cache_options_init(ctypes.byref(opts))
+    opts.num_blocks = num_blocks
+    opts.share_topk = int(bool(share_topk))
+    if external_topk is not None:
+        rows, cols = tuple(getattr(external_topk, "shape", (0, 0)))[:2]
+        opts.external_topk = 16  # any non-NULL address: only the shape is read here
+        opts.external_topk_dtype = DType.INT32
+        opts.external_topk_rows, opts.external_topk_cols = rows, cols
+    del geometry
+    out = _structs.new(_cdefs.qsakv_cache_layout)
+    lib.qsakv_cache_layout_for(config._ref, ctypes.byref(opts), ctypes.byref(out))
+    return _structs.record(out, "CacheLayout")
+
+
+def memory_shapes(config: ModelConfig, layout) -> dict:
+    """Shape and dtype of each per-layer buffer of a caller-owned cache of this layout
+    (the same views Cache.layer_buffers returns): {"kv": (shape, dtypes), ...}; the
+    first dtype is the canonical one (E4M3 codes also as torch float8_e4m3fn, BF16 also
+    as uint16)."""
+    kv_dtypes = {"E4M3": ("uint8", "float8_e4m3fn"), "FP16": ("float16",),
+                 "BF16": ("bfloat16", "uint16")}[DType(layout.kv_dtype).name]
+    groups = layout.block_size // config.compress_ratio
+    return {
+        "kv": ((layout.num_blocks, 2, layout.block_size, layout.kv_heads, layout.head_dim),
+               kv_dtypes),
+        "compressed_keys": ((layout.num_blocks, groups, config.index_head_dim), ("float16",)),
+        "ring_keys": ((config.max_requests, layout.ring_length, config.index_head_dim),
+                      ("float16",)),
+    }
+
+
+def _layer_memory(memory, config, layout, cuda, device):
+    """ctypes qsakv_layer_memory[num_qsa_layers] from the caller's arrays, each checked for
+    dtype, shape, contiguity and device (messages name memory[i].field)."""
+    shapes = memory_shapes(config, layout)
+    n = config.num_qsa_layers
+    if len(memory) != n:
+        raise argument_error(f"memory: expected one entry per QSA layer ({n}), got "
+                             f"{len(memory)}")
+    arr = (_cdefs.qsakv_layer_memory * n)()
+    for i, entry in enumerate(memory):
+        get = entry.get if isinstance(entry, dict) else \
+            (lambda f, e=entry: e[("kv", "compressed_keys", "ring_keys").index(f)])
+        for field, size_field in (("kv", "kv_bytes"), ("compressed_keys", "compressed_bytes"),
+                                  ("ring_keys", "ring_bytes")):
+            shape, dtypes = shapes[field]
+            name = f"memory[{i}].{field} (layer {config.qsa_layers[i]})"
+            b, error, matched = None, None, None
+            for dt in dtypes:
+                try:
+                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device)
+                    matched = dt
+                    break
+                except InvalidArgumentError as e:
+                    error = error or e
+            if b is None:
+                raise error
+            setattr(arr[i], field, b.ptr)
+            setattr(arr[i], size_field, _nbytes(shape, matched))
+    return arr
+
+
+def _nbytes(shape, dtype):
+    size = {"uint8": 1, "float8_e4m3fn": 1, "float16": 2, "bfloat16": 2, "uint16": 2}[dtype]
+    n = 1
+    for d in shape:
+        n *= d
+    return n * size
+
+
 class Cache(Handle):
     """All caches of this rank, allocated once (blocking; contents start zeroed).
 
     Cache(context, config, overlay=None, *, num_blocks=0, memory_budget_bytes=0,
-          share_topk=True, external_topk=None)
+          share_topk=True, external_topk=None, memory=None)
 
     An E4M3 cache needs an Overlay that validate() accepted for an equal config (else
     OverlayMissingError / OverlayNotValidatedError); 16-bit caches take overlay=None.
     The scales are copied: the overlay may be closed afterwards. num_blocks=0 sizes the
     cache from memory_budget_bytes. external_topk: a device int32 [rows, topk_width]
     array to use as the top-k workspace (kept alive by the cache).
+
+    memory: caller-owned cache memory (engines that allocate and profile their own KV
+    pool): one entry per QSA layer (config.qsa_layers order), each a dict or tuple of
+    arrays (kv, compressed_keys, ring_keys) with the shapes and dtypes that
+    memory_shapes(config, layout_for(config, num_blocks=...)) gives (torch/CuPy device
+    arrays on the CUDA backend, NumPy arrays on the CPU backend); needs num_blocks > 0.
+    The library checks each (messages name memory[i].field), never frees them and uses
+    their contents as they are; the Cache keeps them alive while open.
 
     The Cache keeps its Context alive; closing the Context closes the Cache first.
     """
@@ -67,29 +168,33 @@ class Cache(Handle):
 
     def __init__(self, context: Context, config: ModelConfig, overlay: Overlay | None = None,
                  *, num_blocks: int = 0, memory_budget_bytes: int = 0,
-                 share_topk: bool = True, external_topk=None):
-        opts = _structs.new(_cdefs.qsakv_cache_options)
-        lib.qsakv_cache_options_init(ctypes.byref(opts))
-        opts.num_blocks = num_blocks
-        opts.memory_budget_bytes = memory_budget_bytes
-        opts.share_topk = int(bool(share_topk))
+                 share_topk: bool = True, external_topk=None, memory=None):
         geometry = config.rank_geometry()
         cuda, device = context.is_cuda, context.info.device
-        if external_topk is not None:
-            b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
-                      backend_cuda=cuda, device_id=device)
-            opts.external_topk = b.ptr
-            opts.external_topk_dtype = DType.INT32
-            opts.external_topk_rows, opts.external_topk_cols = b.shape
+        opts = _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk,
+                              geometry, cuda, device)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
-        lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref,
-                               overlay._p if overlay is not None else None,
-                               ctypes.byref(opts))
+        ov = overlay._p if overlay is not None else None
+        if memory is None:
+            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
+                                   ctypes.byref(opts))
+        else:
+            layers = _layer_memory(memory, config, layout_for(config, num_blocks=num_blocks,
+                                                              share_topk=share_topk,
+                                                              external_topk=external_topk),
+                                   cuda, device)
+            m = _structs.new(_cdefs.qsakv_cache_memory)
+            m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
+            m.num_layers = len(layers)
+            m.layers = layers
+            lib.qsakv_cache_create_with_memory(ctypes.byref(out), context._p, config._ref, ov,
+                                               ctypes.byref(opts), ctypes.byref(m))
         super().__init__(out, lib.qsakv_cache_destroy, parent=context)
         self.context = context
         self._config = config.copy()
         self._geometry = geometry
         self._external_topk = external_topk
+        self._memory = memory  # the caller's buffers stay alive while the cache is open
         self._cuda, self._device = cuda, device
         self._layout = self._get_layout()
         # Argument checks of the hot calls, made once (see _buffers.ArgSpec).
