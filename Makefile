@@ -8,13 +8,25 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PYTHON ?= python3
 PREFIX ?= /usr/local
+# The Python test dependencies live in a project-local virtual environment that
+# `make test` creates from $(PYTHON) (no system pip: works on Debian's externally managed
+# Python); the Python-driven suites run with its interpreter. Building and `make demo`
+# never need it.
+VENV ?= .venv
+VENV_PY = $(abspath $(VENV))/bin/python
 
-.PHONY: all build demo test deps install gpu-test bench sanitize fuzz clean
+.PHONY: all build demo test deps venv install gpu-test bench sanitize fuzz clean
 
 all: build
 
+# System packages for the build (and the packaging suites); see tools/install-deps.sh.
 deps:
-	@bash tools/install-deps.sh
+	@PYTHON=$(PYTHON) bash tools/install-deps.sh --system
+
+venv: $(VENV)/.qsakv-deps-ok
+
+$(VENV)/.qsakv-deps-ok: tools/install-deps.sh
+	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --python
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
@@ -33,9 +45,14 @@ install: build
 
 # Every suite must run: ctest fails on a failure, and check-suites fails when a suite
 # that tests/SUITES names was not registered or did not run.
-test: build
+# The Python-driven suites (pytest_*, test_overlay_cli, python_wheel) take CMake's
+# Python3_EXECUTABLE: the venv's interpreter here. System packages first (python3-venv),
+# then the venv, then the long build.
+test: deps venv build
+	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(VENV_PY) >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
-	$(PYTHON) tools/check_suites.py $(BUILD)/ctest.log tests/SUITES
+	$(VENV_PY) tools/check_suites.py $(BUILD)/ctest.log tests/SUITES
 
 # On a machine with a GPU: build for the GPU present and run the suites (CUDA parts
 # included), then under compute-sanitizer.

@@ -2039,7 +2039,7 @@ static void c_materialize_non_utf8(void) {
   struct stat st;
   correct(s, stat(prov, &st) == 0, "a UTF-8 non-ASCII base name materialises");
 }
-/* The owner record a staging directory holds (see src/core/overlay/file_io.cpp). */
+/* The owner record a staging directory holds (see src/core/format/file_io.cpp). */
 static void owner_record(char* buf, size_t cap, pid_t pid) {
   char host[256] = {0}, boot[128] = {0}, ns[128] = {0};
   gethostname(host, sizeof host - 1);

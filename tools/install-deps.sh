@@ -1,45 +1,92 @@
 #!/usr/bin/env bash
-# Installs the system and Python packages the build and tests need, when missing.
-# Debian: cmocka, nlohmann-json, OpenSSL headers, SWIG; for the packaging and binding
-# suites pkg-config, bindgen (Rust FFI generation, with libclang), golang-go (the cgo
-# package), abigail-tools (the ABI guard), and cargo only when no Rust toolchain is
-# found (rustup's ~/.cargo/bin counts); PyPI: numpy, ml_dtypes, safetensors, pytest,
-# pycparser, wheel, scikit-build-core (the wheel build). As root it installs;
-# otherwise it prints the exact commands and stops.
+# Installs what the build and the tests need, when missing, and says what it installs.
+#
+#   tools/install-deps.sh [--system | --python]     (no option: both)
+#
+# --system: Debian packages for the build (cmocka, nlohmann-json, OpenSSL headers, SWIG)
+#   and for the packaging and binding suites (pkg-config, bindgen with libclang,
+#   golang-go, abigail-tools, python3-venv, and cargo only when no Rust toolchain is
+#   found; rustup's ~/.cargo/bin counts). As root it installs them with apt-get;
+#   otherwise it prints the exact command and stops. `make build` / `make demo` need
+#   only this part: the C demo needs no Python package.
+# --python: the Python test dependencies (numpy, ml_dtypes, safetensors, pytest,
+#   pycparser, wheel, scikit-build-core) into a project-local virtual environment,
+#   $QSAKV_VENV (default: .venv at the repository root, git-ignored), made with
+#   `$PYTHON -m venv` (PYTHON defaults to python3). No system pip is used, so this works
+#   on a Debian system Python (PEP 668, "externally-managed-environment"). `make test`
+#   runs this part and the Python-driven suites with the venv's interpreter. pip needs
+#   PyPI (or a configured index/mirror) the first time; later runs install nothing.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-need_apt=()
-[ -f /usr/include/cmocka.h ] || need_apt+=(libcmocka-dev)
-[ -f /usr/include/nlohmann/json.hpp ] || need_apt+=(nlohmann-json3-dev)
-[ -f /usr/include/openssl/evp.h ] || need_apt+=(libssl-dev)
-command -v cmake >/dev/null || need_apt+=(cmake)
-command -v nm >/dev/null || need_apt+=(binutils)
-command -v swig >/dev/null || need_apt+=(swig)  # the SWIG Python module and its tests
-command -v pkg-config >/dev/null || need_apt+=(pkg-config)  # test_install, go_qsakv
-command -v bindgen >/dev/null || need_apt+=(bindgen)  # rust_sys_bindings
-command -v go >/dev/null || need_apt+=(golang-go)  # go_qsakv
-command -v abidiff >/dev/null || need_apt+=(abigail-tools)  # test_abi
-command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] ||
-  need_apt+=(cargo)  # rust_qsakv
-# python_wheel installs the wheel into a fresh venv (Debian splits ensurepip out).
-$PY -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
-  else
-    echo "missing packages; run: sudo apt-get install -y ${need_apt[*]}" >&2
+VENV=${QSAKV_VENV:-$repo/.venv}
+# import name=PyPI name
+PY_PACKAGES=(numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_core=scikit-build-core)
+
+say() { echo "install-deps: $*"; }
+
+system_deps() {
+  local need_apt=()
+  [ -f /usr/include/cmocka.h ] || need_apt+=(libcmocka-dev)
+  [ -f /usr/include/nlohmann/json.hpp ] || need_apt+=(nlohmann-json3-dev)
+  [ -f /usr/include/openssl/evp.h ] || need_apt+=(libssl-dev)
+  command -v cmake >/dev/null || need_apt+=(cmake)
+  command -v nm >/dev/null || need_apt+=(binutils)
+  command -v swig >/dev/null || need_apt+=(swig)  # the SWIG Python module and its tests
+  command -v pkg-config >/dev/null || need_apt+=(pkg-config)  # test_install, go_qsakv
+  command -v bindgen >/dev/null || need_apt+=(bindgen)  # rust_sys_bindings
+  command -v go >/dev/null || need_apt+=(golang-go)  # go_qsakv
+  command -v abidiff >/dev/null || need_apt+=(abigail-tools)  # test_abi
+  command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] ||
+    need_apt+=(cargo)  # rust_qsakv
+  # The test venv and python_wheel's venv need venv + ensurepip (Debian splits them out).
+  "$PY" -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
+  if [ ${#need_apt[@]} -eq 0 ]; then
+    say "system packages: all present"
+    return 0
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing packages; run: sudo apt-get install -y ${need_apt[*]}" >&2
     exit 1
   fi
-fi
-need_pip=()
-# import name=PyPI name
-for mod in numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_core=scikit-build-core; do
-  $PY -c "import ${mod%%=*}" 2>/dev/null || need_pip+=("${mod#*=}")
-done
-if [ ${#need_pip[@]} -gt 0 ]; then
-  $PY -m pip install -q "${need_pip[@]}" || {
-    echo "missing Python packages; run: $PY -m pip install ${need_pip[*]}" >&2
-    exit 1
-  }
-fi
+  export DEBIAN_FRONTEND=noninteractive
+  say "apt-get update"
+  apt-get update -q
+  say "apt-get install ${need_apt[*]}"
+  apt-get install -y "${need_apt[@]}"
+}
+
+python_deps() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating the Python test environment $VENV ($("$PY" --version 2>&1), $PY -m venv)"
+    "$PY" -m venv "$VENV" || {
+      rm -rf "$VENV"
+      echo "install-deps: '$PY -m venv' failed; on Debian/Ubuntu run: sudo apt-get install" \
+           "-y python3-venv (or run this script as root without --python)" >&2
+      exit 1
+    }
+  fi
+  local vpy="$VENV/bin/python" need_pip=() mod
+  for mod in "${PY_PACKAGES[@]}"; do
+    "$vpy" -c "import ${mod%%=*}" 2>/dev/null || need_pip+=("${mod#*=}")
+  done
+  if [ ${#need_pip[@]} -eq 0 ]; then
+    say "Python test packages: all present in $VENV"
+  else
+    say "pip install into $VENV: ${need_pip[*]}"
+    "$vpy" -m pip install --disable-pip-version-check --progress-bar off "${need_pip[@]}" || {
+      echo "install-deps: pip could not install ${need_pip[*]} into $VENV (no network or" \
+           "index?); retry with: $vpy -m pip install ${need_pip[*]}" >&2
+      exit 1
+    }
+  fi
+  touch "$VENV/.qsakv-deps-ok"  # the Makefile's stamp: newer than this script = done
+}
+
+case "${1:-all}" in
+  --system) system_deps ;;
+  --python) python_deps ;;
+  all) system_deps; python_deps ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  *) echo "install-deps: unknown option $1 (--system, --python, or none for both)" >&2; exit 2 ;;
+esac

@@ -18,6 +18,17 @@
  *   any object with __cuda_array_interface__ / __array_interface__ (NumPy, CuPy,
  *   torch fp16 ...): the object must stay alive, and for async calls unchanged, until
  *   the work ran. Struct members of pointer type read back as int addresses;
+ * - typed buffers: where a call reads or writes a counted buffer (store, observe,
+ *   select, attention, overlay_write, memcpy, get_stats' histogram, plan_update's batch
+ *   arrays, cache_create's external top-k; calib_merge's count against its list), an
+ *   array argument's element type must be the one the call reads (float16
+ *   for FP16 activations, int64 slot mappings, int32 top-k ...) and it must hold every
+ *   element the count implies: otherwise InvalidArgumentError naming the argument,
+ *   before the library is called. An int address is taken as it is, unchecked (as in
+ *   C); an array is the checked way;
+ * - a destroyed handle (qsakv_X_destroy) raises ClosedError (a StateError) when used;
+ *   destroying a context or cache destroys the caches / plans / calibration handles
+ *   made on it first (the C API requires that order), and they raise ClosedError too;
  * - qsakv_stream_t takes None, an int, an object with __cuda_stream__, a torch stream
  *   (.cuda_stream) or a CuPy stream (.ptr);
  * - int32_t array members (qsa_layers) read as lists and are set from sequences.
@@ -69,6 +80,37 @@ static int qsakv_swig_address(PyObject* o, void** out) {
   PyErr_Format(PyExc_TypeError, "expected an address (int), None, or an array with "
                "__cuda_array_interface__ / __array_interface__, got %s", Py_TYPE(o)->tp_name);
   return -1;
+}
+
+static PyObject* qsakv_swig_closed_class = NULL;
+
+/* 0 when the handle proxy `o` (and the context / cache it depends on) is usable; -1
+ * with ClosedError set when it or one of them was destroyed. */
+static int qsakv_swig_check_open(PyObject* o, const char* kind) {
+  static const char* const parents[][2] = {{"_cache", "cache"}, {"_context", "context"}};
+  if (o == Py_None) return 0;
+  PyObject* flag = PyObject_GetAttrString(o, "_qsakv_closed");
+  int closed = 0;
+  if (flag) { closed = PyObject_IsTrue(flag); Py_DECREF(flag); } else { PyErr_Clear(); }
+  if (closed) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "this %s was destroyed (qsakv_%s_destroy): it cannot be used "
+             "any more", kind, kind);
+    PyObject* exc = qsakv_swig_closed_class
+        ? PyObject_CallFunction(qsakv_swig_closed_class, "is", (int)QSAKV_ERROR_STATE, msg)
+        : NULL;
+    if (exc) { PyErr_SetObject((PyObject*)Py_TYPE(exc), exc); Py_DECREF(exc); }
+    else if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, msg);
+    return -1;
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    PyObject* parent = PyObject_GetAttrString(o, parents[i][0]);
+    if (!parent) { PyErr_Clear(); continue; }
+    int r = qsakv_swig_check_open(parent, parents[i][1]);
+    Py_DECREF(parent);
+    if (r != 0) return r;
+  }
+  return 0;
 }
 
 static int qsakv_swig_stream(PyObject* o, qsakv_stream_t* out) {
@@ -126,6 +168,12 @@ void _set_error_factory(PyObject* factory) {
   Py_XDECREF(qsakv_swig_error_factory);
   qsakv_swig_error_factory = factory;
 }
+/* Registers ClosedError, raised for destroyed handles (done at import). */
+void _set_closed_class(PyObject* cls) {
+  Py_XINCREF(cls);
+  Py_XDECREF(qsakv_swig_closed_class);
+  qsakv_swig_closed_class = cls;
+}
 %}
 
 /* ---- handles: T** out -> owned return value; destroy disowns ------------------------ */
@@ -135,6 +183,17 @@ struct TYPE {};
 %pythondynamic TYPE;
 %extend TYPE {
   ~TYPE() { DESTROY($self); }
+}
+/* A handle argument: refused with ClosedError once destroyed (or its parent was). */
+%typemap(in) TYPE*, const TYPE* {
+  void* argp = NULL;
+  if (qsakv_swig_check_open($input, #ARG) != 0) SWIG_fail;
+  /* $disown: DESTROY (%delobject) takes the object from the proxy. */
+  int res = SWIG_ConvertPtr($input, &argp, $descriptor(TYPE*), $disown | 0);
+  if (!SWIG_IsOK(res)) {
+    SWIG_exception_fail(SWIG_ArgError(res), "in method '$symname', argument $argnum of type '$type'");
+  }
+  $1 = ($ltype)argp;
 }
 %typemap(in, numinputs=0) TYPE** out (TYPE* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) TYPE** out {
@@ -146,6 +205,11 @@ struct TYPE {};
 %pythonprepend DESTROY %{
     if ARG is not None and not ARG.thisown:
         return
+    _destroy_children(ARG)  # a cache's plans, a context's caches: first, as in C
+%}
+%pythonappend DESTROY %{
+    if ARG is not None:
+        ARG._qsakv_closed = True
 %}
 %enddef
 
@@ -305,13 +369,81 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 /* ---- ownership between handles ------------------------------------------------------ */
 %pythonappend qsakv_cache_create %{
     val._context = context  # the context must outlive the cache
+    val._geom = _geometry(config)
+    _adopt(context, val)
 %}
 %pythonappend qsakv_plan_create %{
     val._cache = cache  # the cache must outlive the plan
+    _adopt(cache, val)
 %}
 %pythonappend qsakv_calib_create %{
     val._context = context
+    val._geom = _geometry(config)
+    _adopt(context, val)
 %}
+
+/* ---- typed buffers: element types and lengths checked against the counts ------------ */
+%pythonprepend qsakv_store_kv %{
+    g = _geom_of(cache)
+    _buffer(k, "k", g["act"], num_tokens * g["kv"])
+    _buffer(v, "v", g["act"], num_tokens * g["kv"])
+    _buffer(slot_mapping, "slot_mapping", _I64, num_tokens)
+%}
+%pythonprepend qsakv_store_index_keys %{
+    g = _geom_of(cache)
+    _buffer(keys, "keys", _F16, num_tokens * g["ihd"])
+    _buffer(request_slots, "request_slots", _I32, num_tokens)
+    _buffer(positions, "positions", _I64, num_tokens)
+%}
+%pythonprepend qsakv_store_compressed_keys %{
+    g = _geom_of(cache)
+    _buffer(keys, "keys", _F16, num_keys * g["ihd"])
+    _buffer(slot_mapping, "slot_mapping", _I64, num_keys)
+%}
+%pythonprepend qsakv_calib_observe %{
+    g = _geom_of(calib)
+    _buffer(k, "k", g["act"], num_tokens * g["kv"])
+    _buffer(v, "v", g["act"], num_tokens * g["kv"])
+%}
+%pythonprepend qsakv_select_topk %{
+    g, rows = _plan_rows(plan)
+    _buffer(index_q, "index_q", _F16, rows * g["iq"])
+    _buffer(topk, "topk", _I32, rows * max(topk_stride, 0))
+%}
+%pythonprepend qsakv_attention_run %{
+    g, rows = _plan_rows(plan)
+    _buffer(q, "q", g["act"], rows * g["q"])
+    _buffer(out, "out", g["act"], rows * g["q"])
+    _buffer(topk, "topk", _I32, rows * max(topk_stride, 0))
+%}
+%pythonprepend qsakv_overlay_write %{
+    _buffer(layers, "layers", _I32, num_layers)
+    _buffer(k_scales, "k_scales", _F32, num_layers)
+    _buffer(v_scales, "v_scales", _F32, num_layers)
+%}
+%pythonprepend qsakv_memcpy %{
+    _buffer(dst, "dst", None, bytes)
+    _buffer(src, "src", None, bytes)
+%}
+%pythonprepend qsakv_calib_get_stats %{
+    _buffer(histogram, "histogram", _U64, QSAKV_CALIB_BINS)
+%}
+%pythonprepend qsakv_plan_update %{
+    _check_batch(batch)
+%}
+%pythonprepend qsakv_cache_create %{
+    _check_external_topk(options)
+%}
+%pythonprepend qsakv_calib_merge %{
+    if not 0 <= num_inputs <= len(inputs):
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT,
+            f"num_inputs: {num_inputs}, but inputs holds {len(inputs)} handles")
+%}
+/* Batch and cache-option members remember the arrays they were set from, so that
+ * plan_update / cache_create can check them. */
+%pythondynamic qsakv_batch;
+%pythondynamic qsakv_cache_options;
 
 /* The version macros live in the generated qsakv_version.h (CMake's project version),
    which SWIG does not follow from qsakv.h by itself. */
@@ -351,4 +483,142 @@ def _make_error(status, message):
 
 
 _set_error_factory(_make_error)
+
+
+class ClosedError(StateError):  # noqa: F821 (made above from QSAKV_ERROR_STATE)
+    """A destroyed handle (or one whose context / cache was destroyed) was used."""
+
+
+_set_closed_class(ClosedError)
+
+
+def _adopt(parent, child):
+    """Records `child` (weakly) so that destroying `parent` destroys it first."""
+    import weakref
+
+    kids = parent.__dict__.get("_children")
+    if kids is None:
+        kids = parent.__dict__["_children"] = weakref.WeakSet()
+    kids.add(child)
+
+
+def _destroy_children(handle):
+    destroy = {"qsakv_cache": qsakv_cache_destroy, "qsakv_plan": qsakv_plan_destroy,
+               "qsakv_calib": qsakv_calib_destroy}
+    for child in list(getattr(handle, "__dict__", {}).get("_children", ())):
+        destroy[type(child).__name__](child)
+
+# Typed buffers (see the interface's header comment). Accepted __array_interface__ /
+# __cuda_array_interface__ typestrs per element type; bfloat16 arrives as ml_dtypes'
+# void-2 or as raw uint16.
+_F16, _BF16, _F32 = ("<f2",), ("<V2", "|V2", "<u2"), ("<f4",)
+_I32, _I64, _U64 = ("<i4",), ("<i8",), ("<u8",)
+_NAMES = {"<f2": "float16", "<V2": "bfloat16", "|V2": "bfloat16", "<u2": "uint16",
+          "<f4": "float32", "<f8": "float64", "|i1": "int8", "|u1": "uint8",
+          "<i2": "int16", "<i4": "int32", "<u4": "uint32", "<i8": "int64", "<u8": "uint64"}
+
+
+def _interface(obj):
+    if obj is None or isinstance(obj, int):
+        return None  # NULL, or an address taken as it is
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        d = getattr(obj, attr, None)
+        if isinstance(d, dict):
+            return d
+    return None  # the C typemap refuses it with a TypeError
+
+
+def _buffer(obj, name, typestrs, count):
+    """Checks an array argument: element type (typestrs; None: any, count in bytes),
+    C-contiguity, and that it holds at least `count` elements."""
+    d = _interface(obj)
+    if d is None:
+        return
+    t = d["typestr"]
+    if typestrs is not None and t not in typestrs:
+        want = " or ".join(sorted({_NAMES.get(x, x) for x in typestrs}))
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT,
+            f"{name}: expected {want} elements, got {_NAMES.get(t, t)} ({t})")
+    size = int(t[2:]) if t[2:].isdigit() else 1
+    n = 1
+    for s in d["shape"]:
+        n *= s
+    strides = d.get("strides")
+    if strides is not None:
+        expect = size
+        for dim, st in zip(reversed(d["shape"]), reversed(strides)):
+            if dim != 1 and st != expect:
+                raise InvalidArgumentError(  # noqa: F821
+                    QSAKV_ERROR_INVALID_ARGUMENT, f"{name}: expected a C-contiguous array")
+            expect *= dim
+    have = n * size if typestrs is None else n
+    if count < 0:
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT, f"{name}: the count is negative ({count})")
+    if have < count:
+        unit = "bytes" if typestrs is None else "elements"
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT,
+            f"{name}: the call uses {count} {unit}, the array holds {have} "
+            f"(shape {list(d['shape'])})")
+
+
+def _geometry(config):
+    """What the buffer checks need of a config (its rank's geometry)."""
+    g = qsakv_model_config_rank_geometry(config)
+    return {"act": _F16 if config.activation_dtype == QSAKV_DTYPE_FP16 else _BF16,
+            "kv": g.kv_heads * config.head_dim, "q": g.q_heads * config.head_dim,
+            "ihd": config.index_head_dim,
+            "iq": config.index_num_heads * config.index_head_dim}
+
+
+def _geom_of(handle):
+    g = getattr(handle, "_geom", None)
+    if g is None:  # None / a foreign pointer: let the library refuse it
+        return {"act": None, "kv": 0, "q": 0, "ihd": 0, "iq": 0}
+    return g
+
+
+def _plan_rows(plan):
+    cache = getattr(plan, "_cache", None)
+    if plan is None or cache is None:
+        return _geom_of(None), 0
+    return _geom_of(cache), qsakv_plan_get_info(plan).num_rows
+
+
+def _batch_setattr(self, name, value):
+    if name in ("query_start", "seq_lens", "request_slots", "block_table"):
+        self.__dict__.setdefault("_arrays", {})[name] = value
+    _swig_setattr_base(self, name, value)
+
+
+_swig_setattr_base = qsakv_batch.__setattr__
+qsakv_batch.__setattr__ = _batch_setattr
+
+
+def _options_setattr(self, name, value):
+    if name == "external_topk":
+        self.__dict__["_external_topk"] = value
+    _swig_setattr_options(self, name, value)
+
+
+_swig_setattr_options = qsakv_cache_options.__setattr__
+qsakv_cache_options.__setattr__ = _options_setattr
+
+
+def _check_external_topk(options):
+    topk = getattr(options, "__dict__", {}).get("_external_topk")
+    if topk is not None:
+        rows, cols = options.external_topk_rows, options.external_topk_cols
+        _buffer(topk, "options.external_topk", _I32, max(rows, 0) * max(cols, 0))
+
+
+def _check_batch(batch):
+    arrays = getattr(batch, "__dict__", {}).get("_arrays", {})
+    n = batch.num_requests if batch is not None else 0
+    for name, count in (("query_start", n + 1), ("seq_lens", n), ("request_slots", n),
+                        ("block_table", n * batch.block_table_stride if n else 0)):
+        if name in arrays:
+            _buffer(arrays[name], "batch." + name, _I32, count)
 %}

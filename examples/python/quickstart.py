@@ -3,9 +3,10 @@
 
   1. a context (AUTO: the GPU when there is one, else the CPU reference backend) and the
      capacity of the reference model at TP4 in 40 GiB;
-  2. a synthetic checkpoint, K/V scales calibrated on synthetic activations
-     (max |x| / 448, rounded up), an overlay written for that checkpoint, loaded and
-     validated against its revision (a wrong revision is refused: fail closed);
+  2. a synthetic checkpoint, K/V scales calibrated on synthetic activations through
+     qsakv.Calibration (statistics observed on the device, summarised: max |x| / 448,
+     rounded up), the overlay it writes for that checkpoint, loaded and validated
+     against its revision (a wrong revision is refused: fail closed);
   3. E4M3 and FP16 caches (TP4 rank 0), store K/V and compressed index keys, plan a
      mixed batch (decode, verify and prefill rows), select top-k, sparse attention, and
      the E4M3-vs-FP16 output error.
@@ -54,11 +55,34 @@ def synthetic_batch(cfg, geo, rng):
         query_start=np.concatenate([[0], np.cumsum(rows)]).astype(np.int32))
 
 
-def scale_for(x):
-    """max|x| / 448 rounded up to the next FP32 value, so that nothing saturates."""
-    m = np.float32(np.abs(x.astype(np.float32)).max())
-    s = np.float32(m / np.float32(448))
-    return float(np.nextafter(s, np.float32(np.inf)) if s * np.float32(448) < m else s)
+def calibrate(ctx, cfg, b, to_device, stream, out_dir, base_index_path):
+    """Observes K/V of every QSA layer on the device, then writes the overlay from the
+    summarised statistics. A per-layer scale is the max over every TP rank: in a TP run
+    each rank observes its own heads in its own process and `allreduce(nccl_comm)` (or
+    saving and merging the files) combines them; here one process plays the 4 ranks on
+    the same synthetic activations and merges their snapshots. Returns the first layer's
+    (k_scale, v_scale)."""
+    k, v = to_device(b["k"]), to_device(b["v"])
+    ranks = []
+    for rank in range(cfg.tp_size):
+        with qsakv.Calibration(ctx, cfg.replace(tp_rank=rank)) as calib:
+            calib.start()  # stop() around warm-up or graph capture
+            for layer in cfg.qsa_layers:
+                calib.observe(layer, k, v, stream=stream)  # async, capturable
+            calib.stop()
+            ranks.append(calib.snapshot(stream=stream))
+    with qsakv.Calibration.merge(ranks, mode="ranks") as stats:
+        s = stats.summarize(cfg.qsa_layers[0], "k")
+        print(f"\nCalibration ({len(ranks)} ranks merged): {s.count} K values per layer, "
+              f"max |k| {s.max_abs:.4g} -> k_scale {s.scale:.6g} (max / 448 rounded up; "
+              f"p99.9 {s.p99_9:.4g}, {s.underflow_fraction:.3%} flush to zero in E4M3)")
+        stats.write_overlay(out_dir, base_index_path=base_index_path,
+                            contract_tp_size=cfg.tp_size, contract_speculative_tokens=0,
+                            contract_activation_dtype="fp16")
+        scales = stats.scales()[cfg.qsa_layers[0]]
+    for r in ranks:
+        r.close()
+    return scales
 
 
 def run_pipeline(ctx, cfg, overlay, b, to_device, stream):
@@ -115,7 +139,7 @@ def main():
         cfg.max_batched_tokens, cfg.max_requests, cfg.max_model_len = 64, 8, 8192
         geo = cfg.rank_geometry()
         b = synthetic_batch(cfg, geo, np.random.default_rng(1234567))
-        ks, vs = scale_for(b["k"]), scale_for(b["v"])
+        to_device, stream, how = device_arrays(ctx)
 
         with tempfile.TemporaryDirectory(prefix="qsakv-quickstart-") as tmp:
             ckpt = Path(tmp) / "checkpoint"
@@ -123,11 +147,8 @@ def main():
             (ckpt / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": 1024}, "weight_map": {
                     "model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
-            qsakv.Overlay.write(Path(tmp) / "kvscales",
-                                {layer: (ks, vs) for layer in cfg.qsa_layers},
-                                base_index_path=ckpt / "model.safetensors.index.json",
-                                contract_tp_size=4, contract_speculative_tokens=0,
-                                contract_activation_dtype="fp16")
+            ks, vs = calibrate(ctx, cfg, b, to_device, stream, Path(tmp) / "kvscales",
+                               ckpt / "model.safetensors.index.json")
             revision = qsakv.checkpoint_revision(ckpt)
             with qsakv.Overlay.load(Path(tmp) / "kvscales" / "model-kvscales.safetensors") as ov:
                 print(f"\nOverlay: {ov.info().num_scales} scales, k_scale {ks:.6g}, v_scale "
@@ -141,7 +162,6 @@ def main():
                 ov.validate(cfg, revision)
                 print("  validate against the checkpoint's revision: OK")
 
-                to_device, stream, how = device_arrays(ctx)
                 out8, ms8 = run_pipeline(ctx, cfg, ov, b, to_device, stream)
             out16, ms16 = run_pipeline(ctx, cfg.replace(kv_dtype="fp16"), None, b, to_device,
                                        stream)

@@ -51,6 +51,16 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
   return scales;
 }
 
+// Options that fix the cache's size: a layout to allocate for, or caller-owned memory.
+qsakv_cache_options sized_options(const qsakv_cache_options* options) {
+  if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
+  const auto o = read_versioned(options, default_cache_options(), "options");
+  if (o.num_blocks <= 0)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; give the number of blocks "
+         "per layer (> 0): it sets the size of the buffers", static_cast<long long>(o.num_blocks));
+  return o;
+}
+
 // A cache handle with its layout, scales, NaN flags and top-k buffer; the K/V, ring and
 // compressed buffers are the caller's to attach.
 std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model_config& c,
@@ -168,11 +178,7 @@ qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
   return guarded([&] {
     const auto c = read_versioned(config, default_model_config(), "config");
     const qsakv_rank_geometry g = rank_geometry(c);
-    if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
-    const auto o = read_versioned(options, default_cache_options(), "options");
-    if (o.num_blocks <= 0)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; give the number of blocks "
-           "per layer (> 0)", static_cast<long long>(o.num_blocks));
+    const auto o = sized_options(options);
     write_versioned(out, build_layout(c, g, o, resolve_num_blocks(c, o)), "out");
   });
 }
@@ -188,11 +194,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     const auto c = read_versioned(config, default_model_config(), "config");
     rank_geometry(c);  // validates the config first
     const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
-    if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
-    const auto o = read_versioned(options, default_cache_options(), "options");
-    if (o.num_blocks <= 0)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; caller-owned memory needs "
-           "the number of blocks per layer (> 0)", static_cast<long long>(o.num_blocks));
+    const auto o = sized_options(options);
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
     qsakv_cache_memory m;
     std::memset(&m, 0, sizeof m);

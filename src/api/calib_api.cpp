@@ -15,18 +15,6 @@
 
 using namespace qsakv;
 
-// Live handles keep their statistics in device memory (words, maxima) and use `host`
-// for what is recorded beside them (config, ranks); host handles keep them in `host`.
-struct qsakv_calib {
-  qsakv_context* context = nullptr;  // live handles only
-  bool live = false;
-  bool started = false;
-  calib::HostStats host;
-  DeviceBuffer words;   // uint64 [entries * kEntryWords]
-  DeviceBuffer maxima;  // float [entries]
-  DeviceBuffer table;   // uint16 [65536]
-};
-
 namespace {
 
 void require_calib(const qsakv_calib* c) {

@@ -1,4 +1,5 @@
-// The opaque handles behind the public types (the overlay's lives with its parser).
+// The opaque handles behind the public types, in one place (the overlay's lives with its
+// parser in core/overlay/overlay.hpp: the overlay logic works on it directly).
 #pragma once
 
 #include <memory>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/calib/stats.hpp"
 #include "core/device_buffer.hpp"
 #include "qsakv.h"
 
@@ -52,4 +54,16 @@ struct qsakv_plan {
   size_t meta_bytes = 0;
   qsakv::PlanMetaView meta_view() const;
   ~qsakv_plan();
+};
+
+// Live handles keep their statistics in device memory (words, maxima) and use `host`
+// for what is recorded beside them (config, ranks); host handles keep them in `host`.
+struct qsakv_calib {
+  qsakv_context* context = nullptr;  // live handles only
+  bool live = false;
+  bool started = false;
+  qsakv::calib::HostStats host;
+  qsakv::DeviceBuffer words;   // uint64 [entries * kEntryWords]
+  qsakv::DeviceBuffer maxima;  // float [entries]
+  qsakv::DeviceBuffer table;   // uint16 [65536]
 };

@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "api/guard.hpp"
-#include "core/overlay/file_io.hpp"
+#include "core/format/file_io.hpp"
+#include "core/format/safetensors.hpp"
+#include "core/format/sha256.hpp"
 #include "core/overlay/names.hpp"
-#include "core/overlay/safetensors.hpp"
-#include "core/overlay/sha256.hpp"
 
 using namespace qsakv;
 

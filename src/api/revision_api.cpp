@@ -3,8 +3,8 @@
 #include <string>
 
 #include "api/guard.hpp"
-#include "core/overlay/file_io.hpp"
-#include "core/overlay/sha256.hpp"
+#include "core/format/file_io.hpp"
+#include "core/format/sha256.hpp"
 
 using namespace qsakv;
 

@@ -5,8 +5,8 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "core/overlay/file_io.hpp"
-#include "core/overlay/json_strict.hpp"
+#include "core/format/file_io.hpp"
+#include "core/format/json_strict.hpp"
 
 namespace qsakv {
 

@@ -6,7 +6,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/overlay/overlay.hpp"
-#include "core/overlay/sha256.hpp"
+#include "core/format/sha256.hpp"
 
 namespace qsakv {
 

@@ -17,7 +17,7 @@
 #include "core/error.hpp"
 #include "core/overlay/index.hpp"
 #include "core/overlay/manifest.hpp"
-#include "core/overlay/safetensors.hpp"
+#include "core/format/safetensors.hpp"
 
 namespace {
 

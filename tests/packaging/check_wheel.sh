@@ -8,10 +8,11 @@
 #
 # The wheel's library is built CPU-only (QSAKV_WITH_CUDA=OFF, about 20 s on 2 cores):
 # a CUDA wheel would compile the kernels for every release SM, minutes each. Its CMake
-# build directory is kept in <work-dir>/build, so a rerun is incremental. The venv is
-# made with --system-site-packages so NumPy (the package's one dependency) comes from
-# the outer environment without a download; the checks below make sure qsakv itself
-# is the wheel's, not anything outside the venv.
+# build directory is kept in <work-dir>/build, so a rerun is incremental. NumPy (the
+# package's one dependency) comes from the outer environment without a download: the
+# venv sees the outer interpreter's site-packages (through a .pth file, as the outer
+# one may itself be a venv, `make test`'s .venv, which --system-site-packages would
+# skip); the checks below make sure qsakv itself is the wheel's, not anything outside.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
@@ -29,7 +30,8 @@ mkdir -p "$work/run"
 #    download).
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
 "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" \
-  -Ccmake.define.QSAKV_WITH_CUDA=OFF -Cbuild-dir="$work/build" "$repo/bindings/python"
+  --config-settings=cmake.define.QSAKV_WITH_CUDA=OFF --config-settings=build-dir="$work/build" \
+  "$repo/bindings/python"
 whl=$(ls "$work"/dist/qsakv-*.whl)
 echo "built $(basename "$whl")"
 
@@ -53,8 +55,11 @@ assert z.getinfo(libs[0]).file_size > 100_000
 PY
 
 # 3. A fresh venv, the wheel installed offline.
-"$py" -m venv --system-site-packages "$work/venv"
+"$py" -m venv "$work/venv"
 vpy="$work/venv/bin/python"
+outer=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+inner=$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$outer" > "$inner/_outer_site_packages.pth"  # appended after the venv's own
 "$vpy" -m pip install -q --no-deps --no-index "$whl"
 
 # 4. Import with no library variable, from outside the repository.

@@ -14,6 +14,9 @@ The flow (see examples/python/quickstart.py):
     plan.select_topk(layer, index_q)
     plan.attention(layer, q, out)
 
+Calibration (qsakv.Calibration): observe K/V on the device, all-reduce over NCCL or
+merge saved files, summarise, write the overlay.
+
 Failures raise QsakvError subclasses (qsakv.errors), one per status code, carrying the
 library's message. The library is found through $QSAKV_LIBRARY / $QSAKV_LIB, next to
 this package, or on the system paths; its version must match the header the
@@ -22,7 +25,9 @@ declarations were generated from (checked at import).
 from . import _cdefs, errors
 from ._handle import live_handles
 from ._lib import library_path, missing_functions
-from .cache import Cache, LayerBuffers
+from ._views import DeviceArray
+from .cache import Cache, LayerBuffers, layout_for, memory_shapes
+from .calibration import Calibration, scale_from_max
 from .config import ModelConfig, capacity_plan
 from .context import Context, built_with_cuda
 from .enums import *  # noqa: F401,F403 (DType, Backend, Decoder, AttentionMode, Status, ...)

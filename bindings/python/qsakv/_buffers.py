@@ -8,13 +8,19 @@ unchanged, until the stream has run the work):
   (CuPy, Numba, ...) or __dlpack__ with a CUDA device.
 torch and CuPy are never imported here: objects are recognised by their protocols.
 
-Streams: None (the legacy default stream), an int (a cudaStream_t value), an object
-with __cuda_stream__ (the CUDA stream protocol), a torch.cuda.Stream (.cuda_stream) or a
-cupy.cuda.Stream (.ptr).
+Streams: None (the default: see resolve_stream), an int (a cudaStream_t value), an
+object with __cuda_stream__ (the CUDA stream protocol), a torch.cuda.Stream
+(.cuda_stream) or a cupy.cuda.Stream (.ptr).
+
+The hot calls (store, select, attention) check their arguments through ArgSpec objects
+that a Cache / Plan builds once: NumPy arrays and torch tensors that pass take a fast
+path of a few attribute reads; anything else, and anything that fails, goes through
+check(), which accepts every protocol above and words the error.
 """
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 
 from . import _cdefs
@@ -152,16 +158,16 @@ def check(obj, name: str, dtype: str, shape: tuple, *, backend_cuda: bool,
     except TypeError as e:
         raise argument_error(f"{name}: {e}") from None
     want_dev = "cuda" if backend_cuda else "cpu"
-    expected = f"{dtype} {_dims(shape)} contiguous"
-    got = f"{b.dtype} {list(b.shape)}".replace("'", "")
     ok = (b.dtype == dtype and len(b.shape) == len(shape) and b.contiguous
           and all(w is ANY or w == g for w, g in zip(shape, b.shape)))
-    if ok and min_rows is not None and b.shape[0] < min_rows:
-        raise argument_error(f"{name}: expected at least {min_rows} rows (the plan's "
-                             f"last update), got {got}")
-    if not ok:
+    if not ok or (min_rows is not None and b.shape[0] < min_rows):
+        got = f"{b.dtype} {list(b.shape)}".replace("'", "")
+        if ok:
+            raise argument_error(f"{name}: expected at least {min_rows} rows (the plan's "
+                                 f"last update), got {got}")
         extra = "" if b.contiguous else " non-contiguous"
-        raise argument_error(f"{name}: expected {expected}, got {got}{extra}")
+        raise argument_error(f"{name}: expected {dtype} {_dims(shape)} contiguous, got "
+                             f"{got}{extra}")
     if b.device != want_dev:
         where = "CUDA device memory (CUDA backend)" if backend_cuda else \
             "host memory (CPU backend)"
@@ -170,6 +176,80 @@ def check(obj, name: str, dtype: str, shape: tuple, *, backend_cuda: bool,
         raise argument_error(f"{name}: expected CUDA device {device_id}, got device "
                              f"{b.device_id}")
     return b
+
+
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_byte.from_buffer
+_NDARRAY = None      # numpy.ndarray, once NumPy is imported
+_TORCH_TENSOR = None  # torch.Tensor, once a torch tensor was seen
+
+
+def _fast_types():
+    global _NDARRAY, _TORCH_TENSOR
+    np = sys.modules.get("numpy")
+    if np is not None:
+        _NDARRAY = np.ndarray
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _TORCH_TENSOR = getattr(torch, "Tensor", None)
+
+
+class ArgSpec:
+    """One array argument of a hot call: name, dtype and trailing dimensions are fixed
+    when the Cache / Plan is made, so a call only reads the array's attributes.
+
+    ptr(obj, rows=None, min_rows=None) -> (address, number of rows): the first dimension
+    is free, equal to `rows`, or at least `min_rows`; the others equal `tail`.
+    """
+
+    __slots__ = ("name", "dtype", "tail", "ndim", "cuda", "device_id", "np_dtype",
+                 "torch_dtype", "shape")
+
+    def __init__(self, name: str, dtype: str, tail: tuple, *, cuda: bool,
+                 device_id: int | None):
+        self.name, self.dtype, self.tail = name, dtype, tuple(tail)
+        self.ndim = 1 + len(self.tail)
+        self.shape = (ANY,) + self.tail
+        self.cuda, self.device_id = cuda, device_id
+        self.np_dtype = self.torch_dtype = None
+        try:
+            import numpy as np
+
+            self.np_dtype = np.dtype(dtype)
+        except TypeError:
+            pass  # bfloat16 without ml_dtypes: the slow path handles it
+        _fast_types()
+
+    def ptr(self, obj, rows=None, min_rows=None):
+        t = type(obj)
+        if t is _NDARRAY:
+            if not self.cuda and obj.dtype is self.np_dtype and obj.flags.c_contiguous:
+                shape = obj.shape
+                if len(shape) == self.ndim and shape[1:] == self.tail:
+                    n = shape[0]
+                    if (rows is None or n == rows) and (min_rows is None or n >= min_rows):
+                        try:
+                            return _addressof(_from_buffer(obj)), n
+                        except (TypeError, ValueError, BufferError):  # read-only, empty
+                            return obj.__array_interface__["data"][0], n
+        elif t is _TORCH_TENSOR and t is not None:
+            dt = self.torch_dtype
+            if dt is None:
+                dt = self.torch_dtype = getattr(sys.modules["torch"], self.dtype, False)
+            if obj.dtype is dt and obj.is_cuda == self.cuda and obj.is_contiguous():
+                shape = obj.shape
+                if len(shape) == self.ndim and tuple(shape[1:]) == self.tail and \
+                        (not self.cuda or self.device_id is None
+                         or obj.get_device() == self.device_id):
+                    n = shape[0]
+                    if (rows is None or n == rows) and (min_rows is None or n >= min_rows):
+                        return obj.data_ptr(), n
+        shape = self.shape if rows is None else (rows,) + self.tail
+        b = check(obj, self.name, self.dtype, shape, backend_cuda=self.cuda,
+                  device_id=self.device_id, min_rows=min_rows)
+        if _TORCH_TENSOR is None or _NDARRAY is None:
+            _fast_types()
+        return b.ptr, b.shape[0]
 
 
 def stream_handle(stream) -> int:
@@ -193,11 +273,66 @@ def stream_handle(stream) -> int:
 
 
 def as_stream(stream):
-    """A qsakv_stream_t for a call."""
-    h = stream_handle(stream)
-    return ctypes.cast(ctypes.c_void_p(h), _cdefs.qsakv_stream_t) if h else None
+    """A qsakv_stream_t for a call (None: NULL, the legacy default stream)."""
+    return stream_arg(stream_handle(stream))
+
+
+def stream_arg(handle: int):
+    """A stream handle (int) as a qsakv_stream_t argument of the generated prototypes."""
+    return ctypes.cast(ctypes.c_void_p(handle), _cdefs.qsakv_stream_t) if handle else None
 
 
 def typed(ptr: int, ctype):
     """An address as a ctypes pointer argument (NULL for 0)."""
     return ctypes.cast(ctypes.c_void_p(ptr), ctypes.POINTER(ctype)) if ptr else None
+
+
+def _torch_current_stream(torch, device: int) -> int:
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return get(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _torch_is_capturing(torch) -> bool:
+    get = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    if get is not None:
+        return bool(get())
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _stream_is_capturing(torch, handle: int, device: int) -> bool:
+    """Whether stream `handle` is capturing (torch asks cudaStreamIsCapturing)."""
+    if handle in (0, 1, 2):  # the legacy and per-thread default streams never capture
+        return False        # while another stream does (global capture mode refuses)
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=device)):
+        return _torch_is_capturing(torch)
+
+
+def resolve_stream(stream, cuda: bool, device: int) -> int:
+    """The cudaStream_t value a call runs on.
+
+    None: on a CUDA context, torch's current stream of the context's device when the
+    process has imported torch (as FlashInfer and vLLM's ops do), else the legacy
+    default stream (0); on a CPU context 0 (nothing is asynchronous there).
+    An explicit stream while torch's current stream is capturing a CUDA graph must be
+    that stream or another capturing one: otherwise CaptureError (the call would run
+    now, once, and be missing from the graph). torch is never imported here.
+    """
+    if not cuda:
+        return 0 if stream is None else stream_handle(stream)
+    torch = sys.modules.get("torch")
+    if stream is None:
+        return 0 if torch is None else _torch_current_stream(torch, device)
+    h = stream_handle(stream)
+    if torch is not None and _torch_is_capturing(torch):
+        current = _torch_current_stream(torch, device)
+        if h != current and not _stream_is_capturing(torch, h, device):
+            from .errors import CaptureError
+
+            raise CaptureError(
+                f"stream: torch's current stream (0x{current:x}) is capturing a CUDA "
+                f"graph, but this call was aimed at stream 0x{h:x}, which is not "
+                "capturing: it would run now, once, and be missing from the graph. "
+                "Pass stream=None (torch's current stream) or the capturing stream.")
+    return h

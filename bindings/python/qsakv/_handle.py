@@ -40,6 +40,8 @@ class Handle:
         with _live_lock:
             _live += 1
         self._ptr = ptr
+        #: The C address as an int for the hot calls; 0 once closed (see _a).
+        self._addr = _address(ptr)
         self._parent = parent
         self._children: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, _destroy, destroy, ptr)
@@ -53,18 +55,23 @@ class Handle:
     @property
     def _p(self):
         """The C pointer, for a call. Raises ClosedError when closed."""
-        if not self._finalizer.alive:
-            raise ClosedError(f"this {self._kind} is closed")
+        if not self._addr:
+            self._closed_error()
         return self._ptr
+
+    def _closed_error(self):
+        raise ClosedError(f"this {self._kind} is closed")
 
     def close(self) -> None:
         """Destroys the C object (children first). Idempotent."""
         for child in list(self._children):
             child.close()
+        self._addr = 0
         self._finalizer()
 
     def __enter__(self):
-        self._p  # noqa: B018 (refuses a closed handle)
+        if not self._addr:
+            self._closed_error()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import _cdefs
 from .errors import raise_for_status
 
-__all__ = ["lib", "library_path", "missing_functions"]
+__all__ = ["lib", "library_path", "missing_functions", "raw_function", "raise_status"]
 
 _SONAME = f"libqsakv.so.{_cdefs.QSAKV_ABI_VERSION}"
 
@@ -92,3 +92,18 @@ lib = _lib
 #: Functions the header declares that the loaded library does not export; calling one
 #: raises NotImplementedError. Empty for a library built from the same header.
 missing_functions = tuple(_missing)
+
+
+def raw_function(name: str, *argtypes):
+    """`name` as a second foreign function for the hot calls: `argtypes` as given
+    (c_void_p for every pointer, so int addresses pass as they are, with no cast), an
+    int status result and no errcheck (the caller tests the status and calls
+    raise_status). The generated prototypes on `lib` stay as they are."""
+    if name in _missing:
+        return _missing_stub(name)
+    return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)((name, _lib))
+
+
+def raise_status(status: int, function: str) -> None:
+    """Raises the exception of a failed status, as lib's errcheck does."""
+    raise_for_status(status, _lib.qsakv_last_error().decode("utf-8", "replace"), function)

@@ -6,22 +6,41 @@ import ctypes
 from collections import namedtuple
 
 from . import _cdefs, _structs
-from ._buffers import ANY, as_stream, check, typed
+from . import _views
+from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import lib
+from ._lib import lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name
+from .errors import InternalError, InvalidArgumentError, argument_error  # noqa: F401
 from .overlay import Overlay
 
 DType = by_c_name["qsakv_dtype"]
 CopyKind = by_c_name["qsakv_copy_kind"]
 
 LayerBuffers = namedtuple("LayerBuffers", "kv compressed_keys ring_keys topk scales")
-LayerBuffers.__doc__ = """Device addresses (ints) of one QSA layer's buffers: kv (main
-cache, layout in Cache.layout), compressed_keys and ring_keys (FP16), topk (int32, the
-shared buffer when shared), scales (float[2]: k_scale, v_scale). Valid while the Cache
-is open."""
+LayerBuffers.__doc__ = """Views of one QSA layer's buffers: NumPy arrays (CPU backend,
+host memory) or DeviceArray objects with __cuda_array_interface__ (CUDA backend; e.g.
+torch.as_tensor(view, device="cuda")). No copy: they are the cache's memory, valid while
+the Cache is open.
+
+kv: the main cache [num_blocks, 2 (K, V), block_size, kv_heads, head_dim]: uint8 E4M3
+    codes (torch: .view(torch.float8_e4m3fn)), float16, or bfloat16 (uint16 on the
+    device: .view(torch.bfloat16)). Writing E4M3 codes yourself: call
+    Cache.note_external_codes(layer) afterwards.
+compressed_keys: float16 [num_blocks, block_size // compress_ratio, index_head_dim].
+ring_keys: float16 [max_requests, ring_length, index_head_dim].
+topk: int32 [topk_rows, topk_cols] (the shared buffer when shared).
+scales: float32 [2]: k_scale, v_scale (1, 1 for 16-bit caches)."""
+
+_KV_DTYPE_NAMES = {"E4M3": "uint8", "FP16": "float16", "BF16": "bfloat16"}
+_u = ctypes.c_void_p
+_store_kv = raw_function("qsakv_store_kv", _u, ctypes.c_int32, _u, _u, _u, ctypes.c_int64, _u)
+_store_index_keys = raw_function("qsakv_store_index_keys", _u, ctypes.c_int32, _u, _u, _u,
+                                 ctypes.c_int64, _u)
+_store_compressed_keys = raw_function("qsakv_store_compressed_keys", _u, ctypes.c_int32,
+                                      _u, _u, ctypes.c_int64, _u)
 
 
 def act_dtype(config: ModelConfig) -> str:
@@ -29,17 +48,118 @@ def act_dtype(config: ModelConfig) -> str:
     return ARRAY_DTYPE_NAMES[DType(config.activation_dtype).name]
 
 
+def _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk, geometry,
+                   cuda, device):
+    opts = _structs.new(_cdefs.qsakv_cache_options)
+    lib.qsakv_cache_options_init(ctypes.byref(opts))
+    opts.num_blocks = num_blocks
+    opts.memory_budget_bytes = memory_budget_bytes
+    opts.share_topk = int(bool(share_topk))
+    if external_topk is not None:
+        b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
+                  backend_cuda=cuda, device_id=device)
+        opts.external_topk = b.ptr
+        opts.external_topk_dtype = DType.INT32
+        opts.external_topk_rows, opts.external_topk_cols = b.shape
+    return opts
+
+
+def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
+               external_topk=None):
+    """The CacheLayout (shapes, strides, bytes per layer) of a cache of `num_blocks` blocks
+    per layer, without creating one: what to allocate for Cache(..., memory=...). Host
+    only. external_topk is only read for its shape."""
+    geometry = config.rank_geometry()
+    opts = _structs.new(_cdefs.qsakv_cache_options)
+    lib.qsakv_cache_options_init(ctypes.byref(opts))
+    opts.num_blocks = num_blocks
+    opts.share_topk = int(bool(share_topk))
+    if external_topk is not None:
+        rows, cols = tuple(getattr(external_topk, "shape", (0, 0)))[:2]
+        opts.external_topk = 16  # any non-NULL address: only the shape is read here
+        opts.external_topk_dtype = DType.INT32
+        opts.external_topk_rows, opts.external_topk_cols = rows, cols
+    del geometry
+    out = _structs.new(_cdefs.qsakv_cache_layout)
+    lib.qsakv_cache_layout_for(config._ref, ctypes.byref(opts), ctypes.byref(out))
+    return _structs.record(out, "CacheLayout")
+
+
+def memory_shapes(config: ModelConfig, layout) -> dict:
+    """Shape and dtype of each per-layer buffer of a caller-owned cache of this layout
+    (the same views Cache.layer_buffers returns): {"kv": (shape, dtypes), ...}; the
+    first dtype is the canonical one (E4M3 codes also as torch float8_e4m3fn, BF16 also
+    as uint16)."""
+    kv_dtypes = {"E4M3": ("uint8", "float8_e4m3fn"), "FP16": ("float16",),
+                 "BF16": ("bfloat16", "uint16")}[DType(layout.kv_dtype).name]
+    groups = layout.block_size // config.compress_ratio
+    return {
+        "kv": ((layout.num_blocks, 2, layout.block_size, layout.kv_heads, layout.head_dim),
+               kv_dtypes),
+        "compressed_keys": ((layout.num_blocks, groups, config.index_head_dim), ("float16",)),
+        "ring_keys": ((config.max_requests, layout.ring_length, config.index_head_dim),
+                      ("float16",)),
+    }
+
+
+def _layer_memory(memory, config, layout, cuda, device):
+    """ctypes qsakv_layer_memory[num_qsa_layers] from the caller's arrays, each checked for
+    dtype, shape, contiguity and device (messages name memory[i].field)."""
+    shapes = memory_shapes(config, layout)
+    n = config.num_qsa_layers
+    if len(memory) != n:
+        raise argument_error(f"memory: expected one entry per QSA layer ({n}), got "
+                             f"{len(memory)}")
+    arr = (_cdefs.qsakv_layer_memory * n)()
+    for i, entry in enumerate(memory):
+        get = entry.get if isinstance(entry, dict) else \
+            (lambda f, e=entry: e[("kv", "compressed_keys", "ring_keys").index(f)])
+        for field, size_field in (("kv", "kv_bytes"), ("compressed_keys", "compressed_bytes"),
+                                  ("ring_keys", "ring_bytes")):
+            shape, dtypes = shapes[field]
+            name = f"memory[{i}].{field} (layer {config.qsa_layers[i]})"
+            b, error, matched = None, None, None
+            for dt in dtypes:
+                try:
+                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device)
+                    matched = dt
+                    break
+                except InvalidArgumentError as e:
+                    error = error or e
+            if b is None:
+                raise error
+            setattr(arr[i], field, b.ptr)
+            setattr(arr[i], size_field, _nbytes(shape, matched))
+    return arr
+
+
+def _nbytes(shape, dtype):
+    size = {"uint8": 1, "float8_e4m3fn": 1, "float16": 2, "bfloat16": 2, "uint16": 2}[dtype]
+    n = 1
+    for d in shape:
+        n *= d
+    return n * size
+
+
 class Cache(Handle):
     """All caches of this rank, allocated once (blocking; contents start zeroed).
 
     Cache(context, config, overlay=None, *, num_blocks=0, memory_budget_bytes=0,
-          share_topk=True, external_topk=None)
+          share_topk=True, external_topk=None, memory=None)
 
     An E4M3 cache needs an Overlay that validate() accepted for an equal config (else
     OverlayMissingError / OverlayNotValidatedError); 16-bit caches take overlay=None.
     The scales are copied: the overlay may be closed afterwards. num_blocks=0 sizes the
     cache from memory_budget_bytes. external_topk: a device int32 [rows, topk_width]
     array to use as the top-k workspace (kept alive by the cache).
+
+    memory: caller-owned cache memory (engines that allocate and profile their own KV
+    pool): one entry per QSA layer (config.qsa_layers order), each a dict or tuple of
+    arrays (kv, compressed_keys, ring_keys) with the shapes and dtypes that
+    memory_shapes(config, layout_for(config, num_blocks=...)) gives (torch/CuPy device
+    arrays on the CUDA backend, NumPy arrays on the CPU backend); needs num_blocks > 0.
+    The library checks each (messages name memory[i].field), never frees them and uses
+    their contents as they are; the Cache keeps them alive while open.
 
     The Cache keeps its Context alive; closing the Context closes the Cache first.
     """
@@ -48,48 +168,108 @@ class Cache(Handle):
 
     def __init__(self, context: Context, config: ModelConfig, overlay: Overlay | None = None,
                  *, num_blocks: int = 0, memory_budget_bytes: int = 0,
-                 share_topk: bool = True, external_topk=None):
-        opts = _structs.new(_cdefs.qsakv_cache_options)
-        lib.qsakv_cache_options_init(ctypes.byref(opts))
-        opts.num_blocks = num_blocks
-        opts.memory_budget_bytes = memory_budget_bytes
-        opts.share_topk = int(bool(share_topk))
+                 share_topk: bool = True, external_topk=None, memory=None):
         geometry = config.rank_geometry()
-        if external_topk is not None:
-            b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
-                      backend_cuda=context.is_cuda, device_id=context.info.device)
-            opts.external_topk = b.ptr
-            opts.external_topk_dtype = DType.INT32
-            opts.external_topk_rows, opts.external_topk_cols = b.shape
+        cuda, device = context.is_cuda, context.info.device
+        opts = _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk,
+                              geometry, cuda, device)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
-        lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref,
-                               overlay._p if overlay is not None else None,
-                               ctypes.byref(opts))
+        ov = overlay._p if overlay is not None else None
+        if memory is None:
+            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
+                                   ctypes.byref(opts))
+        else:
+            layers = _layer_memory(memory, config, layout_for(config, num_blocks=num_blocks,
+                                                              share_topk=share_topk,
+                                                              external_topk=external_topk),
+                                   cuda, device)
+            m = _structs.new(_cdefs.qsakv_cache_memory)
+            m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
+            m.num_layers = len(layers)
+            m.layers = layers
+            lib.qsakv_cache_create_with_memory(ctypes.byref(out), context._p, config._ref, ov,
+                                               ctypes.byref(opts), ctypes.byref(m))
         super().__init__(out, lib.qsakv_cache_destroy, parent=context)
         self.context = context
-        self.config = config.copy()
-        self.geometry = geometry
+        self._config = config.copy()
+        self._geometry = geometry
         self._external_topk = external_topk
-        self.layout = self._get_layout()
+        self._memory = memory  # the caller's buffers stay alive while the cache is open
+        self._cuda, self._device = cuda, device
+        self._layout = self._get_layout()
+        # Argument checks of the hot calls, made once (see _buffers.ArgSpec).
+        act, ihd = act_dtype(config), config.index_head_dim
+        kv = (geometry.kv_heads, config.head_dim)
+        spec = lambda name, dtype, tail: ArgSpec(name, dtype, tail, cuda=cuda,  # noqa: E731
+                                                 device_id=device)
+        self._k, self._v = spec("k", act, kv), spec("v", act, kv)
+        self._slots = spec("slot_mapping", "int64", ())
+        self._keys = spec("keys", "float16", (ihd,))
+        self._request_slots = spec("request_slots", "int32", ())
+        self._positions = spec("positions", "int64", ())
+
+    @property
+    def config(self) -> ModelConfig:
+        """A copy of the ModelConfig the cache was made for."""
+        self._p  # noqa: B018 (ClosedError once closed)
+        return self._config
+
+    @property
+    def geometry(self):
+        """This rank's RankGeometry (q_heads, kv_heads, topk_width, ...)."""
+        self._p  # noqa: B018
+        return self._geometry
+
+    @property
+    def layout(self):
         """CacheLayout: kv_dtype, num_blocks, block_size, kv_heads, head_dim, strides of
         the main cache [num_blocks, 2, block_size, kv_heads, head_dim] in elements,
         bytes per layer of each cache, ring_length, topk_rows/cols, total_bytes."""
+        self._p  # noqa: B018
+        return self._layout
 
     def _get_layout(self):
         out = _structs.new(_cdefs.qsakv_cache_layout)
         lib.qsakv_cache_get_layout(self._p, ctypes.byref(out))
         return _structs.record(out, "CacheLayout")
 
-    def layer_buffers(self, layer: int) -> LayerBuffers:
-        """Device addresses of a QSA layer's buffers (model-layer id), for interop."""
+    def _addresses(self, layer: int):
         out = _cdefs.qsakv_layer_buffers()
         lib.qsakv_cache_get_layer_buffers(self._p, layer, ctypes.byref(out))
-        return LayerBuffers(*(_structs.value(out, f) for f in LayerBuffers._fields))
+        return {f: _structs.value(out, f) for f in LayerBuffers._fields}
 
-    # -- checks ------------------------------------------------------------------------
-    def _arg(self, obj, name, dtype, shape, min_rows=None):
-        return check(obj, name, dtype, shape, backend_cuda=self.context.is_cuda,
-                     device_id=self.context.info.device, min_rows=min_rows)
+    def layer_buffers(self, layer: int) -> LayerBuffers:
+        """Views (no copy) of a QSA layer's buffers (model-layer id): NumPy arrays on the
+        CPU backend, DeviceArray objects (__cuda_array_interface__) on CUDA; see
+        LayerBuffers for shapes and dtypes. Valid while the Cache is open."""
+        a = self._addresses(layer)
+        L, c = self._layout, self._config
+        kw = dict(cuda=self._cuda, device=self._device, owner=self)
+        kv_dtype = _KV_DTYPE_NAMES[DType(L.kv_dtype).name]
+        kv = _views.view(a["kv"], (L.num_blocks, 2, L.block_size, L.kv_heads, L.head_dim),
+                         kv_dtype, strides=(L.kv_stride_block, L.kv_stride_kv,
+                                            L.kv_stride_token, L.kv_stride_head, 1), **kw)
+        groups = L.block_size // c.compress_ratio
+        ck = _views.view(a["compressed_keys"], (L.num_blocks, groups, c.index_head_dim),
+                         "float16", **kw)
+        ring = _views.view(a["ring_keys"], (c.max_requests, L.ring_length, c.index_head_dim),
+                           "float16", **kw)
+        topk = _views.view(a["topk"], (L.topk_rows, L.topk_cols), "int32", **kw)
+        scales = _views.view(a["scales"], (2,), "float32", **kw)
+        for name, v, want in (("kv", kv, L.kv_bytes_per_layer),
+                              ("compressed_keys", ck, L.compressed_bytes_per_layer),
+                              ("ring_keys", ring, L.ring_bytes_per_layer)):
+            if v.nbytes != want:  # the layout and these shapes disagree: a binding bug
+                raise InternalError(f"layer_buffers: {name} view of {v.nbytes} bytes, "
+                                    f"layout says {want}")
+        return LayerBuffers(kv, ck, ring, topk, scales)
+
+    def note_external_codes(self, layer: int, *, stream=None) -> None:
+        """Tells the library that `layer`'s E4M3 codes were written outside store_kv
+        (a swap-in, a prefix-cache copy through layer_buffers(layer).kv), so the software
+        decoder checks them for NaN codes from now on. Async on `stream`."""
+        lib.qsakv_cache_note_external_codes(
+            self._p, layer, stream_arg(resolve_stream(stream, self._cuda, self._device)))
 
     # -- store -------------------------------------------------------------------------
     def store_kv(self, layer: int, k, v, slot_mapping, *, stream=None) -> None:
@@ -98,17 +278,20 @@ class Cache(Handle):
 
         k, v: DEVICE arrays, activation dtype, [n, kv_heads, head_dim] contiguous;
         slot_mapping: DEVICE int64 [n] (block * block_size + offset; -1 skips).
-        Asynchronous on `stream` (CUDA): keep the inputs alive until it ran; no
-        allocation, capturable in a CUDA graph. CPU backend: synchronous.
+        Asynchronous on `stream` (default: torch's current stream, see Buffers, streams
+        in the README); keep the inputs alive until it ran; no allocation, capturable in
+        a CUDA graph. CPU backend: synchronous.
         """
-        g, dt = self.geometry, act_dtype(self.config)
-        shape = (ANY, g.kv_heads, self.config.head_dim)
-        pk = self._arg(k, "k", dt, shape)
-        n = pk.shape[0]
-        pv = self._arg(v, "v", dt, (n,) + shape[1:])
-        ps = self._arg(slot_mapping, "slot_mapping", "int64", (n,))
-        lib.qsakv_store_kv(self._p, layer, pk.ptr, pv.ptr, typed(ps.ptr, ctypes.c_int64), n,
-                           as_stream(stream))
+        a = self._addr
+        if not a:
+            self._closed_error()
+        pk, n = self._k.ptr(k)
+        pv = self._v.ptr(v, n)[0]
+        ps = self._slots.ptr(slot_mapping, n)[0]
+        s = resolve_stream(stream, self._cuda, self._device)
+        status = _store_kv(a, layer, pk, pv, ps, n, s)
+        if status:
+            raise_status(status, "qsakv_store_kv")
 
     def store_index_keys(self, layer: int, keys, request_slots, positions, *,
                          stream=None) -> None:
@@ -116,23 +299,31 @@ class Cache(Handle):
         positions[i] % ring_length). keys: DEVICE float16 [n, index_head_dim];
         request_slots: DEVICE int32 [n]; positions: DEVICE int64 [n] (negative skips).
         Asynchronous on `stream`; capturable."""
-        pk = self._arg(keys, "keys", "float16", (ANY, self.config.index_head_dim))
-        n = pk.shape[0]
-        pr = self._arg(request_slots, "request_slots", "int32", (n,))
-        pp = self._arg(positions, "positions", "int64", (n,))
-        lib.qsakv_store_index_keys(self._p, layer, pk.ptr, typed(pr.ptr, ctypes.c_int32),
-                                   typed(pp.ptr, ctypes.c_int64), n, as_stream(stream))
+        a = self._addr
+        if not a:
+            self._closed_error()
+        pk, n = self._keys.ptr(keys)
+        pr = self._request_slots.ptr(request_slots, n)[0]
+        pp = self._positions.ptr(positions, n)[0]
+        s = resolve_stream(stream, self._cuda, self._device)
+        status = _store_index_keys(a, layer, pk, pr, pp, n, s)
+        if status:
+            raise_status(status, "qsakv_store_index_keys")
 
     def store_compressed_keys(self, layer: int, keys, slot_mapping, *, stream=None) -> None:
         """Finished compressed index keys into the compressed cache, entry
         slot_mapping[i] // compress_ratio. keys: DEVICE float16 [n, index_head_dim];
         slot_mapping: DEVICE int64 [n], the slot of any token of the group (-1 skips).
         Asynchronous on `stream`; capturable."""
-        pk = self._arg(keys, "keys", "float16", (ANY, self.config.index_head_dim))
-        n = pk.shape[0]
-        ps = self._arg(slot_mapping, "slot_mapping", "int64", (n,))
-        lib.qsakv_store_compressed_keys(self._p, layer, pk.ptr, typed(ps.ptr, ctypes.c_int64),
-                                        n, as_stream(stream))
+        a = self._addr
+        if not a:
+            self._closed_error()
+        pk, n = self._keys.ptr(keys)
+        ps = self._slots.ptr(slot_mapping, n)[0]
+        s = resolve_stream(stream, self._cuda, self._device)
+        status = _store_compressed_keys(a, layer, pk, ps, n, s)
+        if status:
+            raise_status(status, "qsakv_store_compressed_keys")
 
     # -- reading back ------------------------------------------------------------------
     def read_kv(self, layer: int, *, stream=None):
@@ -155,7 +346,8 @@ class Cache(Handle):
         host = np.empty(shape, dtype=kind)
         assert host.nbytes == L.kv_bytes_per_layer
         self.context.synchronize(stream)
-        lib.qsakv_memcpy(self.context._p, host.ctypes.data, self.layer_buffers(layer).kv,
-                         host.nbytes, CopyKind.DEVICE_TO_HOST, as_stream(stream))
+        lib.qsakv_memcpy(self.context._p, host.ctypes.data, self._addresses(layer)["kv"],
+                         host.nbytes, CopyKind.DEVICE_TO_HOST,
+                         stream_arg(resolve_stream(stream, self._cuda, self._device)))
         self.context.synchronize(stream)
         return host

@@ -4,23 +4,21 @@ from __future__ import annotations
 import ctypes
 
 from . import _cdefs, _structs
-from ._buffers import as_stream
+from ._buffers import resolve_stream, stream_arg
 from ._handle import Handle
 from ._lib import lib
-from .enums import by_c_name
+from .enums import by_c_name, choice
 
 Backend = by_c_name["qsakv_backend"]
 Decoder = by_c_name["qsakv_decoder"]
 
 
-def _enum(cls, value):
-    return cls[value.upper()] if isinstance(value, str) else cls(value)
-
-
 class Context(Handle):
     """A backend and device.
 
-    Context(backend="auto" | "cpu" | "cuda", device=0, decoder="auto"). Blocking; may
+    Context(backend="auto" | "cpu" | "cuda", device=0, decoder="auto" | "hardware" |
+    "software"); names are case-insensitive, anything else raises InvalidArgumentError (a
+    ValueError) naming the valid choices. Blocking; may
     initialise the CUDA runtime. With "auto" and no usable GPU it picks the CPU backend
     and `info.fallback_reason` says why; "cuda" where there is none raises NoDeviceError.
 
@@ -34,15 +32,22 @@ class Context(Handle):
     def __init__(self, backend="auto", device: int = 0, decoder="auto"):
         opts = _structs.new(_cdefs.qsakv_context_options)
         lib.qsakv_context_options_init(ctypes.byref(opts))
-        opts.backend = _enum(Backend, backend)
+        opts.backend = choice(Backend, backend, "backend")
         opts.device = device
-        opts.decoder = _enum(Decoder, decoder)
+        opts.decoder = choice(Decoder, decoder, "decoder")
         out = ctypes.POINTER(_cdefs.qsakv_context)()
         lib.qsakv_context_create(ctypes.byref(out), ctypes.byref(opts))
         super().__init__(out, lib.qsakv_context_destroy)
-        self.info = self._get_info()
+        self._info = self._get_info()
+        self._cuda = self._info.backend == Backend.CUDA
+        self._device = self._info.device
+
+    @property
+    def info(self):
         """ContextInfo: backend and decoder chosen, device, SM version, memory, name,
-        fallback_reason (read once at creation)."""
+        fallback_reason (read once at creation). ClosedError once closed."""
+        self._p  # noqa: B018
+        return self._info
 
     def _get_info(self):
         info = _structs.new(_cdefs.qsakv_context_info)
@@ -56,11 +61,15 @@ class Context(Handle):
 
     @property
     def is_cuda(self) -> bool:
-        return self.info.backend == Backend.CUDA
+        self._p  # noqa: B018
+        return self._cuda
 
     def synchronize(self, stream=None) -> None:
-        """Waits for `stream` (no-op on the CPU backend). Blocking."""
-        lib.qsakv_stream_synchronize(self._p, as_stream(stream))
+        """Waits for `stream` (default: torch's current stream when torch is imported,
+        else the legacy default stream; no-op on the CPU backend). Blocking."""
+        p = self._p
+        lib.qsakv_stream_synchronize(p, stream_arg(resolve_stream(stream, self._cuda,
+                                                                  self._device)))
 
 
 def built_with_cuda() -> bool:

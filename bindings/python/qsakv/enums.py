@@ -9,7 +9,7 @@ import os
 
 from . import _cdefs
 
-__all__ = ["by_c_name", "dtype_of", "ARRAY_DTYPE_NAMES"]
+__all__ = ["by_c_name", "dtype_of", "choice", "ARRAY_DTYPE_NAMES"]
 
 _NAMES = {"dtype": "DType"}
 by_c_name: dict[str, type] = {}
@@ -41,12 +41,38 @@ _ALIASES = {"fp16": "FP16", "float16": "FP16", "half": "FP16", "bf16": "BF16",
             "fp32": "FP32", "float32": "FP32", "int32": "INT32", "int64": "INT64"}
 
 
+def _invalid(what: str, value, valid) -> ValueError:
+    from .errors import argument_error  # InvalidArgumentError: also a ValueError
+
+    return argument_error(f"{what}: {value!r} is not one of {', '.join(valid)} "
+                          "(names are case-insensitive)")
+
+
+def choice(cls, value, what: str):
+    """A member of the enum `cls` from a member, an int value or a name, matched
+    case-insensitively ("cuda", "CUDA"). Anything else raises InvalidArgumentError (a
+    ValueError) naming `what` and the valid choices."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        member = cls.__members__.get(value.upper())
+        if member is not None:
+            return member
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+    raise _invalid(what, value, [repr(n.lower()) for n in cls.__members__])
+
+
 def dtype_of(value) -> "DType":  # noqa: F821 (made above)
-    """A DType from a DType, an int, or a name ("fp16", "bfloat16", "e4m3", ...)."""
+    """A DType from a DType, an int, or a name ("fp16", "bfloat16", "e4m3", ...),
+    case-insensitive; InvalidArgumentError (a ValueError) naming the valid names."""
     DType = by_c_name["qsakv_dtype"]
     if isinstance(value, str):
         key = _ALIASES.get(value.lower().removeprefix("torch."))
         if key is None:
-            raise ValueError(f"unknown dtype {value!r}; one of {sorted(_ALIASES)}")
+            raise _invalid("dtype", value, [repr(a) for a in sorted(_ALIASES)])
         return DType[key]
-    return DType(value)
+    return choice(DType, value, "dtype")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from . import _cdefs
 
-__all__ = ["QsakvError", "OverlayError", "ClosedError", "error_class", "raise_for_status"]
+__all__ = ["QsakvError", "OverlayError", "ClosedError", "CaptureError", "error_class",
+           "raise_for_status"]
 
 
 class QsakvError(Exception):
@@ -104,6 +105,11 @@ for _status, _status_name in _STATUS_NAMES.items():
 
 class ClosedError(globals()["StateError"]):
     """The object was closed (or its owner was): it cannot be used any more."""
+
+
+class CaptureError(globals()["StateError"]):
+    """A call aimed at a stream that is not capturing while torch's current stream is
+    capturing a CUDA graph: it would run once, now, and be missing from the graph."""
 
 
 def error_class(status: int) -> type:

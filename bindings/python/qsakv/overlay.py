@@ -25,6 +25,25 @@ def checkpoint_revision(path) -> str:
     return out.value.decode()
 
 
+def write_options(base_index_path, layer_prefix=None, contract_tp_size=0,
+                  contract_speculative_tokens=-1, contract_activation_dtype=None,
+                  contract_min_sm=0, unit_scale_control=False):
+    """A qsakv_overlay_write_options (see Overlay.write for the fields). The strings are
+    kept referenced by the returned struct's `_keep`."""
+    opts = _structs.new(_cdefs.qsakv_overlay_write_options)
+    lib.qsakv_overlay_write_options_init(ctypes.byref(opts))
+    keep = (None if layer_prefix is None else layer_prefix.encode(), _path(base_index_path))
+    opts.layer_prefix, opts.base_index_path = keep
+    opts.contract_tp_size = contract_tp_size
+    opts.contract_speculative_tokens = contract_speculative_tokens
+    opts.contract_activation_dtype = 0 if contract_activation_dtype is None else \
+        dtype_of(contract_activation_dtype)
+    opts.contract_min_sm = contract_min_sm
+    opts.unit_scale_control = int(bool(unit_scale_control))
+    opts._keep = keep
+    return opts
+
+
 class Overlay(Handle):
     """Loaded K/V scales. Overlay.load(...) -> validate(config, revision) -> back an E4M3
     Cache. A failed validate() raises the refusal's class (RevisionMismatchError,
@@ -50,9 +69,10 @@ class Overlay(Handle):
     def validate(self, config: ModelConfig, expected_base_revision: str) -> "Overlay":
         """Validates against `config` and the base checkpoint's revision (see
         checkpoint_revision). Every fail-closed rule has its own exception class."""
+        p = self._p
         if not isinstance(expected_base_revision, str):
             raise TypeError("expected_base_revision: a hex SHA-256 string")
-        lib.qsakv_overlay_validate(self._p, config._ref, expected_base_revision.encode())
+        lib.qsakv_overlay_validate(p, config._ref, expected_base_revision.encode())
         return self
 
     def info(self):
@@ -80,16 +100,9 @@ class Overlay(Handle):
         existing out_dir; atomic."""
         layers = sorted(scales)
         n = len(layers)
-        opts = _structs.new(_cdefs.qsakv_overlay_write_options)
-        lib.qsakv_overlay_write_options_init(ctypes.byref(opts))
-        opts.layer_prefix = None if layer_prefix is None else layer_prefix.encode()
-        opts.base_index_path = _path(base_index_path)
-        opts.contract_tp_size = contract_tp_size
-        opts.contract_speculative_tokens = contract_speculative_tokens
-        opts.contract_activation_dtype = 0 if contract_activation_dtype is None else \
-            dtype_of(contract_activation_dtype)
-        opts.contract_min_sm = contract_min_sm
-        opts.unit_scale_control = int(bool(unit_scale_control))
+        opts = write_options(base_index_path, layer_prefix, contract_tp_size,
+                             contract_speculative_tokens, contract_activation_dtype,
+                             contract_min_sm, unit_scale_control)
         arr_l = (ctypes.c_int32 * n)(*layers)
         arr_k = (ctypes.c_float * n)(*(scales[i][0] for i in layers))
         arr_v = (ctypes.c_float * n)(*(scales[i][1] for i in layers))

@@ -6,14 +6,23 @@ import ctypes
 from dataclasses import dataclass
 
 from . import _cdefs, _structs
-from ._buffers import ANY, as_stream, check, typed
+from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg, typed
+from . import _buffers
 from ._handle import Handle
-from ._lib import lib
+from ._lib import lib, raise_status, raw_function
 from .cache import Cache, act_dtype
-from .enums import by_c_name
+from .enums import by_c_name, choice
 from .errors import argument_error
 
 AttentionMode = by_c_name["qsakv_attention_mode"]
+# mode -> value, for the names and values a call usually passes (IntEnum members hash
+# as their ints); anything else goes through enums.choice.
+_MODES = {"sparse": 0, "dense": 1, 0: 0, 1: 1}
+_u = ctypes.c_void_p
+_select_topk = raw_function("qsakv_select_topk", _u, ctypes.c_int32, _u, _u, ctypes.c_int64,
+                            _u)
+_attention_run = raw_function("qsakv_attention_run", _u, ctypes.c_int32, ctypes.c_int32, _u,
+                              _u, ctypes.c_int64, _u, _u)
 
 
 @dataclass
@@ -65,6 +74,15 @@ class Plan(Handle):
         self.cache = cache
         self._batch = None
         self._rows = 0
+        cfg, geo = cache._config, cache._geometry
+        self._cuda, self._device = cache._cuda, cache._device
+        self._width = geo.topk_width
+        act = act_dtype(cfg)
+        spec = lambda name, dtype, tail: ArgSpec(name, dtype, tail, cuda=self._cuda,  # noqa: E731
+                                                 device_id=self._device)
+        self._iq = spec("index_q", "float16", (cfg.index_num_heads, cfg.index_head_dim))
+        self._q = spec("q", act, (geo.q_heads, cfg.head_dim))
+        self._out = spec("out", act, (geo.q_heads, cfg.head_dim))
 
     def update(self, batch: Batch, *, stream=None) -> None:
         """Describes the next batch: host work and an ASYNC copy of the metadata to the
@@ -72,6 +90,7 @@ class Plan(Handle):
         previous update's copy still reads the staging buffer."""
         import numpy as np
 
+        p = self._p
         def host(name, values, n):
             a = np.ascontiguousarray(np.asarray(values), dtype=np.int32)
             if a.shape != (n,):
@@ -84,10 +103,8 @@ class Plan(Handle):
         lens = host("seq_lens", batch.seq_lens, n)
         slots = None if batch.request_slots is None else \
             host("request_slots", batch.request_slots, n)
-        c = self.cache
         bt = check(batch.block_table, "batch.block_table", "int32", (ANY, ANY),
-                   backend_cuda=c.context.is_cuda, device_id=c.context.info.device,
-                   min_rows=n)
+                   backend_cuda=self._cuda, device_id=self._device, min_rows=n)
         b = _structs.new(_cdefs.qsakv_batch)
         b.num_requests = n
         b.query_start = typed(qs.ctypes.data, ctypes.c_int32)
@@ -95,7 +112,8 @@ class Plan(Handle):
         b.request_slots = None if slots is None else typed(slots.ctypes.data, ctypes.c_int32)
         b.block_table = typed(bt.ptr, ctypes.c_int32)
         b.block_table_stride = bt.shape[1]
-        lib.qsakv_plan_update(self._p, ctypes.byref(b), as_stream(stream))
+        lib.qsakv_plan_update(p, ctypes.byref(b),
+                              stream_arg(resolve_stream(stream, self._cuda, self._device)))
         self._batch = batch  # the block table is read at run time
         self._rows = int(qs[-1])
 
@@ -107,30 +125,37 @@ class Plan(Handle):
         return _structs.record(out, "PlanInfo")
 
     def _topk(self, topk):
+        """(address, stride) of a caller's top-k array int32 [>= rows, >= topk_width]."""
         if topk is None:
-            return None, 0
-        c = self.cache
-        b = check(topk, "topk", "int32", (ANY, ANY), backend_cuda=c.context.is_cuda,
-                  device_id=c.context.info.device, min_rows=self._rows)
-        width = c.geometry.topk_width
-        if b.shape[1] < width:
-            raise argument_error(f"topk: expected int32 [n, >= {width}] (topk_width) "
+            return 0, 0
+        if type(topk) is _buffers._NDARRAY and not self._cuda and \
+                topk.dtype is _INT32 and topk.flags.c_contiguous and topk.ndim == 2:
+            rows, cols = topk.shape
+            if rows >= self._rows and cols >= self._width:
+                return topk.__array_interface__["data"][0], cols
+        b = check(topk, "topk", "int32", (ANY, ANY), backend_cuda=self._cuda,
+                  device_id=self._device, min_rows=self._rows)
+        if b.shape[1] < self._width:
+            raise argument_error(f"topk: expected int32 [n, >= {self._width}] (topk_width) "
                                  f"contiguous, got int32 {list(b.shape)}")
-        return typed(b.ptr, ctypes.c_int32), b.shape[1]
+        return b.ptr, b.shape[1]
 
     def select_topk(self, layer: int, index_q, topk=None, *, stream=None) -> None:
         """Indexer scoring, exact top-k and expansion for every row of the last update.
 
         index_q: DEVICE float16 [rows, index_num_heads, index_head_dim];
         topk: DEVICE int32 [rows, >= topk_width] to write, or None for the layer's
-        (shared) top-k buffer. Asynchronous on `stream`; capturable."""
-        c = self.cache
-        cfg = c.config
-        pq = check(index_q, "index_q", "float16", (ANY, cfg.index_num_heads, cfg.index_head_dim),
-                   backend_cuda=c.context.is_cuda, device_id=c.context.info.device,
-                   min_rows=self._rows)
+        (shared) top-k buffer. Asynchronous on `stream` (default: torch's current
+        stream); capturable."""
+        a = self._addr
+        if not a:
+            self._closed_error()
+        pq = self._iq.ptr(index_q, None, self._rows)[0]
         ptk, stride = self._topk(topk)
-        lib.qsakv_select_topk(self._p, layer, pq.ptr, ptk, stride, as_stream(stream))
+        s = resolve_stream(stream, self._cuda, self._device)
+        status = _select_topk(a, layer, pq, ptk, stride, s)
+        if status:
+            raise_status(status, "qsakv_select_topk")
 
     def attention(self, layer: int, q, out, *, mode="sparse", topk=None, stream=None) -> None:
         """softmax(q K^T * softmax_scale) V for every row of the last update.
@@ -138,15 +163,28 @@ class Plan(Handle):
         q, out: DEVICE arrays, activation dtype, [rows, q_heads, head_dim] contiguous.
         mode: "sparse" (over top-k indices: `topk` DEVICE int32 [rows, >= topk_width],
         or None for the layer's top-k buffer) or "dense" (over the block table, causal).
-        Asynchronous on `stream`; no allocation, capturable in a CUDA graph."""
-        c = self.cache
-        mode = AttentionMode[mode.upper()] if isinstance(mode, str) else AttentionMode(mode)
-        shape = (ANY, c.geometry.q_heads, c.config.head_dim)
-        dt = act_dtype(c.config)
-        kw = dict(backend_cuda=c.context.is_cuda, device_id=c.context.info.device,
-                  min_rows=self._rows)
-        pq = check(q, "q", dt, shape, **kw)
-        po = check(out, "out", dt, shape, **kw)
-        ptk, stride = self._topk(topk) if mode == AttentionMode.SPARSE else (None, 0)
-        lib.qsakv_attention_run(self._p, layer, mode, pq.ptr, ptk, stride, po.ptr,
-                                as_stream(stream))
+        Asynchronous on `stream` (default: torch's current stream); no allocation,
+        capturable in a CUDA graph."""
+        a = self._addr
+        if not a:
+            self._closed_error()
+        m = _MODES.get(mode) if isinstance(mode, (str, int)) else None
+        if m is None:
+            m = int(choice(AttentionMode, mode, "mode"))
+        rows = self._rows
+        pq = self._q.ptr(q, None, rows)[0]
+        po = self._out.ptr(out, None, rows)[0]
+        ptk, stride = self._topk(topk) if m == 0 else (0, 0)
+        s = resolve_stream(stream, self._cuda, self._device)
+        status = _attention_run(a, layer, m, pq, ptk, stride, po, s)
+        if status:
+            raise_status(status, "qsakv_attention_run")
+
+
+def _int32():
+    import numpy as np
+
+    return np.dtype("int32")
+
+
+_INT32 = _int32()

@@ -7,7 +7,7 @@
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/overlay/sha256.hpp"
+#include "core/format/sha256.hpp"
 
 namespace qsakv {
 namespace calib {

@@ -13,9 +13,9 @@
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/overlay/file_io.hpp"
-#include "core/overlay/json_strict.hpp"
-#include "core/overlay/safetensors.hpp"
+#include "core/format/file_io.hpp"
+#include "core/format/json_strict.hpp"
+#include "core/format/safetensors.hpp"
 
 namespace qsakv {
 namespace calib {

@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "core/overlay/json_strict.hpp"
+#include "core/format/json_strict.hpp"
 
 namespace qsakv {
 

@@ -3,11 +3,11 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "core/overlay/file_io.hpp"
+#include "core/format/file_io.hpp"
 #include "core/overlay/index.hpp"
 #include "core/overlay/overlay.hpp"
-#include "core/overlay/safetensors.hpp"
-#include "core/overlay/sha256.hpp"
+#include "core/format/safetensors.hpp"
+#include "core/format/sha256.hpp"
 
 namespace qsakv {
 

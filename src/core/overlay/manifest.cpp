@@ -3,9 +3,9 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "core/overlay/json_strict.hpp"
+#include "core/format/json_strict.hpp"
 #include "core/overlay/names.hpp"
-#include "core/overlay/sha256.hpp"
+#include "core/format/sha256.hpp"
 
 namespace qsakv {
 

@@ -61,3 +61,26 @@ def test_device_checks_with_torch(small_cfg):
                                           device="cuda")[:, :, ::2], k.cuda(), s)
         cache.store_kv(3, k.cuda(), k.cuda(), s, stream=torch.cuda.current_stream())
         gpu.synchronize()
+
+
+def test_layer_buffers_are_cuda_array_views(small_cfg):
+    """Issue 15, item 1: on the CUDA backend layer_buffers gives __cuda_array_interface__
+    views that torch takes without a copy, with the layout's shapes and dtypes."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = make_world(cfg, cfg.rank_geometry(), seed=6)
+    layer = cfg.qsa_layers[0]
+    with qsakv.Context("cuda") as gpu, qsakv.Cache(gpu, cfg, num_blocks=w.num_blocks) as cache:
+        cache.store_kv(layer, torch.from_numpy(w.k).cuda(), torch.from_numpy(w.v).cuda(),
+                       torch.from_numpy(w.slots).cuda())
+        b = cache.layer_buffers(layer)
+        assert isinstance(b.kv, qsakv.DeviceArray) and b.kv.device == gpu.info.device
+        kv = torch.as_tensor(b.kv, device="cuda")
+        L = cache.layout
+        assert kv.dtype == torch.float16 and tuple(kv.shape) == (
+            L.num_blocks, 2, L.block_size, L.kv_heads, L.head_dim)
+        assert kv.data_ptr() == b.kv.ptr  # no copy
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(kv.cpu().numpy(), cache.read_kv(layer))
+        topk = torch.as_tensor(b.topk, device="cuda")
+        assert topk.dtype == torch.int32 and tuple(topk.shape) == (L.topk_rows, L.topk_cols)
+        assert torch.as_tensor(b.scales, device="cuda").tolist() == [1.0, 1.0]

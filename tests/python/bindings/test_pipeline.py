@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import qsakv
+from qsakv import _buffers
 from reference import (attention_reference, calibrate, make_world, quantise_e4m3, rel_l2,
                        select_reference)
 
@@ -118,11 +119,77 @@ def test_layout_and_layer_buffers(cpu, small_cfg, world, overlay, checkpoint):
         assert L.kv_bytes_per_layer == 32 * 2 * L.block_size * 256
         assert L.topk_cols == small_cfg.rank_geometry().topk_width
         bufs = [cache.layer_buffers(l) for l in small_cfg.qsa_layers]
-        assert all(b.kv and b.scales for b in bufs)
-        assert len({b.kv for b in bufs}) == len(bufs)          # one main cache per layer
-        assert len({b.topk for b in bufs}) == 1                 # one shared top-k buffer
         with pytest.raises(qsakv.InvalidArgumentError, match="layer"):
             cache.layer_buffers(0)
+
+
+def test_layer_buffers_are_typed_views_of_the_cache(cpu, small_cfg, world, overlay,
+                                                     checkpoint):
+    """Item 1 of issue 15: arrays with the layout's shapes and dtypes over the cache's
+    own memory (no copy), never bare integers."""
+    ov, ks, vs = overlay
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    w = world
+    with qsakv.Cache(cpu, small_cfg, ov, num_blocks=w.num_blocks) as cache:
+        L, cfg = cache.layout, small_cfg
+        bufs = [cache.layer_buffers(l) for l in cfg.qsa_layers]
+        for b in bufs:
+            assert all(isinstance(x, np.ndarray) for x in b), [type(x) for x in b]
+        b = bufs[0]
+        assert (b.kv.dtype, b.kv.shape) == (np.uint8, (L.num_blocks, 2, L.block_size, 1, 256))
+        assert b.kv.nbytes == L.kv_bytes_per_layer
+        assert b.kv.strides == (L.kv_stride_block, L.kv_stride_kv, L.kv_stride_token,
+                                L.kv_stride_head, 1)  # bytes = elements for uint8
+        assert (b.compressed_keys.dtype, b.compressed_keys.shape) == \
+            (np.float16, (L.num_blocks, L.block_size // cfg.compress_ratio,
+                          cfg.index_head_dim))
+        assert (b.ring_keys.dtype, b.ring_keys.shape) == \
+            (np.float16, (cfg.max_requests, L.ring_length, cfg.index_head_dim))
+        assert (b.topk.dtype, b.topk.shape) == (np.int32, (L.topk_rows, L.topk_cols))
+        assert b.scales.dtype == np.float32 and b.scales.tolist() == [np.float32(ks),
+                                                                      np.float32(vs)]
+        ptr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+        assert len({ptr(x.kv) for x in bufs}) == len(bufs)  # one main cache per layer
+        assert len({ptr(x.topk) for x in bufs}) == 1         # one shared top-k buffer
+        assert not b.kv.any()  # the cache starts zeroed
+        # The views are the cache's memory: a store shows in them, equal to read_kv.
+        layer = cfg.qsa_layers[0]
+        cache.store_kv(layer, w.k, w.v, w.slots)
+        cache.store_compressed_keys(layer, w.ck, w.cslots)
+        np.testing.assert_array_equal(b.kv, cache.read_kv(layer))
+        blocks, offs = w.slots // L.block_size, w.slots % L.block_size
+        np.testing.assert_array_equal(b.kv[blocks, 0, offs],
+                                      quantise_e4m3(w.k, ks).view(np.uint8))
+        c = w.cslots // cfg.compress_ratio
+        np.testing.assert_array_equal(
+            b.compressed_keys.reshape(-1, cfg.index_head_dim)[c], w.ck)
+        # ... and writes through a view reach the library (a swap-in of codes).
+        b.kv[0, 1, 0, 0, :4] = [1, 2, 3, 4]
+        cache.note_external_codes(layer)
+        assert cache.read_kv(layer)[0, 1, 0, 0, :4].tolist() == [1, 2, 3, 4]
+        # A view keeps the Cache object referenced (not its memory after close()).
+        assert b.kv.base._owner is cache
+
+
+def test_layer_buffers_16bit_and_device_array_interface(cpu, small_cfg):
+    with qsakv.Cache(cpu, small_cfg.replace(kv_dtype="bf16", activation_dtype="bf16"),
+                     num_blocks=2) as cache:
+        kv = cache.layer_buffers(3).kv
+        assert kv.dtype == ml_dtypes.bfloat16 and kv.shape == (2, 2, 64, 1, 256)
+        assert cache.layer_buffers(3).scales.tolist() == [1.0, 1.0]
+    # The CUDA backend's views: __cuda_array_interface__ v3 with the same shapes.
+    from qsakv._views import DeviceArray
+
+    d = DeviceArray(0x7F0000001000, (4, 2, 64, 1, 256), "uint8",
+                    strides=(32768, 16384, 256, 256, 1), device=1)
+    cai = d.__cuda_array_interface__
+    assert cai == {"shape": (4, 2, 64, 1, 256), "typestr": "|u1",
+                   "data": (0x7F0000001000, False), "strides": (32768, 16384, 256, 256, 1),
+                   "version": 3, "stream": None}
+    assert d.nbytes == 4 * 2 * 64 * 256 and "cuda:1" in repr(d)
+    f = DeviceArray(0x1000, (3, 2), "float16", strides=(2, 1))
+    assert f.__cuda_array_interface__["strides"] == (4, 2)
+    assert _buffers.describe(f).shape == (3, 2)  # the package itself accepts its views
 
 
 def test_capacity_plan(small_cfg):

@@ -187,3 +187,152 @@ def test_version_constants_match_the_library():
     assert q.QSAKV_ABI_VERSION == q.qsakv_abi_version()
     assert (f"{q.QSAKV_VERSION_MAJOR}.{q.QSAKV_VERSION_MINOR}.{q.QSAKV_VERSION_PATCH}"
             == q.qsakv_version_string())
+
+
+def _fp16_cache(ctx, **fields):
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 4
+    return q.qsakv_cache_create(ctx, config(kv_dtype=q.QSAKV_DTYPE_FP16, **fields), None, co)
+
+
+def test_typed_buffers_refuse_wrong_element_types_and_short_arrays():
+    """Issue 15, item 5: the checks run before the library is called; a count beyond
+    the arrays (the issue's 70000 tokens with 7-row arrays, exit 139 before) raises."""
+    ctx = cpu_context()
+    cache = _fp16_cache(ctx)
+    k = np.zeros((7, 1, 256), np.float16)
+    slots = np.arange(7, dtype=np.int64)
+    q.qsakv_store_kv(cache, 3, k, k, slots, 7, None)  # the good call
+    cases = [
+        (r"k: expected float16 elements, got float32",
+         lambda: q.qsakv_store_kv(cache, 3, k.astype(np.float32), k, slots, 7, None)),
+        (r"slot_mapping: expected int64 elements, got int32",
+         lambda: q.qsakv_store_kv(cache, 3, k, k, slots.astype(np.int32), 7, None)),
+        (r"k: the call uses 17920000 elements, the array holds 1792 \(shape \[7, 1, 256\]\)",
+         lambda: q.qsakv_store_kv(cache, 3, k, k, slots, 70000, None)),
+        (r"slot_mapping: the call uses 8 elements, the array holds 7",
+         lambda: q.qsakv_store_kv(cache, 3, np.zeros((8, 1, 256), np.float16),
+                                  np.zeros((8, 1, 256), np.float16), slots, 8, None)),
+        (r"k: the count is negative \(-256\)",
+         lambda: q.qsakv_store_kv(cache, 3, k, k, slots, -1 // 256, None)),
+        (r"k: expected a C-contiguous array",
+         lambda: q.qsakv_store_kv(cache, 3, np.zeros((7, 1, 512), np.float16)[:, :, ::2],
+                                  k, slots, 7, None)),
+        (r"request_slots: expected int32 elements, got int64",
+         lambda: q.qsakv_store_index_keys(cache, 3, np.zeros((7, 128), np.float16), slots,
+                                          slots, 7, None)),
+        (r"keys: the call uses 1280 elements, the array holds 896",
+         lambda: q.qsakv_store_compressed_keys(cache, 3, np.zeros((7, 128), np.float16),
+                                               np.arange(10, dtype=np.int64), 10, None)),
+        (r"k_scales: expected float32 elements, got float64",
+         lambda: q.qsakv_overlay_write("/nonexistent/x", np.array([3], np.int32),
+                                       np.ones(1), np.ones(1, np.float32), 1, None)),
+        (r"layers: the call uses 2 elements, the array holds 1",
+         lambda: q.qsakv_overlay_write("/nonexistent/x", np.array([3], np.int32),
+                                       np.ones(2, np.float32), np.ones(2, np.float32), 2,
+                                       None)),
+        (r"dst: the call uses 100 bytes, the array holds 64",
+         lambda: q.qsakv_memcpy(ctx, np.zeros(16, np.float32), slots, 100,
+                                q.QSAKV_COPY_DEVICE_TO_HOST, None)),
+    ]
+    for message, call in cases:
+        with pytest.raises(q.InvalidArgumentError, match=message):
+            call()
+    live = q.qsakv_calib_create(ctx, config())
+    with pytest.raises(q.InvalidArgumentError, match=r"v: the call uses 2560 elements"):
+        q.qsakv_calib_observe(live, 3, np.zeros((10, 1, 256), np.float16), k, 10, None)
+    host = q.qsakv_calib_snapshot(live, None)
+    with pytest.raises(q.InvalidArgumentError, match="histogram: expected uint64 elements"):
+        q.qsakv_calib_get_stats(host, 3, q.QSAKV_CALIB_K, np.zeros(4096, np.int64))
+    with pytest.raises(q.InvalidArgumentError, match="histogram: the call uses 4096"):
+        q.qsakv_calib_get_stats(host, 3, q.QSAKV_CALIB_K, np.zeros(100, np.uint64))
+
+
+def test_select_attention_and_batch_arrays_are_checked_against_the_plan():
+    ctx = cpu_context()
+    cache = _fp16_cache(ctx)
+    po = q.qsakv_plan_options()
+    q.qsakv_plan_options_init(po)
+    po.max_rows = 4
+    plan = q.qsakv_plan_create(cache, po)
+    b = q.qsakv_batch()
+    bt = np.zeros((2, 1), np.int32)
+    b.num_requests, b.block_table, b.block_table_stride = 2, bt, 1
+    b.query_start, b.seq_lens = np.array([0, 1], np.int32), np.array([1, 2], np.int32)
+    with pytest.raises(q.InvalidArgumentError, match=r"batch.query_start: the call uses 3"):
+        q.qsakv_plan_update(plan, b, None)
+    b.query_start = np.array([0, 1, 3], np.int64)
+    with pytest.raises(q.InvalidArgumentError, match=r"batch.query_start: expected int32"):
+        q.qsakv_plan_update(plan, b, None)
+    b.query_start = np.array([0, 1, 3], np.int32)
+    b.block_table_stride = 5
+    with pytest.raises(q.InvalidArgumentError, match=r"batch.block_table: the call uses 10"):
+        q.qsakv_plan_update(plan, b, None)
+    b.block_table_stride = 1
+    q.qsakv_plan_update(plan, b, None)  # 3 rows
+    iq = np.zeros((3, 4, 128), np.float16)
+    topk = np.full((3, 2051), -1, np.int32)
+    q.qsakv_select_topk(plan, 3, iq, topk, 2051, None)
+    with pytest.raises(q.InvalidArgumentError, match=r"index_q: the call uses 1536 elements"):
+        q.qsakv_select_topk(plan, 3, iq[:2], topk, 2051, None)
+    with pytest.raises(q.InvalidArgumentError, match=r"topk: the call uses 6153"):
+        q.qsakv_select_topk(plan, 3, iq, topk[:2], 2051, None)
+    qq = np.zeros((3, 6, 256), np.float16)
+    q.qsakv_attention_run(plan, 3, q.QSAKV_ATTENTION_SPARSE, qq, topk, 2051, qq.copy(), None)
+    with pytest.raises(q.InvalidArgumentError, match=r"out: expected float16 elements"):
+        q.qsakv_attention_run(plan, 3, q.QSAKV_ATTENTION_DENSE, qq, None, 0,
+                              qq.astype(np.float32), None)
+
+
+def test_destroyed_handles_raise_closed_error():
+    """Not "layer 3 is not a QSA layer" from freed memory: ClosedError naming it."""
+    assert issubclass(q.ClosedError, q.StateError)
+    ctx = cpu_context()
+    cache = _fp16_cache(ctx)
+    po = q.qsakv_plan_options()
+    q.qsakv_plan_options_init(po)
+    plan = q.qsakv_plan_create(cache, po)
+    k = np.zeros((1, 1, 256), np.float16)
+    s = np.zeros(1, np.int64)
+    q.qsakv_store_kv(cache, 3, k, k, s, 1, None)
+    q.qsakv_cache_destroy(cache)
+    with pytest.raises(q.ClosedError, match=r"this cache was destroyed \(qsakv_cache_destroy"):
+        q.qsakv_store_kv(cache, 3, k, k, s, 1, None)
+    with pytest.raises(q.ClosedError, match="this cache was destroyed"):
+        q.qsakv_cache_get_layout(cache)
+    with pytest.raises(q.ClosedError, match="this plan was destroyed"):
+        q.qsakv_plan_get_info(plan)  # destroyed with its cache, before it (C's order)
+    assert not plan.thisown
+    q.qsakv_cache_destroy(cache)  # a second destroy stays a no-op
+    cache2 = _fp16_cache(ctx)
+    q.qsakv_context_destroy(ctx)
+    with pytest.raises(q.ClosedError, match="this cache was destroyed"):
+        q.qsakv_cache_get_layout(cache2)  # the context destroyed its cache first
+    with pytest.raises(q.ClosedError, match="this context was destroyed"):
+        q.qsakv_context_get_info(ctx)
+    live = q.qsakv_calib_create(cpu_context(), config())
+    q.qsakv_calib_destroy(live)
+    with pytest.raises(q.ClosedError, match="this calib was destroyed"):
+        q.qsakv_calib_start(live)
+
+
+def test_external_topk_and_merge_counts_are_checked():
+    ctx = cpu_context()
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 2
+    small = np.zeros((8, 2051), np.int32)
+    co.external_topk, co.external_topk_dtype = small, q.QSAKV_DTYPE_INT32
+    co.external_topk_rows, co.external_topk_cols = 64, 2051  # more rows than it has
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16)
+    with pytest.raises(q.InvalidArgumentError, match=r"options.external_topk: the call "
+                                                     r"uses 131264 elements, the array holds 16408"):
+        q.qsakv_cache_create(ctx, cfg, None, co)
+    co.external_topk = np.zeros((64, 2051), np.int32)
+    cache = q.qsakv_cache_create(ctx, cfg, None, co)
+    assert q.qsakv_cache_get_layout(cache).topk_external == 1
+    live = q.qsakv_calib_create(ctx, config())
+    host = q.qsakv_calib_snapshot(live, None)
+    with pytest.raises(q.InvalidArgumentError, match="num_inputs: 3, but inputs holds 1"):
+        q.qsakv_calib_merge([host], 3, q.QSAKV_CALIB_MERGE_RANKS)

@@ -1,10 +1,10 @@
-#include "core/overlay/safetensors.hpp"
+#include "core/format/safetensors.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
-#include "core/overlay/json_strict.hpp"
+#include "core/format/json_strict.hpp"
 
 namespace qsakv {
 

@@ -1,4 +1,4 @@
-#include "core/overlay/file_io.hpp"
+#include "core/format/file_io.hpp"
 
 #include <cerrno>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "core/overlay/json_strict.hpp"
+#include "core/format/json_strict.hpp"
 
 #include <set>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "core/overlay/sha256.hpp"
+#include "core/format/sha256.hpp"
 
 #include <openssl/evp.h>
 

@@ -1,0 +1,96 @@
+"""Views of library-owned memory as arrays (never bare addresses).
+
+- CPU backend (host memory): NumPy arrays over the cache's memory (no copy);
+- CUDA backend (device memory): DeviceArray, an object with __cuda_array_interface__
+  (version 3), which torch.as_tensor(x, device="cuda"), cupy.asarray(x) and Numba take
+  without a copy.
+
+A view keeps its owner (the Cache) from being garbage-collected, but close() frees the
+memory: a view must not be used after its Cache was closed.
+"""
+from __future__ import annotations
+
+# Element types: NumPy name -> __array_interface__ typestr. E4M3 is exposed as raw
+# bytes (uint8; torch: .view(torch.float8_e4m3fn)); bfloat16 as uint16 on the device
+# (the CUDA array interface has no bfloat16; torch: .view(torch.bfloat16)).
+_TYPESTR = {"uint8": "|u1", "float16": "<f2", "uint16": "<u2", "int32": "<i4",
+            "float32": "<f4", "int64": "<i8"}
+_ITEMSIZE = {"uint8": 1, "float16": 2, "uint16": 2, "bfloat16": 2, "int32": 4,
+             "float32": 4, "int64": 8}
+
+
+class DeviceArray:
+    """A typed, shaped view of device memory owned by the library.
+
+    Attributes: ptr (the device address), shape, strides (bytes), dtype (a NumPy dtype
+    name), nbytes, device (CUDA ordinal); __cuda_array_interface__ for consumers:
+    torch.as_tensor(view, device="cuda"), cupy.asarray(view).
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "nbytes", "device", "_owner")
+
+    def __init__(self, ptr: int, shape, dtype: str, *, strides=None, device: int = 0,
+                 owner=None):
+        self.ptr, self.shape, self.dtype, self.device = ptr, tuple(shape), dtype, device
+        size = _ITEMSIZE[dtype]
+        self.strides = None if strides is None else tuple(s * size for s in strides)
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.nbytes = n * size
+        self._owner = owner
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": _TYPESTR[self.dtype],
+                "data": (self.ptr, False), "strides": self.strides, "version": 3,
+                "stream": None}  # library memory: zeroed and synchronised at creation
+
+    def __repr__(self) -> str:
+        return (f"<qsakv.DeviceArray {self.dtype} {list(self.shape)} at 0x{self.ptr:x} "
+                f"on cuda:{self.device}>")
+
+
+class _HostOwner:
+    """The base of a host view: keeps the Cache referenced, describes the memory."""
+
+    def __init__(self, ptr, shape, typestr, strides, owner):
+        self._owner = owner
+        self.__array_interface__ = {"shape": tuple(shape), "typestr": typestr,
+                                    "data": (ptr, False), "strides": strides,
+                                    "version": 3}
+
+
+def host_view(ptr: int, shape, dtype: str, *, strides=None, owner=None):
+    """A NumPy array over host memory at `ptr` (strides in elements), whose base keeps
+    `owner` referenced."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+
+            base = host_view(ptr, shape, "uint16", strides=strides, owner=owner)
+            return base.view(ml_dtypes.bfloat16)
+        except ImportError:
+            dtype = "uint16"
+    size = _ITEMSIZE[dtype]
+    byte_strides = None if strides is None else tuple(s * size for s in strides)
+    return np.asarray(_HostOwner(ptr, shape, _TYPESTR[dtype], byte_strides, owner))
+
+
+def view(ptr: int, shape, dtype: str, *, cuda: bool, device: int, strides=None,
+         owner=None):
+    """A host NumPy view or a DeviceArray, by backend."""
+    if cuda:
+        return DeviceArray(ptr, shape, "uint16" if dtype == "bfloat16" else dtype,
+                           strides=strides, device=device, owner=owner)
+    return host_view(ptr, shape, dtype, strides=strides, owner=owner)
+
+
+def address(obj) -> int:
+    """The address of a view (DeviceArray or NumPy array)."""
+    if isinstance(obj, DeviceArray):
+        return obj.ptr
+    return obj.__array_interface__["data"][0] if obj is not None else 0
+

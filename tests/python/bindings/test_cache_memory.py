@@ -1,0 +1,72 @@
+"""Caches over caller-owned memory through the ctypes package (CPU backend, NumPy
+arrays): the same results as a library-allocated cache, the caller's arrays are the
+cache's memory, and wrong arrays are refused naming memory[i].field."""
+import numpy as np
+import pytest
+
+import qsakv
+from reference import make_world
+from test_pipeline import overlay, world  # noqa: F401 (fixtures)
+
+
+def own_memory(cfg, num_blocks):
+    layout = qsakv.layout_for(cfg, num_blocks=num_blocks)
+    shapes = qsakv.memory_shapes(cfg, layout)
+    mem = []
+    for _ in cfg.qsa_layers:
+        entry = {}
+        for field, (shape, dtypes) in shapes.items():
+            a = np.empty(shape, np.dtype(dtypes[0]))
+            a.view(np.uint8)[...] = 0x7F  # poison: only what a store wrote may be read
+            entry[field] = a
+        mem.append(entry)
+    return layout, mem
+
+
+def pipeline(ctx, cfg, ov, w, **cache_kw):
+    layer = cfg.qsa_layers[0]
+    geo = cfg.rank_geometry()
+    with qsakv.Cache(ctx, cfg, ov, num_blocks=w.num_blocks, **cache_kw) as cache, \
+            qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+        cache.store_kv(layer, w.k, w.v, w.slots)
+        cache.store_compressed_keys(layer, w.ck, w.cslots)
+        plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+        topk = np.full((w.num_rows, geo.topk_width), -7, np.int32)
+        plan.select_topk(layer, w.iq, topk)
+        out = np.full(w.q.shape, np.nan, np.float16)
+        plan.attention(layer, w.q, out, topk=topk)
+        return out, topk, cache.read_kv(layer)
+
+
+def test_caller_memory_matches_library_memory(cpu, small_cfg, world, overlay, checkpoint):
+    ov = overlay[0]
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    layout, mem = own_memory(small_cfg, world.num_blocks)
+    assert layout.kv_bytes_per_layer == mem[0]["kv"].nbytes
+    want = pipeline(cpu, small_cfg, ov, world)
+    got = pipeline(cpu, small_cfg, ov, world, memory=mem)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    assert np.isfinite(got[0].astype(np.float32)).all()
+    # The caller's array is the cache: what the store wrote is in it.
+    layer0 = 0  # index of config.qsa_layers[0]
+    np.testing.assert_array_equal(mem[layer0]["kv"], got[2])
+
+
+def test_caller_memory_refusals(cpu, small_cfg, world, overlay, checkpoint):
+    ov = overlay[0]
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    _, mem = own_memory(small_cfg, world.num_blocks)
+    with pytest.raises(qsakv.InvalidArgumentError, match="one entry per QSA layer"):
+        qsakv.Cache(cpu, small_cfg, ov, num_blocks=world.num_blocks, memory=mem[:1])
+    bad = [dict(e) for e in mem]
+    bad[1]["compressed_keys"] = bad[1]["compressed_keys"].astype(np.float32)
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"memory\[1\]\.compressed_keys \(layer %d\)" % small_cfg.qsa_layers[1]):
+        qsakv.Cache(cpu, small_cfg, ov, num_blocks=world.num_blocks, memory=bad)
+    bad = [dict(e) for e in mem]
+    bad[0]["kv"] = bad[0]["kv"][:-1]
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"memory\[0\]\.kv"):
+        qsakv.Cache(cpu, small_cfg, ov, num_blocks=world.num_blocks, memory=bad)
+    with pytest.raises(qsakv.InvalidArgumentError, match="num_blocks"):
+        qsakv.layout_for(small_cfg, num_blocks=0)

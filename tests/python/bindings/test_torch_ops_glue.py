@@ -1,0 +1,124 @@
+"""qsakv.torch_ops' own code (registration, handle ids, the ordering token, the views,
+the kernels' argument order) on the CPU backend with a stand-in torch whose tensors are
+NumPy arrays and whose dispatcher calls the registered CPU kernel. It runs with or
+without PyTorch; test_torch_ops.py runs the same operators through the real torch."""
+import importlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import qsakv
+from reference import make_world
+
+
+class FakeLibrary:
+    registry = {}
+
+    def __init__(self, ns, kind):
+        assert (ns, kind) == ("qsakv", "DEF")
+        self.defs = {}
+
+    def define(self, schema):
+        name = schema.split("(")[0]
+        self.defs[name] = schema
+        FakeLibrary.registry[name] = {"schema": schema}
+
+    def impl(self, name, fn, key):
+        FakeLibrary.registry[name][key] = fn
+
+
+def _fake_torch():
+    t = types.ModuleType("torch")
+    t.Tensor = type("Tensor", (), {})
+    t.int32, t.bfloat16 = np.int32, "bfloat16"
+    t.library = types.SimpleNamespace(Library=FakeLibrary)  # no register_fake: Meta path
+    t.zeros = lambda n, dtype, device: np.zeros(n, dtype)
+    t.from_numpy = lambda a: a
+    t.as_tensor = lambda obj, device: pytest.fail("CPU backend views are NumPy arrays")
+
+    class Ops:
+        def __getattr__(self, name):
+            return lambda *args: FakeLibrary.registry[name]["CPU"](*args)
+
+    t.ops = types.SimpleNamespace(qsakv=Ops())
+    return t
+
+
+@pytest.fixture
+def qops(monkeypatch):
+    FakeLibrary.registry = {}
+    from qsakv import _buffers
+
+    monkeypatch.setattr(_buffers, "_TORCH_TENSOR", _buffers._TORCH_TENSOR)  # restored after
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())
+    monkeypatch.delitem(sys.modules, "qsakv.torch_ops", raising=False)
+    monkeypatch.setattr(qsakv, "torch_ops", None, raising=False)
+    mod = importlib.import_module("qsakv.torch_ops")
+    yield mod
+    sys.modules.pop("qsakv.torch_ops", None)
+
+
+def test_registration(qops):
+    reg = FakeLibrary.registry
+    assert set(reg) == {"store_kv", "store_compressed_keys", "select_topk", "attention"}
+    for name, entry in reg.items():
+        assert entry["schema"] == qops.SCHEMAS[name]
+        assert {"CPU", "CUDA", "Meta"} <= set(entry)
+        assert entry["Meta"](*range(8)) is None
+        assert "Tensor(a!)" in entry["schema"]  # every operator is mutable: never dropped
+
+
+def test_operators_run_the_pipeline_like_the_methods(qops, cpu, small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = make_world(cfg, cfg.rank_geometry(), rows=(1, 3), lens=(300, 40), seed=3)
+    layer = cfg.qsa_layers[0]
+    width = cfg.rank_geometry().topk_width
+    results = []
+    for use_ops in (False, True):
+        with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache, \
+                qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+            out = np.zeros_like(w.q)
+            if use_ops:
+                qops.store_kv(cache, layer, w.k, w.v, w.slots)
+                qops.store_compressed_keys(cache, layer, w.ck, w.cslots)
+                plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+                qops.select_topk(plan, layer, w.iq)  # the shared buffer
+                qops.attention(plan, layer, w.q, out)
+                topk = qops.topk_buffer(cache, layer)[: w.num_rows]
+                assert qops.kv_cache(cache, layer) is qops.kv_cache(cache, layer)  # cached
+                assert qops.token(cache).shape == (1,)
+                assert qops.handle_id(cache) != qops.handle_id(plan)
+                assert qops.handle_id(plan) == qops.handle_id(plan)
+            else:
+                cache.store_kv(layer, w.k, w.v, w.slots)
+                cache.store_compressed_keys(layer, w.ck, w.cslots)
+                plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+                topk = np.full((w.num_rows, width), -7, np.int32)
+                plan.select_topk(layer, w.iq, topk)
+                plan.attention(layer, w.q, out, topk=topk)
+            results.append((cache.read_kv(layer), topk.copy(), out))
+            dense = np.zeros_like(w.q)
+            if use_ops:
+                qops.attention(plan, layer, w.q, dense, mode=1)
+            else:
+                plan.attention(layer, w.q, dense, mode="dense")
+            results[-1] += (dense,)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_closed_or_unknown_handle_is_refused(qops, cpu, small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    cache = qsakv.Cache(cpu, cfg, num_blocks=2)
+    cid = qops.handle_id(cache)
+    k = np.zeros((1, 1, 256), np.float16)
+    s = np.zeros(1, np.int64)
+    token = qops.token(cache)
+    sys.modules["torch"].ops.qsakv.store_kv(token, k, k, s, cid, 3)
+    cache.close()
+    with pytest.raises(qsakv.ClosedError, match="cache is closed"):
+        sys.modules["torch"].ops.qsakv.store_kv(token, k, k, s, cid, 3)
+    with pytest.raises(qsakv.ClosedError, match="no cache with id 999999"):
+        sys.modules["torch"].ops.qsakv.store_kv(token, k, k, s, 999999, 3)
