@@ -71,16 +71,16 @@ QSAKV_API int qsakv_abi_version(void);
 
 typedef enum qsakv_status {
   QSAKV_SUCCESS = 0,
-  QSAKV_ERROR_INVALID_ARGUMENT = -1,   /* a NULL, out-of-range or inconsistent argument */
-  QSAKV_ERROR_INVALID_CONFIG = -2,     /* a model config field is inconsistent */
-  QSAKV_ERROR_UNSUPPORTED = -3,        /* valid, but not supported by this build/backend */
-  QSAKV_ERROR_NO_DEVICE = -4,          /* CUDA asked for: no usable GPU/driver, or no such device */
+  QSAKV_ERROR_INVALID_ARGUMENT = -1, /* a NULL, out-of-range or inconsistent argument */
+  QSAKV_ERROR_INVALID_CONFIG = -2,   /* a model config field is inconsistent */
+  QSAKV_ERROR_UNSUPPORTED = -3,      /* valid, but not supported by this build/backend */
+  QSAKV_ERROR_NO_DEVICE = -4,        /* CUDA asked for: no usable GPU/driver, or no such device */
   QSAKV_ERROR_OUT_OF_MEMORY = -5,
-  QSAKV_ERROR_CUDA = -6,               /* a CUDA runtime call failed */
+  QSAKV_ERROR_CUDA = -6, /* a CUDA runtime call failed */
   QSAKV_ERROR_NCCL = -7,
-  QSAKV_ERROR_IO = -8,                 /* a file could not be opened, read or written */
-  QSAKV_ERROR_FORMAT = -9,             /* a file is malformed (safetensors, JSON) */
-  QSAKV_ERROR_STATE = -10,             /* call out of order (e.g. run before update) */
+  QSAKV_ERROR_IO = -8,     /* a file could not be opened, read or written */
+  QSAKV_ERROR_FORMAT = -9, /* a file is malformed (safetensors, JSON) */
+  QSAKV_ERROR_STATE = -10, /* call out of order (e.g. run before update) */
   QSAKV_ERROR_INTERNAL = -11,
   /* Overlay refusals (fail closed): one code per rule. */
   QSAKV_ERROR_OVERLAY_MISSING = -20,        /* no overlay where E4M3 needs one */
@@ -93,8 +93,8 @@ typedef enum qsakv_status {
   QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
-  QSAKV_ERROR_CALIB_NON_FINITE = -30,  /* calibration saw NaN or infinite activations */
-  QSAKV_ERROR_TP_MISMATCH = -31,       /* tensor-parallel ranks hold different configs/overlays */
+  QSAKV_ERROR_CALIB_NON_FINITE = -30,       /* calibration saw NaN or infinite activations */
+  QSAKV_ERROR_TP_MISMATCH = -31,     /* tensor-parallel ranks hold different configs/overlays */
   QSAKV_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_status;
 
@@ -146,9 +146,9 @@ typedef enum qsakv_backend {
 } qsakv_backend;
 
 typedef enum qsakv_decoder {
-  QSAKV_DECODER_AUTO = 0,     /* hardware conversion on SM89+, the software one below */
-  QSAKV_DECODER_HARDWARE = 1, /* FP8 conversion instructions; UNSUPPORTED before SM89 */
-  QSAKV_DECODER_SOFTWARE = 2,  /* exact bitcast decoder, every GPU (the SM70 path) */
+  QSAKV_DECODER_AUTO = 0,             /* hardware conversion on SM89+, the software one below */
+  QSAKV_DECODER_HARDWARE = 1,         /* FP8 conversion instructions; UNSUPPORTED before SM89 */
+  QSAKV_DECODER_SOFTWARE = 2,         /* exact bitcast decoder, every GPU (the SM70 path) */
   QSAKV_DECODER_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_decoder;
 
@@ -203,21 +203,21 @@ typedef struct qsakv_model_config {
   size_t struct_size;
   uint32_t version;
   /* Geometry of the whole model (before tensor parallelism). */
-  int32_t num_layers;      /* all layers, QSA or not */
-  int32_t num_qsa_layers;  /* entries used in qsa_layers */
+  int32_t num_layers;                   /* all layers, QSA or not */
+  int32_t num_qsa_layers;               /* entries used in qsa_layers */
   int32_t qsa_layers[QSAKV_MAX_LAYERS]; /* ascending model-layer ids of the QSA layers */
-  int32_t num_q_heads;     /* query heads, all ranks */
-  int32_t num_kv_heads;    /* KV heads, all ranks */
-  int32_t head_dim;        /* 64, 128 or 256 */
-  float softmax_scale;     /* 0 means 1/sqrt(head_dim) */
-  int32_t index_num_heads; /* indexer query heads (4) */
-  int32_t index_head_dim;  /* indexer head dim (128) */
-  int32_t compress_ratio;  /* tokens per compressed index key (4) */
-  int32_t topk_tokens;     /* token budget of the top-k selection (2048) */
+  int32_t num_q_heads;                  /* query heads, all ranks */
+  int32_t num_kv_heads;                 /* KV heads, all ranks */
+  int32_t head_dim;                     /* 64, 128 or 256 */
+  float softmax_scale;                  /* 0 means 1/sqrt(head_dim) */
+  int32_t index_num_heads;              /* indexer query heads (4) */
+  int32_t index_head_dim;               /* indexer head dim (128) */
+  int32_t compress_ratio;               /* tokens per compressed index key (4) */
+  int32_t topk_tokens;                  /* token budget of the top-k selection (2048) */
   /* Runtime. */
   int32_t tp_size;
   int32_t tp_rank;
-  int32_t speculative_tokens; /* MTP / draft tokens per step (0 = none) */
+  int32_t speculative_tokens;   /* MTP / draft tokens per step (0 = none) */
   qsakv_dtype activation_dtype; /* FP16 or BF16: Q, K, V, outputs */
   qsakv_dtype kv_dtype;         /* E4M3, FP16 or BF16: the main K/V cache */
   int32_t block_size;           /* tokens per cache block; a multiple of compress_ratio */
@@ -270,15 +270,15 @@ QSAKV_API qsakv_status qsakv_model_config_validate(const qsakv_model_config* con
 typedef struct qsakv_rank_geometry {
   size_t struct_size;
   uint32_t version;
-  int32_t q_heads;      /* query heads on this rank: num_q_heads / tp_size */
-  int32_t kv_heads;     /* KV heads on this rank: max(1, num_kv_heads / tp_size) */
-  int32_t group_size;   /* q_heads / kv_heads */
-  int32_t first_q_head; /* global id of this rank's first query head */
-  int32_t first_kv_head;/* global id of this rank's (first) KV head */
-  int32_t topk_width;   /* topk_tokens + compress_ratio - 1 (2051) */
-  int32_t topk_blocks;  /* topk_tokens / compress_ratio (512) */
-  int32_t ring_length;  /* raw index-key ring per request: ratio * ceil((ratio+spec)/ratio) */
-  float softmax_scale;  /* the effective scale */
+  int32_t q_heads;       /* query heads on this rank: num_q_heads / tp_size */
+  int32_t kv_heads;      /* KV heads on this rank: max(1, num_kv_heads / tp_size) */
+  int32_t group_size;    /* q_heads / kv_heads */
+  int32_t first_q_head;  /* global id of this rank's first query head */
+  int32_t first_kv_head; /* global id of this rank's (first) KV head */
+  int32_t topk_width;    /* topk_tokens + compress_ratio - 1 (2051) */
+  int32_t topk_blocks;   /* topk_tokens / compress_ratio (512) */
+  int32_t ring_length;   /* raw index-key ring per request: ratio * ceil((ratio+spec)/ratio) */
+  float softmax_scale;   /* the effective scale */
 } qsakv_rank_geometry;
 
 /* Validates config, then derives this rank's geometry. */
@@ -309,16 +309,16 @@ QSAKV_API qsakv_status qsakv_overlay_validate(qsakv_overlay* overlay,
 typedef struct qsakv_overlay_info {
   size_t struct_size;
   uint32_t version;
-  int32_t num_scales;        /* K and V scales found (24 for the reference model) */
-  int32_t validated;         /* 1 after a successful qsakv_overlay_validate */
-  int32_t unit_scale_control;/* 1 when the metadata marks a unit-scale negative control */
-  int32_t contract_tp_size;  /* 0 = not constrained */
+  int32_t num_scales;                  /* K and V scales found (24 for the reference model) */
+  int32_t validated;                   /* 1 after a successful qsakv_overlay_validate */
+  int32_t unit_scale_control;          /* 1 when the metadata marks a unit-scale negative control */
+  int32_t contract_tp_size;            /* 0 = not constrained */
   int32_t contract_speculative_tokens; /* -1 = not constrained */
   qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
-  int32_t contract_min_sm;   /* 0 = not constrained */
+  int32_t contract_min_sm;               /* 0 = not constrained */
   char base_index_sha256[65];
   char scale_file_sha256[65];
-  char layer_prefix[128];    /* e.g. "model.layers" */
+  char layer_prefix[128]; /* e.g. "model.layers" */
 } qsakv_overlay_info;
 QSAKV_API qsakv_status qsakv_overlay_get_info(const qsakv_overlay* overlay,
                                               qsakv_overlay_info* info);
@@ -348,14 +348,14 @@ QSAKV_API qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int
 typedef struct qsakv_overlay_write_options {
   size_t struct_size;
   uint32_t version;
-  const char* layer_prefix;       /* "model.layers" when NULL */
-  const char* base_index_path;    /* base checkpoint's model.safetensors.index.json */
-  int32_t contract_tp_size;       /* 0 = not constrained */
-  int32_t contract_speculative_tokens; /* -1 = not constrained */
+  const char* layer_prefix;              /* "model.layers" when NULL */
+  const char* base_index_path;           /* base checkpoint's model.safetensors.index.json */
+  int32_t contract_tp_size;              /* 0 = not constrained */
+  int32_t contract_speculative_tokens;   /* -1 = not constrained */
   qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
-  int32_t contract_min_sm;        /* 0 = not constrained */
-  int32_t unit_scale_control;     /* 1 marks a unit-scale negative control in the metadata
-                                     (informational: a loaded 1.0 is a valid scale) */
+  int32_t contract_min_sm;               /* 0 = not constrained */
+  int32_t unit_scale_control;            /* 1 marks a unit-scale negative control in the metadata
+                                            (informational: a loaded 1.0 is a valid scale) */
 } qsakv_overlay_write_options;
 QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* options);
 
@@ -396,38 +396,37 @@ typedef struct qsakv_capacity {
   uint64_t bytes_per_token;            /* the two above */
   uint64_t fp16_bytes_per_token;       /* the same with a 16-bit main cache */
   /* Fixed costs. */
-  uint64_t ring_bytes;        /* raw index-key rings: all requests, all QSA layers */
+  uint64_t ring_bytes; /* raw index-key rings: all requests, all QSA layers */
   uint64_t ring_bytes_per_request;
-  uint64_t topk_bytes;        /* the shared top-k workspace (one, model-level) */
+  uint64_t topk_bytes;          /* the shared top-k workspace (one, model-level) */
   uint64_t topk_bytes_unshared; /* what one buffer per layer would cost */
   /* For the budget. */
   uint64_t budget_bytes;
-  int64_t num_blocks;         /* whole blocks that fit after the fixed costs */
-  int64_t num_tokens;         /* num_blocks * block_size */
-  int64_t fp16_num_tokens;    /* same budget with a 16-bit main cache */
-  double capacity_ratio;      /* num_tokens / fp16_num_tokens */
-  double ideal_ratio;         /* fp16_bytes_per_token / bytes_per_token */
+  int64_t num_blocks;      /* whole blocks that fit after the fixed costs */
+  int64_t num_tokens;      /* num_blocks * block_size */
+  int64_t fp16_num_tokens; /* same budget with a 16-bit main cache */
+  double capacity_ratio;   /* num_tokens / fp16_num_tokens */
+  double ideal_ratio;      /* fp16_bytes_per_token / bytes_per_token */
   uint64_t bytes_per_block;
 } qsakv_capacity;
 
 /* Pure arithmetic, no allocation. Blocking. */
 QSAKV_API qsakv_status qsakv_capacity_plan(const qsakv_model_config* config,
-                                           uint64_t memory_budget_bytes,
-                                           qsakv_capacity* out);
+                                           uint64_t memory_budget_bytes, qsakv_capacity* out);
 
 #define QSAKV_CACHE_OPTIONS_VERSION 1
 typedef struct qsakv_cache_options {
   size_t struct_size;
   uint32_t version;
-  int64_t num_blocks;            /* blocks per QSA layer; 0: from memory_budget_bytes */
-  uint64_t memory_budget_bytes;  /* used when num_blocks == 0 */
-  int32_t share_topk;            /* 1 (default): one model-level top-k buffer for all
-                                    layers; 0: a private buffer per layer */
+  int64_t num_blocks;           /* blocks per QSA layer; 0: from memory_budget_bytes */
+  uint64_t memory_budget_bytes; /* used when num_blocks == 0 */
+  int32_t share_topk;           /* 1 (default): one model-level top-k buffer for all
+                                   layers; 0: a private buffer per layer */
   /* An external top-k buffer (device, int32, [rows, cols], row-major); NULL: allocate. */
   void* external_topk;
   qsakv_dtype external_topk_dtype;
-  int64_t external_topk_rows;    /* >= max_batched_tokens */
-  int64_t external_topk_cols;    /* == topk_width (2051) */
+  int64_t external_topk_rows; /* >= max_batched_tokens */
+  int64_t external_topk_cols; /* == topk_width (2051) */
 } qsakv_cache_options;
 QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
 
@@ -442,7 +441,6 @@ QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* cont
                                           const qsakv_overlay* overlay,
                                           const qsakv_cache_options* options);
 QSAKV_API void qsakv_cache_destroy(qsakv_cache* cache);
-
 
 #define QSAKV_CACHE_LAYOUT_VERSION 1
 typedef struct qsakv_cache_layout {
@@ -473,8 +471,7 @@ typedef struct qsakv_cache_layout {
   int32_t topk_external;
   uint64_t total_bytes; /* everything the library allocated for the cache */
 } qsakv_cache_layout;
-QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache,
-                                              qsakv_cache_layout* out);
+QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_cache_layout* out);
 
 /* Device pointers of one QSA layer (model-layer id), for interoperability. Writing E4M3
  * codes into `kv` yourself (a swap-in, a prefix-cache copy): call
@@ -488,8 +485,7 @@ typedef struct qsakv_layer_buffers {
   int32_t* topk;         /* this layer's top-k buffer (the shared one when shared) */
   const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
 } qsakv_layer_buffers;
-QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache,
-                                                     int32_t layer,
+QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
                                                      qsakv_layer_buffers* out);
 
 /* Marks that `layer`'s E4M3 codes were written outside qsakv_store_kv, so the software
@@ -504,11 +500,11 @@ QSAKV_API qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32
  * the bytes qsakv_cache_layout_for reports, and no two buffers overlapping. The top-k
  * buffer can be the caller's too (qsakv_cache_options.external_topk). */
 typedef struct qsakv_layer_memory {
-  void* kv;                  /* main K/V cache: >= layout.kv_bytes_per_layer bytes */
+  void* kv; /* main K/V cache: >= layout.kv_bytes_per_layer bytes */
   uint64_t kv_bytes;
-  void* compressed_keys;     /* compressed index keys: >= compressed_bytes_per_layer */
+  void* compressed_keys; /* compressed index keys: >= compressed_bytes_per_layer */
   uint64_t compressed_bytes;
-  void* ring_keys;           /* raw index-key ring: >= ring_bytes_per_layer */
+  void* ring_keys; /* raw index-key ring: >= ring_bytes_per_layer */
   uint64_t ring_bytes;
 } qsakv_layer_memory;
 
@@ -516,8 +512,8 @@ typedef struct qsakv_layer_memory {
 typedef struct qsakv_cache_memory {
   size_t struct_size;
   uint32_t version;
-  int32_t num_layers;                /* == config.num_qsa_layers */
-  const qsakv_layer_memory* layers;  /* [num_layers] */
+  int32_t num_layers;               /* == config.num_qsa_layers */
+  const qsakv_layer_memory* layers; /* [num_layers] */
 } qsakv_cache_memory;
 
 /* The layout (strides and bytes per layer) a cache of this config and options has, without
@@ -535,8 +531,7 @@ QSAKV_API qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
  * after qsakv_cache_note_external_codes). The library still allocates the per-layer
  * scales, NaN flags and (unless external) the top-k buffer; layout.total_bytes counts only
  * those. Blocking. */
-QSAKV_API qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out,
-                                                      qsakv_context* context,
+QSAKV_API qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* context,
                                                       const qsakv_model_config* config,
                                                       const qsakv_overlay* overlay,
                                                       const qsakv_cache_options* options,
@@ -560,8 +555,7 @@ QSAKV_API qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const v
 /* Raw index keys (device FP16 [num_tokens, index_head_dim]) into the per-request ring:
  * entry (request_slots[i], positions[i] % ring_length). request_slots: device int32,
  * positions: device int64; a negative position skips. Async; run. */
-QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer,
-                                              const void* keys,
+QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const void* keys,
                                               const int32_t* request_slots,
                                               const int64_t* positions, int64_t num_tokens,
                                               qsakv_stream_t stream);
@@ -570,8 +564,7 @@ QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer,
  * compressed cache: entry slot_mapping[i] / compress_ratio, where slot_mapping[i] is
  * the slot of any token of the group (-1 skips). Async; run. */
 QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer,
-                                                   const void* keys,
-                                                   const int64_t* slot_mapping,
+                                                   const void* keys, const int64_t* slot_mapping,
                                                    int64_t num_keys, qsakv_stream_t stream);
 
 /* ---------------------------------------------------------------------------------- */
@@ -621,8 +614,9 @@ typedef struct qsakv_batch {
  * metadata to the plan's device buffers on `stream`. Enqueue the plan's select and
  * attention calls on the same stream (or order them after it): the copy overwrites what
  * earlier calls read, and attention calls of one plan share its split-K workspace, so
- * they must not run concurrently (one plan per stream). Blocking only while the previous update's copy is still reading
- * the staging buffer. Not capturable (capture the calls that use the plan instead). */
+ * they must not run concurrently (one plan per stream). Blocking only while the previous update's
+ * copy is still reading the staging buffer. Not capturable (capture the calls that use the plan
+ * instead). */
 QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
                                          qsakv_stream_t stream);
 
@@ -633,8 +627,8 @@ typedef struct qsakv_plan_info {
   int32_t max_rows;
   int32_t max_requests;
   int32_t num_splits;
-  int32_t num_rows;     /* of the last update */
-  int32_t num_requests; /* of the last update */
+  int32_t num_rows;         /* of the last update */
+  int32_t num_requests;     /* of the last update */
   uint64_t workspace_bytes; /* device memory the plan holds */
 } qsakv_plan_info;
 QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info);
@@ -657,17 +651,16 @@ QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_in
  * selection depends only on its own inputs. The CUDA backend supports 1..8 index heads,
  * index_head_dim 64, 128 or 256 and up to 1024 top-k blocks (QSAKV_ERROR_UNSUPPORTED
  * otherwise). */
-QSAKV_API qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer,
-                                         const void* index_q, int32_t* topk,
-                                         int64_t topk_stride, qsakv_stream_t stream);
+QSAKV_API qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* index_q,
+                                         int32_t* topk, int64_t topk_stride, qsakv_stream_t stream);
 
 /* ---------------------------------------------------------------------------------- */
 /* Attention                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
 typedef enum qsakv_attention_mode {
-  QSAKV_ATTENTION_SPARSE = 0, /* over the top-k indices of each row */
-  QSAKV_ATTENTION_DENSE = 1,  /* over the block table, causal: tokens 0 .. p */
+  QSAKV_ATTENTION_SPARSE = 0,                /* over the top-k indices of each row */
+  QSAKV_ATTENTION_DENSE = 1,                 /* over the block table, causal: tokens 0 .. p */
   QSAKV_ATTENTION_MODE_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_attention_mode;
 
@@ -681,8 +674,8 @@ typedef enum qsakv_attention_mode {
  * capturable. */
 QSAKV_API qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer,
                                            qsakv_attention_mode mode, const void* q,
-                                           const int32_t* topk, int64_t topk_stride,
-                                           void* out, qsakv_stream_t stream);
+                                           const int32_t* topk, int64_t topk_stride, void* out,
+                                           qsakv_stream_t stream);
 
 /* ---------------------------------------------------------------------------------- */
 /* Calibration: activation statistics, rank merging, scales, overlays                   */
@@ -765,14 +758,14 @@ QSAKV_API qsakv_status qsakv_calib_snapshot(qsakv_calib** out, const qsakv_calib
 typedef struct qsakv_calib_info {
   size_t struct_size;
   uint32_t version;
-  int32_t live;           /* 1: device statistics (create); 0: host copy */
-  int32_t started;        /* live handles: 1 while counting */
-  int32_t reduced;        /* 1 after qsakv_calib_allreduce */
+  int32_t live;    /* 1: device statistics (create); 0: host copy */
+  int32_t started; /* live handles: 1 while counting */
+  int32_t reduced; /* 1 after qsakv_calib_allreduce */
   int32_t tp_size;
-  int32_t rank;           /* the rank that observed; -1 when several ranks are merged */
-  int32_t ranks_covered;  /* distinct TP ranks whose statistics are included */
-  int32_t complete;       /* 1 when ranks_covered == tp_size */
-  int32_t num_runs;       /* calibration runs pooled (envelope merges add them) */
+  int32_t rank;          /* the rank that observed; -1 when several ranks are merged */
+  int32_t ranks_covered; /* distinct TP ranks whose statistics are included */
+  int32_t complete;      /* 1 when ranks_covered == tp_size */
+  int32_t num_runs;      /* calibration runs pooled (envelope merges add them) */
   qsakv_dtype activation_dtype;
   int32_t num_qsa_layers;
   int32_t qsa_layers[QSAKV_MAX_LAYERS];
@@ -780,8 +773,7 @@ typedef struct qsakv_calib_info {
 } qsakv_calib_info;
 QSAKV_API qsakv_status qsakv_calib_get_info(const qsakv_calib* calib, qsakv_calib_info* info);
 /* The full model config the statistics were gathered for. */
-QSAKV_API qsakv_status qsakv_calib_get_config(const qsakv_calib* calib,
-                                              qsakv_model_config* config);
+QSAKV_API qsakv_status qsakv_calib_get_config(const qsakv_calib* calib, qsakv_model_config* config);
 
 #define QSAKV_CALIB_STATS_VERSION 1
 typedef struct qsakv_calib_stats {
@@ -841,9 +833,9 @@ typedef struct qsakv_calib_summary {
   uint64_t finite_count;
   uint64_t nonzero_count;
   float max_abs;
-  float scale;             /* qsakv_calib_scale_from_max(max_abs) */
-  float p99_9;             /* |x| quantiles of the finite values (zeros included), from */
-  float p99_99;            /* the histogram: upper edge of the bin, capped at max_abs */
+  float scale;               /* qsakv_calib_scale_from_max(max_abs) */
+  float p99_9;               /* |x| quantiles of the finite values (zeros included), from */
+  float p99_99;              /* the histogram: upper edge of the bin, capped at max_abs */
   double saturate_fraction;  /* finite values with |x| > 448 * scale (0 by construction) */
   double underflow_fraction; /* nonzero values whose bins lie below scale * 2^-10: E4M3
                                 stores them as zero (a lower bound) */
@@ -859,8 +851,7 @@ typedef struct qsakv_calib_summary {
  *   QSAKV_ERROR_CALIB_NON_FINITE; max |x| is zero: QSAKV_ERROR_OVERLAY_BAD_SCALE.
  * Blocking. */
 QSAKV_API qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer,
-                                             qsakv_calib_kind kind,
-                                             qsakv_calib_summary* summary);
+                                             qsakv_calib_kind kind, qsakv_calib_summary* summary);
 
 /* Summarises every QSA layer (all refusals above) and writes the scale pack with
  * qsakv_overlay_write(out_dir, ...) and `options` (whose contract fields are used as
@@ -881,8 +872,7 @@ QSAKV_API qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const
  * each field that differs and which ranks hold which value. Blocking (synchronises
  * `stream`); allocates a small device buffer; CUDA backend only (UNSUPPORTED on the CPU
  * backend); NCCL is loaded at call time (QSAKV_ERROR_NCCL when absent). */
-QSAKV_API qsakv_status qsakv_tp_consensus(qsakv_context* context,
-                                          const qsakv_model_config* config,
+QSAKV_API qsakv_status qsakv_tp_consensus(qsakv_context* context, const qsakv_model_config* config,
                                           const qsakv_overlay* overlay, void* nccl_comm,
                                           qsakv_stream_t stream);
 
@@ -910,11 +900,9 @@ typedef enum qsakv_copy_kind {
 } qsakv_copy_kind;
 /* Async copy on `stream` (synchronous for the CPU backend). */
 QSAKV_API qsakv_status qsakv_memcpy(qsakv_context* context, void* dst, const void* src,
-                                    size_t bytes, qsakv_copy_kind kind,
-                                    qsakv_stream_t stream);
+                                    size_t bytes, qsakv_copy_kind kind, qsakv_stream_t stream);
 /* Waits for `stream` (no-op on the CPU backend). */
-QSAKV_API qsakv_status qsakv_stream_synchronize(qsakv_context* context,
-                                                qsakv_stream_t stream);
+QSAKV_API qsakv_status qsakv_stream_synchronize(qsakv_context* context, qsakv_stream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -162,7 +162,9 @@ class DeviceBuffer {
   }
   void* get() const noexcept { return ptr_; }
   template <class T>
-  T* as() const noexcept { return static_cast<T*>(ptr_); }
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
   size_t size() const noexcept { return bytes_; }
   /* Copies `bytes` (default: all) from host memory; async on `stream`. */
   void upload(const void* src, size_t bytes, qsakv_stream_t stream = nullptr) {
@@ -170,7 +172,8 @@ class DeviceBuffer {
     check(qsakv_memcpy(ctx_, ptr_, src, bytes, QSAKV_COPY_HOST_TO_DEVICE, stream));
   }
   void download(void* dst, size_t bytes, qsakv_stream_t stream = nullptr) const {
-    if (bytes > bytes_) throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "download larger than the buffer");
+    if (bytes > bytes_)
+      throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "download larger than the buffer");
     check(qsakv_memcpy(ctx_, dst, ptr_, bytes, QSAKV_COPY_DEVICE_TO_HOST, stream));
   }
 

@@ -45,21 +45,21 @@ QSAKV_HD uint8_t encode(float q) {
   const uint32_t bits = f32_bits(q);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   uint32_t a = bits & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | kNaN;        // NaN stays NaN
-  if (a > 0x43E00000u) a = 0x43E00000u;           // |q| > 448 (inf too) saturates to 448
+  if (a > 0x7F800000u) return sign | kNaN;  // NaN stays NaN
+  if (a > 0x43E00000u) a = 0x43E00000u;     // |q| > 448 (inf too) saturates to 448
   const int exp = static_cast<int>(a >> 23) - 127;
   if (exp < -6) {
     // Subnormal range (|q| < 2^-6): code = round_half_even(|q| * 2^9). Build the
     // product's integer and fraction from the FP32 fields without float arithmetic.
-    if (a < 0x00800000u) return sign;             // FP32 subnormals are far below 2^-10
+    if (a < 0x00800000u) return sign;                   // FP32 subnormals are far below 2^-10
     const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;  // 1.m * 2^23
-    const int shift = 23 - (exp + 9);             // value*2^9 = mant >> shift, shift >= 21
-    if (shift > 31) return sign;                  // < 2^-9 * 2^-8: rounds to 0
+    const int shift = 23 - (exp + 9);                   // value*2^9 = mant >> shift, shift >= 21
+    if (shift > 31) return sign;                        // < 2^-9 * 2^-8: rounds to 0
     const uint32_t whole = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1u);
     const uint32_t half = 1u << (shift - 1);
     uint32_t m = whole + ((rem > half || (rem == half && (whole & 1u))) ? 1u : 0u);
-    return static_cast<uint8_t>(sign | m);        // m == 8 is the smallest normal, 0x08
+    return static_cast<uint8_t>(sign | m);  // m == 8 is the smallest normal, 0x08
   }
   // Normal range: keep 3 mantissa bits, round half to even; a carry moves into the
   // exponent field by itself.
@@ -67,7 +67,7 @@ QSAKV_HD uint8_t encode(float q) {
   const uint32_t rem = a & 0xFFFFFu;
   uint32_t code = (static_cast<uint32_t>(exp + 7) << 3) | keep;
   if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code += 1u;
-  if (code > 0x7Eu) code = 0x7Eu;                 // unreachable after the clamp; kept safe
+  if (code > 0x7Eu) code = 0x7Eu;  // unreachable after the clamp; kept safe
   return static_cast<uint8_t>(sign | code);
 }
 

@@ -37,7 +37,8 @@ QSAKV_HD uint16_t f32_to_fp16(float f) {
     const uint32_t whole = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1u);
     const uint32_t half = 1u << (shift - 1);
-    return sign | static_cast<uint16_t>(whole + ((rem > half || (rem == half && (whole & 1u))) ? 1u : 0u));
+    return sign |
+           static_cast<uint16_t>(whole + ((rem > half || (rem == half && (whole & 1u))) ? 1u : 0u));
   }
   uint32_t code = (static_cast<uint32_t>(exp + 15) << 10) | ((a >> 13) & 0x3FFu);
   const uint32_t rem = a & 0x1FFFu;

@@ -62,7 +62,9 @@ void ovf_sha256_file(const char* path, char out[65]) {
 }
 
 static int rm_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
-  (void)st; (void)flag; (void)ftw;
+  (void)st;
+  (void)flag;
+  (void)ftw;
   chmod(path, 0700); /* undo a test's chmod 000 */
   return remove(path);
 }
@@ -91,8 +93,8 @@ void ovf_set_f32(ovf_pack* p, int i, const char* name, float value) {
   t->nbytes = 4;
 }
 
-int ovf_add(ovf_pack* p, const char* name, const char* dtype, const char* shape,
-            const void* bytes, size_t nbytes) {
+int ovf_add(ovf_pack* p, const char* name, const char* dtype, const char* shape, const void* bytes,
+            size_t nbytes) {
   assert_true(p->n < OVF_MAX_TENSORS && nbytes <= sizeof p->t[0].bytes);
   ovf_tensor* t = &p->t[p->n];
   snprintf(t->name, sizeof t->name, "%s", name);
@@ -126,10 +128,11 @@ void ovf_init(ovf_pack* p) {
   assert_int_equal(mkdir(p->base_dir, 0755), 0);
   assert_int_equal(mkdir(p->pack_dir, 0755), 0);
   snprintf(p->base_index, OVF_PATH, "%s/model.safetensors.index.json", p->base_dir);
-  ovf_write_text(p->base_index,
-                 "{\"metadata\": {\"total_size\": 1000}, \"weight_map\": {"
-                 "\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\", "
-                 "\"model.layers.3.self_attn.q_proj.weight\": \"model-00002-of-00002.safetensors\"}}\n");
+  ovf_write_text(
+      p->base_index,
+      "{\"metadata\": {\"total_size\": 1000}, \"weight_map\": {"
+      "\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\", "
+      "\"model.layers.3.self_attn.q_proj.weight\": \"model-00002-of-00002.safetensors\"}}\n");
   char shard[OVF_PATH + 64];
   snprintf(shard, sizeof shard, "%s/model-00001-of-00002.safetensors", p->base_dir);
   ovf_write_text(shard, "shard one");
@@ -139,8 +142,9 @@ void ovf_init(ovf_pack* p) {
   snprintf(p->scale, OVF_PATH, "%s/model-kvscales.safetensors", p->pack_dir);
   snprintf(p->manifest, OVF_PATH, "%s/qsakv-overlay.json", p->pack_dir);
   p->prefix = "model.layers";
-  p->contract = "{\"tp_size\": null, \"speculative_tokens\": null, "
-                "\"activation_dtype\": null, \"min_sm\": null}";
+  p->contract =
+      "{\"tp_size\": null, \"speculative_tokens\": null, "
+      "\"activation_dtype\": null, \"min_sm\": null}";
   p->metadata = "{\"qsakv.scale_contract\": \"e4m3fn(x/scale), max_abs/448\"}";
   for (int i = 0; i < 12; ++i) {
     char name[160];

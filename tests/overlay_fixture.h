@@ -16,21 +16,20 @@ extern "C" {
 
 /* Expects `call` to return `status`; on a mismatch prints the library's message.
  * (Include cmocka.h before this header.) */
-#define OVF_EXPECT(call, status)                                                       \
-  do {                                                                                 \
-    qsakv_status ovf_s_ = (call);                                                      \
-    if (ovf_s_ != (status))                                                            \
-      print_error("%s returned %s (%s), expected %s\n", #call,                         \
-                  qsakv_status_string(ovf_s_), qsakv_last_error(),                     \
-                  qsakv_status_string(status));                                        \
-    assert_int_equal(ovf_s_, (status));                                                \
+#define OVF_EXPECT(call, status)                                                            \
+  do {                                                                                      \
+    qsakv_status ovf_s_ = (call);                                                           \
+    if (ovf_s_ != (status))                                                                 \
+      print_error("%s returned %s (%s), expected %s\n", #call, qsakv_status_string(ovf_s_), \
+                  qsakv_last_error(), qsakv_status_string(status));                         \
+    assert_int_equal(ovf_s_, (status));                                                     \
   } while (0)
 #define OVF_OK(call) OVF_EXPECT(call, QSAKV_SUCCESS)
 /* The calling thread's last message contains `text`. */
-#define OVF_MESSAGE_HAS(text)                                                          \
-  do {                                                                                 \
-    if (!strstr(qsakv_last_error(), (text)))                                           \
-      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text));            \
+#define OVF_MESSAGE_HAS(text)                                              \
+  do {                                                                     \
+    if (!strstr(qsakv_last_error(), (text)))                               \
+      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text)); \
   } while (0)
 
 #define OVF_MAX_TENSORS 64
@@ -56,9 +55,9 @@ typedef struct ovf_pack {
   char manifest[OVF_PATH];   /* pack_dir/qsakv-overlay.json */
   int n;
   ovf_tensor t[OVF_MAX_TENSORS];
-  const char* prefix;        /* manifest layer_prefix */
-  const char* contract;      /* manifest "contract" JSON */
-  const char* metadata;      /* scale file __metadata__ JSON, or NULL */
+  const char* prefix;   /* manifest layer_prefix */
+  const char* contract; /* manifest "contract" JSON */
+  const char* metadata; /* scale file __metadata__ JSON, or NULL */
   int unit_scale_control;
 } ovf_pack;
 
@@ -71,8 +70,8 @@ void ovf_cleanup(ovf_pack* p);
 /* Sets tensor i to an F32 scalar. */
 void ovf_set_f32(ovf_pack* p, int i, const char* name, float value);
 /* Appends a tensor; returns its index. */
-int ovf_add(ovf_pack* p, const char* name, const char* dtype, const char* shape,
-            const void* bytes, size_t nbytes);
+int ovf_add(ovf_pack* p, const char* name, const char* dtype, const char* shape, const void* bytes,
+            size_t nbytes);
 /* Removes tensor i (later tensors move down). */
 void ovf_remove(ovf_pack* p, int i);
 /* Index of the canonical tensor of QSA layer `layer` (k: kind 'k', v: 'v'). */

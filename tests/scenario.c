@@ -43,8 +43,8 @@ int tu_row_pos(const tu_world* w, int row) {
 static size_t act_size(void) { return 2; }
 
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,
-                    const tu_shape* shape, uint64_t data_seed, float amplitude,
-                    float k_scale, float v_scale, int num_splits) {
+                    const tu_shape* shape, uint64_t data_seed, float amplitude, float k_scale,
+                    float v_scale, int num_splits) {
   memset(w, 0, sizeof *w);
   w->ctx = ctx;
   w->cfg = *cfg;
@@ -104,8 +104,8 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   qsakv_layer_buffers lb;
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
   void* poison = tu_device_filled(ctx, w->layout.kv_bytes_per_layer, 0xFF);
-  TU_OK(qsakv_memcpy(ctx, lb.kv, poison, w->layout.kv_bytes_per_layer,
-                     QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+  TU_OK(qsakv_memcpy(ctx, lb.kv, poison, w->layout.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE,
+                     NULL));
   qsakv_free(ctx, poison);
   poison = tu_device_filled(ctx, w->layout.compressed_bytes_per_layer, 0xFF);
   TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, poison, w->layout.compressed_bytes_per_layer,
@@ -124,8 +124,10 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
     for (int t = 0; t < L; ++t) {
       slots[t] = (int64_t)w->block_table[r * w->bt_stride + t / bs] * bs + t % bs;
       for (int e = 0; e < row_elems; ++e) {
-        k[(size_t)t * row_elems + e] = tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
-        v[(size_t)t * row_elems + e] = tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
+        k[(size_t)t * row_elems + e] =
+            tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
+        v[(size_t)t * row_elems + e] =
+            tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
       }
     }
     void* dk = tu_to_device(ctx, k, act_size() * (size_t)L * row_elems);
@@ -159,8 +161,8 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   }
   TU_OK(qsakv_stream_synchronize(ctx, NULL));
 
-  w->block_table_dev = tu_to_device(ctx, w->block_table,
-                                    sizeof(int32_t) * ((size_t)shape->num_requests * w->bt_stride + 1));
+  w->block_table_dev = tu_to_device(
+      ctx, w->block_table, sizeof(int32_t) * ((size_t)shape->num_requests * w->bt_stride + 1));
   qsakv_plan_options po;
   TU_OK(qsakv_plan_options_init(&po));
   po.max_rows = w->rows > 0 ? w->rows : 1;
@@ -200,9 +202,12 @@ void* tu_world_read_kv(const tu_world* w) {
 
 static double kv_value(const tu_world* w, const void* kv, int64_t off) {
   switch (w->cfg.kv_dtype) {
-    case QSAKV_DTYPE_E4M3: return tu_e4m3_value(((const uint8_t*)kv)[off]);
-    case QSAKV_DTYPE_BF16: return tu_bf16_to_f32(((const uint16_t*)kv)[off]);
-    default: return tu_fp16_to_f32(((const uint16_t*)kv)[off]);
+    case QSAKV_DTYPE_E4M3:
+      return tu_e4m3_value(((const uint8_t*)kv)[off]);
+    case QSAKV_DTYPE_BF16:
+      return tu_bf16_to_f32(((const uint16_t*)kv)[off]);
+    default:
+      return tu_fp16_to_f32(((const uint16_t*)kv)[off]);
   }
 }
 
@@ -221,7 +226,8 @@ void tu_reference_attention(const tu_world* w, const void* kv, const uint16_t* q
       const int t = dense ? j : topk[row * topk_stride + j];
       if (t < 0 || t > pos) continue;
       const int32_t phys = w->block_table[req * w->bt_stride + t / L->block_size];
-      offs[n++] = (int64_t)phys * L->kv_stride_block + (int64_t)(t % L->block_size) * L->kv_stride_token;
+      offs[n++] =
+          (int64_t)phys * L->kv_stride_block + (int64_t)(t % L->block_size) * L->kv_stride_token;
     }
     for (int h = 0; h < H; ++h) {
       const int kvh = h / G;

@@ -34,8 +34,8 @@ typedef struct {
 
 /* Builds everything; k_scale/v_scale are used for E4M3 caches. amplitude scales K/V. */
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,
-                    const tu_shape* shape, uint64_t data_seed, float amplitude,
-                    float k_scale, float v_scale, int num_splits);
+                    const tu_shape* shape, uint64_t data_seed, float amplitude, float k_scale,
+                    float v_scale, int num_splits);
 void tu_world_destroy(tu_world* w);
 
 /* Query position of each row (host), request of each row. */

@@ -64,13 +64,12 @@ struct acase {
 
 static int g_pipe = -1;
 static int64_t P; /* the running case's parameter */
-static struct {
-  int tried, refused, correct, crashed, wrong;
-} g_count;
+static struct { int tried, refused, correct, crashed, wrong; } g_count;
 
 /* Reports the verdict and ends the child. In the parent (building the fixture) a wrong
  * verdict fails the cmocka test instead. */
-__attribute__((noreturn, format(printf, 3, 4))) static void report(int kind, qsakv_status status, const char* fmt, ...) {
+__attribute__((noreturn, format(printf, 3, 4))) static void report(int kind, qsakv_status status,
+                                                                   const char* fmt, ...) {
   struct verdict v;
   memset(&v, 0, sizeof v);
   v.kind = kind;
@@ -121,8 +120,7 @@ __attribute__((noreturn)) static void refuse_out(qsakv_status got, qsakv_status 
 /* A success whose results were checked (`ok`). */
 __attribute__((noreturn)) static void correct(qsakv_status got, int ok, const char* what) {
   if (got != QSAKV_SUCCESS)
-    report(V_WRONG, got, "%s: returned %s: %s", what, qsakv_status_string(got),
-           qsakv_last_error());
+    report(V_WRONG, got, "%s: returned %s: %s", what, qsakv_status_string(got), qsakv_last_error());
   if (!ok) report(V_WRONG, got, "%s: succeeded with wrong results", what);
   report(V_CORRECT, got, "%s", what);
 }
@@ -130,12 +128,12 @@ __attribute__((noreturn)) static void correct(qsakv_status got, int ok, const ch
 /* A call that must succeed, usable in a child: cmocka's own assertions would longjmp
  * back into cmocka's runner inside the child, which would then run on as a second
  * parent. */
-#define C_OK(call)                                                                   \
-  do {                                                                               \
-    qsakv_status c_ok_s_ = (call);                                                   \
-    if (c_ok_s_ != QSAKV_SUCCESS)                                                    \
+#define C_OK(call)                                                                        \
+  do {                                                                                    \
+    qsakv_status c_ok_s_ = (call);                                                        \
+    if (c_ok_s_ != QSAKV_SUCCESS)                                                         \
       report(V_WRONG, c_ok_s_, "%s returned %s: %s", #call, qsakv_status_string(c_ok_s_), \
-             qsakv_last_error());                                                    \
+             qsakv_last_error());                                                         \
   } while (0)
 
 static ssize_t read_full(int fd, void* buf, size_t n) {
@@ -235,13 +233,13 @@ static struct {
   qsakv_calib* live;
   qsakv_calib* host;
   char dir[64];
-  char base[128];  /* a base checkpoint dir (index only) */
+  char base[128]; /* a base checkpoint dir (index only) */
   char index[256];
-  char pack[256];  /* a scale pack for the base */
+  char pack[256]; /* a scale pack for the base */
   char rev[65];
   qsakv_overlay* overlay; /* the pack, loaded, not validated */
-  char stats_big[2][256];  /* tp 2 rank files with counts 2^63 */
-  char stats_wrap[256];    /* histogram total wraps to the nonzero count */
+  char stats_big[2][256]; /* tp 2 rank files with counts 2^63 */
+  char stats_wrap[256];   /* histogram total wraps to the nonzero count */
 } F;
 
 static void* dev(size_t bytes) {
@@ -280,8 +278,7 @@ static const char kIndex[] =
 /* A statistics file of a tp-2 rank, its counts then rewritten: every entry gets count,
  * finite and nonzero `n`, histogram bins `hist0` at bin 0 and `hist1` at bin 2000, and
  * max |x| 1. Each such file is consistent on its own (unless the bins wrap). */
-static void crafted_stats(const char* path, int rank, uint64_t n, uint64_t hist0,
-                          uint64_t hist1) {
+static void crafted_stats(const char* path, int rank, uint64_t n, uint64_t hist0, uint64_t hist1) {
   qsakv_model_config c = F.cfg;
   c.tp_size = 2;
   c.tp_rank = rank;
@@ -556,8 +553,8 @@ static void c_memcpy_bytes(void) {
 }
 static void c_memcpy_ctx_null(void) {
   char a[4] = "abc", b[4];
-  refuse(qsakv_memcpy(NULL, b, a, 4, QSAKV_COPY_HOST_TO_DEVICE, NULL),
-         QSAKV_ERROR_INVALID_ARGUMENT, "context");
+  refuse(qsakv_memcpy(NULL, b, a, 4, QSAKV_COPY_HOST_TO_DEVICE, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+         "context");
 }
 static void c_sync_ctx_null(void) {
   refuse(qsakv_stream_synchronize(NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "context");
@@ -567,8 +564,8 @@ static void c_dtype_queries(void) {
   int32_t v = (int32_t)P;
   memcpy(&d, &v, sizeof v);
   const int known = v >= 1 && v <= 6;
-  const int ok = (qsakv_dtype_size(d) != 0) == known &&
-                 (strcmp(qsakv_dtype_name(d), "invalid") != 0) == known;
+  const int ok =
+      (qsakv_dtype_size(d) != 0) == known && (strcmp(qsakv_dtype_name(d), "invalid") != 0) == known;
   correct(QSAKV_SUCCESS, ok, "dtype_size/dtype_name of any int32");
 }
 static void c_status_string(void) {
@@ -576,16 +573,23 @@ static void c_status_string(void) {
   int32_t v = (int32_t)P;
   memcpy(&s, &v, sizeof v);
   const char* n = qsakv_status_string(s);
-  correct(QSAKV_SUCCESS, n && !strcmp(n, "QSAKV_ERROR_UNKNOWN"), "status_string of an unknown code");
+  correct(QSAKV_SUCCESS, n && !strcmp(n, "QSAKV_ERROR_UNKNOWN"),
+          "status_string of an unknown code");
 }
 static void c_options_init_null(void) {
   switch (P) {
-    case 0: refuse(qsakv_context_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
-    case 1: refuse(qsakv_cache_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
-    case 2: refuse(qsakv_plan_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
-    case 3: refuse(qsakv_overlay_write_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
-    case 4: refuse(qsakv_model_config_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      refuse(qsakv_context_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 1:
+      refuse(qsakv_cache_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 2:
+      refuse(qsakv_plan_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 3:
+      refuse(qsakv_overlay_write_options_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 4:
+      refuse(qsakv_model_config_init(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 
@@ -690,27 +694,66 @@ struct field_case {
   size_t offset;
   int32_t value;
 };
-#define FC(f, v) {#f, offsetof(qsakv_model_config, f), (v)}
+#define FC(f, v) \
+  { #f, offsetof(qsakv_model_config, f), (v) }
 static const struct field_case k_fields[] = {
-    FC(num_layers, 0),          FC(num_layers, -1),          FC(num_layers, INT32_MIN),
-    FC(num_layers, INT32_MAX),  FC(num_qsa_layers, 0),       FC(num_qsa_layers, -1),
-    FC(num_qsa_layers, INT32_MAX), FC(num_qsa_layers, INT32_MIN), FC(qsa_layers, -1),
-    FC(qsa_layers, INT32_MAX),  FC(num_q_heads, 0),          FC(num_q_heads, INT32_MAX),
-    FC(num_q_heads, INT32_MIN), FC(num_kv_heads, 0),         FC(num_kv_heads, INT32_MAX),
-    FC(num_kv_heads, -4),       FC(head_dim, 0),             FC(head_dim, INT32_MIN),
-    FC(head_dim, 512),          FC(index_num_heads, 0),      FC(index_num_heads, INT32_MAX),
-    FC(index_head_dim, 0),      FC(index_head_dim, 12),      FC(index_head_dim, INT32_MAX),
-    FC(compress_ratio, 0),      FC(compress_ratio, INT32_MIN), FC(compress_ratio, INT32_MAX),
-    FC(topk_tokens, 0),         FC(topk_tokens, INT32_MAX),  FC(topk_tokens, 17),
-    FC(tp_size, 0),             FC(tp_size, INT32_MIN),      FC(tp_size, INT32_MAX),
-    FC(tp_rank, -1),            FC(tp_rank, INT32_MAX),      FC(speculative_tokens, -1),
-    FC(speculative_tokens, INT32_MAX), FC(activation_dtype, -1), FC(activation_dtype, 0),
-    FC(activation_dtype, 3),    FC(activation_dtype, INT32_MAX), FC(activation_dtype, INT32_MIN),
-    FC(kv_dtype, -1),           FC(kv_dtype, 0),             FC(kv_dtype, 4),
-    FC(kv_dtype, INT32_MAX),    FC(kv_dtype, INT32_MIN),     FC(block_size, 0),
-    FC(block_size, INT32_MAX),  FC(block_size, 18),          FC(max_requests, 0),
-    FC(max_requests, INT32_MAX), FC(max_requests, INT32_MIN), FC(max_batched_tokens, 0),
-    FC(max_batched_tokens, INT32_MAX), FC(max_model_len, 0), FC(max_model_len, INT32_MAX),
+    FC(num_layers, 0),
+    FC(num_layers, -1),
+    FC(num_layers, INT32_MIN),
+    FC(num_layers, INT32_MAX),
+    FC(num_qsa_layers, 0),
+    FC(num_qsa_layers, -1),
+    FC(num_qsa_layers, INT32_MAX),
+    FC(num_qsa_layers, INT32_MIN),
+    FC(qsa_layers, -1),
+    FC(qsa_layers, INT32_MAX),
+    FC(num_q_heads, 0),
+    FC(num_q_heads, INT32_MAX),
+    FC(num_q_heads, INT32_MIN),
+    FC(num_kv_heads, 0),
+    FC(num_kv_heads, INT32_MAX),
+    FC(num_kv_heads, -4),
+    FC(head_dim, 0),
+    FC(head_dim, INT32_MIN),
+    FC(head_dim, 512),
+    FC(index_num_heads, 0),
+    FC(index_num_heads, INT32_MAX),
+    FC(index_head_dim, 0),
+    FC(index_head_dim, 12),
+    FC(index_head_dim, INT32_MAX),
+    FC(compress_ratio, 0),
+    FC(compress_ratio, INT32_MIN),
+    FC(compress_ratio, INT32_MAX),
+    FC(topk_tokens, 0),
+    FC(topk_tokens, INT32_MAX),
+    FC(topk_tokens, 17),
+    FC(tp_size, 0),
+    FC(tp_size, INT32_MIN),
+    FC(tp_size, INT32_MAX),
+    FC(tp_rank, -1),
+    FC(tp_rank, INT32_MAX),
+    FC(speculative_tokens, -1),
+    FC(speculative_tokens, INT32_MAX),
+    FC(activation_dtype, -1),
+    FC(activation_dtype, 0),
+    FC(activation_dtype, 3),
+    FC(activation_dtype, INT32_MAX),
+    FC(activation_dtype, INT32_MIN),
+    FC(kv_dtype, -1),
+    FC(kv_dtype, 0),
+    FC(kv_dtype, 4),
+    FC(kv_dtype, INT32_MAX),
+    FC(kv_dtype, INT32_MIN),
+    FC(block_size, 0),
+    FC(block_size, INT32_MAX),
+    FC(block_size, 18),
+    FC(max_requests, 0),
+    FC(max_requests, INT32_MAX),
+    FC(max_requests, INT32_MIN),
+    FC(max_batched_tokens, 0),
+    FC(max_batched_tokens, INT32_MAX),
+    FC(max_model_len, 0),
+    FC(max_model_len, INT32_MAX),
     FC(max_model_len, INT32_MIN),
 };
 
@@ -740,8 +783,8 @@ static void c_cfg_cache(void) {
   const char* field;
   qsakv_model_config c = bad_config(&field);
   qsakv_cache* cache = (qsakv_cache*)0x1;
-  refuse_out(qsakv_cache_create(&cache, F.ctx, &c, NULL, NULL), QSAKV_ERROR_INVALID_CONFIG,
-             field, &cache);
+  refuse_out(qsakv_cache_create(&cache, F.ctx, &c, NULL, NULL), QSAKV_ERROR_INVALID_CONFIG, field,
+             &cache);
 }
 /* The same config refusals through every other entry point that takes a config: P is
  * path * 100 + field case. */
@@ -775,7 +818,8 @@ static void c_cfg_paths(void) {
       g.struct_size = sizeof g;
       refuse(qsakv_model_config_rank_geometry(&c, &g), QSAKV_ERROR_INVALID_CONFIG, field);
     }
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 
@@ -797,25 +841,33 @@ static void c_cfg_struct_size(void) {
 }
 static void c_cfg_null(void) {
   switch (P) {
-    case 0: refuse(qsakv_model_config_validate(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
-    case 1: refuse(qsakv_model_config_preset(NULL, "qwen4_exp"), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    case 0:
+      refuse(qsakv_model_config_validate(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    case 1:
+      refuse(qsakv_model_config_preset(NULL, "qwen4_exp"), QSAKV_ERROR_INVALID_ARGUMENT, "config");
     case 2: {
       qsakv_model_config c;
       refuse(qsakv_model_config_preset(&c, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "preset_name");
     }
     case 3: {
       qsakv_model_config c;
-      refuse(qsakv_model_config_preset(&c, "qwen4_exp\xff"), QSAKV_ERROR_INVALID_ARGUMENT, "preset");
+      refuse(qsakv_model_config_preset(&c, "qwen4_exp\xff"), QSAKV_ERROR_INVALID_ARGUMENT,
+             "preset");
     }
-    case 4: refuse(qsakv_model_config_rank_geometry(&F.cfg, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 4:
+      refuse(qsakv_model_config_rank_geometry(&F.cfg, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
     case 5: {
       qsakv_rank_geometry g;
       memset(&g, 0, sizeof g);
-      refuse(qsakv_model_config_rank_geometry(&F.cfg, &g), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
+      refuse(qsakv_model_config_rank_geometry(&F.cfg, &g), QSAKV_ERROR_INVALID_ARGUMENT,
+             "struct_size");
     }
-    case 6: refuse(qsakv_capacity_plan(NULL, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
-    case 7: refuse(qsakv_capacity_plan(&F.cfg, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 6:
+      refuse(qsakv_capacity_plan(NULL, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    case 7:
+      refuse(qsakv_capacity_plan(&F.cfg, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 static void c_capacity_budget(void) {
@@ -830,22 +882,82 @@ static void c_capacity_budget(void) {
 }
 
 static const struct acase k_config_cases[] = {
-#define FIELD(i) {"field " #i, c_cfg_validate, i}, {"capacity field " #i, c_cfg_capacity, i}, \
-                 {"cache field " #i, c_cfg_cache, i}
-    FIELD(0), FIELD(1), FIELD(2), FIELD(3), FIELD(4), FIELD(5), FIELD(6), FIELD(7), FIELD(8),
-    FIELD(9), FIELD(10), FIELD(11), FIELD(12), FIELD(13), FIELD(14), FIELD(15), FIELD(16),
-    FIELD(17), FIELD(18), FIELD(19), FIELD(20), FIELD(21), FIELD(22), FIELD(23), FIELD(24),
-    FIELD(25), FIELD(26), FIELD(27), FIELD(28), FIELD(29), FIELD(30), FIELD(31), FIELD(32),
-    FIELD(33), FIELD(34), FIELD(35), FIELD(36), FIELD(37), FIELD(38), FIELD(39), FIELD(40),
-    FIELD(41), FIELD(42), FIELD(43), FIELD(44), FIELD(45), FIELD(46), FIELD(47), FIELD(48),
-    FIELD(49), FIELD(50), FIELD(51), FIELD(52), FIELD(53), FIELD(54), FIELD(55), FIELD(56),
+#define FIELD(i)                                                                 \
+  {"field " #i, c_cfg_validate, i}, {"capacity field " #i, c_cfg_capacity, i}, { \
+    "cache field " #i, c_cfg_cache, i                                            \
+  }
+    FIELD(0),
+    FIELD(1),
+    FIELD(2),
+    FIELD(3),
+    FIELD(4),
+    FIELD(5),
+    FIELD(6),
+    FIELD(7),
+    FIELD(8),
+    FIELD(9),
+    FIELD(10),
+    FIELD(11),
+    FIELD(12),
+    FIELD(13),
+    FIELD(14),
+    FIELD(15),
+    FIELD(16),
+    FIELD(17),
+    FIELD(18),
+    FIELD(19),
+    FIELD(20),
+    FIELD(21),
+    FIELD(22),
+    FIELD(23),
+    FIELD(24),
+    FIELD(25),
+    FIELD(26),
+    FIELD(27),
+    FIELD(28),
+    FIELD(29),
+    FIELD(30),
+    FIELD(31),
+    FIELD(32),
+    FIELD(33),
+    FIELD(34),
+    FIELD(35),
+    FIELD(36),
+    FIELD(37),
+    FIELD(38),
+    FIELD(39),
+    FIELD(40),
+    FIELD(41),
+    FIELD(42),
+    FIELD(43),
+    FIELD(44),
+    FIELD(45),
+    FIELD(46),
+    FIELD(47),
+    FIELD(48),
+    FIELD(49),
+    FIELD(50),
+    FIELD(51),
+    FIELD(52),
+    FIELD(53),
+    FIELD(54),
+    FIELD(55),
+    FIELD(56),
     FIELD(57),
 #undef FIELD
-#define PATHS(i) {"overlay_validate field " #i, c_cfg_paths, i}, \
-                 {"calib_create field " #i, c_cfg_paths, 100 + i}, \
-                 {"tp_consensus field " #i, c_cfg_paths, 200 + i}, \
-                 {"rank_geometry field " #i, c_cfg_paths, 300 + i}
-    PATHS(0), PATHS(3), PATHS(30), PATHS(37), PATHS(41), PATHS(42), PATHS(46),
+#define PATHS(i)                                          \
+  {"overlay_validate field " #i, c_cfg_paths, i},         \
+      {"calib_create field " #i, c_cfg_paths, 100 + i},   \
+      {"tp_consensus field " #i, c_cfg_paths, 200 + i}, { \
+    "rank_geometry field " #i, c_cfg_paths, 300 + i       \
+  }
+    PATHS(0),
+    PATHS(3),
+    PATHS(30),
+    PATHS(37),
+    PATHS(41),
+    PATHS(42),
+    PATHS(46),
 #undef PATHS
     {"softmax_scale nan", c_cfg_softmax, 0},
     {"softmax_scale inf", c_cfg_softmax, 1},
@@ -896,14 +1008,15 @@ static void expect_cache_refused(qsakv_cache_options* o, qsakv_status want, cons
 static void c_cache_num_blocks(void) {
   qsakv_cache_options o = cache_opts();
   o.num_blocks = P;
-  expect_cache_refused(&o, P == INT32_MAX ? QSAKV_ERROR_OUT_OF_MEMORY : QSAKV_ERROR_INVALID_ARGUMENT,
-                       "num_blocks");
+  expect_cache_refused(
+      &o, P == INT32_MAX ? QSAKV_ERROR_OUT_OF_MEMORY : QSAKV_ERROR_INVALID_ARGUMENT, "num_blocks");
 }
 static void c_cache_budget(void) {
   qsakv_cache_options o = cache_opts();
   o.num_blocks = 0;
   o.memory_budget_bytes = (uint64_t)P;
-  expect_cache_refused(&o, P == 0 || P == 1 ? QSAKV_ERROR_INVALID_ARGUMENT : QSAKV_ERROR_OUT_OF_MEMORY,
+  expect_cache_refused(&o,
+                       P == 0 || P == 1 ? QSAKV_ERROR_INVALID_ARGUMENT : QSAKV_ERROR_OUT_OF_MEMORY,
                        "memory_budget_bytes");
 }
 static void c_cache_share(void) {
@@ -930,17 +1043,51 @@ static void c_cache_ext(void) {
   const char* arg = "external_topk";
   int32_t v;
   switch (P) {
-    case 0: v = -1; memcpy(&o.external_topk_dtype, &v, 4); arg = "external_topk_dtype"; break;
-    case 1: v = INT32_MAX; memcpy(&o.external_topk_dtype, &v, 4); arg = "external_topk_dtype"; break;
-    case 2: v = INT32_MIN; memcpy(&o.external_topk_dtype, &v, 4); arg = "external_topk_dtype"; break;
-    case 3: o.external_topk_dtype = QSAKV_DTYPE_INT64; arg = "external_topk_dtype"; break;
-    case 4: o.external_topk_rows = -1; arg = "external_topk_rows"; break;
-    case 5: o.external_topk_rows = INT64_MIN; arg = "external_topk_rows"; break;
-    case 6: o.external_topk_rows = INT64_MAX; arg = "external_topk_rows"; break;
-    case 7: o.external_topk_cols = INT64_MAX; arg = "external_topk_cols"; break;
-    case 8: o.external_topk_cols = -1; arg = "external_topk_cols"; break;
-    case 9: o.share_topk = 0; arg = "share_topk"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      v = -1;
+      memcpy(&o.external_topk_dtype, &v, 4);
+      arg = "external_topk_dtype";
+      break;
+    case 1:
+      v = INT32_MAX;
+      memcpy(&o.external_topk_dtype, &v, 4);
+      arg = "external_topk_dtype";
+      break;
+    case 2:
+      v = INT32_MIN;
+      memcpy(&o.external_topk_dtype, &v, 4);
+      arg = "external_topk_dtype";
+      break;
+    case 3:
+      o.external_topk_dtype = QSAKV_DTYPE_INT64;
+      arg = "external_topk_dtype";
+      break;
+    case 4:
+      o.external_topk_rows = -1;
+      arg = "external_topk_rows";
+      break;
+    case 5:
+      o.external_topk_rows = INT64_MIN;
+      arg = "external_topk_rows";
+      break;
+    case 6:
+      o.external_topk_rows = INT64_MAX;
+      arg = "external_topk_rows";
+      break;
+    case 7:
+      o.external_topk_cols = INT64_MAX;
+      arg = "external_topk_cols";
+      break;
+    case 8:
+      o.external_topk_cols = -1;
+      arg = "external_topk_cols";
+      break;
+    case 9:
+      o.share_topk = 0;
+      arg = "share_topk";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   expect_cache_refused(&o, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
@@ -948,23 +1095,34 @@ static void c_cache_nulls(void) {
   qsakv_cache_options o = cache_opts();
   qsakv_cache* c = (qsakv_cache*)0x1;
   switch (P) {
-    case 0: refuse(qsakv_cache_create(NULL, F.ctx, &F.cfg, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 1: refuse_out(qsakv_cache_create(&c, NULL, &F.cfg, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT, "context", &c);
-    case 2: refuse_out(qsakv_cache_create(&c, F.ctx, NULL, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT, "config", &c);
+    case 0:
+      refuse(qsakv_cache_create(NULL, F.ctx, &F.cfg, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+             "out");
+    case 1:
+      refuse_out(qsakv_cache_create(&c, NULL, &F.cfg, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+                 "context", &c);
+    case 2:
+      refuse_out(qsakv_cache_create(&c, F.ctx, NULL, NULL, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+                 "config", &c);
     case 3: /* an overlay for a 16-bit cache */
-      refuse_out(qsakv_cache_create(&c, F.ctx, &F.cfg, F.overlay, &o), QSAKV_ERROR_INVALID_ARGUMENT, "overlay", &c);
+      refuse_out(qsakv_cache_create(&c, F.ctx, &F.cfg, F.overlay, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+                 "overlay", &c);
     case 4: { /* E4M3 with no overlay */
       qsakv_model_config e = F.cfg;
       e.kv_dtype = QSAKV_DTYPE_E4M3;
-      refuse_out(qsakv_cache_create(&c, F.ctx, &e, NULL, &o), QSAKV_ERROR_OVERLAY_MISSING, "overlay", &c);
+      refuse_out(qsakv_cache_create(&c, F.ctx, &e, NULL, &o), QSAKV_ERROR_OVERLAY_MISSING,
+                 "overlay", &c);
     }
     case 5: { /* E4M3 with an overlay that was never validated */
       qsakv_model_config e = F.cfg;
       e.kv_dtype = QSAKV_DTYPE_E4M3;
-      refuse_out(qsakv_cache_create(&c, F.ctx, &e, F.overlay, &o), QSAKV_ERROR_OVERLAY_NOT_VALIDATED, "validate", &c);
+      refuse_out(qsakv_cache_create(&c, F.ctx, &e, F.overlay, &o),
+                 QSAKV_ERROR_OVERLAY_NOT_VALIDATED, "validate", &c);
     }
-    case 6: refuse(qsakv_cache_get_layout(NULL, &F.layout), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
-    case 7: refuse(qsakv_cache_get_layout(F.cache, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 6:
+      refuse(qsakv_cache_get_layout(NULL, &F.layout), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    case 7:
+      refuse(qsakv_cache_get_layout(F.cache, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
     case 8: {
       qsakv_cache_layout L;
       memset(&L, 0, sizeof L);
@@ -974,9 +1132,12 @@ static void c_cache_nulls(void) {
       qsakv_layer_buffers lb;
       refuse(qsakv_cache_get_layer_buffers(NULL, 3, &lb), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
     }
-    case 10: refuse(qsakv_cache_get_layer_buffers(F.cache, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 11: refuse(qsakv_cache_note_external_codes(NULL, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 10:
+      refuse(qsakv_cache_get_layer_buffers(F.cache, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 11:
+      refuse(qsakv_cache_note_external_codes(NULL, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 static void c_cache_layer(void) {
@@ -1061,16 +1222,17 @@ static unsigned char* cache_copy(void) {
 }
 static int cache_same(const unsigned char* before) {
   unsigned char* now = cache_copy();
-  const int same = memcmp(before, now, F.layout.kv_bytes_per_layer +
-                                           F.layout.compressed_bytes_per_layer +
-                                           F.layout.ring_bytes_per_layer) == 0;
+  const int same = memcmp(before, now,
+                          F.layout.kv_bytes_per_layer + F.layout.compressed_bytes_per_layer +
+                              F.layout.ring_bytes_per_layer) == 0;
   free(now);
   return same;
 }
 
 /* A refused store must leave the cache bit-identical. */
 static void refuse_store(qsakv_status s, const unsigned char* before, const char* arg) {
-  if (s != QSAKV_SUCCESS && !cache_same(before)) report(V_WRONG, s, "a refused store wrote the cache");
+  if (s != QSAKV_SUCCESS && !cache_same(before))
+    report(V_WRONG, s, "a refused store wrote the cache");
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
 
@@ -1082,16 +1244,44 @@ static void c_store_kv_arg(void) {
   int32_t layer = 3;
   const char* arg = "";
   switch (P) {
-    case 0: k = NULL; arg = "k"; break;
-    case 1: v = NULL; arg = "v"; break;
-    case 2: slots = NULL; arg = "slot_mapping"; break;
-    case 3: n = -1; arg = "num_tokens"; break;
-    case 4: n = INT64_MIN; arg = "num_tokens"; break;
-    case 5: n = INT64_MAX; arg = "num_tokens"; break;
-    case 6: n = INT64_C(1) << 45; arg = "num_tokens"; break;
-    case 7: layer = 4; arg = "layer"; break;
-    case 8: layer = INT32_MIN; arg = "layer"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      k = NULL;
+      arg = "k";
+      break;
+    case 1:
+      v = NULL;
+      arg = "v";
+      break;
+    case 2:
+      slots = NULL;
+      arg = "slot_mapping";
+      break;
+    case 3:
+      n = -1;
+      arg = "num_tokens";
+      break;
+    case 4:
+      n = INT64_MIN;
+      arg = "num_tokens";
+      break;
+    case 5:
+      n = INT64_MAX;
+      arg = "num_tokens";
+      break;
+    case 6:
+      n = INT64_C(1) << 45;
+      arg = "num_tokens";
+      break;
+    case 7:
+      layer = 4;
+      arg = "layer";
+      break;
+    case 8:
+      layer = INT32_MIN;
+      arg = "layer";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   refuse_store(qsakv_store_kv(F.cache, layer, k, v, slots, n, NULL), before, arg);
 }
@@ -1123,13 +1313,32 @@ static void c_store_index_arg(void) {
   int64_t n = 8;
   const char* arg = "";
   switch (P) {
-    case 0: keys = NULL; arg = "keys"; break;
-    case 1: rs = NULL; arg = "request_slots"; break;
-    case 2: pos = NULL; arg = "positions"; break;
-    case 3: n = -1; arg = "num_tokens"; break;
-    case 4: n = INT64_MAX; arg = "num_tokens"; break;
-    case 5: n = INT64_MIN; arg = "num_tokens"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      keys = NULL;
+      arg = "keys";
+      break;
+    case 1:
+      rs = NULL;
+      arg = "request_slots";
+      break;
+    case 2:
+      pos = NULL;
+      arg = "positions";
+      break;
+    case 3:
+      n = -1;
+      arg = "num_tokens";
+      break;
+    case 4:
+      n = INT64_MAX;
+      arg = "num_tokens";
+      break;
+    case 5:
+      n = INT64_MIN;
+      arg = "num_tokens";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   refuse_store(qsakv_store_index_keys(F.cache, 3, keys, rs, pos, n, NULL), before, arg);
 }
@@ -1151,12 +1360,28 @@ static void c_store_compressed_arg(void) {
   int64_t n = 8;
   const char* arg = "";
   switch (P) {
-    case 0: keys = NULL; arg = "keys"; break;
-    case 1: slots = NULL; arg = "slot_mapping"; break;
-    case 2: n = -1; arg = "num_keys"; break;
-    case 3: n = INT64_MAX; arg = "num_keys"; break;
-    case 4: n = INT64_C(1) << 50; arg = "num_keys"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      keys = NULL;
+      arg = "keys";
+      break;
+    case 1:
+      slots = NULL;
+      arg = "slot_mapping";
+      break;
+    case 2:
+      n = -1;
+      arg = "num_keys";
+      break;
+    case 3:
+      n = INT64_MAX;
+      arg = "num_keys";
+      break;
+    case 4:
+      n = INT64_C(1) << 50;
+      arg = "num_keys";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   refuse_store(qsakv_store_compressed_keys(F.cache, 3, keys, slots, n, NULL), before, arg);
 }
@@ -1171,11 +1396,20 @@ static void c_store_compressed_bad_slots(void) {
 }
 static void c_store_other_null(void) {
   switch (P) {
-    case 0: refuse(qsakv_store_index_keys(NULL, 3, F.index_q, NULL, NULL, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
-    case 1: refuse(qsakv_store_compressed_keys(NULL, 3, F.index_q, F.slots, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
-    case 2: refuse(qsakv_store_index_keys(F.cache, -3, F.index_q, NULL, NULL, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    case 3: refuse(qsakv_store_compressed_keys(F.cache, INT32_MAX, F.index_q, F.slots, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      refuse(qsakv_store_index_keys(NULL, 3, F.index_q, NULL, NULL, 1, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    case 1:
+      refuse(qsakv_store_compressed_keys(NULL, 3, F.index_q, F.slots, 1, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    case 2:
+      refuse(qsakv_store_index_keys(F.cache, -3, F.index_q, NULL, NULL, 1, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    case 3:
+      refuse(qsakv_store_compressed_keys(F.cache, INT32_MAX, F.index_q, F.slots, 1, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 
@@ -1225,18 +1459,52 @@ static void c_plan_create(void) {
   qsakv_plan_options_init(&o);
   const char* arg = "";
   switch (P) {
-    case 0: o.max_rows = -1; arg = "max_rows"; break;
-    case 1: o.max_rows = INT32_MAX; arg = "max_rows"; break;
-    case 2: o.max_rows = INT32_MIN; arg = "max_rows"; break;
-    case 3: o.max_requests = -1; arg = "max_requests"; break;
-    case 4: o.max_requests = INT32_MAX; arg = "max_requests"; break;
-    case 5: o.num_splits = -1; arg = "num_splits"; break;
-    case 6: o.num_splits = 257; arg = "num_splits"; break;
-    case 7: o.num_splits = INT32_MAX; arg = "num_splits"; break;
-    case 8: o.num_splits = INT32_MIN; arg = "num_splits"; break;
-    case 9: o.version = 0xDEADBEEF; arg = "version"; break;
-    case 10: o.struct_size = 0; arg = "struct_size"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      o.max_rows = -1;
+      arg = "max_rows";
+      break;
+    case 1:
+      o.max_rows = INT32_MAX;
+      arg = "max_rows";
+      break;
+    case 2:
+      o.max_rows = INT32_MIN;
+      arg = "max_rows";
+      break;
+    case 3:
+      o.max_requests = -1;
+      arg = "max_requests";
+      break;
+    case 4:
+      o.max_requests = INT32_MAX;
+      arg = "max_requests";
+      break;
+    case 5:
+      o.num_splits = -1;
+      arg = "num_splits";
+      break;
+    case 6:
+      o.num_splits = 257;
+      arg = "num_splits";
+      break;
+    case 7:
+      o.num_splits = INT32_MAX;
+      arg = "num_splits";
+      break;
+    case 8:
+      o.num_splits = INT32_MIN;
+      arg = "num_splits";
+      break;
+    case 9:
+      o.version = 0xDEADBEEF;
+      arg = "version";
+      break;
+    case 10:
+      o.struct_size = 0;
+      arg = "struct_size";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   qsakv_plan* p = (qsakv_plan*)0x1;
   refuse_out(qsakv_plan_create(&p, F.cache, &o), QSAKV_ERROR_INVALID_ARGUMENT, arg, &p);
@@ -1290,37 +1558,135 @@ static void c_update(void) {
   const char* arg = "";
   switch (P) {
     case 0: /* the example */
-      qs[1] = 5; qs[2] = INT32_MIN; lens[0] = 300; lens[1] = 100; arg = "query_start[2]"; break;
-    case 1: qs[1] = 0; qs[2] = INT32_MIN; arg = "query_start[2]"; break;
-    case 2: qs[1] = INT32_MAX; arg = "query_start[1]"; break;
-    case 3: qs[1] = INT32_MIN; arg = "query_start[1]"; break;
-    case 4: qs[0] = 1; arg = "query_start[0]"; break;
-    case 5: qs[0] = INT32_MIN; arg = "query_start[0]"; break;
-    case 6: qs[1] = 3; qs[2] = 1; arg = "query_start[2]"; break;
-    case 7: qs[2] = MAX_ROWS + 1; arg = "query_start[2]"; break;
-    case 8: lens[0] = INT32_MIN; arg = "seq_lens[0]"; break;
-    case 9: lens[1] = INT32_MAX; arg = "seq_lens[1]"; break;
-    case 10: lens[1] = 2; arg = "seq_lens[1]"; break; /* fewer tokens than its 3 rows */
-    case 11: lens[0] = -1; arg = "seq_lens[0]"; break;
-    case 12: b.num_requests = -1; arg = "num_requests"; break;
-    case 13: b.num_requests = INT32_MAX; arg = "num_requests"; break;
-    case 14: b.num_requests = INT32_MIN; arg = "num_requests"; break;
-    case 15: b.num_requests = 5; arg = "num_requests"; break;
-    case 16: b.query_start = NULL; arg = "query_start"; break;
-    case 17: b.seq_lens = NULL; arg = "seq_lens"; break;
-    case 18: b.block_table = NULL; arg = "block_table"; break;
-    case 19: b.block_table_stride = -1; arg = "block_table_stride"; break;
-    case 20: b.block_table_stride = INT32_MIN; arg = "block_table_stride"; break;
-    case 21: b.block_table_stride = 0; arg = "block_table_stride"; break;
-    case 22: b.block_table_stride = 6; arg = "block_table_stride"; break; /* 100 tokens: 7 pages */
-    case 23: b.request_slots = slots; slots[1] = -1; arg = "request_slots[1]"; break;
-    case 24: b.request_slots = slots; slots[0] = INT32_MAX; arg = "request_slots[0]"; break;
-    case 25: b.request_slots = slots; slots[1] = 4; arg = "request_slots[1]"; break;
-    case 26: b.version = 0xDEADBEEF; arg = "version"; break;
-    case 27: b.version = 0; arg = "version"; break;
-    case 28: b.struct_size = 0; arg = "struct_size"; break;
-    case 29: b.struct_size = 7; arg = "struct_size"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+      qs[1] = 5;
+      qs[2] = INT32_MIN;
+      lens[0] = 300;
+      lens[1] = 100;
+      arg = "query_start[2]";
+      break;
+    case 1:
+      qs[1] = 0;
+      qs[2] = INT32_MIN;
+      arg = "query_start[2]";
+      break;
+    case 2:
+      qs[1] = INT32_MAX;
+      arg = "query_start[1]";
+      break;
+    case 3:
+      qs[1] = INT32_MIN;
+      arg = "query_start[1]";
+      break;
+    case 4:
+      qs[0] = 1;
+      arg = "query_start[0]";
+      break;
+    case 5:
+      qs[0] = INT32_MIN;
+      arg = "query_start[0]";
+      break;
+    case 6:
+      qs[1] = 3;
+      qs[2] = 1;
+      arg = "query_start[2]";
+      break;
+    case 7:
+      qs[2] = MAX_ROWS + 1;
+      arg = "query_start[2]";
+      break;
+    case 8:
+      lens[0] = INT32_MIN;
+      arg = "seq_lens[0]";
+      break;
+    case 9:
+      lens[1] = INT32_MAX;
+      arg = "seq_lens[1]";
+      break;
+    case 10:
+      lens[1] = 2;
+      arg = "seq_lens[1]";
+      break; /* fewer tokens than its 3 rows */
+    case 11:
+      lens[0] = -1;
+      arg = "seq_lens[0]";
+      break;
+    case 12:
+      b.num_requests = -1;
+      arg = "num_requests";
+      break;
+    case 13:
+      b.num_requests = INT32_MAX;
+      arg = "num_requests";
+      break;
+    case 14:
+      b.num_requests = INT32_MIN;
+      arg = "num_requests";
+      break;
+    case 15:
+      b.num_requests = 5;
+      arg = "num_requests";
+      break;
+    case 16:
+      b.query_start = NULL;
+      arg = "query_start";
+      break;
+    case 17:
+      b.seq_lens = NULL;
+      arg = "seq_lens";
+      break;
+    case 18:
+      b.block_table = NULL;
+      arg = "block_table";
+      break;
+    case 19:
+      b.block_table_stride = -1;
+      arg = "block_table_stride";
+      break;
+    case 20:
+      b.block_table_stride = INT32_MIN;
+      arg = "block_table_stride";
+      break;
+    case 21:
+      b.block_table_stride = 0;
+      arg = "block_table_stride";
+      break;
+    case 22:
+      b.block_table_stride = 6;
+      arg = "block_table_stride";
+      break; /* 100 tokens: 7 pages */
+    case 23:
+      b.request_slots = slots;
+      slots[1] = -1;
+      arg = "request_slots[1]";
+      break;
+    case 24:
+      b.request_slots = slots;
+      slots[0] = INT32_MAX;
+      arg = "request_slots[0]";
+      break;
+    case 25:
+      b.request_slots = slots;
+      slots[1] = 4;
+      arg = "request_slots[1]";
+      break;
+    case 26:
+      b.version = 0xDEADBEEF;
+      arg = "version";
+      break;
+    case 27:
+      b.version = 0;
+      arg = "version";
+      break;
+    case 28:
+      b.struct_size = 0;
+      arg = "struct_size";
+      break;
+    case 29:
+      b.struct_size = 7;
+      arg = "struct_size";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   refuse_update(&b, arg);
 }
@@ -1434,12 +1800,23 @@ static void c_select_stride(void) {
 }
 static void c_select_arg(void) {
   switch (P) {
-    case 0: refuse(qsakv_select_topk(NULL, 3, F.index_q, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "plan");
-    case 1: refuse(qsakv_select_topk(F.fresh, 3, F.index_q, NULL, 0, NULL), QSAKV_ERROR_STATE, "qsakv_plan_update");
-    case 2: refuse(qsakv_select_topk(F.plan, 3, NULL, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "index_q");
-    case 3: refuse(qsakv_select_topk(F.plan, 2, F.index_q, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    case 4: refuse(qsakv_select_topk(F.plan, INT32_MIN, F.index_q, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      refuse(qsakv_select_topk(NULL, 3, F.index_q, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "plan");
+    case 1:
+      refuse(qsakv_select_topk(F.fresh, 3, F.index_q, NULL, 0, NULL), QSAKV_ERROR_STATE,
+             "qsakv_plan_update");
+    case 2:
+      refuse(qsakv_select_topk(F.plan, 3, NULL, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "index_q");
+    case 3:
+      refuse(qsakv_select_topk(F.plan, 2, F.index_q, NULL, 0, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "layer");
+    case 4:
+      refuse(qsakv_select_topk(F.plan, INT32_MIN, F.index_q, NULL, 0, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 /* A caller buffer with a wide stride holds exactly the shared buffer's rows. */
@@ -1451,7 +1828,8 @@ static void c_select_wide(void) {
   qsakv_status s = qsakv_select_topk(F.plan, 3, F.index_q, F.topk, F.topk_stride, NULL);
   int ok = 1;
   for (int r = 0; r < ROWS; ++r) {
-    ok &= memcmp(F.topk + (size_t)r * F.topk_stride, lb.topk + (size_t)r * w, sizeof(int32_t) * w) == 0;
+    ok &= memcmp(F.topk + (size_t)r * F.topk_stride, lb.topk + (size_t)r * w,
+                 sizeof(int32_t) * w) == 0;
     for (int j = w; j < F.topk_stride; ++j) ok &= F.topk[(size_t)r * F.topk_stride + j] == 0x6666;
   }
   correct(s, ok, "select into a caller buffer equals the shared one");
@@ -1470,20 +1848,34 @@ static void c_attn_mode(void) {
 static void c_attn_stride(void) {
   const size_t on = (size_t)MAX_ROWS * F.geo.q_heads * F.cfg.head_dim;
   memset(F.out, 0x33, on * 2);
-  qsakv_status s = qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_SPARSE, F.q, F.topk, P, F.out, NULL);
+  qsakv_status s =
+      qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_SPARSE, F.q, F.topk, P, F.out, NULL);
   for (size_t i = 0; i < on; ++i)
     if (F.out[i] != 0x3333) report(V_WRONG, s, "a refused attention wrote out");
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride");
 }
 static void c_attn_arg(void) {
   switch (P) {
-    case 0: refuse(qsakv_attention_run(NULL, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "plan");
-    case 1: refuse(qsakv_attention_run(F.fresh, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL), QSAKV_ERROR_STATE, "qsakv_plan_update");
-    case 2: refuse(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, NULL, NULL, 0, F.out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "q");
-    case 3: refuse(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 4: refuse(qsakv_attention_run(F.plan, 8, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    case 5: refuse(qsakv_attention_run(F.plan, -1, QSAKV_ATTENTION_SPARSE, F.q, NULL, 0, F.out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      refuse(qsakv_attention_run(NULL, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "plan");
+    case 1:
+      refuse(qsakv_attention_run(F.fresh, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL),
+             QSAKV_ERROR_STATE, "qsakv_plan_update");
+    case 2:
+      refuse(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, NULL, NULL, 0, F.out, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "q");
+    case 3:
+      refuse(qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, NULL, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 4:
+      refuse(qsakv_attention_run(F.plan, 8, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, F.out, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    case 5:
+      refuse(qsakv_attention_run(F.plan, -1, QSAKV_ATTENTION_SPARSE, F.q, NULL, 0, F.out, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 /* DENSE ignores the top-k arguments, whatever they are. */
@@ -1596,15 +1988,40 @@ static void c_calib_observe(void) {
   int32_t layer = 3;
   const char* arg = "";
   switch (P % 100) {
-    case 0: k = NULL; arg = "k"; break; /* the example: stopped, k NULL */
-    case 1: v = NULL; arg = "v"; break;
-    case 2: n = -1; arg = "num_tokens"; break;
-    case 3: n = INT64_MAX; arg = "num_tokens"; break;
-    case 4: n = INT64_MIN; arg = "num_tokens"; break;
-    case 5: n = INT64_C(1) << 46; arg = "num_tokens"; break;
-    case 6: layer = 5; arg = "layer"; break;
-    case 7: layer = INT32_MAX; arg = "layer"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      k = NULL;
+      arg = "k";
+      break; /* the example: stopped, k NULL */
+    case 1:
+      v = NULL;
+      arg = "v";
+      break;
+    case 2:
+      n = -1;
+      arg = "num_tokens";
+      break;
+    case 3:
+      n = INT64_MAX;
+      arg = "num_tokens";
+      break;
+    case 4:
+      n = INT64_MIN;
+      arg = "num_tokens";
+      break;
+    case 5:
+      n = INT64_C(1) << 46;
+      arg = "num_tokens";
+      break;
+    case 6:
+      layer = 5;
+      arg = "layer";
+      break;
+    case 7:
+      layer = INT32_MAX;
+      arg = "layer";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   qsakv_status s = qsakv_calib_observe(h, layer, k, v, n, NULL);
   /* Nothing was counted. */
@@ -1615,7 +2032,8 @@ static void c_calib_observe(void) {
   st.struct_size = sizeof st;
   st.version = QSAKV_CALIB_STATS_VERSION;
   C_OK(qsakv_calib_get_stats(snap, 3, QSAKV_CALIB_K, &st, NULL));
-  if (st.count != 0) report(V_WRONG, s, "a refused observe counted %llu values", (unsigned long long)st.count);
+  if (st.count != 0)
+    report(V_WRONG, s, "a refused observe counted %llu values", (unsigned long long)st.count);
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
 static void c_calib_state(void) {
@@ -1624,16 +2042,27 @@ static void c_calib_state(void) {
   st.struct_size = sizeof st;
   st.version = QSAKV_CALIB_STATS_VERSION;
   switch (P) {
-    case 0: refuse(qsakv_calib_start(F.host), QSAKV_ERROR_STATE, "live");
-    case 1: refuse(qsakv_calib_stop(F.host), QSAKV_ERROR_STATE, "live");
-    case 2: refuse(qsakv_calib_observe(F.host, 3, F.kv_in, F.kv_in, 1, NULL), QSAKV_ERROR_STATE, "live");
-    case 3: refuse(qsakv_calib_get_stats(F.live, 3, QSAKV_CALIB_K, &st, NULL), QSAKV_ERROR_STATE, "snapshot");
-    case 4: refuse(qsakv_calib_save(F.live, tmp_path("s")), QSAKV_ERROR_STATE, "snapshot");
-    case 5: refuse(qsakv_calib_allreduce(F.live, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "nccl_comm");
-    case 6: refuse(qsakv_calib_allreduce(F.live, (void*)0x10, NULL), QSAKV_ERROR_UNSUPPORTED, "CPU");
-    case 7: refuse(qsakv_calib_allreduce(F.host, (void*)0x10, NULL), QSAKV_ERROR_STATE, "live");
-    case 8: refuse(qsakv_calib_summarize(F.host, 3, QSAKV_CALIB_K, NULL), ANY_ERROR, "summary");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      refuse(qsakv_calib_start(F.host), QSAKV_ERROR_STATE, "live");
+    case 1:
+      refuse(qsakv_calib_stop(F.host), QSAKV_ERROR_STATE, "live");
+    case 2:
+      refuse(qsakv_calib_observe(F.host, 3, F.kv_in, F.kv_in, 1, NULL), QSAKV_ERROR_STATE, "live");
+    case 3:
+      refuse(qsakv_calib_get_stats(F.live, 3, QSAKV_CALIB_K, &st, NULL), QSAKV_ERROR_STATE,
+             "snapshot");
+    case 4:
+      refuse(qsakv_calib_save(F.live, tmp_path("s")), QSAKV_ERROR_STATE, "snapshot");
+    case 5:
+      refuse(qsakv_calib_allreduce(F.live, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "nccl_comm");
+    case 6:
+      refuse(qsakv_calib_allreduce(F.live, (void*)0x10, NULL), QSAKV_ERROR_UNSUPPORTED, "CPU");
+    case 7:
+      refuse(qsakv_calib_allreduce(F.host, (void*)0x10, NULL), QSAKV_ERROR_STATE, "live");
+    case 8:
+      refuse(qsakv_calib_summarize(F.host, 3, QSAKV_CALIB_K, NULL), ANY_ERROR, "summary");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 static void c_calib_null(void) {
@@ -1647,69 +2076,120 @@ static void c_calib_null(void) {
   qsakv_model_config bad = F.cfg;
   bad.activation_dtype = (qsakv_dtype)7;
   switch (P) {
-    case 0: refuse(qsakv_calib_create(NULL, F.ctx, &F.cfg), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 1: refuse_out(qsakv_calib_create(&out, NULL, &F.cfg), QSAKV_ERROR_INVALID_ARGUMENT, "context", &out);
-    case 2: refuse_out(qsakv_calib_create(&out, F.ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config", &out);
-    case 3: refuse_out(qsakv_calib_create(&out, F.ctx, &bad), QSAKV_ERROR_INVALID_CONFIG, "activation_dtype", &out);
-    case 4: refuse(qsakv_calib_start(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
-    case 5: refuse(qsakv_calib_stop(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
-    case 6: refuse(qsakv_calib_observe(NULL, 3, F.kv_in, F.kv_in, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
-    case 7: refuse(qsakv_calib_snapshot(NULL, F.live, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 8: refuse_out(qsakv_calib_snapshot(&out, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib", &out);
-    case 9: refuse(qsakv_calib_get_info(NULL, &info), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
-    case 10: refuse(qsakv_calib_get_info(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "info");
-    case 11: info.struct_size = 0; refuse(qsakv_calib_get_info(F.host, &info), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
-    case 12: refuse(qsakv_calib_get_config(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
-    case 13: refuse(qsakv_calib_get_config(NULL, &cfg), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
-    case 14: refuse(qsakv_calib_get_stats(F.host, 3, QSAKV_CALIB_K, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "stats");
-    case 15: refuse(qsakv_calib_get_stats(F.host, 2, QSAKV_CALIB_K, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    case 16: refuse(qsakv_calib_save(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path");
-    case 17: refuse(qsakv_calib_save(F.host, ""), QSAKV_ERROR_INVALID_ARGUMENT, "path");
-    case 18: refuse(qsakv_calib_save(F.host, F.stats_wrap), QSAKV_ERROR_INVALID_ARGUMENT, "exists");
-    case 19: refuse(qsakv_calib_load(NULL, F.stats_wrap), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 20: refuse_out(qsakv_calib_load(&out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &out);
-    case 21: refuse_out(qsakv_calib_load(&out, ""), QSAKV_ERROR_INVALID_ARGUMENT, "path", &out);
-    case 22: refuse_out(qsakv_calib_load(&out, tmp_path("missing")), QSAKV_ERROR_IO, "missing", &out);
-    case 23: refuse(qsakv_calib_merge(NULL, NULL, 1, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 24: refuse_out(qsakv_calib_merge(&out, NULL, 1, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT, "inputs", &out);
+    case 0:
+      refuse(qsakv_calib_create(NULL, F.ctx, &F.cfg), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 1:
+      refuse_out(qsakv_calib_create(&out, NULL, &F.cfg), QSAKV_ERROR_INVALID_ARGUMENT, "context",
+                 &out);
+    case 2:
+      refuse_out(qsakv_calib_create(&out, F.ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config",
+                 &out);
+    case 3:
+      refuse_out(qsakv_calib_create(&out, F.ctx, &bad), QSAKV_ERROR_INVALID_CONFIG,
+                 "activation_dtype", &out);
+    case 4:
+      refuse(qsakv_calib_start(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
+    case 5:
+      refuse(qsakv_calib_stop(NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
+    case 6:
+      refuse(qsakv_calib_observe(NULL, 3, F.kv_in, F.kv_in, 1, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "calib");
+    case 7:
+      refuse(qsakv_calib_snapshot(NULL, F.live, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 8:
+      refuse_out(qsakv_calib_snapshot(&out, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib",
+                 &out);
+    case 9:
+      refuse(qsakv_calib_get_info(NULL, &info), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
+    case 10:
+      refuse(qsakv_calib_get_info(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "info");
+    case 11:
+      info.struct_size = 0;
+      refuse(qsakv_calib_get_info(F.host, &info), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
+    case 12:
+      refuse(qsakv_calib_get_config(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    case 13:
+      refuse(qsakv_calib_get_config(NULL, &cfg), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
+    case 14:
+      refuse(qsakv_calib_get_stats(F.host, 3, QSAKV_CALIB_K, NULL, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "stats");
+    case 15:
+      refuse(qsakv_calib_get_stats(F.host, 2, QSAKV_CALIB_K, NULL, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+    case 16:
+      refuse(qsakv_calib_save(F.host, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path");
+    case 17:
+      refuse(qsakv_calib_save(F.host, ""), QSAKV_ERROR_INVALID_ARGUMENT, "path");
+    case 18:
+      refuse(qsakv_calib_save(F.host, F.stats_wrap), QSAKV_ERROR_INVALID_ARGUMENT, "exists");
+    case 19:
+      refuse(qsakv_calib_load(NULL, F.stats_wrap), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 20:
+      refuse_out(qsakv_calib_load(&out, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &out);
+    case 21:
+      refuse_out(qsakv_calib_load(&out, ""), QSAKV_ERROR_INVALID_ARGUMENT, "path", &out);
+    case 22:
+      refuse_out(qsakv_calib_load(&out, tmp_path("missing")), QSAKV_ERROR_IO, "missing", &out);
+    case 23:
+      refuse(qsakv_calib_merge(NULL, NULL, 1, QSAKV_CALIB_MERGE_RANKS),
+             QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 24:
+      refuse_out(qsakv_calib_merge(&out, NULL, 1, QSAKV_CALIB_MERGE_RANKS),
+                 QSAKV_ERROR_INVALID_ARGUMENT, "inputs", &out);
     case 25: {
       const qsakv_calib* in[2] = {F.host, F.host};
-      refuse_out(qsakv_calib_merge(&out, in, 0, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT, "num_inputs", &out);
+      refuse_out(qsakv_calib_merge(&out, in, 0, QSAKV_CALIB_MERGE_RANKS),
+                 QSAKV_ERROR_INVALID_ARGUMENT, "num_inputs", &out);
     }
     case 26: {
       const qsakv_calib* in[2] = {F.host, F.host};
-      refuse_out(qsakv_calib_merge(&out, in, INT32_MIN, QSAKV_CALIB_MERGE_ENVELOPE), QSAKV_ERROR_INVALID_ARGUMENT, "num_inputs", &out);
+      refuse_out(qsakv_calib_merge(&out, in, INT32_MIN, QSAKV_CALIB_MERGE_ENVELOPE),
+                 QSAKV_ERROR_INVALID_ARGUMENT, "num_inputs", &out);
     }
     case 27: {
       const qsakv_calib* in[2] = {F.host, NULL};
-      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT, "inputs[1]", &out);
+      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS),
+                 QSAKV_ERROR_INVALID_ARGUMENT, "inputs[1]", &out);
     }
     case 28: {
       const qsakv_calib* in[2] = {F.host, F.live};
-      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_STATE, "snapshot", &out);
+      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_STATE,
+                 "snapshot", &out);
     }
     case 29: {
       const qsakv_calib* in[2] = {F.host, F.host}; /* the same rank twice */
-      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT, "rank", &out);
+      refuse_out(qsakv_calib_merge(&out, in, 2, QSAKV_CALIB_MERGE_RANKS),
+                 QSAKV_ERROR_INVALID_ARGUMENT, "rank", &out);
     }
-    case 30: refuse(qsakv_calib_scale_from_max(1.0f, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "scale");
-    case 31: refuse(qsakv_calib_write_overlay(F.host, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 32: refuse(qsakv_calib_write_overlay(F.host, "", NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 33: refuse(qsakv_calib_write_overlay(F.host, tmp_path("o"), NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 30:
+      refuse(qsakv_calib_scale_from_max(1.0f, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "scale");
+    case 31:
+      refuse(qsakv_calib_write_overlay(F.host, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "out_dir");
+    case 32:
+      refuse(qsakv_calib_write_overlay(F.host, "", NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
+    case 33:
+      refuse(qsakv_calib_write_overlay(F.host, tmp_path("o"), NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "options");
     case 34: {
       qsakv_overlay_write_options wo;
       qsakv_overlay_write_options_init(&wo);
       wo.version = 0xDEADBEEF;
-      refuse(qsakv_calib_write_overlay(F.host, tmp_path("o"), &wo), QSAKV_ERROR_INVALID_ARGUMENT, "version");
+      refuse(qsakv_calib_write_overlay(F.host, tmp_path("o"), &wo), QSAKV_ERROR_INVALID_ARGUMENT,
+             "version");
     }
-    case 35: refuse(qsakv_calib_summarize(NULL, 3, QSAKV_CALIB_K, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "calib");
+    case 35:
+      refuse(qsakv_calib_summarize(NULL, 3, QSAKV_CALIB_K, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "calib");
     case 36: {
       qsakv_calib_summary sum;
       memset(&sum, 0, sizeof sum);
       sum.struct_size = sizeof sum;
-      refuse(qsakv_calib_summarize(F.host, INT32_MIN, QSAKV_CALIB_K, &sum), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
+      refuse(qsakv_calib_summarize(F.host, INT32_MIN, QSAKV_CALIB_K, &sum),
+             QSAKV_ERROR_INVALID_ARGUMENT, "layer");
     }
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 static void c_calib_scale(void) {
@@ -1791,13 +2271,45 @@ static const struct acase k_calib_cases[] = {
     {"allreduce on CPU", c_calib_state, 6},
     {"allreduce on a host copy", c_calib_state, 7},
     {"summarize summary NULL", c_calib_state, 8},
-#define NULLCASE(i) {"argument case " #i, c_calib_null, i}
-    NULLCASE(0), NULLCASE(1), NULLCASE(2), NULLCASE(3), NULLCASE(4), NULLCASE(5), NULLCASE(6),
-    NULLCASE(7), NULLCASE(8), NULLCASE(9), NULLCASE(10), NULLCASE(11), NULLCASE(12),
-    NULLCASE(13), NULLCASE(14), NULLCASE(15), NULLCASE(16), NULLCASE(17), NULLCASE(18),
-    NULLCASE(19), NULLCASE(20), NULLCASE(21), NULLCASE(22), NULLCASE(23), NULLCASE(24),
-    NULLCASE(25), NULLCASE(26), NULLCASE(27), NULLCASE(28), NULLCASE(29), NULLCASE(30),
-    NULLCASE(31), NULLCASE(32), NULLCASE(33), NULLCASE(34), NULLCASE(35), NULLCASE(36),
+#define NULLCASE(i) \
+  { "argument case " #i, c_calib_null, i }
+    NULLCASE(0),
+    NULLCASE(1),
+    NULLCASE(2),
+    NULLCASE(3),
+    NULLCASE(4),
+    NULLCASE(5),
+    NULLCASE(6),
+    NULLCASE(7),
+    NULLCASE(8),
+    NULLCASE(9),
+    NULLCASE(10),
+    NULLCASE(11),
+    NULLCASE(12),
+    NULLCASE(13),
+    NULLCASE(14),
+    NULLCASE(15),
+    NULLCASE(16),
+    NULLCASE(17),
+    NULLCASE(18),
+    NULLCASE(19),
+    NULLCASE(20),
+    NULLCASE(21),
+    NULLCASE(22),
+    NULLCASE(23),
+    NULLCASE(24),
+    NULLCASE(25),
+    NULLCASE(26),
+    NULLCASE(27),
+    NULLCASE(28),
+    NULLCASE(29),
+    NULLCASE(30),
+    NULLCASE(31),
+    NULLCASE(32),
+    NULLCASE(33),
+    NULLCASE(34),
+    NULLCASE(35),
+    NULLCASE(36),
 #undef NULLCASE
     {"scale_from_max nan", c_calib_scale, 0},
     {"scale_from_max inf", c_calib_scale, 1},
@@ -1839,39 +2351,130 @@ static void c_ov_write(void) {
   qsakv_status want = QSAKV_ERROR_INVALID_ARGUMENT;
   const char* arg = "";
   switch (P) {
-    case 0: iv = -1; memcpy(&o.contract_activation_dtype, &iv, 4); arg = "contract_activation_dtype"; break;
-    case 1: iv = INT32_MAX; memcpy(&o.contract_activation_dtype, &iv, 4); arg = "contract_activation_dtype"; break;
-    case 2: iv = INT32_MIN; memcpy(&o.contract_activation_dtype, &iv, 4); arg = "contract_activation_dtype"; break;
-    case 3: o.contract_activation_dtype = QSAKV_DTYPE_E4M3; arg = "contract_activation_dtype"; break;
-    case 4: o.version = 0xDEADBEEF; arg = "version"; break;
-    case 5: o.version = 0; arg = "version"; break;
-    case 6: o.struct_size = 0; arg = "struct_size"; break;
-    case 7: o.contract_tp_size = -1; arg = "contract_tp_size"; break;
-    case 8: o.contract_speculative_tokens = -2; arg = "contract_speculative_tokens"; break;
-    case 9: o.contract_speculative_tokens = INT32_MAX; arg = "contract_speculative_tokens"; break;
-    case 10: o.contract_min_sm = -1; arg = "contract_min_sm"; break;
-    case 11: o.unit_scale_control = 2; arg = "unit_scale_control"; break;
-    case 12: o.layer_prefix = ""; arg = "layer_prefix"; break;
-    case 13: o.layer_prefix = "model..layers"; arg = "layer_prefix"; break;
-    case 14: o.layer_prefix = "model.\xff\xfe"; arg = "layer_prefix"; break;
-    case 15: o.base_index_path = NULL; arg = "base_index_path"; break;
-    case 16: o.base_index_path = ""; arg = "base_index_path"; break;
-    case 17: n = 0; arg = "num_layers"; break;
-    case 18: n = -1; arg = "num_layers"; break;
-    case 19: n = INT32_MAX; arg = "num_layers"; break;
-    case 20: n = INT32_MIN; arg = "num_layers"; break;
-    case 21: layers[0] = -1; arg = "layers[0]"; break;
-    case 22: layers[1] = 3; want = QSAKV_ERROR_OVERLAY_DUPLICATE; arg = "layer 3"; break;
-    case 23: k[0] = NAN; want = QSAKV_ERROR_OVERLAY_BAD_SCALE; arg = "k_scale"; break;
-    case 24: v[1] = -1.0f; want = QSAKV_ERROR_OVERLAY_BAD_SCALE; arg = "v_scale"; break;
-    case 25: k[1] = INFINITY; want = QSAKV_ERROR_OVERLAY_BAD_SCALE; arg = "k_scale"; break;
-    case 26: v[0] = 0.0f; want = QSAKV_ERROR_OVERLAY_BAD_SCALE; arg = "v_scale"; break;
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 0:
+      iv = -1;
+      memcpy(&o.contract_activation_dtype, &iv, 4);
+      arg = "contract_activation_dtype";
+      break;
+    case 1:
+      iv = INT32_MAX;
+      memcpy(&o.contract_activation_dtype, &iv, 4);
+      arg = "contract_activation_dtype";
+      break;
+    case 2:
+      iv = INT32_MIN;
+      memcpy(&o.contract_activation_dtype, &iv, 4);
+      arg = "contract_activation_dtype";
+      break;
+    case 3:
+      o.contract_activation_dtype = QSAKV_DTYPE_E4M3;
+      arg = "contract_activation_dtype";
+      break;
+    case 4:
+      o.version = 0xDEADBEEF;
+      arg = "version";
+      break;
+    case 5:
+      o.version = 0;
+      arg = "version";
+      break;
+    case 6:
+      o.struct_size = 0;
+      arg = "struct_size";
+      break;
+    case 7:
+      o.contract_tp_size = -1;
+      arg = "contract_tp_size";
+      break;
+    case 8:
+      o.contract_speculative_tokens = -2;
+      arg = "contract_speculative_tokens";
+      break;
+    case 9:
+      o.contract_speculative_tokens = INT32_MAX;
+      arg = "contract_speculative_tokens";
+      break;
+    case 10:
+      o.contract_min_sm = -1;
+      arg = "contract_min_sm";
+      break;
+    case 11:
+      o.unit_scale_control = 2;
+      arg = "unit_scale_control";
+      break;
+    case 12:
+      o.layer_prefix = "";
+      arg = "layer_prefix";
+      break;
+    case 13:
+      o.layer_prefix = "model..layers";
+      arg = "layer_prefix";
+      break;
+    case 14:
+      o.layer_prefix = "model.\xff\xfe";
+      arg = "layer_prefix";
+      break;
+    case 15:
+      o.base_index_path = NULL;
+      arg = "base_index_path";
+      break;
+    case 16:
+      o.base_index_path = "";
+      arg = "base_index_path";
+      break;
+    case 17:
+      n = 0;
+      arg = "num_layers";
+      break;
+    case 18:
+      n = -1;
+      arg = "num_layers";
+      break;
+    case 19:
+      n = INT32_MAX;
+      arg = "num_layers";
+      break;
+    case 20:
+      n = INT32_MIN;
+      arg = "num_layers";
+      break;
+    case 21:
+      layers[0] = -1;
+      arg = "layers[0]";
+      break;
+    case 22:
+      layers[1] = 3;
+      want = QSAKV_ERROR_OVERLAY_DUPLICATE;
+      arg = "layer 3";
+      break;
+    case 23:
+      k[0] = NAN;
+      want = QSAKV_ERROR_OVERLAY_BAD_SCALE;
+      arg = "k_scale";
+      break;
+    case 24:
+      v[1] = -1.0f;
+      want = QSAKV_ERROR_OVERLAY_BAD_SCALE;
+      arg = "v_scale";
+      break;
+    case 25:
+      k[1] = INFINITY;
+      want = QSAKV_ERROR_OVERLAY_BAD_SCALE;
+      arg = "k_scale";
+      break;
+    case 26:
+      v[0] = 0.0f;
+      want = QSAKV_ERROR_OVERLAY_BAD_SCALE;
+      arg = "v_scale";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
   const char* out = tmp_path("pack");
   qsakv_status s = qsakv_overlay_write(out, layers, k, v, n, &o);
   struct stat st;
-  if (s != QSAKV_SUCCESS && lstat(out, &st) == 0) report(V_WRONG, s, "a refused write left %s", out);
+  if (s != QSAKV_SUCCESS && lstat(out, &st) == 0)
+    report(V_WRONG, s, "a refused write left %s", out);
   refuse(s, want, arg);
 }
 static void c_ov_args(void) {
@@ -1885,49 +2488,112 @@ static void c_ov_args(void) {
   float ks, vs;
   char hex[65];
   switch (P) {
-    case 0: refuse(qsakv_overlay_load(NULL, F.pack, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
-    case 1: refuse_out(qsakv_overlay_load(&ov, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &ov);
-    case 2: refuse_out(qsakv_overlay_load(&ov, "", NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &ov);
-    case 3: refuse_out(qsakv_overlay_load(&ov, F.pack, ""), QSAKV_ERROR_INVALID_ARGUMENT, "manifest_path", &ov);
-    case 4: refuse_out(qsakv_overlay_load(&ov, tmp_path("nothing"), NULL), QSAKV_ERROR_OVERLAY_MISSING, "nothing", &ov);
-    case 5: refuse(qsakv_overlay_validate(NULL, &F.cfg, F.rev), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
-    case 6: refuse(qsakv_overlay_validate(F.overlay, &F.cfg, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "expected_base_revision");
-    case 7: refuse(qsakv_overlay_validate(F.overlay, NULL, F.rev), QSAKV_ERROR_INVALID_ARGUMENT, "config");
+    case 0:
+      refuse(qsakv_overlay_load(NULL, F.pack, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
+    case 1:
+      refuse_out(qsakv_overlay_load(&ov, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &ov);
+    case 2:
+      refuse_out(qsakv_overlay_load(&ov, "", NULL), QSAKV_ERROR_INVALID_ARGUMENT, "path", &ov);
+    case 3:
+      refuse_out(qsakv_overlay_load(&ov, F.pack, ""), QSAKV_ERROR_INVALID_ARGUMENT, "manifest_path",
+                 &ov);
+    case 4:
+      refuse_out(qsakv_overlay_load(&ov, tmp_path("nothing"), NULL), QSAKV_ERROR_OVERLAY_MISSING,
+                 "nothing", &ov);
+    case 5:
+      refuse(qsakv_overlay_validate(NULL, &F.cfg, F.rev), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
+    case 6:
+      refuse(qsakv_overlay_validate(F.overlay, &F.cfg, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "expected_base_revision");
+    case 7:
+      refuse(qsakv_overlay_validate(F.overlay, NULL, F.rev), QSAKV_ERROR_INVALID_ARGUMENT,
+             "config");
     case 8: {
       qsakv_model_config c = F.cfg;
       c.version = 0xDEADBEEF;
       refuse(qsakv_overlay_validate(F.overlay, &c, F.rev), QSAKV_ERROR_INVALID_CONFIG, "version");
     }
-    case 9: refuse(qsakv_overlay_validate(F.overlay, &F.cfg, "not-a-revision"), QSAKV_ERROR_INVALID_ARGUMENT, "expected_base_revision");
-    case 10: refuse(qsakv_overlay_get_info(NULL, &info), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
-    case 11: refuse(qsakv_overlay_get_info(F.overlay, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "info");
-    case 12: info.struct_size = 3; refuse(qsakv_overlay_get_info(F.overlay, &info), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
-    case 13: refuse(qsakv_overlay_get_scales(NULL, 3, &ks, &vs), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
-    case 14: refuse(qsakv_overlay_get_scales(F.overlay, 3, NULL, &vs), QSAKV_ERROR_INVALID_ARGUMENT, "k_scale");
-    case 15: refuse(qsakv_overlay_get_scales(F.overlay, 3, &ks, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "v_scale");
-    case 16: refuse(qsakv_overlay_get_scales(F.overlay, INT32_MIN, &ks, &vs), QSAKV_ERROR_INVALID_ARGUMENT, "layer");
-    case 17: refuse(qsakv_overlay_write(NULL, layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 18: refuse(qsakv_overlay_write("", layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 19: refuse(qsakv_overlay_write(tmp_path("p"), NULL, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "layers");
-    case 20: refuse(qsakv_overlay_write(tmp_path("p"), layers, NULL, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "k_scales");
-    case 21: refuse(qsakv_overlay_write(tmp_path("p"), layers, k, NULL, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "v_scales");
-    case 22: refuse(qsakv_overlay_write(tmp_path("p"), layers, k, k, 2, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "options");
-    case 23: refuse(qsakv_overlay_write(F.pack, layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "exists");
-    case 24: refuse(qsakv_checkpoint_revision(NULL, hex), QSAKV_ERROR_INVALID_ARGUMENT, "path");
-    case 25: refuse(qsakv_checkpoint_revision("", hex), QSAKV_ERROR_INVALID_ARGUMENT, "path");
-    case 26: refuse(qsakv_checkpoint_revision(F.base, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out_hex");
-    case 27: refuse(qsakv_checkpoint_revision(tmp_path("none"), hex), QSAKV_ERROR_IO, "none");
-    case 28: refuse(qsakv_overlay_materialize(NULL, F.base, F.pack), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 29: refuse(qsakv_overlay_materialize("", F.base, F.pack), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
-    case 30: refuse(qsakv_overlay_materialize(tmp_path("m"), NULL, F.pack), QSAKV_ERROR_INVALID_ARGUMENT, "base_checkpoint_dir");
-    case 31: refuse(qsakv_overlay_materialize(tmp_path("m"), "", F.pack), QSAKV_ERROR_INVALID_ARGUMENT, "base_checkpoint_dir");
-    case 32: refuse(qsakv_overlay_materialize(tmp_path("m"), F.base, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "scale_pack_dir");
-    case 33: refuse(qsakv_overlay_materialize(tmp_path("m"), F.base, ""), QSAKV_ERROR_INVALID_ARGUMENT, "scale_pack_dir");
-    case 34: refuse(qsakv_tp_consensus(NULL, &F.cfg, NULL, (void*)0x10, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "context");
-    case 35: refuse(qsakv_tp_consensus(F.ctx, &F.cfg, NULL, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "nccl_comm");
-    case 36: refuse(qsakv_tp_consensus(F.ctx, NULL, NULL, (void*)0x10, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "config");
-    case 37: refuse(qsakv_tp_consensus(F.ctx, &F.cfg, NULL, (void*)0x10, NULL), QSAKV_ERROR_UNSUPPORTED, "CPU");
-    default: report(V_WRONG, QSAKV_SUCCESS, "no such case");
+    case 9:
+      refuse(qsakv_overlay_validate(F.overlay, &F.cfg, "not-a-revision"),
+             QSAKV_ERROR_INVALID_ARGUMENT, "expected_base_revision");
+    case 10:
+      refuse(qsakv_overlay_get_info(NULL, &info), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
+    case 11:
+      refuse(qsakv_overlay_get_info(F.overlay, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "info");
+    case 12:
+      info.struct_size = 3;
+      refuse(qsakv_overlay_get_info(F.overlay, &info), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
+    case 13:
+      refuse(qsakv_overlay_get_scales(NULL, 3, &ks, &vs), QSAKV_ERROR_INVALID_ARGUMENT, "overlay");
+    case 14:
+      refuse(qsakv_overlay_get_scales(F.overlay, 3, NULL, &vs), QSAKV_ERROR_INVALID_ARGUMENT,
+             "k_scale");
+    case 15:
+      refuse(qsakv_overlay_get_scales(F.overlay, 3, &ks, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "v_scale");
+    case 16:
+      refuse(qsakv_overlay_get_scales(F.overlay, INT32_MIN, &ks, &vs), QSAKV_ERROR_INVALID_ARGUMENT,
+             "layer");
+    case 17:
+      refuse(qsakv_overlay_write(NULL, layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+             "out_dir");
+    case 18:
+      refuse(qsakv_overlay_write("", layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT, "out_dir");
+    case 19:
+      refuse(qsakv_overlay_write(tmp_path("p"), NULL, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+             "layers");
+    case 20:
+      refuse(qsakv_overlay_write(tmp_path("p"), layers, NULL, k, 2, &o),
+             QSAKV_ERROR_INVALID_ARGUMENT, "k_scales");
+    case 21:
+      refuse(qsakv_overlay_write(tmp_path("p"), layers, k, NULL, 2, &o),
+             QSAKV_ERROR_INVALID_ARGUMENT, "v_scales");
+    case 22:
+      refuse(qsakv_overlay_write(tmp_path("p"), layers, k, k, 2, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "options");
+    case 23:
+      refuse(qsakv_overlay_write(F.pack, layers, k, k, 2, &o), QSAKV_ERROR_INVALID_ARGUMENT,
+             "exists");
+    case 24:
+      refuse(qsakv_checkpoint_revision(NULL, hex), QSAKV_ERROR_INVALID_ARGUMENT, "path");
+    case 25:
+      refuse(qsakv_checkpoint_revision("", hex), QSAKV_ERROR_INVALID_ARGUMENT, "path");
+    case 26:
+      refuse(qsakv_checkpoint_revision(F.base, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out_hex");
+    case 27:
+      refuse(qsakv_checkpoint_revision(tmp_path("none"), hex), QSAKV_ERROR_IO, "none");
+    case 28:
+      refuse(qsakv_overlay_materialize(NULL, F.base, F.pack), QSAKV_ERROR_INVALID_ARGUMENT,
+             "out_dir");
+    case 29:
+      refuse(qsakv_overlay_materialize("", F.base, F.pack), QSAKV_ERROR_INVALID_ARGUMENT,
+             "out_dir");
+    case 30:
+      refuse(qsakv_overlay_materialize(tmp_path("m"), NULL, F.pack), QSAKV_ERROR_INVALID_ARGUMENT,
+             "base_checkpoint_dir");
+    case 31:
+      refuse(qsakv_overlay_materialize(tmp_path("m"), "", F.pack), QSAKV_ERROR_INVALID_ARGUMENT,
+             "base_checkpoint_dir");
+    case 32:
+      refuse(qsakv_overlay_materialize(tmp_path("m"), F.base, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "scale_pack_dir");
+    case 33:
+      refuse(qsakv_overlay_materialize(tmp_path("m"), F.base, ""), QSAKV_ERROR_INVALID_ARGUMENT,
+             "scale_pack_dir");
+    case 34:
+      refuse(qsakv_tp_consensus(NULL, &F.cfg, NULL, (void*)0x10, NULL),
+             QSAKV_ERROR_INVALID_ARGUMENT, "context");
+    case 35:
+      refuse(qsakv_tp_consensus(F.ctx, &F.cfg, NULL, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "nccl_comm");
+    case 36:
+      refuse(qsakv_tp_consensus(F.ctx, NULL, NULL, (void*)0x10, NULL), QSAKV_ERROR_INVALID_ARGUMENT,
+             "config");
+    case 37:
+      refuse(qsakv_tp_consensus(F.ctx, &F.cfg, NULL, (void*)0x10, NULL), QSAKV_ERROR_UNSUPPORTED,
+             "CPU");
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
 }
 
@@ -2104,14 +2770,76 @@ static void c_total_size_wrap(void) {
 }
 
 static const struct acase k_overlay_cases[] = {
-#define W(i) {"write case " #i, c_ov_write, i}
-    W(0), W(1), W(2), W(3), W(4), W(5), W(6), W(7), W(8), W(9), W(10), W(11), W(12), W(13),
-    W(14), W(15), W(16), W(17), W(18), W(19), W(20), W(21), W(22), W(23), W(24), W(25), W(26),
+#define W(i) \
+  { "write case " #i, c_ov_write, i }
+    W(0),
+    W(1),
+    W(2),
+    W(3),
+    W(4),
+    W(5),
+    W(6),
+    W(7),
+    W(8),
+    W(9),
+    W(10),
+    W(11),
+    W(12),
+    W(13),
+    W(14),
+    W(15),
+    W(16),
+    W(17),
+    W(18),
+    W(19),
+    W(20),
+    W(21),
+    W(22),
+    W(23),
+    W(24),
+    W(25),
+    W(26),
 #undef W
-#define A(i) {"argument case " #i, c_ov_args, i}
-    A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8), A(9), A(10), A(11), A(12), A(13),
-    A(14), A(15), A(16), A(17), A(18), A(19), A(20), A(21), A(22), A(23), A(24), A(25), A(26),
-    A(27), A(28), A(29), A(30), A(31), A(32), A(33), A(34), A(35), A(36), A(37),
+#define A(i) \
+  { "argument case " #i, c_ov_args, i }
+    A(0),
+    A(1),
+    A(2),
+    A(3),
+    A(4),
+    A(5),
+    A(6),
+    A(7),
+    A(8),
+    A(9),
+    A(10),
+    A(11),
+    A(12),
+    A(13),
+    A(14),
+    A(15),
+    A(16),
+    A(17),
+    A(18),
+    A(19),
+    A(20),
+    A(21),
+    A(22),
+    A(23),
+    A(24),
+    A(25),
+    A(26),
+    A(27),
+    A(28),
+    A(29),
+    A(30),
+    A(31),
+    A(32),
+    A(33),
+    A(34),
+    A(35),
+    A(36),
+    A(37),
 #undef A
     {"stats header nested 10 Mi deep", c_json_bomb, 0},
     {"stats header of 5 Mi values", c_json_bomb, 1},
@@ -2130,9 +2858,10 @@ static void test_overlay(void** state) {
 
 static void test_counts(void** state) {
   (void)state;
-  printf("[ adversarial ] cases tried: %d, refused cleanly: %d, succeeded correctly: %d, "
-         "crashed: %d, wrong: %d\n",
-         g_count.tried, g_count.refused, g_count.correct, g_count.crashed, g_count.wrong);
+  printf(
+      "[ adversarial ] cases tried: %d, refused cleanly: %d, succeeded correctly: %d, "
+      "crashed: %d, wrong: %d\n",
+      g_count.tried, g_count.refused, g_count.correct, g_count.crashed, g_count.wrong);
   assert_int_equal(g_count.crashed, 0);
   assert_int_equal(g_count.wrong, 0);
   assert_int_equal(g_count.tried, g_count.refused + g_count.correct);
@@ -2151,10 +2880,10 @@ static int teardown(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_context),          cmocka_unit_test(test_config),
-      cmocka_unit_test(test_cache),            cmocka_unit_test(test_store),
-      cmocka_unit_test(test_plan),             cmocka_unit_test(test_select_attention),
-      cmocka_unit_test(test_calib),            cmocka_unit_test(test_overlay),
+      cmocka_unit_test(test_context), cmocka_unit_test(test_config),
+      cmocka_unit_test(test_cache),   cmocka_unit_test(test_store),
+      cmocka_unit_test(test_plan),    cmocka_unit_test(test_select_attention),
+      cmocka_unit_test(test_calib),   cmocka_unit_test(test_overlay),
       cmocka_unit_test(test_counts),
   };
   tu_apply_filter();

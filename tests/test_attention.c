@@ -67,8 +67,7 @@ static int32_t* random_topk(const tu_world* w, int64_t stride) {
 static uint16_t* random_q(const tu_world* w) {
   const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
   uint16_t* q = malloc(2 * n + 2);
-  for (size_t i = 0; i < n; ++i)
-    q[i] = tu_f32_to_act((float)tu_normal(), w->cfg.activation_dtype);
+  for (size_t i = 0; i < n; ++i) q[i] = tu_f32_to_act((float)tu_normal(), w->cfg.activation_dtype);
   return q;
 }
 
@@ -78,9 +77,11 @@ static double* run_attention(const tu_world* w, const uint16_t* q, const int32_t
   const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
   void* dq = tu_to_device(w->ctx, q, 2 * n);
   void* dout = tu_device_filled(w->ctx, 2 * n, 0xFF); /* NaN: every element must be written */
-  void* dtopk = topk ? tu_to_device(w->ctx, topk, sizeof(int32_t) * (size_t)w->rows * stride) : NULL;
-  TU_OK(qsakv_attention_run(w->plan, w->layer, dense ? QSAKV_ATTENTION_DENSE : QSAKV_ATTENTION_SPARSE,
-                            dq, dtopk, stride, dout, NULL));
+  void* dtopk =
+      topk ? tu_to_device(w->ctx, topk, sizeof(int32_t) * (size_t)w->rows * stride) : NULL;
+  TU_OK(qsakv_attention_run(w->plan, w->layer,
+                            dense ? QSAKV_ATTENTION_DENSE : QSAKV_ATTENTION_SPARSE, dq, dtopk,
+                            stride, dout, NULL));
   uint16_t* out = malloc(2 * n + 2);
   tu_to_host(w->ctx, out, dout, 2 * n);
   double* r = malloc(sizeof(double) * (n + 1));
@@ -103,8 +104,9 @@ static void check_world(const tu_world* w, const char* what, int splits_note) {
     tu_reference_attention(w, kv, q, topk, stride, dense, ref);
     double* got = run_attention(w, q, topk, stride, dense);
     for (size_t i = 0; i < n; ++i)
-      if (isnan(got[i])) fail_msg("%s %s: output %zu is NaN (unwritten or poisoned read)", what,
-                                  dense ? "dense" : "sparse", i);
+      if (isnan(got[i]))
+        fail_msg("%s %s: output %zu is NaN (unwritten or poisoned read)", what,
+                 dense ? "dense" : "sparse", i);
     const double err = tu_rel_l2(ref, got, n);
     print_message("%-44s %-6s splits=%-3d rel_l2=%.3e (bound %.0e)\n", what,
                   dense ? "dense" : "sparse", splits_note, err, bound_for(w->cfg.activation_dtype));
@@ -227,10 +229,11 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
       const double e_cpu = tu_rel_l2(rc, rg, n), e_split = tu_rel_l2(r1, rg, n);
       size_t differ = 0;
       for (size_t i = 0; i < n; ++i) differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0;
-      print_message("%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, "
-                    "hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
-                    qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, differ, n,
-                    info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
+      print_message(
+          "%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, "
+          "hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
+          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, differ, n,
+          info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
       assert_true(e_cpu <= bound_for(acts[a]));
       assert_true(e_split <= bound_for(acts[a]));
       assert_int_equal(differ, 0);
@@ -262,14 +265,15 @@ static void store_nan_tokens(tu_world* w) {
   uint16_t* v = malloc(2 * (size_t)row * 2);
   int64_t slots[2];
   for (int i = 0; i < 2; ++i) {
-    slots[i] = (int64_t)w->block_table[toks[i] / w->cfg.block_size] * w->cfg.block_size + toks[i] % w->cfg.block_size;
+    slots[i] = (int64_t)w->block_table[toks[i] / w->cfg.block_size] * w->cfg.block_size +
+               toks[i] % w->cfg.block_size;
     for (int e = 0; e < row; ++e) {
       k[i * row + e] = tu_f32_to_act(0.25f, w->cfg.activation_dtype);
       v[i * row + e] = tu_f32_to_act(-0.5f, w->cfg.activation_dtype);
     }
   }
-  k[0 * row + 3] = 0x7E00;   /* token 5: a NaN K element */
-  v[1 * row + 17] = 0xFE00;  /* token 9: a NaN V element (dim 17), sign set */
+  k[0 * row + 3] = 0x7E00;  /* token 5: a NaN K element */
+  v[1 * row + 17] = 0xFE00; /* token 9: a NaN V element (dim 17), sign set */
   void* dk = tu_to_device(w->ctx, k, 2 * (size_t)row * 2);
   void* dv = tu_to_device(w->ctx, v, 2 * (size_t)row * 2);
   void* ds = tu_to_device(w->ctx, slots, sizeof slots);
@@ -342,8 +346,10 @@ static void test_cuda_nan_codes(void** state) {
     }
   }
   const double err = tu_rel_l2(fc, fg, finite);
-  print_message("NaN codes on the GPU: %zu NaN-position mismatches vs CPU; %zu outputs differ "
-                "hw vs sw; finite outputs rel_l2=%.3e\n", nan_mismatch, differ, err);
+  print_message(
+      "NaN codes on the GPU: %zu NaN-position mismatches vs CPU; %zu outputs differ "
+      "hw vs sw; finite outputs rel_l2=%.3e\n",
+      nan_mismatch, differ, err);
   assert_int_equal(nan_mismatch, 0);
   assert_int_equal(differ, 0);
   assert_true(err <= bound_for(QSAKV_DTYPE_FP16));
@@ -389,7 +395,8 @@ static void test_plan_errors(void** state) {
   b.seq_lens = lens;
   b.block_table = bt;
   b.block_table_stride = 4;
-  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT); /* 9 > 8 rows */
+  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT); /* 9 > 8 rows */
   assert_non_null(strstr(qsakv_last_error(), "max_rows"));
   qs[2] = 8;
   lens[0] = 3; /* fewer tokens than rows */

@@ -87,7 +87,8 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   uint16_t* v = malloc(2 * (size_t)kTokens * row);
   int64_t slots[kTokens];
   int32_t bt[64];
-  for (int p = 0; p < pages; ++p) bt[p] = (p * 7 + 3) % (int)L.num_blocks; /* distinct: 7 and 40 coprime */
+  for (int p = 0; p < pages; ++p)
+    bt[p] = (p * 7 + 3) % (int)L.num_blocks; /* distinct: 7 and 40 coprime */
   for (int t = 0; t < kTokens; ++t) {
     slots[t] = (int64_t)bt[t / c->block_size] * c->block_size + t % c->block_size;
     for (int e = 0; e < row; ++e) {
@@ -100,7 +101,8 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   int64_t* cs = malloc(sizeof(int64_t) * groups);
   for (int i = 0; i < groups; ++i) {
     cs[i] = slots[i * c->compress_ratio];
-    for (int d = 0; d < idim; ++d) ck[(size_t)i * idim + d] = tu_f32_to_fp16((float)tu_rng_int(&rng, -3, 3));
+    for (int d = 0; d < idim; ++d)
+      ck[(size_t)i * idim + d] = tu_f32_to_fp16((float)tu_rng_int(&rng, -3, 3));
   }
   const size_t qn = (size_t)kRows * g.q_heads * c->head_dim;
   const size_t iqn = (size_t)kRows * c->index_num_heads * idim;
@@ -165,7 +167,8 @@ static void check_same_results(qsakv_context* ctx, const char* what) {
   /* Poison the caller's memory first: only what the store wrote may be read. */
   for (int i = 0; i < f.cfg.num_qsa_layers; ++i) {
     void* p = tu_device_filled(ctx, f.layout.kv_bytes_per_layer, 0x7F); /* E4M3 NaN */
-    TU_OK(qsakv_memcpy(ctx, f.layers[i].kv, p, f.layout.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+    TU_OK(qsakv_memcpy(ctx, f.layers[i].kv, p, f.layout.kv_bytes_per_layer,
+                       QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
     qsakv_free(ctx, p);
   }
   qsakv_cache *owned = NULL, *external = NULL;
@@ -201,8 +204,9 @@ static void check_same_results(qsakv_context* ctx, const char* what) {
   size_t finite = 0;
   for (size_t i = 0; i < qn; ++i) finite += (out_e[i] & 0x7C00) != 0x7C00;
   assert_int_equal(finite, qn); /* no poisoned byte was read */
-  print_message("%s: caller-owned cache == library cache: %zu outputs and the selection bit for bit\n",
-                what, qn);
+  print_message(
+      "%s: caller-owned cache == library cache: %zu outputs and the selection bit for bit\n", what,
+      qn);
   qsakv_cache_destroy(external);
   qsakv_cache_destroy(owned);
   /* The caller's buffers are still the caller's: writable after the cache is gone, and
@@ -232,12 +236,12 @@ static void test_same_results_cuda(void** state) {
   qsakv_context_destroy(ctx);
 }
 
-#define EXPECT_REFUSAL(call, needle)                                          \
-  do {                                                                        \
-    TU_EXPECT_STATUS(call, QSAKV_ERROR_INVALID_ARGUMENT);                     \
-    if (!strstr(qsakv_last_error(), needle))                                  \
+#define EXPECT_REFUSAL(call, needle)                                               \
+  do {                                                                             \
+    TU_EXPECT_STATUS(call, QSAKV_ERROR_INVALID_ARGUMENT);                          \
+    if (!strstr(qsakv_last_error(), needle))                                       \
       fail_msg("message \"%s\" does not name \"%s\"", qsakv_last_error(), needle); \
-    ++refusals;                                                               \
+    ++refusals;                                                                    \
   } while (0)
 
 static void test_refusals(void** state) {
@@ -250,32 +254,42 @@ static void test_refusals(void** state) {
   int refusals = 0;
   qsakv_cache_memory m = memory_of(&f);
   EXPECT_REFUSAL(qsakv_cache_create_with_memory(NULL, ctx, &f.cfg, f.overlay, &f.opts, &m), "out");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, NULL, &f.cfg, f.overlay, &f.opts, &m), "context is NULL");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, NULL, f.overlay, &f.opts, &m), "config");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, NULL), "memory is NULL");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, NULL, &f.cfg, f.overlay, &f.opts, &m),
+                 "context is NULL");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, NULL, f.overlay, &f.opts, &m),
+                 "config");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, NULL),
+                 "memory is NULL");
   EXPECT_REFUSAL(qsakv_cache_layout_for(NULL, &f.opts, &f.layout), "config");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, NULL, &f.layout), "options is NULL");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, &f.opts, NULL), "out");
   m.struct_size = 3;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m), "memory.struct_size");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                 "memory.struct_size");
   m = memory_of(&f);
   m.version = 0xDEADBEEFu;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m), "memory.version");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                 "memory.version");
   m = memory_of(&f);
   m.num_layers = -1;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m), "memory.num_layers is -1");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                 "memory.num_layers is -1");
   m = memory_of(&f);
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, NULL, &m), "options");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, NULL, &m),
+                 "options");
   m.num_layers = 1;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m), "memory.num_layers is 1");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                 "memory.num_layers is 1");
   m = memory_of(&f);
   m.layers = NULL;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m), "memory.layers is NULL");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                 "memory.layers is NULL");
   m = memory_of(&f);
   qsakv_cache_options o = f.opts;
   o.num_blocks = 0;
   o.memory_budget_bytes = 1 << 30;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m), "options.num_blocks is 0");
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                 "options.num_blocks is 0");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, &o, &f.layout), "options.num_blocks is 0");
 
   qsakv_layer_memory saved = f.layers[1];

@@ -15,10 +15,10 @@
 #include "testutil.h"
 
 #define BINS QSAKV_CALIB_BINS
-#define MSG_HAS(text)                                                              \
-  do {                                                                             \
-    if (!strstr(qsakv_last_error(), (text)))                                       \
-      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text));        \
+#define MSG_HAS(text)                                                      \
+  do {                                                                     \
+    if (!strstr(qsakv_last_error(), (text)))                               \
+      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text)); \
   } while (0)
 
 /* ---- independent reference ---------------------------------------------------- */
@@ -61,9 +61,9 @@ static void expect_stats_equal(const qsakv_calib* c, int layer, qsakv_calib_kind
   assert_int_equal(s.nonzero_count, r->nonzero);
   assert_true((double)s.max_abs == r->max_abs);
   for (int b = 0; b < BINS; ++b)
-    if (hist[b] != r->hist[b]) fail_msg("layer %d kind %d bin %d: %llu, reference %llu", layer,
-                                        kind, b, (unsigned long long)hist[b],
-                                        (unsigned long long)r->hist[b]);
+    if (hist[b] != r->hist[b])
+      fail_msg("layer %d kind %d bin %d: %llu, reference %llu", layer, kind, b,
+               (unsigned long long)hist[b], (unsigned long long)r->hist[b]);
 }
 
 /* ---- data and handles ---------------------------------------------------------- */
@@ -87,8 +87,10 @@ static uint16_t* make_data(size_t n, qsakv_dtype act, double scale, double peak,
   for (size_t i = 0; i < n; ++i) {
     const double u = tu_uniform(0, 1);
     double v = tu_normal() * scale;
-    if (u < 0.03) v = 0.0;
-    else if (u < 0.06) v = tu_normal() * scale * 1e-6; /* deep into small bins */
+    if (u < 0.03)
+      v = 0.0;
+    else if (u < 0.06)
+      v = tu_normal() * scale * 1e-6; /* deep into small bins */
     x[i] = tu_f32_to_act((float)v, act);
   }
   x[tu_int(0, (int)n - 1)] = tu_f32_to_act((float)(tu_int(0, 1) ? peak : -peak), act);
@@ -219,8 +221,7 @@ static void test_start_stop(void** state) {
   MSG_HAS("k is NULL");
   TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
   MSG_HAS("v is NULL");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, k, INT64_MAX, NULL),
-                   QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, k, INT64_MAX, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
   MSG_HAS("num_tokens");
   TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
   TU_OK(qsakv_calib_start(h));
@@ -303,7 +304,7 @@ static void test_scale_rounding(void** state) {
     memcpy(&m, &bits, 4);
     if (m > 0 && m < 1e38f) check_scale(m);
   }
-  check_scale(1e-45f);  /* smallest subnormal maximum: the scale is still > 0 */
+  check_scale(1e-45f); /* smallest subnormal maximum: the scale is still > 0 */
   const float bad[] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i)
     TU_EXPECT_STATUS(qsakv_calib_scale_from_max(bad[i], &s), QSAKV_ERROR_OVERLAY_BAD_SCALE);
@@ -422,8 +423,9 @@ static void test_merge_algebra(void** state) {
   TU_EXPECT_STATUS(qsakv_calib_merge(&bad, ab, 0, QSAKV_CALIB_MERGE_RANKS),
                    QSAKV_ERROR_INVALID_ARGUMENT);
   qsakv_calib* tp1_copies[2] = {tp1, tp1};
-  TU_EXPECT_STATUS(qsakv_calib_merge(&bad, (const qsakv_calib* const*)tp1_copies, 2,
-                                     QSAKV_CALIB_MERGE_RANKS), QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_EXPECT_STATUS(
+      qsakv_calib_merge(&bad, (const qsakv_calib* const*)tp1_copies, 2, QSAKV_CALIB_MERGE_RANKS),
+      QSAKV_ERROR_INVALID_ARGUMENT);
   qsakv_calib* all[] = {r0, r1, m01, m10, s0, s1, run2, env, env2, tp1};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) qsakv_calib_destroy(all[i]);
   qsakv_context_destroy(ctx);
@@ -563,7 +565,8 @@ static void test_refusals(void** state) {
   observe(ctx, h, 3, x, x, 8, row_elems(&c2));
   observe(ctx, h, 7, x, x, 8, row_elems(&c2));
   s = snapshot(h);
-  expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE, "cover 1 of 2 TP ranks; missing rank(s) 0");
+  expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE,
+                         "cover 1 of 2 TP ranks; missing rank(s) 0");
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
 
@@ -595,13 +598,13 @@ static void test_summary_values(void** state) {
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
   qsakv_model_config c;
   calib_config(&c, QSAKV_DTYPE_FP16, 1, 0);
-  const size_t row = row_elems(&c); /* 128 */
+  const size_t row = row_elems(&c);            /* 128 */
   const size_t tokens = 100, n = tokens * row; /* 12800 values */
   uint16_t* x = malloc(n * 2);
   for (size_t i = 0; i < n; ++i) x[i] = tu_f32_to_fp16(1.0f);
-  for (size_t i = 0; i < 10; ++i) x[i] = tu_f32_to_fp16(100.0f);   /* top 10 */
-  for (size_t i = 10; i < 74; ++i) x[i] = tu_f32_to_fp16(1e-5f);   /* 64 that underflow */
-  for (size_t i = 74; i < 100; ++i) x[i] = 0;                      /* 26 zeros */
+  for (size_t i = 0; i < 10; ++i) x[i] = tu_f32_to_fp16(100.0f); /* top 10 */
+  for (size_t i = 10; i < 74; ++i) x[i] = tu_f32_to_fp16(1e-5f); /* 64 that underflow */
+  for (size_t i = 74; i < 100; ++i) x[i] = 0;                    /* 26 zeros */
   qsakv_calib* h = live(ctx, &c);
   TU_OK(qsakv_calib_start(h));
   observe(ctx, h, 3, x, x, tokens, row);
@@ -722,8 +725,9 @@ static void test_end_to_end(void** state) {
   snprintf(p0, sizeof p0, "%s/rank0.safetensors", dir);
   snprintf(p1, sizeof p1, "%s/rank1.safetensors", dir);
   assert_int_equal(mkdir(base, 0755), 0);
-  write_text(index, "{\"metadata\": {\"total_size\": 8}, \"weight_map\": "
-                    "{\"lm_head.weight\": \"model-00001-of-00001.safetensors\"}}\n");
+  write_text(index,
+             "{\"metadata\": {\"total_size\": 8}, \"weight_map\": "
+             "{\"lm_head.weight\": \"model-00001-of-00001.safetensors\"}}\n");
   write_text(shard, "weights!");
 
   /* Two ranks observe their own (different) activations; each saves its statistics. */

@@ -11,10 +11,10 @@
 
 #include "testutil.h"
 
-#define MSG_HAS(text)                                                              \
-  do {                                                                             \
-    if (!strstr(qsakv_last_error(), (text)))                                       \
-      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text));        \
+#define MSG_HAS(text)                                                      \
+  do {                                                                     \
+    if (!strstr(qsakv_last_error(), (text)))                               \
+      fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), (text)); \
   } while (0)
 
 static void config(qsakv_model_config* c, int tp) {

@@ -183,12 +183,17 @@ static void test_budget_honoured_in_every_topk_mode(void** state) {
     memset(&L, 0, sizeof L);
     L.struct_size = sizeof L;
     TU_OK(qsakv_cache_get_layout(cache, &L));
-    print_message("share_topk=%d: %lld blocks, %llu of %llu bytes\n", share, (long long)L.num_blocks,
-                  (unsigned long long)L.total_bytes, (unsigned long long)budget);
+    print_message("share_topk=%d: %lld blocks, %llu of %llu bytes\n", share,
+                  (long long)L.num_blocks, (unsigned long long)L.total_bytes,
+                  (unsigned long long)budget);
     assert_true(L.num_blocks > 0);
     assert_true(L.total_bytes <= budget);
     /* and nearly all of it is used: less than two blocks' worth (plus the scales) left */
-    assert_true(budget - L.total_bytes < 2 * (L.kv_bytes_per_layer / L.num_blocks + L.compressed_bytes_per_layer / L.num_blocks) * 2 + 4096);
+    assert_true(
+        budget - L.total_bytes <
+        2 * (L.kv_bytes_per_layer / L.num_blocks + L.compressed_bytes_per_layer / L.num_blocks) *
+                2 +
+            4096);
     qsakv_cache_destroy(cache);
   }
   qsakv_context_destroy(ctx);
@@ -219,8 +224,10 @@ static void test_sizes_that_would_wrap_are_refused(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reference_tp4),         cmocka_unit_test(test_budget_arithmetic),
-      cmocka_unit_test(test_cache_create_and_layout), cmocka_unit_test(test_external_topk_checked),
+      cmocka_unit_test(test_reference_tp4),
+      cmocka_unit_test(test_budget_arithmetic),
+      cmocka_unit_test(test_cache_create_and_layout),
+      cmocka_unit_test(test_external_topk_checked),
       cmocka_unit_test(test_e4m3_needs_overlay),
       cmocka_unit_test(test_budget_honoured_in_every_topk_mode),
       cmocka_unit_test(test_sizes_that_would_wrap_are_refused),

@@ -99,8 +99,7 @@ static void test_derived_head_dim(void** state) {
 
 static void test_refusals(void** state) {
   (void)state;
-  expect_refusal("missing_kv_heads.json", QSAKV_ERROR_FORMAT, "\"num_key_value_heads\"",
-                 "missing");
+  expect_refusal("missing_kv_heads.json", QSAKV_ERROR_FORMAT, "\"num_key_value_heads\"", "missing");
   expect_refusal("wrong_type_head_dim.json", QSAKV_ERROR_FORMAT, "\"head_dim\"",
                  "expected an integer");
   expect_refusal("float_interval.json", QSAKV_ERROR_FORMAT, "\"full_attention_interval\"",

@@ -49,11 +49,11 @@ static void test_encode_every_fp16_at_scales(void** state) {
 static void test_encode_edges(void** state) {
   (void)state;
   using qsakv::e4m3::encode;
-  assert_int_equal(encode(INFINITY), 0x7E);   // saturates
+  assert_int_equal(encode(INFINITY), 0x7E);  // saturates
   assert_int_equal(encode(-INFINITY), 0xFE);
   assert_int_equal(encode(1e30f), 0x7E);
-  assert_int_equal(encode(464.0f), 0x7E);     // would round to 480 (NaN): saturates
-  assert_int_equal(encode(NAN) & 0x7F, 0x7F); // NaN stays NaN
+  assert_int_equal(encode(464.0f), 0x7E);      // would round to 480 (NaN): saturates
+  assert_int_equal(encode(NAN) & 0x7F, 0x7F);  // NaN stays NaN
   assert_int_equal(encode(-0.0f), 0x80);
   assert_int_equal(encode(0.0f), 0x00);
   assert_int_equal(encode(0.0009765625f), 0x00);  // 2^-10: tie between 0 and 2^-9 -> even 0

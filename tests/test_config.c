@@ -90,14 +90,24 @@ BAD(index_dim, c->index_head_dim = 100)
 BAD(ratio, c->compress_ratio = 0)
 BAD(topk, c->topk_tokens = 2047)
 BAD(tp0, c->tp_size = 0)
-BAD(tp_rank, { c->tp_size = 4; c->tp_rank = 4; })
+BAD(tp_rank, {
+  c->tp_size = 4;
+  c->tp_rank = 4;
+})
 BAD(tp_heads, c->tp_size = 5)
-BAD(tp_kv, { c->num_q_heads = 24; c->num_kv_heads = 3; c->tp_size = 2; })
+BAD(tp_kv, {
+  c->num_q_heads = 24;
+  c->num_kv_heads = 3;
+  c->tp_size = 2;
+})
 BAD(spec, c->speculative_tokens = -1)
 BAD(act, c->activation_dtype = QSAKV_DTYPE_E4M3)
 BAD(act_unknown, c->activation_dtype = (qsakv_dtype)42)
 BAD(kv, c->kv_dtype = QSAKV_DTYPE_INT32)
-BAD(kv_mismatch, { c->kv_dtype = QSAKV_DTYPE_BF16; c->activation_dtype = QSAKV_DTYPE_FP16; })
+BAD(kv_mismatch, {
+  c->kv_dtype = QSAKV_DTYPE_BF16;
+  c->activation_dtype = QSAKV_DTYPE_FP16;
+})
 BAD(block0, c->block_size = 0)
 BAD(block_ratio, c->block_size = 66)
 BAD(requests, c->max_requests = 0)
@@ -111,22 +121,38 @@ BAD(topk_big, c->topk_tokens = (1 << 20) + 4)
 static void test_invalid_fields_are_named(void** state) {
   (void)state;
   const bad_case cases[] = {
-      {"num_layers", bad_layers0},      {"num_layers", bad_layers_big},
-      {"num_qsa_layers", bad_qsa0},     {"qsa_layers", bad_qsa_range},
-      {"qsa_layers", bad_qsa_order},    {"num_q_heads", bad_qheads0},
-      {"num_kv_heads", bad_kvheads0},   {"num_q_heads", bad_gqa},
-      {"head_dim", bad_headdim},        {"softmax_scale", bad_scale_neg},
-      {"index_num_heads", bad_index_heads}, {"index_head_dim", bad_index_dim},
-      {"compress_ratio", bad_ratio},    {"topk_tokens", bad_topk},
-      {"tp_size", bad_tp0},             {"tp_rank", bad_tp_rank},
-      {"tp_size", bad_tp_heads},        {"tp_size", bad_tp_kv},
-      {"speculative_tokens", bad_spec}, {"activation_dtype", bad_act},
-      {"activation_dtype", bad_act_unknown}, {"kv_dtype", bad_kv},
-      {"kv_dtype", bad_kv_mismatch},    {"block_size", bad_block0},
-      {"block_size", bad_block_ratio},  {"max_requests", bad_requests},
-      {"max_batched_tokens", bad_batched}, {"max_model_len", bad_model_len},
-      {"version", bad_version},         {"max_model_len", bad_model_len_big},
-      {"index_num_heads", bad_index_heads_big}, {"topk_tokens", bad_topk_big},
+      {"num_layers", bad_layers0},
+      {"num_layers", bad_layers_big},
+      {"num_qsa_layers", bad_qsa0},
+      {"qsa_layers", bad_qsa_range},
+      {"qsa_layers", bad_qsa_order},
+      {"num_q_heads", bad_qheads0},
+      {"num_kv_heads", bad_kvheads0},
+      {"num_q_heads", bad_gqa},
+      {"head_dim", bad_headdim},
+      {"softmax_scale", bad_scale_neg},
+      {"index_num_heads", bad_index_heads},
+      {"index_head_dim", bad_index_dim},
+      {"compress_ratio", bad_ratio},
+      {"topk_tokens", bad_topk},
+      {"tp_size", bad_tp0},
+      {"tp_rank", bad_tp_rank},
+      {"tp_size", bad_tp_heads},
+      {"tp_size", bad_tp_kv},
+      {"speculative_tokens", bad_spec},
+      {"activation_dtype", bad_act},
+      {"activation_dtype", bad_act_unknown},
+      {"kv_dtype", bad_kv},
+      {"kv_dtype", bad_kv_mismatch},
+      {"block_size", bad_block0},
+      {"block_size", bad_block_ratio},
+      {"max_requests", bad_requests},
+      {"max_batched_tokens", bad_batched},
+      {"max_model_len", bad_model_len},
+      {"version", bad_version},
+      {"max_model_len", bad_model_len_big},
+      {"index_num_heads", bad_index_heads_big},
+      {"topk_tokens", bad_topk_big},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     qsakv_model_config c;
@@ -134,8 +160,7 @@ static void test_invalid_fields_are_named(void** state) {
     cases[i].apply(&c);
     TU_EXPECT_STATUS(qsakv_model_config_validate(&c), QSAKV_ERROR_INVALID_CONFIG);
     if (!strstr(qsakv_last_error(), cases[i].field))
-      fail_msg("case %zu: message \"%s\" does not name %s", i, qsakv_last_error(),
-               cases[i].field);
+      fail_msg("case %zu: message \"%s\" does not name %s", i, qsakv_last_error(), cases[i].field);
     /* The geometry derivation refuses the same config. */
     qsakv_rank_geometry g;
     memset(&g, 0, sizeof g);

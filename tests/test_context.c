@@ -120,8 +120,8 @@ static void test_memory_helpers(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cpu_backend),        cmocka_unit_test(test_auto_chooses_and_says_why),
-      cmocka_unit_test(test_cuda_explicit),      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_cpu_backend),    cmocka_unit_test(test_auto_chooses_and_says_why),
+      cmocka_unit_test(test_cuda_explicit),  cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_memory_helpers),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);

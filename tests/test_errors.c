@@ -6,16 +6,30 @@
 
 static void test_status_strings_distinct(void** state) {
   (void)state;
-  const qsakv_status all[] = {
-      QSAKV_SUCCESS, QSAKV_ERROR_INVALID_ARGUMENT, QSAKV_ERROR_INVALID_CONFIG,
-      QSAKV_ERROR_UNSUPPORTED, QSAKV_ERROR_NO_DEVICE, QSAKV_ERROR_OUT_OF_MEMORY,
-      QSAKV_ERROR_CUDA, QSAKV_ERROR_NCCL, QSAKV_ERROR_IO, QSAKV_ERROR_FORMAT,
-      QSAKV_ERROR_STATE, QSAKV_ERROR_INTERNAL, QSAKV_ERROR_OVERLAY_MISSING,
-      QSAKV_ERROR_OVERLAY_INCOMPLETE, QSAKV_ERROR_OVERLAY_BAD_SCALE,
-      QSAKV_ERROR_OVERLAY_BAD_TENSOR, QSAKV_ERROR_OVERLAY_DUPLICATE,
-      QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR, QSAKV_ERROR_REVISION_MISMATCH,
-      QSAKV_ERROR_HASH_MISMATCH, QSAKV_ERROR_CONTRACT, QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
-      QSAKV_ERROR_CALIB_NON_FINITE, QSAKV_ERROR_TP_MISMATCH};
+  const qsakv_status all[] = {QSAKV_SUCCESS,
+                              QSAKV_ERROR_INVALID_ARGUMENT,
+                              QSAKV_ERROR_INVALID_CONFIG,
+                              QSAKV_ERROR_UNSUPPORTED,
+                              QSAKV_ERROR_NO_DEVICE,
+                              QSAKV_ERROR_OUT_OF_MEMORY,
+                              QSAKV_ERROR_CUDA,
+                              QSAKV_ERROR_NCCL,
+                              QSAKV_ERROR_IO,
+                              QSAKV_ERROR_FORMAT,
+                              QSAKV_ERROR_STATE,
+                              QSAKV_ERROR_INTERNAL,
+                              QSAKV_ERROR_OVERLAY_MISSING,
+                              QSAKV_ERROR_OVERLAY_INCOMPLETE,
+                              QSAKV_ERROR_OVERLAY_BAD_SCALE,
+                              QSAKV_ERROR_OVERLAY_BAD_TENSOR,
+                              QSAKV_ERROR_OVERLAY_DUPLICATE,
+                              QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR,
+                              QSAKV_ERROR_REVISION_MISMATCH,
+                              QSAKV_ERROR_HASH_MISMATCH,
+                              QSAKV_ERROR_CONTRACT,
+                              QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
+                              QSAKV_ERROR_CALIB_NON_FINITE,
+                              QSAKV_ERROR_TP_MISMATCH};
   const size_t n = sizeof all / sizeof all[0];
   for (size_t i = 0; i < n; ++i) {
     const char* s = qsakv_status_string(all[i]);

@@ -15,7 +15,7 @@
 
 typedef struct {
   int n;
-  int req[8];  /* world request of each batch request */
+  int req[8]; /* world request of each batch request */
   int rows[8];
 } sub_batch;
 
@@ -25,7 +25,8 @@ static void update(tu_world* w, const sub_batch* sb, void** dbt, cudaStream_t st
   for (int i = 0; i < sb->n; ++i) {
     qs[i + 1] = qs[i] + sb->rows[i];
     lens[i] = w->shape.seq_lens[sb->req[i]];
-    memcpy(bt + i * w->bt_stride, w->block_table + sb->req[i] * w->bt_stride, sizeof(int32_t) * w->bt_stride);
+    memcpy(bt + i * w->bt_stride, w->block_table + sb->req[i] * w->bt_stride,
+           sizeof(int32_t) * w->bt_stride);
   }
   *dbt = tu_to_device(w->ctx, bt, sizeof(int32_t) * sb->n * w->bt_stride);
   free(bt);
@@ -43,7 +44,8 @@ static void update(tu_world* w, const sub_batch* sb, void** dbt, cudaStream_t st
 
 static void enqueue(tu_world* w, void* iq, void* q, void* out, cudaStream_t s) {
   TU_OK(qsakv_select_topk(w->plan, w->layer, iq, NULL, 0, (qsakv_stream_t)s));
-  TU_OK(qsakv_attention_run(w->plan, w->layer, QSAKV_ATTENTION_SPARSE, q, NULL, 0, out, (qsakv_stream_t)s));
+  TU_OK(qsakv_attention_run(w->plan, w->layer, QSAKV_ATTENTION_SPARSE, q, NULL, 0, out,
+                            (qsakv_stream_t)s));
 }
 
 static void test_capture_replan_replay(void** state) {
@@ -53,7 +55,7 @@ static void test_capture_replan_replay(void** state) {
   tu_small_config(&c, 6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64);
   tu_shape shape = {4, {1, 4, 3, 8}, {3000, 2500, 700, 90}};
   tu_world w;
-  tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.01f, 0);  /* max_rows 16 */
+  tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.01f, 0); /* max_rows 16 */
   const int max_rows = w.rows;
   const size_t qn = (size_t)max_rows * w.geo.q_heads * c.head_dim;
   const size_t iqn = (size_t)max_rows * c.index_num_heads * c.index_head_dim;
@@ -80,10 +82,10 @@ static void test_capture_replan_replay(void** state) {
   qsakv_free(ctx, dbt);
 
   const sub_batch batches[] = {
-      {4, {0, 1, 2, 3}, {1, 4, 3, 8}},  /* the captured shape */
-      {1, {0}, {1}},                    /* a single decode row */
-      {3, {3, 0, 2}, {8, 1, 2}},        /* other requests, other order, fewer rows */
-      {2, {1, 1}, {4, 4}},              /* the same request twice */
+      {4, {0, 1, 2, 3}, {1, 4, 3, 8}}, /* the captured shape */
+      {1, {0}, {1}},                   /* a single decode row */
+      {3, {3, 0, 2}, {8, 1, 2}},       /* other requests, other order, fewer rows */
+      {2, {1, 1}, {4, 4}},             /* the same request twice */
   };
   uint16_t* a = malloc(2 * qn);
   uint16_t* b = malloc(2 * qn);

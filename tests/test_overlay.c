@@ -116,7 +116,7 @@ static void test_uppercase_revision_is_accepted(void** state) {
   OVF_OK(qsakv_overlay_load(&o, out, NULL));
   for (int i = 0; i < 65; ++i)
     upper[i] = (p->base_sha[i] >= 'a' && p->base_sha[i] <= 'f') ? (char)(p->base_sha[i] - 32)
-                                                                 : p->base_sha[i];
+                                                                : p->base_sha[i];
   qsakv_model_config c;
   ovf_config(&c, 1);
   OVF_OK(qsakv_overlay_validate(o, &c, upper));
@@ -222,7 +222,8 @@ static void test_materialize_other_revision(void** state) {
   char out[OVF_PATH], ckpt[OVF_PATH + 16];
   write_pack(p, NULL, out, sizeof out);
   /* The base checkpoint moves on after calibration. */
-  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.norm.weight\": \"model-00001.safetensors\"}}");
+  ovf_write_text(p->base_index,
+                 "{\"weight_map\": {\"model.norm.weight\": \"model-00001.safetensors\"}}");
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
   OVF_EXPECT(qsakv_overlay_materialize(ckpt, p->base_dir, out), QSAKV_ERROR_REVISION_MISMATCH);
   assert_false(ovf_exists(ckpt));
@@ -231,8 +232,9 @@ static void test_materialize_other_revision(void** state) {
 static void test_write_refuses_name_in_base(void** state) {
   ovf_pack* p = *state;
   char out[OVF_PATH];
-  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
-                                "\"model-00001.safetensors\"}}");
+  ovf_write_text(p->base_index,
+                 "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
+                 "\"model-00001.safetensors\"}}");
   int32_t layers[12];
   float k[12], v[12];
   reference_scales(layers, k, v);
@@ -249,8 +251,9 @@ static void test_materialize_refuses_name_in_base(void** state) {
   ovf_pack* p = *state;
   /* A hand-made pack bound to a base that already holds one of its names (the library's
    * writer would have refused to make it). */
-  ovf_write_text(p->base_index, "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
-                                "\"model-00001.safetensors\"}}");
+  ovf_write_text(p->base_index,
+                 "{\"weight_map\": {\"model.layers.3.self_attn.k_scale\": "
+                 "\"model-00001.safetensors\"}}");
   ovf_sha256_file(p->base_index, p->base_sha);
   ovf_write_pack(p);
   char ckpt[OVF_PATH + 16];
@@ -277,12 +280,12 @@ static void test_name_variants(void** state) {
   ovf_pack* p = *state;
   static const char* prefixes[] = {"model.layers", "model.language_model.layers",
                                    "language_model.model.layers", "transformer.h"};
-  static const char* k_suffix[] = {"self_attn.k_scale", "k_scale", "attn.k_scale",
-                                   "self_attn.attn.k_scale", "k_proj.k_scale",
-                                   "k_proj.output_scale"};
-  static const char* v_suffix[] = {"self_attn.v_scale", "v_scale", "attn.v_scale",
-                                   "self_attn.attn.v_scale", "v_proj.v_scale",
-                                   "v_proj.output_scale"};
+  static const char* k_suffix[] = {"self_attn.k_scale", "k_scale",
+                                   "attn.k_scale",      "self_attn.attn.k_scale",
+                                   "k_proj.k_scale",    "k_proj.output_scale"};
+  static const char* v_suffix[] = {"self_attn.v_scale", "v_scale",
+                                   "attn.v_scale",      "self_attn.attn.v_scale",
+                                   "v_proj.v_scale",    "v_proj.output_scale"};
   for (int pi = 0; pi < 4; ++pi) {
     for (int si = 0; si < 6; ++si) {
       p->n = 0;

@@ -512,8 +512,9 @@ static qsakv_status validate_with(ovf_pack* p, int tp, int spec, qsakv_dtype act
 
 static void test_contract_tp(void** state) {
   ovf_pack* p = *state;
-  p->contract = "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
-                "\"min_sm\": 70}";
+  p->contract =
+      "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
+      "\"min_sm\": 70}";
   ovf_write_pack(p);
   OVF_OK(validate_with(p, 4, 0, QSAKV_DTYPE_FP16));
   OVF_EXPECT(validate_with(p, 2, 0, QSAKV_DTYPE_FP16), QSAKV_ERROR_CONTRACT);
@@ -523,8 +524,9 @@ static void test_contract_tp(void** state) {
 
 static void test_contract_speculative_tokens(void** state) {
   ovf_pack* p = *state;
-  p->contract = "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
-                "\"min_sm\": 70}";
+  p->contract =
+      "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
+      "\"min_sm\": 70}";
   ovf_write_pack(p);
   OVF_EXPECT(validate_with(p, 4, 3, QSAKV_DTYPE_FP16), QSAKV_ERROR_CONTRACT);
   OVF_MESSAGE_HAS("speculative_tokens must be 0");
@@ -532,8 +534,9 @@ static void test_contract_speculative_tokens(void** state) {
 
 static void test_contract_activation_dtype(void** state) {
   ovf_pack* p = *state;
-  p->contract = "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
-                "\"min_sm\": 70}";
+  p->contract =
+      "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp16\", "
+      "\"min_sm\": 70}";
   ovf_write_pack(p);
   OVF_EXPECT(validate_with(p, 4, 0, QSAKV_DTYPE_BF16), QSAKV_ERROR_CONTRACT);
   OVF_MESSAGE_HAS("activation_dtype must be fp16");
@@ -635,8 +638,9 @@ static void test_manifest_other_scale_contract(void** state) {
 
 static void test_manifest_bad_contract_value(void** state) {
   ovf_pack* p = *state;
-  p->contract = "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp8\", "
-                "\"min_sm\": 70}";
+  p->contract =
+      "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp8\", "
+      "\"min_sm\": 70}";
   ovf_write_pack(p);
   OVF_EXPECT(ovf_load_validate(p), QSAKV_ERROR_FORMAT);
 }
@@ -651,7 +655,8 @@ static void test_manifest_names_differ_from_file(void** state) {
 static void test_manifest_name_listed_twice(void** state) {
   ovf_pack* p = *state;
   ovf_write_pack(p);
-  edit_manifest(p, "\"tensor_names\": [", "\"tensor_names\": [\"model.layers.3.self_attn.k_scale\", ");
+  edit_manifest(p, "\"tensor_names\": [",
+                "\"tensor_names\": [\"model.layers.3.self_attn.k_scale\", ");
   OVF_EXPECT(ovf_load_validate(p), QSAKV_ERROR_OVERLAY_DUPLICATE);
 }
 
@@ -778,8 +783,8 @@ static void test_name_already_in_base(void** state) {
 static void test_index_lists_a_name_twice(void** state) {
   ovf_pack* p = *state;
   char index[1 << 14], dir[OVF_PATH + 8];
-  index_text(p, "\"model.layers.7.self_attn.k_scale\": \"model-00002.safetensors\"", NULL,
-             index, sizeof index);
+  index_text(p, "\"model.layers.7.self_attn.k_scale\": \"model-00002.safetensors\"", NULL, index,
+             sizeof index);
   make_checkpoint(p, index, dir, sizeof dir);
   OVF_EXPECT(validate_dir(p, dir), QSAKV_ERROR_OVERLAY_DUPLICATE);
   OVF_MESSAGE_HAS("twice");

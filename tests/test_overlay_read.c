@@ -22,8 +22,8 @@ static int teardown(void** state) {
 }
 
 /* A safetensors file of F32 scalars (name, value) pairs, written by hand. */
-static const char* write_scalars(const char* file, const char* const* names,
-                                 const float* values, int n, const char* dtype_of_first) {
+static const char* write_scalars(const char* file, const char* const* names, const float* values,
+                                 int n, const char* dtype_of_first) {
   static char path[512];
   snprintf(path, sizeof path, "%s/%s", dir, file);
   char header[4096];
@@ -31,8 +31,8 @@ static const char* write_scalars(const char* file, const char* const* names,
   for (int i = 0; i < n; ++i)
     len += (size_t)snprintf(header + len, sizeof header - len,
                             "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[%d,%d]}",
-                            i ? "," : "", names[i], i == 0 && dtype_of_first ? dtype_of_first : "F32",
-                            4 * i, 4 * i + 4);
+                            i ? "," : "", names[i],
+                            i == 0 && dtype_of_first ? dtype_of_first : "F32", 4 * i, 4 * i + 4);
   len += (size_t)snprintf(header + len, sizeof header - len, "}");
   FILE* f = fopen(path, "wb");
   assert_non_null(f);
@@ -125,18 +125,19 @@ static void test_refusals(void** state) {
   float k[4], v[4];
   const float values[] = {1.0f, 1.0f};
   const char* unknown[] = {"model.layers.3.self_attn.k_scale", "lm_head.weight"};
-  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(write_scalars("u.safetensors", unknown, values,
-                                                               2, NULL), 4, l, k, v, &n, NULL),
-                   QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR);
+  TU_EXPECT_STATUS(
+      qsakv_overlay_read_scale_file(write_scalars("u.safetensors", unknown, values, 2, NULL), 4, l,
+                                    k, v, &n, NULL),
+      QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR);
   assert_non_null(strstr(qsakv_last_error(), "lm_head.weight"));
   const char* dup[] = {"model.layers.3.self_attn.k_scale", "model.layers.3.k_scale"};
-  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(write_scalars("d.safetensors", dup, values,
-                                                               2, NULL), 4, l, k, v, &n, NULL),
+  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(
+                       write_scalars("d.safetensors", dup, values, 2, NULL), 4, l, k, v, &n, NULL),
                    QSAKV_ERROR_OVERLAY_DUPLICATE);
   assert_non_null(strstr(qsakv_last_error(), "layer 3"));
   const char* bad[] = {"model.layers.3.self_attn.k_scale", "model.layers.3.self_attn.v_scale"};
-  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(write_scalars("b.safetensors", bad, values,
-                                                               2, "I32"), 4, l, k, v, &n, NULL),
+  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(
+                       write_scalars("b.safetensors", bad, values, 2, "I32"), 4, l, k, v, &n, NULL),
                    QSAKV_ERROR_OVERLAY_BAD_TENSOR);
   char missing[600];
   snprintf(missing, sizeof missing, "%s/nothing.safetensors", dir);

@@ -146,7 +146,8 @@ static double score64(const tu_world* w, const uint16_t* comp, const uint16_t* q
   for (int h = 0; h < H; ++h) {
     double dot = 0;
     for (int d = 0; d < D; ++d) {
-      const double t = (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * tu_fp16_to_f32(k[d]);
+      const double t =
+          (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * tu_fp16_to_f32(k[d]);
       dot += t;
       m += fabs(t);
     }
@@ -186,8 +187,8 @@ static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_
     for (int j = 0; j < K; ++j) {
       const int ba = a[j * ratio] / ratio, bg = g[j * ratio] / ratio;
       if (bg < 0 || bg >= visible || s[bg] == -INFINITY || in_g[bg])
-        fail_msg("%s row %d: group %d names block %d (visible %d, or unmapped, or repeated)",
-                 what, row, j, bg, visible);
+        fail_msg("%s row %d: group %d names block %d (visible %d, or unmapped, or repeated)", what,
+                 row, j, bg, visible);
       in_g[bg] = 1;
       in_a[ba] = 1;
       for (int t = 0; t < ratio; ++t)
@@ -196,7 +197,8 @@ static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_
                    g[j * ratio + t], t, bg);
     }
     for (int j = K * ratio; j < width; ++j)
-      if (g[j] != a[j]) fail_msg("%s row %d col %d (tail/padding): got %d want %d", what, row, j, g[j], a[j]);
+      if (g[j] != a[j])
+        fail_msg("%s row %d col %d (tail/padding): got %d want %d", what, row, j, g[j], a[j]);
     /* The k-th score of the exact selection, and its magnitude. */
     double sk = INFINITY, mk = 0;
     for (int j = 0; j < K; ++j) {
@@ -210,15 +212,18 @@ static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_
       if (in_a[b] == in_g[b]) continue;
       ++boundary;
       if (fabs(s[b] - sk) > contract_tol(m[b], mk))
-        fail_msg("%s row %d: block %d (score %.9g) is %s the exact selection, but the k-th "
-                 "score is %.9g: |difference| %.3g exceeds the tolerance %.3g", what, row, b, s[b],
-                 in_g[b] ? "not in" : "missing from", sk, fabs(s[b] - sk), contract_tol(m[b], mk));
+        fail_msg(
+            "%s row %d: block %d (score %.9g) is %s the exact selection, but the k-th "
+            "score is %.9g: |difference| %.3g exceeds the tolerance %.3g",
+            what, row, b, s[b], in_g[b] ? "not in" : "missing from", sk, fabs(s[b] - sk),
+            contract_tol(m[b], mk));
     }
     /* Order: score descending up to the tolerance. */
     for (int j = 0; j + 1 < K; ++j) {
       const int b0 = g[j * ratio] / ratio, b1 = g[(j + 1) * ratio] / ratio;
       if (s[b1] - s[b0] > contract_tol(m[b0], m[b1]))
-        fail_msg("%s row %d: block %d (%.9g) ranked before block %d (%.9g)", what, row, b0, s[b0], b1, s[b1]);
+        fail_msg("%s row %d: block %d (%.9g) ranked before block %d (%.9g)", what, row, b0, s[b0],
+                 b1, s[b1]);
     }
     free(s);
     free(m);
@@ -397,13 +402,16 @@ static void test_select_contract_cuda(void** state) {
     for (int max_rows = 1; max_rows <= 64; max_rows *= 64) {
       int32_t* alone = select_single_row(&wg, r, q + (size_t)last * qn, max_rows);
       if (memcmp(alone, got + (size_t)last * width, sizeof(int32_t) * width) != 0)
-        fail_msg("request %d's last row selected alone (plan max_rows %d) differs from the batch", r, max_rows);
+        fail_msg("request %d's last row selected alone (plan max_rows %d) differs from the batch",
+                 r, max_rows);
       ++invariant;
       free(alone);
     }
   }
-  print_message("contract, cuda vs cpu: %d rows (contexts 1..262144 tokens), %d boundary blocks; "
-                "deterministic; %d rows batch-invariant\n", wg.rows, boundary, invariant);
+  print_message(
+      "contract, cuda vs cpu: %d rows (contexts 1..262144 tokens), %d boundary blocks; "
+      "deterministic; %d rows batch-invariant\n",
+      wg.rows, boundary, invariant);
   free(again);
   free(got);
   free(want);
@@ -440,8 +448,8 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
       comp[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
     if (pass == 1)
       for (size_t e = 0; e < n / c.index_head_dim; e += 7) {
-        comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00;       /* NaN */
-        if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;            /* +inf */
+        comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00; /* NaN */
+        if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;      /* +inf */
       }
     TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, comp, 2 * n, QSAKV_COPY_HOST_TO_DEVICE, NULL));
     TU_OK(qsakv_stream_synchronize(ctx, NULL));
@@ -455,7 +463,8 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
                    row, j, got[i], want[i]);
       }
     if (pass == 0) /* all ties: block j is the j-th choice */
-      for (int j = 0; j < w.geo.topk_blocks; ++j) assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
+      for (int j = 0; j < w.geo.topk_blocks; ++j)
+        assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
     free(got);
   }
   print_message("%s: all-tie and NaN/inf keys selected exactly (%d rows)\n", what, w.rows);
@@ -495,12 +504,9 @@ static void test_select_cuda(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_select_cpu),
-      cmocka_unit_test(test_select_cuda),
-      cmocka_unit_test(test_select_special_cpu),
-      cmocka_unit_test(test_select_special_cuda),
-      cmocka_unit_test(test_select_contract_cpu),
-      cmocka_unit_test(test_select_contract_cuda),
+      cmocka_unit_test(test_select_cpu),          cmocka_unit_test(test_select_cuda),
+      cmocka_unit_test(test_select_special_cpu),  cmocka_unit_test(test_select_special_cuda),
+      cmocka_unit_test(test_select_contract_cpu), cmocka_unit_test(test_select_contract_cuda),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("select", tests, NULL, NULL);

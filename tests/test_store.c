@@ -46,14 +46,15 @@ static void free_world(store_world* w) {
 
 /* Stores n tokens (random plus specials) into layer 3 with a random slot mapping that
  * has -1 entries; returns the layer's bytes after the store. */
-static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v,
-                         const int64_t* slots, int n) {
+static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v, const int64_t* slots,
+                         int n) {
   const size_t row = 2 * 128, bytes = (size_t)n * row * 2;
   qsakv_layer_buffers lb;
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, 3, &lb));
   /* Poison first: bytes no slot names must keep it. */
   void* poison = tu_device_filled(w->ctx, w->L.kv_bytes_per_layer, 0xA5);
-  TU_OK(qsakv_memcpy(w->ctx, lb.kv, poison, w->L.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+  TU_OK(qsakv_memcpy(w->ctx, lb.kv, poison, w->L.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE,
+                     NULL));
   qsakv_free(w->ctx, poison);
   void* dk = tu_to_device(w->ctx, k, bytes);
   void* dv = tu_to_device(w->ctx, v, bytes);
@@ -67,7 +68,8 @@ static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v,
   return out;
 }
 
-static void make_inputs(int n, int capacity, qsakv_dtype act, uint16_t** k, uint16_t** v, int64_t** slots) {
+static void make_inputs(int n, int capacity, qsakv_dtype act, uint16_t** k, uint16_t** v,
+                        int64_t** slots) {
   const int row = 2 * 128;
   *k = malloc(2 * (size_t)n * row);
   *v = malloc(2 * (size_t)n * row);
@@ -83,10 +85,12 @@ static void make_inputs(int n, int capacity, qsakv_dtype act, uint16_t** k, uint
     (*slots)[t] = tu_int(0, 5) == 0 ? -1 : perm[t];
     for (int e = 0; e < row; ++e) {
       const int special = tu_int(0, 9) == 0;
-      (*k)[t * row + e] = special ? special_fp16(tu_int(0, 15))
-                                  : tu_f32_to_act((float)(tu_normal() * pow(2.0, tu_uniform(-12, 6))), act);
-      (*v)[t * row + e] = special ? special_fp16(tu_int(0, 15))
-                                  : tu_f32_to_act((float)(tu_normal() * pow(2.0, tu_uniform(-12, 6))), act);
+      (*k)[t * row + e] =
+          special ? special_fp16(tu_int(0, 15))
+                  : tu_f32_to_act((float)(tu_normal() * pow(2.0, tu_uniform(-12, 6))), act);
+      (*v)[t * row + e] =
+          special ? special_fp16(tu_int(0, 15))
+                  : tu_f32_to_act((float)(tu_normal() * pow(2.0, tu_uniform(-12, 6))), act);
     }
   }
   free(perm);
@@ -147,7 +151,8 @@ static void test_16bit_store_cpu(void** state) {
   const uint16_t* g16 = (const uint16_t*)got;
   for (int t = 0; t < n; ++t) {
     if (slots[t] < 0) continue;
-    const int64_t base = (slots[t] / 16) * w.L.kv_stride_block + (slots[t] % 16) * w.L.kv_stride_token;
+    const int64_t base =
+        (slots[t] / 16) * w.L.kv_stride_block + (slots[t] % 16) * w.L.kv_stride_token;
     assert_memory_equal(g16 + base, k + t * 256, 512);
     assert_memory_equal(g16 + base + w.L.kv_stride_kv, v + t * 256, 512);
   }
@@ -211,7 +216,8 @@ static void test_cuda_store_every_fp16(void** state) {
     uint8_t* x = do_store(&a, k, k, slots, n);
     uint8_t* y = do_store(&b, k, k, slots, n);
     for (size_t i = 0; i < a.L.kv_bytes_per_layer; ++i)
-      if (x[i] != y[i] && bad++ < 5) print_error("scale %g byte %zu: cpu 0x%02x gpu 0x%02x\n", scales[si], i, x[i], y[i]);
+      if (x[i] != y[i] && bad++ < 5)
+        print_error("scale %g byte %zu: cpu 0x%02x gpu 0x%02x\n", scales[si], i, x[i], y[i]);
     free(x);
     free(y);
     free_world(&a);
@@ -257,7 +263,7 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
   int64_t pos[64], cs[64];
   for (int i = 0; i < n; ++i) {
     req[i] = i % 8;
-    pos[i] = i == 5 ? -1 : (int64_t)(i / 8) + 100;       /* ring slot = pos % 4 */
+    pos[i] = i == 5 ? -1 : (int64_t)(i / 8) + 100;         /* ring slot = pos % 4 */
     cs[i] = i == 9 ? -1 : (int64_t)(i * 4 + tu_int(0, 3)); /* any token of the group */
     for (int d = 0; d < 128; ++d) keys[i * 128 + d] = tu_f32_to_fp16((float)tu_normal());
   }
@@ -271,7 +277,8 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
       int last = i;
       for (int j = i + 1; j < n; ++j)
         if (pos[j] >= 0 && req[j] == req[i] && pos[j] % 4 == pos[i] % 4) last = j;
-      assert_memory_equal(r16 + ((size_t)req[i] * w.L.ring_length + pos[i] % 4) * 128, keys + last * 128, 256);
+      assert_memory_equal(r16 + ((size_t)req[i] * w.L.ring_length + pos[i] % 4) * 128,
+                          keys + last * 128, 256);
     }
     if (cs[i] >= 0) assert_memory_equal(c16 + (size_t)(cs[i] / 4) * 128, keys + i * 128, 256);
   }
@@ -320,8 +327,10 @@ static void test_store_errors(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_e4m3_store_cpu),   cmocka_unit_test(test_16bit_store_cpu),
-      cmocka_unit_test(test_cuda_store_equals_cpu), cmocka_unit_test(test_cuda_store_every_fp16),
+      cmocka_unit_test(test_e4m3_store_cpu),
+      cmocka_unit_test(test_16bit_store_cpu),
+      cmocka_unit_test(test_cuda_store_equals_cpu),
+      cmocka_unit_test(test_cuda_store_every_fp16),
       cmocka_unit_test(test_index_key_stores_cpu_and_cuda),
       cmocka_unit_test(test_store_errors),
   };

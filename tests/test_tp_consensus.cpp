@@ -57,17 +57,26 @@ static void test_config_field_differs(void** state) {
   (void)state;
   const qsakv_overlay o = make_overlay(kSha, true);
   const qsakv_overlay* ov[4] = {&o, &o, &o, &o};
-  const std::string m = qsakv::compare_rank_records(
-      records([](int r, qsakv_model_config& c) { if (r == 2) c.block_size = 16; }, ov));
+  const std::string m = qsakv::compare_rank_records(records(
+      [](int r, qsakv_model_config& c) {
+        if (r == 2) c.block_size = 16;
+      },
+      ov));
   print_message("%s\n", m.c_str());
   assert_true(has(m, "config.block_size differs"));
   assert_true(has(m, "rank 2 has 16"));
   assert_true(has(m, "ranks 0, 1, 3 have 64"));
   const std::string d = qsakv::compare_rank_records(records(
-      [](int r, qsakv_model_config& c) { if (r == 1) c.kv_dtype = QSAKV_DTYPE_FP16; }, ov));
+      [](int r, qsakv_model_config& c) {
+        if (r == 1) c.kv_dtype = QSAKV_DTYPE_FP16;
+      },
+      ov));
   assert_true(has(d, "config.kv_dtype differs") && has(d, "rank 1 has fp16") && has(d, "e4m3"));
   const std::string l = qsakv::compare_rank_records(records(
-      [](int r, qsakv_model_config& c) { if (r == 3) c.qsa_layers[11] = 46; }, ov));
+      [](int r, qsakv_model_config& c) {
+        if (r == 3) c.qsa_layers[11] = 46;
+      },
+      ov));
   assert_true(has(l, "config.qsa_layers differs") && has(l, "rank 3"));
 }
 
@@ -84,7 +93,8 @@ static void test_overlay_differs(void** state) {
   assert_true(has(n, "rank 2 has none"));
   const qsakv_overlay u = make_overlay(kSha, false);
   const qsakv_overlay* unvalidated[4] = {&a, &a, &a, &u};
-  assert_true(has(qsakv::compare_rank_records(records(nullptr, unvalidated)), "rank 3 has scale file sha256 "));
+  assert_true(has(qsakv::compare_rank_records(records(nullptr, unvalidated)),
+                  "rank 3 has scale file sha256 "));
 }
 
 static void test_numbering(void** state) {
@@ -96,7 +106,8 @@ static void test_numbering(void** state) {
   assert_true(has(m, "communicator rank 1 has tp_rank 2"));
   assert_true(has(m, "communicator rank 2 has tp_rank 1"));
   recs = records([](int, qsakv_model_config& c) { c.tp_size = 8; }, none);
-  assert_true(has(qsakv::compare_rank_records(recs), "the communicator has 4 ranks but rank 0 has tp_size 8"));
+  assert_true(has(qsakv::compare_rank_records(recs),
+                  "the communicator has 4 ranks but rank 0 has tp_size 8"));
   recs = records(nullptr, none);
   recs[3].magic = 0;  // a rank of another library version
   assert_true(has(qsakv::compare_rank_records(recs), "rank 3 sent no consensus record"));
@@ -107,15 +118,17 @@ static void test_cpu_backend_refuses(void** state) {
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
   qsakv_model_config c = reference(0);
   int fake_comm = 0;
-  TU_EXPECT_STATUS(qsakv_tp_consensus(ctx, &c, nullptr, &fake_comm, nullptr), QSAKV_ERROR_UNSUPPORTED);
-  TU_EXPECT_STATUS(qsakv_tp_consensus(ctx, &c, nullptr, nullptr, nullptr), QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_EXPECT_STATUS(qsakv_tp_consensus(ctx, &c, nullptr, &fake_comm, nullptr),
+                   QSAKV_ERROR_UNSUPPORTED);
+  TU_EXPECT_STATUS(qsakv_tp_consensus(ctx, &c, nullptr, nullptr, nullptr),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
   qsakv_context_destroy(ctx);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_agreement),       cmocka_unit_test(test_config_field_differs),
-      cmocka_unit_test(test_overlay_differs), cmocka_unit_test(test_numbering),
+      cmocka_unit_test(test_agreement),           cmocka_unit_test(test_config_field_differs),
+      cmocka_unit_test(test_overlay_differs),     cmocka_unit_test(test_numbering),
       cmocka_unit_test(test_cpu_backend_refuses),
   };
   return cmocka_run_group_tests_name("tp_consensus", tests, NULL, NULL);

@@ -17,7 +17,8 @@ uint64_t tu_seed(void) {
     const char* env = getenv("QSAKV_TEST_SEED");
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    g_state = env ? strtoull(env, NULL, 0) : ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec;
+    g_state =
+        env ? strtoull(env, NULL, 0) : ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec;
     g_seeded = 1;
     fprintf(stderr, "[ seed     ] QSAKV_TEST_SEED=%llu\n", (unsigned long long)g_state);
   }
@@ -171,8 +172,9 @@ qsakv_overlay* tu_make_overlay(const qsakv_model_config* c, const float* k, cons
   assert_non_null(mkdtemp(base));
   char index[512], out[512];
   snprintf(index, sizeof index, "%s/model.safetensors.index.json", base);
-  write_file(index, "{\"metadata\": {\"total_size\": 4}, \"weight_map\": "
-                    "{\"model.embed_tokens.weight\": \"model-00001.safetensors\"}}\n");
+  write_file(index,
+             "{\"metadata\": {\"total_size\": 4}, \"weight_map\": "
+             "{\"model.embed_tokens.weight\": \"model-00001.safetensors\"}}\n");
   snprintf(out, sizeof out, "%s/overlay", base);
   qsakv_overlay_write_options wo;
   TU_OK(qsakv_overlay_write_options_init(&wo));

@@ -44,13 +44,13 @@ double tu_e4m3_value(uint8_t code);
 uint8_t tu_e4m3_encode(float q);
 
 /* Expects a call to fail with `status`; prints the library's message on mismatch. */
-#define TU_EXPECT_STATUS(call, status)                                                 \
-  do {                                                                                 \
-    qsakv_status tu_s_ = (call);                                                       \
-    if (tu_s_ != (status))                                                             \
+#define TU_EXPECT_STATUS(call, status)                                                     \
+  do {                                                                                     \
+    qsakv_status tu_s_ = (call);                                                           \
+    if (tu_s_ != (status))                                                                 \
       print_error("%s returned %s (%s), expected %s\n", #call, qsakv_status_string(tu_s_), \
-                  qsakv_last_error(), qsakv_status_string(status));                    \
-    assert_int_equal(tu_s_, (status));                                                 \
+                  qsakv_last_error(), qsakv_status_string(status));                        \
+    assert_int_equal(tu_s_, (status));                                                     \
   } while (0)
 #define TU_OK(call) TU_EXPECT_STATUS(call, QSAKV_SUCCESS)
 

@@ -21,14 +21,14 @@
 
 #include "qsakv.h"
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    qsakv_status s_ = (call);                                                         \
-    if (s_ != QSAKV_SUCCESS) {                                                        \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,        \
-              qsakv_status_string(s_), qsakv_last_error());                           \
-      exit(1);                                                                        \
-    }                                                                                 \
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    qsakv_status s_ = (call);                                                  \
+    if (s_ != QSAKV_SUCCESS) {                                                 \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, \
+              qsakv_status_string(s_), qsakv_last_error());                    \
+      exit(1);                                                                 \
+    }                                                                          \
   } while (0)
 
 static uint64_t rng = 0x1234567ull;
@@ -74,23 +74,29 @@ static void print_capacity(const qsakv_model_config* base) {
   c.kv_dtype = QSAKV_DTYPE_FP16;
   CHECK(qsakv_capacity_plan(&c, budget, &f));
   printf("\nCapacity, reference model (qwen4_exp) at TP%d, 40 GiB per rank:\n", c.tp_size);
-  printf("  %-6s %12s %14s %12s %14s\n", "cache", "B/token", "main B/token", "tokens", "top-k (MiB)");
+  printf("  %-6s %12s %14s %12s %14s\n", "cache", "B/token", "main B/token", "tokens",
+         "top-k (MiB)");
   printf("  %-6s %12llu %14llu %12lld %14.1f\n", "fp16", (unsigned long long)f.bytes_per_token,
-         (unsigned long long)f.main_bytes_per_token, (long long)f.num_tokens, f.topk_bytes / 1048576.0);
+         (unsigned long long)f.main_bytes_per_token, (long long)f.num_tokens,
+         f.topk_bytes / 1048576.0);
   printf("  %-6s %12llu %14llu %12lld %14.1f\n", "e4m3", (unsigned long long)e.bytes_per_token,
-         (unsigned long long)e.main_bytes_per_token, (long long)e.num_tokens, e.topk_bytes / 1048576.0);
-  printf("  capacity ratio %.3fx (ideal %.3fx); one shared top-k buffer instead of %d saves %.1f MiB\n",
-         e.capacity_ratio, e.ideal_ratio, c.num_qsa_layers,
-         (e.topk_bytes_unshared - e.topk_bytes) / 1048576.0);
-  printf("  columns, per rank and per token over all %d QSA layers:\n"
-         "    B/token       what one token costs: main K/V plus its compressed index key\n"
-         "                  (%llu B of FP16 index keys, the same for both caches)\n"
-         "    main B/token  the K and V part alone, the part E4M3 halves\n"
-         "    tokens        tokens that fit in the 40 GiB after the fixed costs\n"
-         "    top-k (MiB)   the top-k index workspace, int32 [%d batched tokens, %d], one\n"
-         "                  buffer shared by every layer (a fixed cost, not per token)\n",
-         c.num_qsa_layers, (unsigned long long)e.compressed_bytes_per_token,
-         c.max_batched_tokens, c.topk_tokens + c.compress_ratio - 1);
+         (unsigned long long)e.main_bytes_per_token, (long long)e.num_tokens,
+         e.topk_bytes / 1048576.0);
+  printf(
+      "  capacity ratio %.3fx (ideal %.3fx); one shared top-k buffer instead of %d saves %.1f "
+      "MiB\n",
+      e.capacity_ratio, e.ideal_ratio, c.num_qsa_layers,
+      (e.topk_bytes_unshared - e.topk_bytes) / 1048576.0);
+  printf(
+      "  columns, per rank and per token over all %d QSA layers:\n"
+      "    B/token       what one token costs: main K/V plus its compressed index key\n"
+      "                  (%llu B of FP16 index keys, the same for both caches)\n"
+      "    main B/token  the K and V part alone, the part E4M3 halves\n"
+      "    tokens        tokens that fit in the 40 GiB after the fixed costs\n"
+      "    top-k (MiB)   the top-k index workspace, int32 [%d batched tokens, %d], one\n"
+      "                  buffer shared by every layer (a fixed cost, not per token)\n",
+      c.num_qsa_layers, (unsigned long long)e.compressed_bytes_per_token, c.max_batched_tokens,
+      c.topk_tokens + c.compress_ratio - 1);
 }
 
 /* One cache + pipeline run for a kv dtype; returns the attention output (host FP16). */
@@ -100,7 +106,7 @@ typedef struct {
   int bt_stride;
   int32_t* bt;
   int64_t num_blocks;
-  uint16_t *k, *v, *q, *iq, *ck;  /* host data: K/V per request concatenated */
+  uint16_t *k, *v, *q, *iq, *ck; /* host data: K/V per request concatenated */
   int64_t* slots;
   int64_t* cslots;
   int total_tokens, groups;
@@ -126,7 +132,8 @@ static uint16_t* run_pipeline(qsakv_context* ctx, const qsakv_model_config* cfg,
   void* dcs = dev_copy(ctx, b->cslots, sizeof(int64_t) * b->groups);
   void* dbt = dev_copy(ctx, b->bt, sizeof(int32_t) * b->requests * b->bt_stride);
   void* dq = dev_copy(ctx, b->q, (size_t)b->rows * g.q_heads * cfg->head_dim * 2);
-  void* diq = dev_copy(ctx, b->iq, (size_t)b->rows * cfg->index_num_heads * cfg->index_head_dim * 2);
+  void* diq =
+      dev_copy(ctx, b->iq, (size_t)b->rows * cfg->index_num_heads * cfg->index_head_dim * 2);
   void* dout = NULL;
   const size_t out_bytes = (size_t)b->rows * g.q_heads * cfg->head_dim * 2;
   CHECK(qsakv_malloc(ctx, &dout, out_bytes));
@@ -166,7 +173,6 @@ static uint16_t* run_pipeline(qsakv_context* ctx, const qsakv_model_config* cfg,
   qsakv_cache_destroy(cache);
   return out;
 }
-
 
 /* Synthetic K and V rows of one rank: channel-dependent K magnitudes, as real K has. */
 static void synth_kv(uint16_t* k, uint16_t* v, size_t tokens, int row_elems) {
@@ -234,9 +240,11 @@ static qsakv_calib* calibrate(qsakv_context* ctx, const qsakv_model_config* cfg,
     sum.struct_size = sizeof sum;
     sum.version = QSAKV_CALIB_SUMMARY_VERSION;
     CHECK(qsakv_calib_summarize(merged, cfg->qsa_layers[0], (qsakv_calib_kind)kind, &sum));
-    printf("  merged, layer %d %s: max |x| %.5g -> scale %.6g (max / 448 rounded up), "
-           "p99.9 %.4g, saturating %.3g\n", cfg->qsa_layers[0], kind ? "V" : "K",
-           (double)sum.max_abs, (double)sum.scale, (double)sum.p99_9, sum.saturate_fraction);
+    printf(
+        "  merged, layer %d %s: max |x| %.5g -> scale %.6g (max / 448 rounded up), "
+        "p99.9 %.4g, saturating %.3g\n",
+        cfg->qsa_layers[0], kind ? "V" : "K", (double)sum.max_abs, (double)sum.scale,
+        (double)sum.p99_9, sum.saturate_fraction);
   }
   return merged;
 }
@@ -273,7 +281,8 @@ int main(int argc, char** argv) {
            info.sm_version, info.multiprocessor_count,
            info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software");
   else
-    printf("backend: CPU reference (%s)\n", info.fallback_reason[0] ? info.fallback_reason : "asked for");
+    printf("backend: CPU reference (%s)\n",
+           info.fallback_reason[0] ? info.fallback_reason : "asked for");
 
   /* The working directory: a synthetic checkpoint, calibration statistics, the overlay. */
   char dir[] = "/tmp/qsakv-demo-XXXXXX";
@@ -320,7 +329,8 @@ int main(int argc, char** argv) {
   /* Blocks handed out in reverse order: pages are not contiguous. */
   int next = (int)b.num_blocks - 1, tok = 0, grp = 0;
   for (int r = 0; r < 4; ++r) {
-    for (int p = 0; p < b.bt_stride; ++p) b.bt[r * b.bt_stride + p] = p * bs < lens[r] ? next-- : -1;
+    for (int p = 0; p < b.bt_stride; ++p)
+      b.bt[r * b.bt_stride + p] = p * bs < lens[r] ? next-- : -1;
     for (int t = 0; t < lens[r]; ++t, ++tok) {
       b.slots[tok] = (int64_t)b.bt[r * b.bt_stride + t / bs] * bs + t % bs;
       for (int e = 0; e < row_elems; ++e) {
@@ -348,8 +358,9 @@ int main(int argc, char** argv) {
   char index[256], pack[256], scale_file[300];
   snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
   FILE* f = fopen(index, "w");
-  fprintf(f, "{\"metadata\": {\"total_size\": 1024}, \"weight_map\": "
-             "{\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}\n");
+  fprintf(f,
+          "{\"metadata\": {\"total_size\": 1024}, \"weight_map\": "
+          "{\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}\n");
   fclose(f);
   qsakv_calib* stats = calibrate(ctx, &cfg, &b, row_elems, dir);
   snprintf(pack, sizeof pack, "%s/kvscales", dir);
@@ -376,7 +387,8 @@ int main(int argc, char** argv) {
   memcpy(wrong, revision, 65);
   wrong[0] = wrong[0] == '0' ? '1' : '0';
   qsakv_status s = qsakv_overlay_validate(ov, &cfg, wrong);
-  printf("  validate against another revision: %s\n    %s\n", qsakv_status_string(s), qsakv_last_error());
+  printf("  validate against another revision: %s\n    %s\n", qsakv_status_string(s),
+         qsakv_last_error());
   CHECK(qsakv_overlay_validate(ov, &cfg, revision));
   printf("  validate against the checkpoint's revision: QSAKV_SUCCESS\n");
 
@@ -392,32 +404,39 @@ int main(int argc, char** argv) {
     num += d * d;
     den += (double)fp16_to_f32(out16[i]) * fp16_to_f32(out16[i]);
   }
-  printf("\nPipeline (store K/V + compressed keys, plan, select top-k, sparse attention), "
-         "%d rows in %d requests, head_dim %d, %d query heads / %d KV head:\n", b.rows, b.requests,
-         D, g.q_heads, g.kv_heads);
+  printf(
+      "\nPipeline (store K/V + compressed keys, plan, select top-k, sparse attention), "
+      "%d rows in %d requests, head_dim %d, %d query heads / %d KV head:\n",
+      b.rows, b.requests, D, g.q_heads, g.kv_heads);
   printf("  e4m3 cache: %.1f ms   fp16 cache: %.1f ms   (wall clock of one cold run)\n", ms_e4m3,
          ms_fp16);
   if (info.backend == QSAKV_BACKEND_CUDA)
-    printf("  (CUDA backend, one run including launches and first-touch costs: `make bench`\n"
-           "   measures kernels properly; docs/perf.md has H200 figures)\n");
+    printf(
+        "  (CUDA backend, one run including launches and first-touch costs: `make bench`\n"
+        "   measures kernels properly; docs/perf.md has H200 figures)\n");
   else
-    printf("  (CPU reference backend: these timings say nothing about GPU speed; the CPU\n"
-           "   backend is the correctness oracle, not a fast path. docs/perf.md has H200 figures)\n");
+    printf(
+        "  (CPU reference backend: these timings say nothing about GPU speed; the CPU\n"
+        "   backend is the correctness oracle, not a fast path. docs/perf.md has H200 figures)\n");
   printf("  E4M3 vs FP16 attention output: relative L2 error %.3e\n", sqrt(num / den));
   if (keep) {
-    printf("\nkept working directory %s:\n"
-           "  model.safetensors.index.json  the synthetic checkpoint's index (its revision)\n"
-           "  calib/rank*.safetensors       each rank's calibration statistics\n"
-           "  kvscales/                     the scale pack (model-kvscales.safetensors +\n"
-           "                                qsakv-overlay.json)\n"
-           "try (the qsakv tool is built beside qsakv_demo):\n"
-           "     qsakv calib summarize %s/calib/rank*.safetensors\n"
-           "     qsakv overlay inspect %s/kvscales\n", dir, dir, dir);
+    printf(
+        "\nkept working directory %s:\n"
+        "  model.safetensors.index.json  the synthetic checkpoint's index (its revision)\n"
+        "  calib/rank*.safetensors       each rank's calibration statistics\n"
+        "  kvscales/                     the scale pack (model-kvscales.safetensors +\n"
+        "                                qsakv-overlay.json)\n"
+        "try (the qsakv tool is built beside qsakv_demo):\n"
+        "     qsakv calib summarize %s/calib/rank*.safetensors\n"
+        "     qsakv overlay inspect %s/kvscales\n",
+        dir, dir, dir);
   } else {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    else printf("\nremoved working directory %s (--keep keeps it)\n", dir);
+    if (system(cmd) != 0)
+      fprintf(stderr, "could not remove %s\n", dir);
+    else
+      printf("\nremoved working directory %s (--keep keeps it)\n", dir);
   }
   qsakv_overlay_destroy(ov);
   qsakv_context_destroy(ctx);

@@ -21,14 +21,16 @@ constexpr int kThreads = 256;
 template <bool kBf16>
 __device__ __forceinline__ float magnitude(uint16_t bits) {
   const uint16_t m = bits & 0x7FFF;
-  if constexpr (kBf16) return __uint_as_float(static_cast<uint32_t>(m) << 16);
-  else return __half2float(__ushort_as_half(m));
+  if constexpr (kBf16)
+    return __uint_as_float(static_cast<uint32_t>(m) << 16);
+  else
+    return __half2float(__ushort_as_half(m));
 }
 
 template <bool kBf16>
 __device__ __forceinline__ void observe_value(uint16_t bits, const uint16_t* __restrict__ table,
-                                              uint32_t* hist, uint32_t& finite,
-                                              uint32_t& nonzero, float& mx) {
+                                              uint32_t* hist, uint32_t& finite, uint32_t& nonzero,
+                                              float& mx) {
   const uint16_t code = __ldg(table + bits);
   if (code == calib::kCodeNonFinite) return;
   ++finite;
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) calib_observe_kernel(const CalibObse
     for (int64_t i = chunks * 8 + threadIdx.x; i < p.num_elems; i += kThreads)
       observe_value<kBf16>(x[i], p.bin_table, hist, finite, nonzero, mx);
 
-  // Warp reduction, then one shared atomic per warp.
+      // Warp reduction, then one shared atomic per warp.
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     finite += __shfl_xor_sync(0xffffffffu, finite, o);
@@ -95,10 +97,8 @@ __global__ void __launch_bounds__(kThreads) calib_observe_kernel(const CalibObse
     if (blockIdx.x == 0)
       atomicAdd(out + calib::kWordCount, static_cast<unsigned long long>(p.num_elems));
     if (s_finite) atomicAdd(out + calib::kWordFinite, static_cast<unsigned long long>(s_finite));
-    if (s_nonzero)
-      atomicAdd(out + calib::kWordNonzero, static_cast<unsigned long long>(s_nonzero));
-    if (s_max > 0.0f)
-      atomicMax(reinterpret_cast<unsigned int*>(max_out), __float_as_uint(s_max));
+    if (s_nonzero) atomicAdd(out + calib::kWordNonzero, static_cast<unsigned long long>(s_nonzero));
+    if (s_max > 0.0f) atomicMax(reinterpret_cast<unsigned int*>(max_out), __float_as_uint(s_max));
   }
 }
 

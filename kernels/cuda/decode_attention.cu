@@ -29,10 +29,14 @@ void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
 template <class Act, KvKind KV, Decoder DEC>
 void by_dim(const DecodeParams& dp, int D, int max_rows, cudaStream_t stream) {
   switch (D) {
-    case 64: return launch<Act, KV, 64, DEC>(dp, max_rows, stream);
-    case 128: return launch<Act, KV, 128, DEC>(dp, max_rows, stream);
-    case 256: return launch<Act, KV, 256, DEC>(dp, max_rows, stream);
-    default: fail(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
+    case 64:
+      return launch<Act, KV, 64, DEC>(dp, max_rows, stream);
+    case 128:
+      return launch<Act, KV, 128, DEC>(dp, max_rows, stream);
+    case 256:
+      return launch<Act, KV, 256, DEC>(dp, max_rows, stream);
+    default:
+      fail(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
   }
 }
 
@@ -43,8 +47,10 @@ void by_cache(const DecodeParams& dp, qsakv_dtype kv, bool hw, int D, int max_ro
   constexpr bool kBf16 = std::is_same<Act, __nv_bfloat16>::value;
   constexpr KvKind k16 = kBf16 ? KvKind::kBf16 : KvKind::kFp16;
   if (kv == QSAKV_DTYPE_E4M3) {
-    if (hw) by_dim<Act, KvKind::kE4M3, Decoder::kHardware>(dp, D, max_rows, stream);
-    else by_dim<Act, KvKind::kE4M3, Decoder::kSoftware>(dp, D, max_rows, stream);
+    if (hw)
+      by_dim<Act, KvKind::kE4M3, Decoder::kHardware>(dp, D, max_rows, stream);
+    else
+      by_dim<Act, KvKind::kE4M3, Decoder::kSoftware>(dp, D, max_rows, stream);
   } else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16)) {
     by_dim<Act, k16, Decoder::kSoftware>(dp, D, max_rows, stream);
   } else {
@@ -54,8 +60,7 @@ void by_cache(const DecodeParams& dp, qsakv_dtype kv, bool hw, int D, int max_ro
 
 }  // namespace
 
-void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
-                             cudaStream_t stream) {
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream) {
   const KvCacheView& c = p.cache;
   const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
   DecodeParams dp;

@@ -40,11 +40,11 @@ struct DecodeParams {
   const PlanMetaHeader* header;
   const int32_t* row_request;
   const int32_t* row_pos;
-  const uint8_t* kv;        // the layer's main cache
-  int64_t stride_block;     // bytes
-  int64_t stride_kv;        // bytes
-  int64_t stride_token;     // bytes
-  int64_t stride_head;      // bytes
+  const uint8_t* kv;     // the layer's main cache
+  int64_t stride_block;  // bytes
+  int64_t stride_kv;     // bytes
+  int64_t stride_token;  // bytes
+  int64_t stride_head;   // bytes
   int32_t block_size;
   int64_t num_blocks;
   const float* scales;      // device [k_scale, v_scale]
@@ -52,10 +52,10 @@ struct DecodeParams {
   const void* q;            // [rows, q_heads, D]
   void* out;                // [rows, q_heads, D]
   int32_t q_heads;
-  int32_t group;            // query heads per KV head
+  int32_t group;  // query heads per KV head
   int32_t kv_heads;
-  int32_t head_chunks;      // ceil(group / 8)
-  float softmax_scale_log2; // softmax_scale * log2(e)
+  int32_t head_chunks;       // ceil(group / 8)
+  float softmax_scale_log2;  // softmax_scale * log2(e)
   int32_t dense;
   const int32_t* topk;
   int64_t topk_stride;
@@ -74,12 +74,12 @@ constexpr int kHeadsPerCta = 8;
 template <KvKind KV, int D>
 struct Shape {
   static constexpr int kBytes = KV == KvKind::kE4M3 ? 1 : 2;
-  static constexpr int kKSteps = D / 16;                // MMA k-steps over head dims
-  static constexpr int kMTiles = D / 16;                // MMA m-tiles over output dims
-  static constexpr int kKWords = D * kBytes / 16;       // K words per token per thread
-  static constexpr int kVWords = D * kBytes / 32;       // V words per token per thread
-  static constexpr int kKSpan = D / 4;                  // K dims per thread (by lane % 4)
-  static constexpr int kVSpan = D / 8;                  // V/out dims per thread (by lane / 4)
+  static constexpr int kKSteps = D / 16;           // MMA k-steps over head dims
+  static constexpr int kMTiles = D / 16;           // MMA m-tiles over output dims
+  static constexpr int kKWords = D * kBytes / 16;  // K words per token per thread
+  static constexpr int kVWords = D * kBytes / 32;  // V words per token per thread
+  static constexpr int kKSpan = D / 4;             // K dims per thread (by lane % 4)
+  static constexpr int kVSpan = D / 8;             // V/out dims per thread (by lane / 4)
   static constexpr bool kBf16Mma = KV == KvKind::kBf16;
 };
 
@@ -105,8 +105,8 @@ constexpr int dynamic_smem_bytes() {
 // Compacts the valid tokens of list entries [begin, end) into smem offsets (bytes of the
 // token's K row for this KV head). Returns the count; all threads agree.
 __device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* offsets,
-                                              int32_t* warp_totals, int row, int kvh,
-                                              int pos, const int32_t* bt, int begin, int end) {
+                                              int32_t* warp_totals, int row, int kvh, int pos,
+                                              const int32_t* bt, int begin, int end) {
   constexpr int kPer = kWindow / kThreads;
   const int tid = threadIdx.x;
   __syncthreads();  // every warp is done with the previous window's offsets
@@ -173,15 +173,21 @@ __device__ __forceinline__ void load_tile(TileRegs<KV, D>& t, const int64_t* off
   const int base = tile << 4;
   t.kv0 = base + g < n;
   t.kv1 = base + g + 8 < n;
-  if (t.kv0) load_words(t.k0, kbase + offsets[base + g] + t4 * S::kKSpan * S::kBytes);
-  else zero_words(t.k0);
-  if (t.kv1) load_words(t.k1, kbase + offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
-  else zero_words(t.k1);
+  if (t.kv0)
+    load_words(t.k0, kbase + offsets[base + g] + t4 * S::kKSpan * S::kBytes);
+  else
+    zero_words(t.k0);
+  if (t.kv1)
+    load_words(t.k1, kbase + offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
+  else
+    zero_words(t.k1);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
-    if (tok < n) load_words(t.v[j], vbase + offsets[tok] + g * S::kVSpan * S::kBytes);
-    else zero_words(t.v[j]);  // padding: zeros, never the bytes of another token
+    if (tok < n)
+      load_words(t.v[j], vbase + offsets[tok] + g * S::kVSpan * S::kBytes);
+    else
+      zero_words(t.v[j]);  // padding: zeros, never the bytes of another token
   }
 }
 
@@ -196,8 +202,10 @@ struct SoftmaxState {
 
 template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
 __device__ __forceinline__ void decode_k(uint32_t x, uint32_t& even, uint32_t& odd) {
-  if constexpr (kPatchNaN) decode4_exact<DEC>(x, even, odd);
-  else decode4<DEC>(x, even, odd);
+  if constexpr (kPatchNaN)
+    decode4_exact<DEC>(x, even, odd);
+  else
+    decode4<DEC>(x, even, odd);
 }
 
 // qb: Q's B fragments in shared memory, [k-step][lane] (identical for every warp; kept
@@ -309,7 +317,8 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
                              float* weights /* shared, [kHeadsPerCta][num_splits] */) {
   const int heads = min(kHeadsPerCta, p.group - chunk * kHeadsPerCta);
   const int S = p.num_splits;
-  const int64_t head0 = static_cast<int64_t>(row) * p.q_heads + kvh * p.group + chunk * kHeadsPerCta;
+  const int64_t head0 =
+      static_cast<int64_t>(row) * p.q_heads + kvh * p.group + chunk * kHeadsPerCta;
   for (int i = threadIdx.x; i < heads * S; i += kThreads)
     weights[i] = __ldcg(p.partial_lse + (head0 + i / S) * S + i % S);
   __syncthreads();
@@ -338,8 +347,10 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
       float4 v[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        v[j] = s0 + j < S ? __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(s0 + j) * D))
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[j] =
+            s0 + j < S
+                ? __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(s0 + j) * D))
+                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float wj = s0 + j < S ? w[s0 + j] : 0.0f;
@@ -377,7 +388,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const int g = lane >> 2, t4 = lane & 3;
   const int req = p.row_request[row];
   const int pos = p.row_pos[row];
-  const int32_t* bt = p.header->block_table + static_cast<int64_t>(req) * p.header->block_table_stride;
+  const int32_t* bt =
+      p.header->block_table + static_cast<int64_t>(req) * p.header->block_table_stride;
 
   // ---- Q fragments (B operand of S^T = K Q^T), permuted to this thread's K span ----
   const int head_local = chunk * kHeadsPerCta + g;
@@ -385,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const int q_head = kvh * p.group + head_local;
   uint32_t qraw[S::kKSpan / 2];  // this thread's K-span dims of Q, two per word
   if (has_head) {
-    const Act* qp = static_cast<const Act*>(p.q) + (static_cast<int64_t>(row) * p.q_heads + q_head) * D +
-                    t4 * S::kKSpan;
+    const Act* qp = static_cast<const Act*>(p.q) +
+                    (static_cast<int64_t>(row) * p.q_heads + q_head) * D + t4 * S::kKSpan;
 #pragma unroll
     for (int i = 0; i < S::kKSpan / 8; ++i) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp) + i);
@@ -527,7 +539,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   // ---- split-K: the last CTA of this (row, KV head, chunk) to arrive merges ----
   __threadfence();  // make this CTA's partials visible before it is counted
   __syncthreads();
-  int32_t* counter = p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
+  int32_t* counter =
+      p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
   if (threadIdx.x == 0) {
     const int arrived = atomicAdd(counter, 1);
     last_arrival = arrived == p.num_splits - 1;

@@ -29,7 +29,7 @@ __device__ __forceinline__ void decode4(uint32_t x, uint32_t& even, uint32_t& od
 
 template <>
 __device__ __forceinline__ void decode4<Decoder::kSoftware>(uint32_t x, uint32_t& even,
-                                                              uint32_t& odd) {
+                                                            uint32_t& odd) {
   // (sign at bit 15) | (exp:mant at bits 13..7): FP16 exponent field = E4M3 exponent.
   odd = (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
   const uint32_t y = x << 8;
@@ -38,7 +38,7 @@ __device__ __forceinline__ void decode4<Decoder::kSoftware>(uint32_t x, uint32_t
 
 template <>
 __device__ __forceinline__ void decode4<Decoder::kHardware>(uint32_t x, uint32_t& even,
-                                                              uint32_t& odd) {
+                                                            uint32_t& odd) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   const uint32_t p = prmt(x, x, 0x3120u);  // [b0 b2 b1 b3]
   asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"

@@ -13,8 +13,7 @@ void launch_store_kv(const StoreKvParams& p, int sm_count, cudaStream_t stream);
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches.
-void launch_decode_attention(const AttentionParams& p, bool hardware_decoder,
-                             cudaStream_t stream);
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream);
 // Selection: scores on tensor cores, then an exact per-row radix top-k (select.cu). The
 // workspace holds the scores of select_rows_per_wave rows at a time.
 bool select_supports(int index_heads, int index_dim, int topk_blocks);

@@ -35,11 +35,11 @@ namespace {
 
 constexpr int kScoreWarps = 4;
 constexpr int kScoreMaxTilesPerCta = 16;  // 256 keys: 4 tiles per warp
-constexpr int kTopkMaxBlocks = 1024;   // configs with more top-k blocks are refused
-constexpr int kTopBits = 11;           // first radix digit: bits 31..21 of the score key
+constexpr int kTopkMaxBlocks = 1024;      // configs with more top-k blocks are refused
+constexpr int kTopBits = 11;              // first radix digit: bits 31..21 of the score key
 constexpr int kTopBins = 1 << kTopBits;
-constexpr int kCandidateCap = 3072;    // bin-of-the-threshold keys kept in shared memory
-constexpr int kLoadsInFlight = 4;      // 16-byte workspace loads per thread per batch
+constexpr int kCandidateCap = 3072;  // bin-of-the-threshold keys kept in shared memory
+constexpr int kLoadsInFlight = 4;    // 16-byte workspace loads per thread per batch
 
 // Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins]
 // (zero between calls: the top-k kernel clears its row's after reading it).
@@ -60,13 +60,14 @@ __device__ __forceinline__ const uint16_t* key_address(const SelectParams& p, co
   const int32_t phys = __ldg(bt + t0 / p.block_size);
   if (phys < 0 || phys >= p.num_blocks) return nullptr;
   const int groups_per_block = p.block_size / p.ratio;
-  return p.compressed + (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * D;
+  return p.compressed +
+         (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * D;
 }
 
 template <int D>
-__global__ void __launch_bounds__(kScoreWarps * 32, 5) select_score_kernel(const SelectParams p, int row0,
-                                                                        int wave_rows, int64_t ws_stride,
-                                                                        int tiles_per_cta, float inv_sqrt_dim) {
+__global__ void __launch_bounds__(kScoreWarps * 32, 5)
+    select_score_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
+                        int tiles_per_cta, float inv_sqrt_dim) {
   __shared__ uint32_t hist[kTopBins];
   // Two tiles in flight per warp where registers allow (8 KB of keys per warp at D=128).
   constexpr int kInFlight = D <= 128 ? 2 : 1;
@@ -77,14 +78,17 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5) select_score_kernel(const
   const int64_t cta0 = static_cast<int64_t>(blockIdx.x) * tiles_per_cta * kScoreTileKeys;
   if (cta0 >= n) return;
   const int req = p.meta.row_request[row];
-  const int32_t* bt = p.meta.header->block_table + static_cast<int64_t>(req) * p.meta.header->block_table_stride;
+  const int32_t* bt =
+      p.meta.header->block_table + static_cast<int64_t>(req) * p.meta.header->block_table_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32) hist[i] = 0u;
   QueryFrags<D> q;
-  load_query_frags<D>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D, p.index_heads, g, t4);
-  uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
+  load_query_frags<D>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D, p.index_heads,
+                      g, t4);
+  uint32_t* ws =
+      reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
   __syncthreads();  // hist cleared
 
   for (int t = warp; t < tiles_per_cta; t += kScoreWarps * kInFlight) {
@@ -127,7 +131,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5) select_score_kernel(const
   cudaTriggerProgrammaticLaunchCompletion();  // the top-k kernel may start its prologue
 #endif
   __syncthreads();
-  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(wave_rows) * ws_stride +
+  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                       static_cast<int64_t>(wave_rows) * ws_stride +
                        static_cast<int64_t>(row - row0) * kTopBins;
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32)
     if (hist[i]) atomicAdd(row_hist + i, hist[i]);
@@ -138,9 +143,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5) select_score_kernel(const
 // query fragments go to shared memory and every key tile is read once for the whole run.
 // No histogram here: the top-k kernel builds it (hist_ready = false).
 template <int D, int kHeadsPad>
-__global__ void __launch_bounds__(kScoreWarps * 32, 4) select_score_rows_kernel(
-    const SelectParams p, int row0, int wave_rows, int64_t ws_stride, int tiles_per_cta,
-    float inv_sqrt_dim) {
+__global__ void __launch_bounds__(kScoreWarps * 32, 4)
+    select_score_rows_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
+                             int tiles_per_cta, float inv_sqrt_dim) {
   constexpr int kRowsPerTile = 8 / kHeadsPad;
   constexpr int kNTiles = kRowsPerBlock / kRowsPerTile;
   __shared__ uint4 q_frag[kNTiles][D / 32][32];
@@ -154,22 +159,25 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4) select_score_rows_kernel(
     const int req = p.meta.row_request[r_begin];
     int r_end = r_begin + 1;
     int pos_max = p.meta.row_pos[r_begin];
-    while (r_end < r_last && p.meta.row_request[r_end] == req) pos_max = max(pos_max, p.meta.row_pos[r_end++]);
+    while (r_end < r_last && p.meta.row_request[r_end] == req)
+      pos_max = max(pos_max, p.meta.row_pos[r_end++]);
     const int n_run = r_end - r_begin;
     const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
     if (cta0 < n_max) {  // block-uniform
-      __syncthreads();  // the previous run is done with q_frag
+      __syncthreads();   // the previous run is done with q_frag
       for (int e = threadIdx.x; e < kNTiles * (D / 32) * 32; e += kScoreWarps * 32) {
         const int j = e / ((D / 32) * 32), i = (e / 32) % (D / 32), l = e % 32;
         const int row = j * kRowsPerTile + (l >> 2) / kHeadsPad, head = (l >> 2) % kHeadsPad;
-        q_frag[j][i][l] = row < n_run && head < p.index_heads
-                              ? __ldg(reinterpret_cast<const uint4*>(
-                                    p.index_q + (static_cast<int64_t>(r_begin + row) * p.index_heads + head) * D +
-                                    32 * i + 8 * (l & 3)))
-                              : make_uint4(0u, 0u, 0u, 0u);
+        q_frag[j][i][l] =
+            row < n_run && head < p.index_heads
+                ? __ldg(reinterpret_cast<const uint4*>(
+                      p.index_q + (static_cast<int64_t>(r_begin + row) * p.index_heads + head) * D +
+                      32 * i + 8 * (l & 3)))
+                : make_uint4(0u, 0u, 0u, 0u);
       }
       __syncthreads();
-      const int32_t* bt = p.meta.header->block_table + static_cast<int64_t>(req) * p.meta.header->block_table_stride;
+      const int32_t* bt = p.meta.header->block_table +
+                          static_cast<int64_t>(req) * p.meta.header->block_table_stride;
       const int n_tiles_used = (n_run + kRowsPerTile - 1) / kRowsPerTile;
       for (int t = warp; t < tiles_per_cta; t += kScoreWarps) {
         const int64_t b = cta0 + static_cast<int64_t>(t) * kScoreTileKeys + g;
@@ -186,8 +194,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4) select_score_rows_kernel(
         for (int i = 0; i < D / 32; ++i) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {word(k.lo[i], 2 * h), word(k.hi[i], 2 * h), word(k.lo[i], 2 * h + 1),
-                                   word(k.hi[i], 2 * h + 1)};
+            const uint32_t a[4] = {word(k.lo[i], 2 * h), word(k.hi[i], 2 * h),
+                                   word(k.lo[i], 2 * h + 1), word(k.hi[i], 2 * h + 1)};
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
               if (j >= n_tiles_used) break;  // warp-uniform
@@ -204,8 +212,10 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4) select_score_rows_kernel(
           const int row = j * kRowsPerTile + 2 * t4 / kHeadsPad;
           if ((t4 % (kHeadsPad / 2)) != 0 || row >= n_run) continue;
           const int rr = r_begin + row;
-          const int64_t n = min(static_cast<int64_t>((p.meta.row_pos[rr] + 1) / p.ratio), p.max_blocks);
-          uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(rr - row0) * ws_stride;
+          const int64_t n =
+              min(static_cast<int64_t>((p.meta.row_pos[rr] + 1) / p.ratio), p.max_blocks);
+          uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                         static_cast<int64_t>(rr - row0) * ws_stride;
           if (b < n) ws[b] = klo ? score_key(s_lo) : 0u;
           if (b + 8 < n) ws[b + 8] = khi ? score_key(s_hi) : 0u;
         }
@@ -316,7 +326,9 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   // Take every candidate of the bin at or above the threshold: exactly `need` of them
   // from the last digit, and everything the earlier digits ranked higher.
   src.each([&](uint64_t v) {
-    warp_append<kTopkMaxBlocks>(sm.sel, &sm.n_sel, v != 0ull && (v >> resolved0) == top && (v >> shift) >= (prefix >> shift), v);
+    warp_append<kTopkMaxBlocks>(
+        sm.sel, &sm.n_sel,
+        v != 0ull && (v >> resolved0) == top && (v >> shift) >= (prefix >> shift), v);
   });
   __syncthreads();
 }
@@ -366,9 +378,9 @@ __device__ void sort_selection_descending(TopkSmem& sm, int n) {
   }
 }
 
-__global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectParams p, int row0,
-                                                                   int wave_rows, int64_t ws_stride,
-                                                                   bool hist_ready) {
+__global__ void __launch_bounds__(kTopkThreads)
+    select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
+                       bool hist_ready) {
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.x);
   const int tid = threadIdx.x;
@@ -382,8 +394,10 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectP
   if (row >= p.meta.header->num_rows) return;
   const int pos = p.meta.row_pos[row];
   const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
-  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
-  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(wave_rows) * ws_stride +
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) +
+                         static_cast<int64_t>(row - row0) * ws_stride;
+  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                       static_cast<int64_t>(wave_rows) * ws_stride +
                        static_cast<int64_t>(row - row0) * kTopBins;
 
   // The histogram of the top bits (left zero for the next call) and the number of
@@ -426,8 +440,10 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectP
       const uint32_t t = key >> (32 - kTopBits);
       const uint64_t v = composite(key, static_cast<uint32_t>(b));
       warp_append<kTopkMaxBlocks>(sm.sel, &sm.n_sel, key != 0u && t > top, v);
-      if (fits) warp_append<kCandidateCap>(sm.cand, &sm.n_cand, key != 0u && t == top, v);
-      else if (key != 0u && t == top) atomicAdd(&sm.hist[(key >> (32 - 2 * kTopBits)) & (kTopBins - 1)], 1u);
+      if (fits)
+        warp_append<kCandidateCap>(sm.cand, &sm.n_cand, key != 0u && t == top, v);
+      else if (key != 0u && t == top)
+        atomicAdd(&sm.hist[(key >> (32 - 2 * kTopBits)) & (kTopBins - 1)], 1u);
     });
     __syncthreads();
     if (fits) {
@@ -477,19 +493,27 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(const SelectP
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
 // index keys with up to 8 heads, the reference geometry; 64 dims with 3-4 heads); false
 // for other shapes, which take the one-row route (same scores, more key reads).
-bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0, int wave, int64_t stride,
-                       int tiles_per_cta, float inv_sqrt_dim, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
+                       int64_t stride, int tiles_per_cta, float inv_sqrt_dim, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(chunks),
+                  static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const int hp = p.index_heads <= 2 ? 2 : p.index_heads <= 4 ? 4 : 8;
   const dim3 block(kScoreWarps * 32);
   if (p.index_dim == 128) {
-    if (hp == 2) select_score_rows_kernel<128, 2><<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    else if (hp == 4) select_score_rows_kernel<128, 4><<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    else select_score_rows_kernel<128, 8><<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+    if (hp == 2)
+      select_score_rows_kernel<128, 2>
+          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+    else if (hp == 4)
+      select_score_rows_kernel<128, 4>
+          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+    else
+      select_score_rows_kernel<128, 8>
+          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     return true;
   }
   if (p.index_dim == 64 && hp == 4) {
-    select_score_rows_kernel<64, 4><<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+    select_score_rows_kernel<64, 4>
+        <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     return true;
   }
   return false;
@@ -526,20 +550,31 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
   // Scores do not depend on this choice (each key is scored by one warp either way).
   int tiles_per_cta = kScoreMaxTilesPerCta;
   while (tiles_per_cta > 2 * kScoreWarps &&
-         (tiles + tiles_per_cta - 1) / tiles_per_cta * std::min(wave, p.meta.max_rows) < 4ll * sm_count)
+         (tiles + tiles_per_cta - 1) / tiles_per_cta * std::min(wave, p.meta.max_rows) <
+             4ll * sm_count)
     tiles_per_cta /= 2;
   const int64_t chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   for (int row0 = 0; row0 < p.meta.max_rows; row0 += wave) {
     const int rows = std::min(wave, p.meta.max_rows - row0);
     // Rows sharing a request: each key tile read once for all of them (where built).
-    const bool multi_row = p.rows_share_requests &&
-                           launch_score_rows(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim, stream);
+    const bool multi_row =
+        p.rows_share_requests &&
+        launch_score_rows(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim, stream);
     if (!multi_row) {
       const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
       switch (p.index_dim) {
-        case 64: select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim); break;
-        case 128: select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim); break;
-        default: select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim); break;
+        case 64:
+          select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(
+              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+          break;
+        case 128:
+          select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(
+              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+          break;
+        default:
+          select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(
+              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+          break;
       }
     }
     // Programmatic dependent launch (SM90+): the top-k grid is scheduled while the
@@ -553,7 +588,8 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = sm_version >= 90 ? 1 : 0;
-    if (cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row) != cudaSuccess)
+    if (cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row) !=
+        cudaSuccess)
       return;  // the error stays pending for the caller's check
   }
 }

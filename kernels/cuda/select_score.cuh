@@ -45,8 +45,8 @@ struct QueryFrags {
 };
 
 template <int D>
-__device__ __forceinline__ void load_query_frags(QueryFrags<D>& q, const uint16_t* row_q,
-                                                 int heads, int g, int t4) {
+__device__ __forceinline__ void load_query_frags(QueryFrags<D>& q, const uint16_t* row_q, int heads,
+                                                 int g, int t4) {
 #pragma unroll
   for (int i = 0; i < D / 32; ++i)
     q.run[i] = g < heads ? __ldg(reinterpret_cast<const uint4*>(row_q + g * D + 32 * i + 8 * t4))

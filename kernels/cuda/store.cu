@@ -25,18 +25,23 @@ void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
     const int64_t tokens = std::min(max_tokens, p.num_tokens - begin);
     const uint32_t total = static_cast<uint32_t>(tokens * per_token);
     const unsigned grid = (total + 255) / 256;
-    if (fp8 && bf16) store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p, begin, total);
-    else if (fp8) store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p, begin, total);
-    else store_kv_kernel<__half, false><<<grid, 256, 0, stream>>>(p, begin, total);  // a bit copy
+    if (fp8 && bf16)
+      store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p, begin, total);
+    else if (fp8)
+      store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p, begin, total);
+    else
+      store_kv_kernel<__half, false><<<grid, 256, 0, stream>>>(p, begin, total);  // a bit copy
   }
 }
 
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {
-  store_rows_kernel<true><<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
+  store_rows_kernel<true>
+      <<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
 }
 
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {
-  store_rows_kernel<false><<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
+  store_rows_kernel<false>
+      <<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
 }
 
 }  // namespace cuda

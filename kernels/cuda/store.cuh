@@ -88,7 +88,9 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
 // tokens, while the 16-bit copy was fastest at 1 (42 us, against 56 us at 4). The
 // launcher keeps the grid's thread indices within 32 bits.
 template <bool kFp8>
-__host__ __device__ constexpr int store_chunks() { return kFp8 ? 4 : 1; }
+__host__ __device__ constexpr int store_chunks() {
+  return kFp8 ? 4 : 1;
+}
 
 template <class Act, bool kFp8>
 __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
@@ -105,11 +107,12 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
   const int64_t slot = __ldg(p.slot_mapping + token);
   if (slot < 0 || slot >= capacity) return;  // -1 is padding; out of range is dropped
   const uint32_t e = run * 8 * kStoreChunks;
-  const uint32_t h = e / static_cast<uint32_t>(c.head_dim), d = e % static_cast<uint32_t>(c.head_dim);
+  const uint32_t h = e / static_cast<uint32_t>(c.head_dim),
+                 d = e % static_cast<uint32_t>(c.head_dim);
   int64_t block, offset;
   split_slot(slot, c.block_size, block, offset);
-  const int64_t dst = block * c.stride_block + kv * c.stride_kv + offset * c.stride_token +
-                      h * c.stride_head + d;
+  const int64_t dst =
+      block * c.stride_block + kv * c.stride_kv + offset * c.stride_token + h * c.stride_head + d;
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kv ? p.v : p.k) +
                                                     token * row + e);
   uint4 x[kStoreChunks];

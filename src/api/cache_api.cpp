@@ -34,12 +34,15 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
   std::vector<float> scales(2 * static_cast<size_t>(c.num_qsa_layers), 1.0f);
   if (c.kv_dtype != QSAKV_DTYPE_E4M3) {
     if (overlay)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "an overlay was given for a %s cache; only E4M3 "
-           "caches take scales (pass NULL)", dtype_name(c.kv_dtype));
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "an overlay was given for a %s cache; only E4M3 "
+           "caches take scales (pass NULL)",
+           dtype_name(c.kv_dtype));
     return scales;
   }
   if (!overlay)
-    fail(QSAKV_ERROR_OVERLAY_MISSING, "kv_dtype is e4m3 but no overlay was given: E4M3 mode "
+    fail(QSAKV_ERROR_OVERLAY_MISSING,
+         "kv_dtype is e4m3 but no overlay was given: E4M3 mode "
          "needs calibrated per-layer K/V scales for this checkpoint (no unit-scale fallback)");
   overlay_require_validated(overlay, c);
   const int min_sm = overlay_contract_min_sm(overlay);
@@ -53,11 +56,14 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
 
 // Options that fix the cache's size: a layout to allocate for, or caller-owned memory.
 qsakv_cache_options sized_options(const qsakv_cache_options* options) {
-  if (!options) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
+  if (!options)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options is NULL; options.num_blocks sets the size");
   const auto o = read_versioned(options, default_cache_options(), "options");
   if (o.num_blocks <= 0)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; give the number of blocks "
-         "per layer (> 0): it sets the size of the buffers", static_cast<long long>(o.num_blocks));
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.num_blocks is %lld; give the number of blocks "
+         "per layer (> 0): it sets the size of the buffers",
+         static_cast<long long>(o.num_blocks));
   return o;
 }
 
@@ -90,7 +96,8 @@ std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model
   be->copy(cache->scales.get(), scales.data(), scales.size() * sizeof(float),
            QSAKV_COPY_HOST_TO_DEVICE, nullptr);
   be->synchronize(nullptr);
-  cache->layout.total_bytes = cache->topk.bytes() + cache->scales.bytes() + cache->nan_flags.bytes();
+  cache->layout.total_bytes =
+      cache->topk.bytes() + cache->scales.bytes() + cache->nan_flags.bytes();
   return cache;
 }
 
@@ -136,8 +143,7 @@ qsakv_status qsakv_cache_options_init(qsakv_cache_options* options) {
 }
 
 qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
-                                const qsakv_model_config* config,
-                                const qsakv_overlay* overlay,
+                                const qsakv_model_config* config, const qsakv_overlay* overlay,
                                 const qsakv_cache_options* options) {
   return guarded([&] {
     require_out(out, "out");
@@ -165,10 +171,12 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     }
     for (size_t i = 0; i < nl; ++i) {
       cache->kv_layers[i] = static_cast<char*>(cache->kv.get()) + L.kv_bytes_per_layer * i;
-      cache->compressed_layers[i] = static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
+      cache->compressed_layers[i] =
+          static_cast<char*>(cache->compressed.get()) + L.compressed_bytes_per_layer * i;
       cache->ring_layers[i] = static_cast<char*>(cache->ring.get()) + L.ring_bytes_per_layer * i;
     }
-    cache->layout.total_bytes += cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes();
+    cache->layout.total_bytes +=
+        cache->kv.bytes() + cache->compressed.bytes() + cache->ring.bytes();
     *out = cache.release();
   });
 }
@@ -215,7 +223,8 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     std::vector<Range> ranges;
     auto check = [&](int i, const char* field, void* p, uint64_t given, uint64_t needed) {
       char name[96];
-      std::snprintf(name, sizeof name, "memory.layers[%d].%s (layer %d)", i, field, c.qsa_layers[i]);
+      std::snprintf(name, sizeof name, "memory.layers[%d].%s (layer %d)", i, field,
+                    c.qsa_layers[i]);
       if (needed == 0) return;
       if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
       if (given < needed)
@@ -233,7 +242,8 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     for (int i = 0; i < c.num_qsa_layers; ++i) {
       const qsakv_layer_memory& lm = m.layers[i];
       check(i, "kv", lm.kv, lm.kv_bytes, L.kv_bytes_per_layer);
-      check(i, "compressed_keys", lm.compressed_keys, lm.compressed_bytes, L.compressed_bytes_per_layer);
+      check(i, "compressed_keys", lm.compressed_keys, lm.compressed_bytes,
+            L.compressed_bytes_per_layer);
       check(i, "ring_keys", lm.ring_keys, lm.ring_bytes, L.ring_bytes_per_layer);
     }
     auto cache = new_cache(context, c, scales, o, L.num_blocks);

@@ -24,23 +24,28 @@ void require_calib(const qsakv_calib* c) {
 void require_live(const qsakv_calib* c, const char* what) {
   require_calib(c);
   if (!c->live)
-    fail(QSAKV_ERROR_STATE, "%s needs a live handle (qsakv_calib_create); this one is a host "
-         "copy (snapshot, load or merge)", what);
+    fail(QSAKV_ERROR_STATE,
+         "%s needs a live handle (qsakv_calib_create); this one is a host "
+         "copy (snapshot, load or merge)",
+         what);
 }
 
 void require_host(const qsakv_calib* c, const char* what) {
   require_calib(c);
   if (c->live)
-    fail(QSAKV_ERROR_STATE, "%s reads host statistics; this handle's are in device memory: "
-         "take a host copy with qsakv_calib_snapshot first", what);
+    fail(QSAKV_ERROR_STATE,
+         "%s reads host statistics; this handle's are in device memory: "
+         "take a host copy with qsakv_calib_snapshot first",
+         what);
 }
 
 int require_layer(const qsakv_calib* c, int32_t layer) {
   const int i = qsa_index(c->host.config, layer);
   if (i < 0)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer of the calibration config "
-         "(%d QSA layers, first %d, last %d)", layer, c->host.config.num_qsa_layers,
-         c->host.config.qsa_layers[0],
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "layer %d is not a QSA layer of the calibration config "
+         "(%d QSA layers, first %d, last %d)",
+         layer, c->host.config.num_qsa_layers, c->host.config.qsa_layers[0],
          c->host.config.qsa_layers[c->host.config.num_qsa_layers - 1]);
   return i;
 }
@@ -49,8 +54,7 @@ int require_layer(const qsakv_calib* c, int32_t layer) {
 // entry point: even passing the enum on by value would load it).
 int require_kind(int32_t k) {
   if (k != QSAKV_CALIB_K && k != QSAKV_CALIB_V)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; QSAKV_CALIB_K (0) or QSAKV_CALIB_V (1)",
-         k);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; QSAKV_CALIB_K (0) or QSAKV_CALIB_V (1)", k);
   return k;
 }
 
@@ -72,8 +76,10 @@ qsakv_status qsakv_calib_create(qsakv_calib** out, qsakv_context* context,
     const qsakv_model_config c = read_versioned(config, default_model_config(), "config");
     validate_config(c);
     if (c.activation_dtype != QSAKV_DTYPE_FP16 && c.activation_dtype != QSAKV_DTYPE_BF16)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "config.activation_dtype is %s; calibration observes "
-           "FP16 or BF16 activations", qsakv_dtype_name(c.activation_dtype));
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "config.activation_dtype is %s; calibration observes "
+           "FP16 or BF16 activations",
+           qsakv_dtype_name(c.activation_dtype));
     auto h = std::make_unique<qsakv_calib>();
     h->context = context;
     h->live = true;
@@ -99,7 +105,8 @@ qsakv_status qsakv_calib_start(qsakv_calib* calib) {
   return guarded([&] {
     require_live(calib, "qsakv_calib_start");
     if (calib->host.reduced)
-      fail(QSAKV_ERROR_STATE, "the statistics were all-reduced over the TP group; observing "
+      fail(QSAKV_ERROR_STATE,
+           "the statistics were all-reduced over the TP group; observing "
            "more would mix global and per-rank counts (create a new handle)");
     calib->started = true;
   });
@@ -112,12 +119,13 @@ qsakv_status qsakv_calib_stop(qsakv_calib* calib) {
   });
 }
 
-qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, const void* k,
-                                 const void* v, int64_t num_tokens, qsakv_stream_t stream) {
+qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, const void* k, const void* v,
+                                 int64_t num_tokens, qsakv_stream_t stream) {
   return guarded([&] {
     require_live(calib, "qsakv_calib_observe");
     if (calib->host.reduced)
-      fail(QSAKV_ERROR_STATE, "the statistics were all-reduced over the TP group; observing "
+      fail(QSAKV_ERROR_STATE,
+           "the statistics were all-reduced over the TP group; observing "
            "more would mix global and per-rank counts (create a new handle)");
     const int i = require_layer(calib, layer);
     if (num_tokens < 0)
@@ -160,7 +168,8 @@ qsakv_status qsakv_calib_allreduce(qsakv_calib* calib, void* nccl_comm, qsakv_st
     require_live(calib, "qsakv_calib_allreduce");
     if (!nccl_comm) fail(QSAKV_ERROR_INVALID_ARGUMENT, "nccl_comm is NULL");
     if (calib->host.reduced)
-      fail(QSAKV_ERROR_STATE, "the statistics were already all-reduced; a second reduction "
+      fail(QSAKV_ERROR_STATE,
+           "the statistics were already all-reduced; a second reduction "
            "would count every rank tp_size times");
     const qsakv_model_config& c = calib->host.config;
     calib->context->backend->calib_allreduce(
@@ -183,8 +192,8 @@ qsakv_status qsakv_calib_snapshot(qsakv_calib** out, const qsakv_calib* calib,
       Backend* b = calib->context->backend.get();
       s.words.resize(calib->words.bytes() / sizeof(uint64_t));
       s.max_abs.resize(calib->maxima.bytes() / sizeof(float));
-      b->copy(s.words.data(), calib->words.get(), calib->words.bytes(),
-              QSAKV_COPY_DEVICE_TO_HOST, stream);
+      b->copy(s.words.data(), calib->words.get(), calib->words.bytes(), QSAKV_COPY_DEVICE_TO_HOST,
+              stream);
       b->copy(s.max_abs.data(), calib->maxima.get(), calib->maxima.bytes(),
               QSAKV_COPY_DEVICE_TO_HOST, stream);
       b->synchronize(stream);
@@ -225,9 +234,8 @@ qsakv_status qsakv_calib_get_config(const qsakv_calib* calib, qsakv_model_config
   });
 }
 
-qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer,
-                                   qsakv_calib_kind kind, qsakv_calib_stats* stats,
-                                   uint64_t* histogram) {
+qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer, qsakv_calib_kind kind,
+                                   qsakv_calib_stats* stats, uint64_t* histogram) {
   return guarded([&] {
     require_host(calib, "qsakv_calib_get_stats");
     const int i = require_layer(calib, layer);
@@ -268,8 +276,10 @@ qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inpu
     require_out(out, "out");
     const int32_t m = enum_value(mode);
     if (m != QSAKV_CALIB_MERGE_RANKS && m != QSAKV_CALIB_MERGE_ENVELOPE)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "mode is %d; QSAKV_CALIB_MERGE_RANKS (0) or "
-           "QSAKV_CALIB_MERGE_ENVELOPE (1)", m);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "mode is %d; QSAKV_CALIB_MERGE_RANKS (0) or "
+           "QSAKV_CALIB_MERGE_ENVELOPE (1)",
+           m);
     if (!inputs || num_inputs < 1)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "inputs is NULL or num_inputs (%d) < 1", num_inputs);
     std::vector<const calib::HostStats*> in;
@@ -289,8 +299,8 @@ qsakv_status qsakv_calib_scale_from_max(float max_abs, float* scale) {
   });
 }
 
-qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer,
-                                   qsakv_calib_kind kind, qsakv_calib_summary* summary) {
+qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t layer, qsakv_calib_kind kind,
+                                   qsakv_calib_summary* summary) {
   return guarded([&] {
     require_host(calib, "qsakv_calib_summarize");
     const int i = require_layer(calib, layer);

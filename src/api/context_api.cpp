@@ -48,12 +48,16 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
     const int32_t backend = enum_value(o.backend), decoder = enum_value(o.decoder);
     if (backend != QSAKV_BACKEND_AUTO && backend != QSAKV_BACKEND_CPU &&
         backend != QSAKV_BACKEND_CUDA)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.backend is %d; must be AUTO (0), CPU (1) "
-           "or CUDA (2)", backend);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.backend is %d; must be AUTO (0), CPU (1) "
+           "or CUDA (2)",
+           backend);
     if (decoder != QSAKV_DECODER_AUTO && decoder != QSAKV_DECODER_HARDWARE &&
         decoder != QSAKV_DECODER_SOFTWARE)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.decoder is %d; must be AUTO (0), "
-           "HARDWARE (1) or SOFTWARE (2)", decoder);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.decoder is %d; must be AUTO (0), "
+           "HARDWARE (1) or SOFTWARE (2)",
+           decoder);
     if (o.device < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.device is %d; must be >= 0", o.device);
     auto ctx = std::make_unique<qsakv_context>();
@@ -62,14 +66,14 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
       ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), &why);
       if (!ctx->backend) {
         if (backend == QSAKV_BACKEND_CUDA)
-          fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s",
-               why.c_str());
+          fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s", why.c_str());
         ctx->fallback_reason = why;
       }
     }
     if (!ctx->backend) {
       if (decoder == QSAKV_DECODER_HARDWARE)
-        fail(QSAKV_ERROR_UNSUPPORTED, "options.decoder is HARDWARE, but the CPU backend has "
+        fail(QSAKV_ERROR_UNSUPPORTED,
+             "options.decoder is HARDWARE, but the CPU backend has "
              "no FP8 conversion hardware; use AUTO or SOFTWARE");
       ctx->backend = make_cpu_backend();
     }
@@ -95,8 +99,7 @@ qsakv_status qsakv_context_get_info(const qsakv_context* context, qsakv_context_
     i.has_fp8_conversion = b.has_fp8_conversion ? 1 : 0;
     i.device_memory_bytes = b.device_memory_bytes;
     std::strncpy(i.device_name, b.device_name.c_str(), sizeof i.device_name - 1);
-    std::strncpy(i.fallback_reason, context->fallback_reason.c_str(),
-                 sizeof i.fallback_reason - 1);
+    std::strncpy(i.fallback_reason, context->fallback_reason.c_str(), sizeof i.fallback_reason - 1);
     write_versioned(info, i, "info");
   });
 }
@@ -107,8 +110,10 @@ qsakv_status qsakv_malloc(qsakv_context* context, void** out, size_t bytes) {
     require_context(context);
     if (bytes == 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "bytes is 0");
     if (bytes > kMaxBufferBytes)
-      fail(QSAKV_ERROR_OUT_OF_MEMORY, "bytes is %zu; more than any device holds (at most "
-           "%llu)", bytes, static_cast<unsigned long long>(kMaxBufferBytes));
+      fail(QSAKV_ERROR_OUT_OF_MEMORY,
+           "bytes is %zu; more than any device holds (at most "
+           "%llu)",
+           bytes, static_cast<unsigned long long>(kMaxBufferBytes));
     *out = context->backend->alloc(bytes);
   });
 }
@@ -125,13 +130,17 @@ qsakv_status qsakv_memcpy(qsakv_context* context, void* dst, const void* src, si
     const int32_t k = enum_value(kind);
     if (k != QSAKV_COPY_HOST_TO_DEVICE && k != QSAKV_COPY_DEVICE_TO_HOST &&
         k != QSAKV_COPY_DEVICE_TO_DEVICE)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "kind is %d; must be HOST_TO_DEVICE (1), "
-           "DEVICE_TO_HOST (2) or DEVICE_TO_DEVICE (3)", k);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "kind is %d; must be HOST_TO_DEVICE (1), "
+           "DEVICE_TO_HOST (2) or DEVICE_TO_DEVICE (3)",
+           k);
     if (bytes == 0) return;
     if (!dst || !src) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", dst ? "src" : "dst");
     if (bytes > kMaxBufferBytes)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "bytes is %zu; more than any buffer holds (at most "
-           "%llu)", bytes, static_cast<unsigned long long>(kMaxBufferBytes));
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "bytes is %zu; more than any buffer holds (at most "
+           "%llu)",
+           bytes, static_cast<unsigned long long>(kMaxBufferBytes));
     context->backend->copy(dst, src, bytes, static_cast<qsakv_copy_kind>(k), stream);
   });
 }

@@ -47,8 +47,10 @@ T read_versioned(const T* in, const T& defaults, const char* what) {
          what, in->struct_size);
   if (!std::is_same<T, qsakv_model_config>::value &&
       (in->version == 0 || in->version > defaults.version))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s.version is %u; this library knows versions 1..%u "
-         "(call its *_init function first)", what, in->version, defaults.version);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "%s.version is %u; this library knows versions 1..%u "
+         "(call its *_init function first)",
+         what, in->version, defaults.version);
   T out = defaults;
   const size_t n = in->struct_size < sizeof(T) ? in->struct_size : sizeof(T);
   std::memcpy(static_cast<void*>(&out), in, n);

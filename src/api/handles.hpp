@@ -28,10 +28,10 @@ struct qsakv_cache {
   qsakv::DeviceBuffer ring;
   // Each QSA layer's buffers, in the owned allocations or the caller's memory.
   std::vector<char*> kv_layers, compressed_layers, ring_layers;
-  qsakv::DeviceBuffer topk;    // owned top-k buffer(s); empty when external
-  qsakv::DeviceBuffer scales;  // float[2 * num_qsa_layers]: k, v per layer
+  qsakv::DeviceBuffer topk;       // owned top-k buffer(s); empty when external
+  qsakv::DeviceBuffer scales;     // float[2 * num_qsa_layers]: k, v per layer
   qsakv::DeviceBuffer nan_flags;  // int32[num_qsa_layers]: an E4M3 NaN code was stored
-  int32_t* topk_base = nullptr;  // owned or external
+  int32_t* topk_base = nullptr;   // owned or external
   qsakv::KvCacheView kv_view(int qsa_index) const;
   int32_t* topk_for(int qsa_index) const;
 };
@@ -43,9 +43,9 @@ struct qsakv_plan {
   int32_t num_requests = 0;
   int32_t max_request_rows = 0;  // most query rows of one request in the last update
   int64_t max_context = 0;
-  qsakv::DeviceBuffer meta;        // PlanMetaHeader + arrays
-  qsakv::HostBuffer staging;       // pinned mirror of meta
-  qsakv::DeviceBuffer partial_out; // split-K partial outputs
+  qsakv::DeviceBuffer meta;         // PlanMetaHeader + arrays
+  qsakv::HostBuffer staging;        // pinned mirror of meta
+  qsakv::DeviceBuffer partial_out;  // split-K partial outputs
   qsakv::DeviceBuffer partial_lse;
   qsakv::DeviceBuffer split_counters;
   qsakv::DeviceBuffer select_ws;

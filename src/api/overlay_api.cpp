@@ -24,8 +24,8 @@ void require_overlay(const qsakv_overlay* o) {
 template <size_t N>
 void copy_field(char (&dst)[N], const std::string& s, const char* field) {
   if (s.size() >= N)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %zu characters; the info field holds %zu",
-         field, s.size(), N - 1);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %zu characters; the info field holds %zu", field,
+         s.size(), N - 1);
   std::memcpy(dst, s.c_str(), s.size() + 1);
 }
 
@@ -52,8 +52,7 @@ qsakv_overlay_info info_of(const qsakv_overlay& o) {
 
 extern "C" {
 
-qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path,
-                                const char* manifest_path) {
+qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path, const char* manifest_path) {
   return guarded([&] {
     require_out(out, "out");
     require_path(path, "path");
@@ -71,7 +70,8 @@ qsakv_status qsakv_overlay_validate(qsakv_overlay* overlay, const qsakv_model_co
     // Any refusal, even of an argument, leaves the overlay unvalidated.
     overlay->validated = false;
     if (!expected_base_revision)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "expected_base_revision is NULL; the overlay is "
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "expected_base_revision is NULL; the overlay is "
            "bound to one base checkpoint revision and must be checked against it");
     const qsakv_model_config c = read_versioned(config, default_model_config(), "config");
     overlay_validate(overlay, c, expected_base_revision);
@@ -85,8 +85,8 @@ qsakv_status qsakv_overlay_get_info(const qsakv_overlay* overlay, qsakv_overlay_
   });
 }
 
-qsakv_status qsakv_overlay_get_scales(const qsakv_overlay* overlay, int32_t layer,
-                                      float* k_scale, float* v_scale) {
+qsakv_status qsakv_overlay_get_scales(const qsakv_overlay* overlay, int32_t layer, float* k_scale,
+                                      float* v_scale) {
   return guarded([&] {
     require_overlay(overlay);
     if (!k_scale || !v_scale) fail(QSAKV_ERROR_INVALID_ARGUMENT, "k_scale or v_scale is NULL");
@@ -101,9 +101,8 @@ qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* optio
   });
 }
 
-qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* layers,
-                                 const float* k_scales, const float* v_scales,
-                                 int32_t num_layers,
+qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* layers, const float* k_scales,
+                                 const float* v_scales, int32_t num_layers,
                                  const qsakv_overlay_write_options* options) {
   return guarded([&] {
     require_path(out_dir, "out_dir");

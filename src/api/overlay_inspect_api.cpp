@@ -23,26 +23,31 @@ qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int32_t capac
     if (!num_layers) fail(QSAKV_ERROR_INVALID_ARGUMENT, "num_layers is NULL");
     if (capacity < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d; must be >= 0", capacity);
     if (capacity > 0 && (!layers || !k_scales || !v_scales))
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d but layers, k_scales or v_scales is "
-           "NULL", capacity);
-    const std::string bytes = read_file(scale_file, kMaxHeaderBytes + (64u << 20),
-                                        "scale file", QSAKV_ERROR_IO);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "capacity is %d but layers, k_scales or v_scales is "
+           "NULL",
+           capacity);
+    const std::string bytes =
+        read_file(scale_file, kMaxHeaderBytes + (64u << 20), "scale file", QSAKV_ERROR_IO);
     const Safetensors st = parse_safetensors(bytes, scale_file);
     std::map<int32_t, std::pair<float, float>> found;  // layer -> (k, v), NaN = absent
     for (const SafetensorsTensor& t : st.tensors) {
       ScaleName n;
       if (!parse_scale_name(t.name, &n))
-        fail(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR, "%s: tensor \"%s\" is not a K/V scale",
-             scale_file, t.name.c_str());
+        fail(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR, "%s: tensor \"%s\" is not a K/V scale", scale_file,
+             t.name.c_str());
       if (!is_f32_scalar(t))
-        fail(QSAKV_ERROR_OVERLAY_BAD_TENSOR, "%s: tensor \"%s\" is %s of %zu dimension(s); "
-             "a scale is an F32 scalar", scale_file, t.name.c_str(), t.dtype.c_str(),
-             t.shape.size());
+        fail(QSAKV_ERROR_OVERLAY_BAD_TENSOR,
+             "%s: tensor \"%s\" is %s of %zu dimension(s); "
+             "a scale is an F32 scalar",
+             scale_file, t.name.c_str(), t.dtype.c_str(), t.shape.size());
       auto it = found.emplace(n.layer, std::make_pair(NAN, NAN)).first;
       float& slot = n.kind == ScaleKind::k ? it->second.first : it->second.second;
       if (!std::isnan(slot))
-        fail(QSAKV_ERROR_OVERLAY_DUPLICATE, "%s: layer %d has two %s tensors (\"%s\" is the "
-             "second)", scale_file, n.layer, kind_name(n.kind), t.name.c_str());
+        fail(QSAKV_ERROR_OVERLAY_DUPLICATE,
+             "%s: layer %d has two %s tensors (\"%s\" is the "
+             "second)",
+             scale_file, n.layer, kind_name(n.kind), t.name.c_str());
       slot = read_f32(st, t);
       // A NaN scale read from the file stays NaN: inspection shows it as found.
     }

@@ -50,9 +50,11 @@ void resolve_topk(const qsakv_plan* plan, int qsa, int32_t*& topk, int64_t& stri
   if (!mul_u64(rows - 1, static_cast<uint64_t>(stride), &span) ||
       !add_u64(span, static_cast<uint64_t>(width), &span) ||
       span > kMaxBufferBytes / sizeof(int32_t))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride is %lld; a top-k buffer of the plan's "
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "topk_stride is %lld; a top-k buffer of the plan's "
          "max_rows %d rows at that stride would span more than %llu bytes, more than any "
-         "buffer holds", static_cast<long long>(stride), plan->options.max_rows,
+         "buffer holds",
+         static_cast<long long>(stride), plan->options.max_rows,
          static_cast<unsigned long long>(kMaxBufferBytes));
 }
 
@@ -108,14 +110,18 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
     if (o.max_rows == 0) o.max_rows = c.max_batched_tokens;
     if (o.max_requests == 0) o.max_requests = c.max_requests;
     if (o.max_rows < 0 || o.max_rows > c.max_batched_tokens)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.max_rows is %d; must be in 1..%d "
-           "(max_batched_tokens, the top-k buffer's rows)", o.max_rows, c.max_batched_tokens);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.max_rows is %d; must be in 1..%d "
+           "(max_batched_tokens, the top-k buffer's rows)",
+           o.max_rows, c.max_batched_tokens);
     if (o.max_requests < 0 || o.max_requests > c.max_requests)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.max_requests is %d; must be in 1..%d",
            o.max_requests, c.max_requests);
     if (o.num_splits < 0 || o.num_splits > 256)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_splits is %d; must be in 0..256 "
-           "(0: from occupancy)", o.num_splits);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.num_splits is %d; must be in 0..256 "
+           "(0: from occupancy)",
+           o.num_splits);
     Backend* be = cache->context->backend.get();
     // One CTA group per (row, KV head, chunk of up to 8 query heads) in the CUDA kernel.
     const int chunks = (cache->geometry.group_size + 7) / 8;
@@ -136,7 +142,8 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       const int64_t parts = static_cast<int64_t>(o.max_rows) * q_heads * o.num_splits;
       plan->partial_out = DeviceBuffer(
           be, require_bytes("the split-K workspace's rows x heads x splits (options.max_rows "
-                            "times num_splits)", parts, c.head_dim * sizeof(float)));
+                            "times num_splits)",
+                            parts, c.head_dim * sizeof(float)));
       plan->partial_lse = DeviceBuffer(be, static_cast<size_t>(parts) * sizeof(float));
       // One arrival counter per CTA group: the last split to finish merges (zeroed here,
       // and reset by that CTA, so captured graphs replay from zero).
@@ -151,19 +158,20 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
 
 void qsakv_plan_destroy(qsakv_plan* plan) { delete plan; }
 
-qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
-                               qsakv_stream_t stream) {
+qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv_stream_t stream) {
   return guarded([&] {
     if (!plan) fail(QSAKV_ERROR_INVALID_ARGUMENT, "plan is NULL");
     const qsakv_batch b = read_versioned(batch, default_batch(), "batch");
-    const int rows = validate_batch(b, plan->cache->config, plan->options.max_rows, plan->options.max_requests);
+    const int rows =
+        validate_batch(b, plan->cache->config, plan->options.max_rows, plan->options.max_requests);
     Backend* be = plan->cache->context->backend.get();
     // The previous update's copy may still be reading the staging buffer.
     if (plan->fence_pending) {
       be->wait_fence(plan->fence);
       plan->fence_pending = false;
     }
-    fill_plan_meta(plan->staging.get(), b, rows, plan->options.max_rows, plan->options.max_requests);
+    fill_plan_meta(plan->staging.get(), b, rows, plan->options.max_rows,
+                   plan->options.max_requests);
     be->copy(plan->meta.get(), plan->staging.get(), plan->meta_bytes, QSAKV_COPY_HOST_TO_DEVICE,
              stream);
     be->record_fence(plan->fence, stream);
@@ -171,7 +179,8 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
     plan->num_rows = rows;
     plan->num_requests = b.num_requests;
     int most = 0;
-    for (int r = 0; r < b.num_requests; ++r) most = std::max(most, b.query_start[r + 1] - b.query_start[r]);
+    for (int r = 0; r < b.num_requests; ++r)
+      most = std::max(most, b.query_start[r + 1] - b.query_start[r]);
     plan->max_request_rows = most;
   });
 }
@@ -188,15 +197,14 @@ qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info) 
     i.num_splits = plan->options.num_splits;
     i.num_rows = plan->num_rows < 0 ? 0 : plan->num_rows;
     i.num_requests = plan->num_requests;
-    i.workspace_bytes = plan->meta.bytes() + plan->partial_out.bytes() +
-                        plan->partial_lse.bytes() + plan->split_counters.bytes() +
-                        plan->select_ws.bytes();
+    i.workspace_bytes = plan->meta.bytes() + plan->partial_out.bytes() + plan->partial_lse.bytes() +
+                        plan->split_counters.bytes() + plan->select_ws.bytes();
     write_versioned(info, i, "info");
   });
 }
 
-qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* index_q,
-                               int32_t* topk, int64_t topk_stride, qsakv_stream_t stream) {
+qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* index_q, int32_t* topk,
+                               int64_t topk_stride, qsakv_stream_t stream) {
   return guarded([&] {
     require_plan(plan);
     const qsakv_cache* cache = plan->cache;
@@ -209,7 +217,8 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     SelectParams p{};
     p.meta = plan->meta_view();
     p.index_q = static_cast<const uint16_t*>(index_q);
-    p.compressed = reinterpret_cast<const uint16_t*>(cache->compressed_layers[static_cast<size_t>(i)]);
+    p.compressed =
+        reinterpret_cast<const uint16_t*>(cache->compressed_layers[static_cast<size_t>(i)]);
     p.num_blocks = cache->layout.num_blocks;
     p.block_size = c.block_size;
     p.index_heads = c.index_num_heads;
@@ -228,8 +237,8 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
 }
 
 qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attention_mode mode,
-                                 const void* q, const int32_t* topk, int64_t topk_stride,
-                                 void* out, qsakv_stream_t stream) {
+                                 const void* q, const int32_t* topk, int64_t topk_stride, void* out,
+                                 qsakv_stream_t stream) {
   return guarded([&] {
     require_plan(plan);
     const qsakv_cache* cache = plan->cache;

@@ -56,8 +56,8 @@ const char* qsakv_status_string(qsakv_status status) {
     CASE(QSAKV_ERROR_OVERLAY_NOT_VALIDATED)
     case QSAKV_STATUS_MAX_ENUM:  // the sentinel, not a status
       break;
-    CASE(QSAKV_ERROR_CALIB_NON_FINITE)
-    CASE(QSAKV_ERROR_TP_MISMATCH)
+      CASE(QSAKV_ERROR_CALIB_NON_FINITE)
+      CASE(QSAKV_ERROR_TP_MISMATCH)
 #undef CASE
   }
   return "QSAKV_ERROR_UNKNOWN";

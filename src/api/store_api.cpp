@@ -10,8 +10,8 @@ void require_cache(const qsakv_cache* cache) {
   if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
 }
 void require_count(int64_t n, const char* what) {
-  if (n < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %lld; must be >= 0", what,
-                  static_cast<long long>(n));
+  if (n < 0)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %lld; must be >= 0", what, static_cast<long long>(n));
 }
 void require_ptr(const void* p, const char* what) {
   if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);

@@ -19,7 +19,8 @@ extern "C" qsakv_status qsakv_tp_consensus(qsakv_context* context, const qsakv_m
     validate_config(c);
     Backend* be = context->backend.get();
     if (be->info().kind != QSAKV_BACKEND_CUDA)
-      fail(QSAKV_ERROR_UNSUPPORTED, "qsakv_tp_consensus needs the CUDA backend (NCCL "
+      fail(QSAKV_ERROR_UNSUPPORTED,
+           "qsakv_tp_consensus needs the CUDA backend (NCCL "
            "communicates between GPUs); this context uses the CPU backend");
     int size = 0, rank = -1;
     nccl_comm_shape(nccl_comm, &size, &rank);

@@ -69,9 +69,9 @@ class Backend {
     fail(QSAKV_ERROR_UNSUPPORTED, "calibration statistics are not implemented by this backend");
   }
   // In-place NCCL all-reduce of the statistics: sum of words, max of maxima.
-  virtual void calib_allreduce(uint64_t*, size_t, float*, size_t, void*, int, int,
-                               qsakv_stream_t) {
-    fail(QSAKV_ERROR_UNSUPPORTED, "this backend cannot all-reduce calibration statistics over "
+  virtual void calib_allreduce(uint64_t*, size_t, float*, size_t, void*, int, int, qsakv_stream_t) {
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "this backend cannot all-reduce calibration statistics over "
          "NCCL (the CPU backend has no device memory to share): save each rank's statistics "
          "and merge them with qsakv_calib_merge");
   }
@@ -79,7 +79,6 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 // Returns nullptr with *why set when no usable GPU (or no CUDA in this build).
-std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
-                                           std::string* why);
+std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, std::string* why);
 
 }  // namespace qsakv

@@ -17,28 +17,35 @@ namespace {
 uint64_t checked_mul(uint64_t a, uint64_t b, const char* what) {
   uint64_t r;
   if (__builtin_mul_overflow(a, b, &r) || r > (uint64_t{1} << 56))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "the %s would need %llu x %llu bytes: more than any "
-         "device holds (options.num_blocks too large?)", what,
-         static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "the %s would need %llu x %llu bytes: more than any "
+         "device holds (options.num_blocks too large?)",
+         what, static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
   return r;
 }
 
 void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config& c,
                          const qsakv_rank_geometry& g) {
   if (!o.share_topk)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk is set with share_topk = 0; an "
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.external_topk is set with share_topk = 0; an "
          "external buffer is the shared model-level buffer");
   const int32_t dtype = enum_value(o.external_topk_dtype);
   if (dtype != QSAKV_DTYPE_INT32)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_dtype is %s (%d); the top-k "
-         "buffer must be int32", dtype_name(dtype), dtype);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.external_topk_dtype is %s (%d); the top-k "
+         "buffer must be int32",
+         dtype_name(dtype), dtype);
   if (o.external_topk_rows < c.max_batched_tokens)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_rows is %lld; needs at least "
-         "max_batched_tokens = %d rows", static_cast<long long>(o.external_topk_rows),
-         c.max_batched_tokens);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.external_topk_rows is %lld; needs at least "
+         "max_batched_tokens = %d rows",
+         static_cast<long long>(o.external_topk_rows), c.max_batched_tokens);
   if (o.external_topk_cols != g.topk_width)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk_cols is %lld; must be the "
-         "top-k width %d", static_cast<long long>(o.external_topk_cols), g.topk_width);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.external_topk_cols is %lld; must be the "
+         "top-k width %d",
+         static_cast<long long>(o.external_topk_cols), g.topk_width);
   // The layout reports rows x cols: a product no buffer can have would wrap.
   require_bytes("options.external_topk_rows", o.external_topk_rows,
                 static_cast<uint64_t>(g.topk_width) * sizeof(int32_t));
@@ -52,11 +59,14 @@ int64_t resolve_num_blocks(const qsakv_model_config& c, const qsakv_cache_option
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; must be >= 0",
          static_cast<long long>(num_blocks));
   if (num_blocks > INT32_MAX)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks is %lld; block tables are int32, "
-         "so at most %d", static_cast<long long>(num_blocks), INT32_MAX);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.num_blocks is %lld; block tables are int32, "
+         "so at most %d",
+         static_cast<long long>(num_blocks), INT32_MAX);
   if (num_blocks == 0) {
     if (o.memory_budget_bytes == 0)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.num_blocks and "
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.num_blocks and "
            "options.memory_budget_bytes are both 0; give one");
     const TopkBuffer topk = o.external_topk ? TopkBuffer::kExternal
                             : o.share_topk  ? TopkBuffer::kShared
@@ -66,7 +76,8 @@ int64_t resolve_num_blocks(const qsakv_model_config& c, const qsakv_cache_option
                                : topk == TopkBuffer::kPerLayer ? cap.topk_bytes_unshared
                                                                : 0;
     if (cap.num_blocks <= 0)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.memory_budget_bytes %llu holds no block: "
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.memory_budget_bytes %llu holds no block: "
            "fixed costs are %llu bytes (rings %llu, top-k %llu), one block is %llu bytes",
            static_cast<unsigned long long>(o.memory_budget_bytes),
            static_cast<unsigned long long>(cap.ring_bytes + topk_cost),
@@ -98,11 +109,11 @@ qsakv_cache_layout build_layout(const qsakv_model_config& c, const qsakv_rank_ge
   L.kv_stride_kv = L.kv_stride_token * c.block_size;
   L.kv_stride_block = 2 * L.kv_stride_kv;
   const uint64_t nb = static_cast<uint64_t>(num_blocks);
-  L.kv_bytes_per_layer = checked_mul(nb, static_cast<uint64_t>(L.kv_stride_block) *
-                                             dtype_size(c.kv_dtype), "K/V cache");
-  L.compressed_bytes_per_layer = checked_mul(
-      nb, static_cast<uint64_t>(c.block_size / c.compress_ratio) * c.index_head_dim * 2,
-      "compressed index-key cache");
+  L.kv_bytes_per_layer = checked_mul(
+      nb, static_cast<uint64_t>(L.kv_stride_block) * dtype_size(c.kv_dtype), "K/V cache");
+  L.compressed_bytes_per_layer =
+      checked_mul(nb, static_cast<uint64_t>(c.block_size / c.compress_ratio) * c.index_head_dim * 2,
+                  "compressed index-key cache");
   L.ring_length = g.ring_length;
   L.ring_bytes_per_layer =
       static_cast<uint64_t>(c.max_requests) * g.ring_length * c.index_head_dim * 2;

@@ -21,8 +21,7 @@ constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 48;
 // this: a byte copy into an int32, range-checked by the caller before any conversion.
 template <class E>
 int32_t enum_value(const E& e) {
-  static_assert(std::is_enum<E>::value && sizeof(E) == sizeof(int32_t),
-                "public enums are 32-bit");
+  static_assert(std::is_enum<E>::value && sizeof(E) == sizeof(int32_t), "public enums are 32-bit");
   int32_t v;
   std::memcpy(&v, &e, sizeof v);
   return v;
@@ -43,9 +42,10 @@ inline bool mul_u64(uint64_t a, uint64_t b, uint64_t* out) {
 inline uint64_t require_bytes(const char* what, int64_t count, uint64_t per) {
   uint64_t r = 0;
   if (count < 0 || !mul_u64(static_cast<uint64_t>(count), per, &r) || r > kMaxBufferBytes)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is %lld; at %llu bytes each that is more than any "
-         "buffer holds (at most %llu)", what, static_cast<long long>(count),
-         static_cast<unsigned long long>(per),
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "%s is %lld; at %llu bytes each that is more than any "
+         "buffer holds (at most %llu)",
+         what, static_cast<long long>(count), static_cast<unsigned long long>(per),
          static_cast<unsigned long long>(per ? kMaxBufferBytes / per : 0));
   return r;
 }

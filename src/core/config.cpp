@@ -55,8 +55,8 @@ void positive(const char* field, int64_t v) {
 // Upper bounds keep every derived size (pages, top-k widths, grids) inside int32.
 void at_most(const char* field, int64_t v, int64_t limit) {
   if (v > limit)
-    bad(field, format("is %lld; at most %lld", static_cast<long long>(v),
-                      static_cast<long long>(limit)));
+    bad(field,
+        format("is %lld; at most %lld", static_cast<long long>(v), static_cast<long long>(limit)));
 }
 }  // namespace
 
@@ -64,30 +64,30 @@ void validate_config(const qsakv_model_config& c) {
   if (c.struct_size < sizeof(size_t) + sizeof(uint32_t))
     bad("struct_size", format("is %zu; call qsakv_model_config_init first", c.struct_size));
   if (c.version == 0 || c.version > QSAKV_MODEL_CONFIG_VERSION)
-    bad("version", format("is %u; this library knows versions 1..%u", c.version,
-                          QSAKV_MODEL_CONFIG_VERSION));
+    bad("version",
+        format("is %u; this library knows versions 1..%u", c.version, QSAKV_MODEL_CONFIG_VERSION));
   positive("num_layers", c.num_layers);
   if (c.num_layers > QSAKV_MAX_LAYERS)
     bad("num_layers", format("is %d; at most %d", c.num_layers, QSAKV_MAX_LAYERS));
   positive("num_qsa_layers", c.num_qsa_layers);
   if (c.num_qsa_layers > c.num_layers)
-    bad("num_qsa_layers",
-        format("is %d, more than num_layers %d", c.num_qsa_layers, c.num_layers));
+    bad("num_qsa_layers", format("is %d, more than num_layers %d", c.num_qsa_layers, c.num_layers));
   for (int i = 0; i < c.num_qsa_layers; ++i) {
     const int l = c.qsa_layers[i];
     if (l < 0 || l >= c.num_layers)
       bad("qsa_layers", format("[%d] is layer %d, outside 0..%d", i, l, c.num_layers - 1));
     if (i > 0 && l <= c.qsa_layers[i - 1])
       bad("qsa_layers", format("[%d] is layer %d after layer %d; ids must be ascending and "
-                               "distinct", i, l, c.qsa_layers[i - 1]));
+                               "distinct",
+                               i, l, c.qsa_layers[i - 1]));
   }
   positive("num_q_heads", c.num_q_heads);
   positive("num_kv_heads", c.num_kv_heads);
   at_most("num_q_heads", c.num_q_heads, 4096);
   at_most("num_kv_heads", c.num_kv_heads, 4096);
   if (c.num_q_heads % c.num_kv_heads != 0)
-    bad("num_q_heads", format("%d is not a multiple of num_kv_heads %d", c.num_q_heads,
-                              c.num_kv_heads));
+    bad("num_q_heads",
+        format("%d is not a multiple of num_kv_heads %d", c.num_q_heads, c.num_kv_heads));
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
     bad("head_dim", format("is %d; supported: 64, 128, 256", c.head_dim));
   if (!(c.softmax_scale >= 0.0f) || std::isinf(c.softmax_scale))
@@ -97,25 +97,24 @@ void validate_config(const qsakv_model_config& c) {
   at_most("index_num_heads", c.index_num_heads, 64);
   positive("index_head_dim", c.index_head_dim);
   if (c.index_head_dim % 8 != 0 || c.index_head_dim > 1024)
-    bad("index_head_dim", format("is %d; must be a multiple of 8 up to 1024",
-                                 c.index_head_dim));
+    bad("index_head_dim", format("is %d; must be a multiple of 8 up to 1024", c.index_head_dim));
   positive("compress_ratio", c.compress_ratio);
   at_most("compress_ratio", c.compress_ratio, 1024);
   positive("topk_tokens", c.topk_tokens);
   at_most("topk_tokens", c.topk_tokens, 1 << 20);
   if (c.topk_tokens % c.compress_ratio != 0)
-    bad("topk_tokens", format("%d is not a multiple of compress_ratio %d", c.topk_tokens,
-                              c.compress_ratio));
+    bad("topk_tokens",
+        format("%d is not a multiple of compress_ratio %d", c.topk_tokens, c.compress_ratio));
   positive("tp_size", c.tp_size);
   if (c.tp_rank < 0 || c.tp_rank >= c.tp_size)
-    bad("tp_rank", format("is %d; must be in 0..%d for tp_size %d", c.tp_rank,
-                          c.tp_size - 1, c.tp_size));
+    bad("tp_rank",
+        format("is %d; must be in 0..%d for tp_size %d", c.tp_rank, c.tp_size - 1, c.tp_size));
   if (c.num_q_heads % c.tp_size != 0)
     bad("tp_size", format("%d does not divide num_q_heads %d", c.tp_size, c.num_q_heads));
   if (c.tp_size <= c.num_kv_heads ? c.num_kv_heads % c.tp_size != 0
                                   : c.tp_size % c.num_kv_heads != 0)
-    bad("tp_size", format("%d and num_kv_heads %d: one must divide the other", c.tp_size,
-                          c.num_kv_heads));
+    bad("tp_size",
+        format("%d and num_kv_heads %d: one must divide the other", c.tp_size, c.num_kv_heads));
   if (c.speculative_tokens < 0 || c.speculative_tokens > 64)
     bad("speculative_tokens", format("is %d; must be in 0..64", c.speculative_tokens));
   // The caller's enums, read as int32 (any value may arrive; see core/checked.hpp).
@@ -126,11 +125,12 @@ void validate_config(const qsakv_model_config& c) {
     bad("kv_dtype", format("is %s (%d); must be e4m3, fp16 or bf16", dtype_name(kv), kv));
   if (kv != QSAKV_DTYPE_E4M3 && kv != act)
     bad("kv_dtype", format("is %s but activation_dtype is %s; a 16-bit cache stores the "
-                           "activation type", dtype_name(kv), dtype_name(act)));
+                           "activation type",
+                           dtype_name(kv), dtype_name(act)));
   positive("block_size", c.block_size);
   if (c.block_size % c.compress_ratio != 0)
-    bad("block_size", format("%d is not a multiple of compress_ratio %d", c.block_size,
-                             c.compress_ratio));
+    bad("block_size",
+        format("%d is not a multiple of compress_ratio %d", c.block_size, c.compress_ratio));
   if (c.block_size > 1024) bad("block_size", format("is %d; at most 1024", c.block_size));
   positive("max_requests", c.max_requests);
   positive("max_batched_tokens", c.max_batched_tokens);
@@ -151,16 +151,14 @@ qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
   g.kv_heads = c.tp_size <= c.num_kv_heads ? c.num_kv_heads / c.tp_size : 1;
   g.group_size = g.q_heads / g.kv_heads;
   g.first_q_head = c.tp_rank * g.q_heads;
-  g.first_kv_head = c.tp_size <= c.num_kv_heads
-                        ? c.tp_rank * g.kv_heads
-                        : c.tp_rank / (c.tp_size / c.num_kv_heads);
+  g.first_kv_head = c.tp_size <= c.num_kv_heads ? c.tp_rank * g.kv_heads
+                                                : c.tp_rank / (c.tp_size / c.num_kv_heads);
   g.topk_blocks = c.topk_tokens / c.compress_ratio;
   g.topk_width = c.topk_tokens + c.compress_ratio - 1;
   const int r = c.compress_ratio;
   g.ring_length = r * ((r + c.speculative_tokens + r - 1) / r);
-  g.softmax_scale = c.softmax_scale > 0.0f
-                        ? c.softmax_scale
-                        : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  g.softmax_scale =
+      c.softmax_scale > 0.0f ? c.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   return g;
 }
 
@@ -179,11 +177,11 @@ bool same_config(const qsakv_model_config& a, const qsakv_model_config& b) {
          a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
          a.softmax_scale == b.softmax_scale && a.index_num_heads == b.index_num_heads &&
          a.index_head_dim == b.index_head_dim && a.compress_ratio == b.compress_ratio &&
-         a.topk_tokens == b.topk_tokens && a.tp_size == b.tp_size &&
-         a.tp_rank == b.tp_rank && a.speculative_tokens == b.speculative_tokens &&
-         a.activation_dtype == b.activation_dtype && a.kv_dtype == b.kv_dtype &&
-         a.block_size == b.block_size && a.max_requests == b.max_requests &&
-         a.max_batched_tokens == b.max_batched_tokens && a.max_model_len == b.max_model_len;
+         a.topk_tokens == b.topk_tokens && a.tp_size == b.tp_size && a.tp_rank == b.tp_rank &&
+         a.speculative_tokens == b.speculative_tokens && a.activation_dtype == b.activation_dtype &&
+         a.kv_dtype == b.kv_dtype && a.block_size == b.block_size &&
+         a.max_requests == b.max_requests && a.max_batched_tokens == b.max_batched_tokens &&
+         a.max_model_len == b.max_model_len;
 }
 
 }  // namespace qsakv

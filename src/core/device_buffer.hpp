@@ -25,12 +25,16 @@ class BackendBuffer {
   BackendBuffer& operator=(const BackendBuffer&) = delete;
   ~BackendBuffer() {
     if (!ptr_) return;
-    if (kHost) backend_->release_host(ptr_);
-    else backend_->release(ptr_);
+    if (kHost)
+      backend_->release_host(ptr_);
+    else
+      backend_->release(ptr_);
   }
   void* get() const { return ptr_; }
   template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -28,13 +28,20 @@ inline size_t dtype_size(int32_t d) {
 
 inline const char* dtype_name(int32_t d) {
   switch (d) {
-    case QSAKV_DTYPE_FP16: return "fp16";
-    case QSAKV_DTYPE_BF16: return "bf16";
-    case QSAKV_DTYPE_E4M3: return "e4m3";
-    case QSAKV_DTYPE_FP32: return "fp32";
-    case QSAKV_DTYPE_INT32: return "int32";
-    case QSAKV_DTYPE_INT64: return "int64";
-    default: return "invalid";
+    case QSAKV_DTYPE_FP16:
+      return "fp16";
+    case QSAKV_DTYPE_BF16:
+      return "bf16";
+    case QSAKV_DTYPE_E4M3:
+      return "e4m3";
+    case QSAKV_DTYPE_FP32:
+      return "fp32";
+    case QSAKV_DTYPE_INT32:
+      return "int32";
+    case QSAKV_DTYPE_INT64:
+      return "int64";
+    default:
+      return "invalid";
   }
 }
 

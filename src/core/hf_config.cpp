@@ -35,8 +35,9 @@ const json* find(const Scope& s, const char* key) {
 
 int32_t as_int(const Scope& s, const char* key, const json& v) {
   if (!v.is_number_integer())  // JSON integers only: not 4.0, not "4", not true
-    bad_key(s, key, format("is a JSON %s (%s); expected an integer", json_kind(v),
-                           v.dump().substr(0, 40).c_str()));
+    bad_key(s, key,
+            format("is a JSON %s (%s); expected an integer", json_kind(v),
+                   v.dump().substr(0, 40).c_str()));
   if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
                              : (v.get<int64_t>() > INT32_MAX || v.get<int64_t>() < INT32_MIN))
     bad_key(s, key, format("is %s; outside the int32 range", v.dump().c_str()));
@@ -58,18 +59,21 @@ struct Pattern {
 std::vector<Pattern> qsa_patterns(const Scope& s, int32_t num_layers) {
   std::vector<Pattern> found;
   if (const json* v = find(s, "qsa_layers")) {
-    if (!v->is_array()) bad_key(s, "qsa_layers", format("is %s; expected an array of layer "
-                                                       "ids", json_kind(*v)));
+    if (!v->is_array())
+      bad_key(s, "qsa_layers",
+              format("is %s; expected an array of layer "
+                     "ids",
+                     json_kind(*v)));
     if (v->size() > static_cast<size_t>(QSAKV_MAX_LAYERS))
-      bad_key(s, "qsa_layers", format("has %zu entries; at most %d", v->size(),
-                                      QSAKV_MAX_LAYERS));
+      bad_key(s, "qsa_layers", format("has %zu entries; at most %d", v->size(), QSAKV_MAX_LAYERS));
     Pattern p{"qsa_layers", {}};
     for (size_t i = 0; i < v->size(); ++i) {
       const std::string key = format("qsa_layers[%zu]", i);
       const int32_t l = as_int(s, key.c_str(), (*v)[i]);
       if (l < 0 || l >= num_layers)
-        bad_key(s, key.c_str(), format("is layer %d, outside 0..%d (num_hidden_layers %d)", l,
-                                       num_layers - 1, num_layers));
+        bad_key(s, key.c_str(),
+                format("is layer %d, outside 0..%d (num_hidden_layers %d)", l, num_layers - 1,
+                       num_layers));
       p.layers.push_back(l);
     }
     found.push_back(std::move(p));
@@ -86,14 +90,13 @@ std::vector<Pattern> qsa_patterns(const Scope& s, int32_t num_layers) {
     if (!v->is_array())
       bad_key(s, "layer_types", format("is %s; expected an array of strings", json_kind(*v)));
     if (v->size() != static_cast<size_t>(num_layers))
-      bad_key(s, "layer_types", format("has %zu entries; num_hidden_layers is %d", v->size(),
-                                       num_layers));
+      bad_key(s, "layer_types",
+              format("has %zu entries; num_hidden_layers is %d", v->size(), num_layers));
     Pattern p{"layer_types", {}};
     for (size_t i = 0; i < v->size(); ++i) {
       const json& t = (*v)[i];
       const std::string key = format("layer_types[%zu]", i);
-      if (!t.is_string())
-        bad_key(s, key.c_str(), format("is %s; expected a string", json_kind(t)));
+      if (!t.is_string()) bad_key(s, key.c_str(), format("is %s; expected a string", json_kind(t)));
       const std::string name = t.get<std::string>();
       if (name == "full_attention" || name == "qsa_attention")
         p.layers.push_back(static_cast<int32_t>(i));
@@ -110,11 +113,13 @@ std::vector<Pattern> qsa_patterns(const Scope& s, int32_t num_layers) {
 
 // The HF key behind a config field, for validation messages.
 const char* hf_key_of(const std::string& field, const char* pattern_key) {
-  static const struct { const char* field; const char* key; } kMap[] = {
-      {"num_layers", "num_hidden_layers"},   {"num_q_heads", "num_attention_heads"},
-      {"num_kv_heads", "num_key_value_heads"}, {"head_dim", "head_dim"},
-      {"index_num_heads", "index_n_heads"},  {"index_head_dim", "index_head_dim"},
-      {"compress_ratio", "index_compress_ratio"}, {"topk_tokens", "index_topk"}};
+  static const struct {
+    const char* field;
+    const char* key;
+  } kMap[] = {{"num_layers", "num_hidden_layers"},        {"num_q_heads", "num_attention_heads"},
+              {"num_kv_heads", "num_key_value_heads"},    {"head_dim", "head_dim"},
+              {"index_num_heads", "index_n_heads"},       {"index_head_dim", "index_head_dim"},
+              {"compress_ratio", "index_compress_ratio"}, {"topk_tokens", "index_topk"}};
   for (const auto& m : kMap)
     if (field == m.field) return m.key;
   if (field == "num_qsa_layers" || field == "qsa_layers") return pattern_key;
@@ -139,8 +144,10 @@ qsakv_model_config config_from_hf_text(const std::string& text, const std::strin
   apply_preset(c, "qwen4_exp");  // runtime defaults; every geometry field is set below
   c.num_layers = require_int(s, "num_hidden_layers", "the number of layers");
   if (c.num_layers <= 0 || c.num_layers > QSAKV_MAX_LAYERS)
-    fail(QSAKV_ERROR_INVALID_CONFIG, "%s: key \"%snum_hidden_layers\" is %d; must be in "
-         "1..%d", file.c_str(), s.prefix.c_str(), c.num_layers, QSAKV_MAX_LAYERS);
+    fail(QSAKV_ERROR_INVALID_CONFIG,
+         "%s: key \"%snum_hidden_layers\" is %d; must be in "
+         "1..%d",
+         file.c_str(), s.prefix.c_str(), c.num_layers, QSAKV_MAX_LAYERS);
   c.num_q_heads = require_int(s, "num_attention_heads", "query heads");
   c.num_kv_heads = require_int(s, "num_key_value_heads", "KV heads");
   if (find(s, "head_dim")) {
@@ -148,12 +155,15 @@ qsakv_model_config config_from_hf_text(const std::string& text, const std::strin
   } else {
     const json* h = find(s, "hidden_size");
     if (!h)
-      bad_key(s, "head_dim", "is missing, and so is \"hidden_size\" to derive it from "
-                             "(hidden_size / num_attention_heads)");
+      bad_key(s, "head_dim",
+              "is missing, and so is \"hidden_size\" to derive it from "
+              "(hidden_size / num_attention_heads)");
     const int32_t hidden = as_int(s, "hidden_size", *h);
     if (c.num_q_heads <= 0 || hidden % c.num_q_heads != 0)
-      bad_key(s, "head_dim", format("is missing, and hidden_size %d is not a multiple of "
-                                    "num_attention_heads %d", hidden, c.num_q_heads));
+      bad_key(s, "head_dim",
+              format("is missing, and hidden_size %d is not a multiple of "
+                     "num_attention_heads %d",
+                     hidden, c.num_q_heads));
     c.head_dim = hidden / c.num_q_heads;
   }
   c.softmax_scale = 0.0f;  // 1/sqrt(head_dim); set it yourself for another scale
@@ -164,15 +174,18 @@ qsakv_model_config config_from_hf_text(const std::string& text, const std::strin
 
   const std::vector<Pattern> patterns = qsa_patterns(s, c.num_layers);
   if (patterns.empty())
-    fail(QSAKV_ERROR_FORMAT, "%s: no QSA layer pattern: expected one of the keys "
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: no QSA layer pattern: expected one of the keys "
          "\"%sqsa_layers\" (a list of layer ids), \"%sfull_attention_interval\" (layer i is "
-         "QSA when (i + 1) %% N == 0) or \"%slayer_types\"", file.c_str(), s.prefix.c_str(),
-         s.prefix.c_str(), s.prefix.c_str());
+         "QSA when (i + 1) %% N == 0) or \"%slayer_types\"",
+         file.c_str(), s.prefix.c_str(), s.prefix.c_str(), s.prefix.c_str());
   for (size_t i = 1; i < patterns.size(); ++i)
     if (patterns[i].layers != patterns[0].layers)
-      fail(QSAKV_ERROR_FORMAT, "%s: \"%s%s\" and \"%s%s\" name different QSA layers (%zu and "
-           "%zu layers)", file.c_str(), s.prefix.c_str(), patterns[0].key, s.prefix.c_str(),
-           patterns[i].key, patterns[0].layers.size(), patterns[i].layers.size());
+      fail(QSAKV_ERROR_FORMAT,
+           "%s: \"%s%s\" and \"%s%s\" name different QSA layers (%zu and "
+           "%zu layers)",
+           file.c_str(), s.prefix.c_str(), patterns[0].key, s.prefix.c_str(), patterns[i].key,
+           patterns[0].layers.size(), patterns[i].layers.size());
   c.num_qsa_layers = static_cast<int32_t>(patterns[0].layers.size());
   for (int32_t i = 0; i < c.num_qsa_layers; ++i) c.qsa_layers[i] = patterns[0].layers[i];
 
@@ -199,14 +212,15 @@ qsakv_model_config config_from_hf(const std::string& path) {
       file = join_path(path, "config.json");
       break;
     case PathKind::missing:
-      fail(QSAKV_ERROR_IO, "%s does not exist (expected a checkpoint directory or its "
-           "config.json)", path.c_str());
+      fail(QSAKV_ERROR_IO,
+           "%s does not exist (expected a checkpoint directory or its "
+           "config.json)",
+           path.c_str());
     default:
       break;
   }
-  return config_from_hf_text(read_file(file, kMaxConfigBytes, "checkpoint config.json",
-                                       QSAKV_ERROR_IO),
-                             file);
+  return config_from_hf_text(
+      read_file(file, kMaxConfigBytes, "checkpoint config.json", QSAKV_ERROR_IO), file);
 }
 
 }  // namespace qsakv

@@ -77,17 +77,18 @@ void check(const Nccl& n, nccl_result r, const char* what) {
 }  // namespace
 
 void nccl_allreduce_stats(uint64_t* words, size_t num_words, float* maxima, size_t num_maxima,
-                          void* comm, int expected_size, int expected_rank,
-                          qsakv_stream_t stream) {
+                          void* comm, int expected_size, int expected_rank, qsakv_stream_t stream) {
   const Nccl n = nccl();
   if (!n.why.empty()) fail(QSAKV_ERROR_NCCL, "NCCL is unavailable: %s", n.why.c_str());
   int size = 0, rank = -1;
   check(n, n.comm_count(comm, &size), "ncclCommCount");
   check(n, n.comm_user_rank(comm, &rank), "ncclCommUserRank");
   if (size != expected_size || rank != expected_rank)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "the NCCL communicator has %d rank(s) and this is rank "
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "the NCCL communicator has %d rank(s) and this is rank "
          "%d; the calibration config is tp_size %d, tp_rank %d: pass the TP group's "
-         "communicator", size, rank, expected_size, expected_rank);
+         "communicator",
+         size, rank, expected_size, expected_rank);
   check(n, n.all_reduce(words, words, num_words, kNcclUint64, kNcclSum, comm, stream),
         "ncclAllReduce (sum of counts and histograms)");
   check(n, n.all_reduce(maxima, maxima, num_maxima, kNcclFloat32, kNcclMax, comm, stream),

@@ -16,8 +16,7 @@ namespace qsakv {
 // (INVALID_ARGUMENT otherwise). A missing library or symbol, or any NCCL failure, is
 // QSAKV_ERROR_NCCL with NCCL's own message.
 void nccl_allreduce_stats(uint64_t* words, size_t num_words, float* maxima, size_t num_maxima,
-                          void* comm, int expected_size, int expected_rank,
-                          qsakv_stream_t stream);
+                          void* comm, int expected_size, int expected_rank, qsakv_stream_t stream);
 
 // Size of `comm` and this process's rank in it.
 void nccl_comm_shape(void* comm, int* size, int* rank);

@@ -48,7 +48,7 @@ struct StoreRowsParams {
   const int64_t* positions;      // ring only
   int32_t ring_length;
   int32_t max_requests;
-  const int64_t* slot_mapping;   // compressed only
+  const int64_t* slot_mapping;  // compressed only
   int32_t compress_ratio;
 };
 
@@ -75,20 +75,20 @@ struct PlanMetaView {
 
 struct SelectParams {
   PlanMetaView meta;
-  const uint16_t* index_q;        // [rows, index_heads, index_dim] FP16
-  const uint16_t* compressed;     // [num_blocks, block_size / ratio, index_dim] FP16
+  const uint16_t* index_q;     // [rows, index_heads, index_dim] FP16
+  const uint16_t* compressed;  // [num_blocks, block_size / ratio, index_dim] FP16
   int64_t num_blocks;
   int32_t block_size;
   int32_t index_heads;
   int32_t index_dim;
   int32_t ratio;
-  int32_t topk_blocks;            // 512
-  int32_t topk_width;             // 2051
-  int32_t* topk;                  // [rows, topk_stride]
+  int32_t topk_blocks;  // 512
+  int32_t topk_width;   // 2051
+  int32_t* topk;        // [rows, topk_stride]
   int64_t topk_stride;
-  float* score_workspace;         // backend scratch (plan-owned)
+  float* score_workspace;  // backend scratch (plan-owned)
   int64_t score_workspace_elems;
-  int64_t max_blocks;             // compressed blocks of the longest request the plan allows
+  int64_t max_blocks;  // compressed blocks of the longest request the plan allows
   // Some request of the batch has several rows (verify rows, a prefill chunk): the CUDA
   // backend then scores each key once for all rows of its request (same scores).
   int32_t rows_share_requests;
@@ -97,8 +97,8 @@ struct SelectParams {
 struct AttentionParams {
   PlanMetaView meta;
   KvCacheView cache;
-  const void* q;   // [rows, q_heads, head_dim] activation dtype
-  void* out;       // same
+  const void* q;  // [rows, q_heads, head_dim] activation dtype
+  void* out;      // same
   qsakv_dtype act_dtype;
   int32_t q_heads;
   int32_t group_size;
@@ -108,8 +108,8 @@ struct AttentionParams {
   int64_t topk_stride;
   int32_t topk_width;
   int32_t num_splits;
-  float* partial_out;   // split-K workspace [max_rows, q_heads, splits, head_dim]
-  float* partial_lse;   // [max_rows, q_heads, splits]
+  float* partial_out;       // split-K workspace [max_rows, q_heads, splits, head_dim]
+  float* partial_lse;       // [max_rows, q_heads, splits]
   int32_t* split_counters;  // [max_rows, kv_heads, head chunks], zero between runs
 };
 

@@ -7,8 +7,8 @@
 namespace qsakv {
 
 size_t plan_meta_bytes(int max_rows, int max_requests) {
-  return sizeof(PlanMetaHeader) +
-         sizeof(int32_t) * (2 * static_cast<size_t>(max_rows) + 2 * static_cast<size_t>(max_requests));
+  return sizeof(PlanMetaHeader) + sizeof(int32_t) * (2 * static_cast<size_t>(max_rows) +
+                                                     2 * static_cast<size_t>(max_requests));
 }
 
 PlanMetaView plan_meta_view(void* base_ptr, int max_rows, int max_requests) {
@@ -63,16 +63,21 @@ int validate_batch(const qsakv_batch& b, const qsakv_model_config& c, int max_ro
     // is taken, so no caller value can overflow the row count.
     const int32_t lo = b.query_start[r], hi = b.query_start[r + 1];
     if (hi < lo)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.query_start[%d] is %d; must be in %d..%d "
-           "(query_start decreases at request %d: %d -> %d)", r + 1, hi, lo,
-           max_rows, r, lo, hi);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "batch.query_start[%d] is %d; must be in %d..%d "
+           "(query_start decreases at request %d: %d -> %d)",
+           r + 1, hi, lo, max_rows, r, lo, hi);
     if (hi > max_rows)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.query_start[%d] is %d; the batch has more "
-           "than the plan's max_rows %d rows", r + 1, hi, max_rows);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "batch.query_start[%d] is %d; the batch has more "
+           "than the plan's max_rows %d rows",
+           r + 1, hi, max_rows);
     const int n = hi - lo;  // 0 <= lo <= hi <= max_rows
     if (b.seq_lens[r] < n || b.seq_lens[r] > c.max_model_len)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.seq_lens[%d] is %d; must be in %d..%d "
-           "(its %d rows .. max_model_len)", r, b.seq_lens[r], n, c.max_model_len, n);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "batch.seq_lens[%d] is %d; must be in %d..%d "
+           "(its %d rows .. max_model_len)",
+           r, b.seq_lens[r], n, c.max_model_len, n);
     if (b.request_slots && (b.request_slots[r] < 0 || b.request_slots[r] >= c.max_requests))
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.request_slots[%d] is %d; must be in 0..%d", r,
            b.request_slots[r], c.max_requests - 1);
@@ -83,9 +88,10 @@ int validate_batch(const qsakv_batch& b, const qsakv_model_config& c, int max_ro
     if (!b.block_table) fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.block_table is NULL");
     const int64_t pages = (static_cast<int64_t>(max_len) + c.block_size - 1) / c.block_size;
     if (b.block_table_stride < pages)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "batch.block_table_stride is %d; the longest request "
-           "(%d tokens) needs %lld pages of %d", b.block_table_stride, max_len,
-           static_cast<long long>(pages), c.block_size);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "batch.block_table_stride is %d; the longest request "
+           "(%d tokens) needs %lld pages of %d",
+           b.block_table_stride, max_len, static_cast<long long>(pages), c.block_size);
   }
   return rows;
 }

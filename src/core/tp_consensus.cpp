@@ -20,11 +20,10 @@ std::string field_string(const char (&f)[N]) {
 }
 
 const char* const kFieldNames[RankRecord::kConfigFields] = {
-    "num_layers",      "num_qsa_layers",  "num_q_heads",       "num_kv_heads",
-    "head_dim",        "softmax_scale",   "index_num_heads",   "index_head_dim",
-    "compress_ratio",  "topk_tokens",     "speculative_tokens", "activation_dtype",
-    "kv_dtype",        "block_size",      "max_requests",      "max_batched_tokens",
-    "max_model_len"};
+    "num_layers",         "num_qsa_layers",   "num_q_heads",    "num_kv_heads",   "head_dim",
+    "softmax_scale",      "index_num_heads",  "index_head_dim", "compress_ratio", "topk_tokens",
+    "speculative_tokens", "activation_dtype", "kv_dtype",       "block_size",     "max_requests",
+    "max_batched_tokens", "max_model_len"};
 
 void copy_string(char* dst, size_t n, const std::string& s) {
   std::memset(dst, 0, n);
@@ -43,7 +42,8 @@ template <class Key>
 void compare(const std::vector<RankRecord>& records, const std::string& what, Key key,
              std::string& out) {
   std::map<std::string, std::vector<int>> groups;
-  for (size_t r = 0; r < records.size(); ++r) groups[key(records[r])].push_back(static_cast<int>(r));
+  for (size_t r = 0; r < records.size(); ++r)
+    groups[key(records[r])].push_back(static_cast<int>(r));
   if (groups.size() < 2) return;
   std::string m = what + " differs:";
   bool first = true;
@@ -82,11 +82,10 @@ RankRecord make_rank_record(const qsakv_model_config& c, const qsakv_overlay* ov
   int32_t scale_bits;
   std::memcpy(&scale_bits, &c.softmax_scale, 4);
   const int32_t fields[RankRecord::kConfigFields] = {
-      c.num_layers,      c.num_qsa_layers, c.num_q_heads,         c.num_kv_heads,
-      c.head_dim,        scale_bits,       c.index_num_heads,     c.index_head_dim,
-      c.compress_ratio,  c.topk_tokens,    c.speculative_tokens,  c.activation_dtype,
-      c.kv_dtype,        c.block_size,     c.max_requests,        c.max_batched_tokens,
-      c.max_model_len};
+      c.num_layers,         c.num_qsa_layers,   c.num_q_heads,    c.num_kv_heads,   c.head_dim,
+      scale_bits,           c.index_num_heads,  c.index_head_dim, c.compress_ratio, c.topk_tokens,
+      c.speculative_tokens, c.activation_dtype, c.kv_dtype,       c.block_size,     c.max_requests,
+      c.max_batched_tokens, c.max_model_len};
   std::memcpy(r.config, fields, sizeof fields);
   copy_string(r.qsa_layers_sha256, sizeof r.qsa_layers_sha256,
               sha256_hex(c.qsa_layers, sizeof(int32_t) * static_cast<size_t>(c.num_qsa_layers)));
@@ -107,29 +106,37 @@ std::string compare_rank_records(const std::vector<RankRecord>& records) {
       out += format("%srank %zu sent no consensus record (another library version?)",
                     out.empty() ? "" : "; ", r);
     else if (x.comm_rank != static_cast<int>(r) || x.tp_rank != static_cast<int>(r))
-      out += format("%srank numbering: communicator rank %zu has tp_rank %d", out.empty() ? "" : "; ",
-                    r, x.tp_rank);
+      out += format("%srank numbering: communicator rank %zu has tp_rank %d",
+                    out.empty() ? "" : "; ", r, x.tp_rank);
     if (x.tp_size != static_cast<int>(records.size()))
       out += format("%sthe communicator has %zu ranks but rank %zu has tp_size %d",
                     out.empty() ? "" : "; ", records.size(), r, x.tp_size);
   }
   if (!out.empty()) return out;  // the rest compares like with like only
   for (int i = 0; i < RankRecord::kConfigFields; ++i)
-    compare(records, std::string("config.") + kFieldNames[i],
-            [i](const RankRecord& x) { return field_value(x, i); }, out);
-  compare(records, "config.qsa_layers",
-          [](const RankRecord& x) { return "list sha256 " + field_string(x.qsa_layers_sha256).substr(0, 16); },
-          out);
-  compare(records, "the overlay",
-          [](const RankRecord& x) {
-            if (!x.has_overlay) return std::string("none");
-            return "scale file sha256 " + field_string(x.scale_file_sha256) +
-                   (x.overlay_validated ? "" : " (not validated)");
-          },
-          out);
-  compare(records, "the overlay layer prefix",
-          [](const RankRecord& x) { return x.has_overlay ? field_string(x.layer_prefix) : std::string("(none)"); },
-          out);
+    compare(
+        records, std::string("config.") + kFieldNames[i],
+        [i](const RankRecord& x) { return field_value(x, i); }, out);
+  compare(
+      records, "config.qsa_layers",
+      [](const RankRecord& x) {
+        return "list sha256 " + field_string(x.qsa_layers_sha256).substr(0, 16);
+      },
+      out);
+  compare(
+      records, "the overlay",
+      [](const RankRecord& x) {
+        if (!x.has_overlay) return std::string("none");
+        return "scale file sha256 " + field_string(x.scale_file_sha256) +
+               (x.overlay_validated ? "" : " (not validated)");
+      },
+      out);
+  compare(
+      records, "the overlay layer prefix",
+      [](const RankRecord& x) {
+        return x.has_overlay ? field_string(x.layer_prefix) : std::string("(none)");
+      },
+      out);
   return out;
 }
 

@@ -21,9 +21,9 @@ struct RankRecord {
   int32_t comm_size;
   int32_t tp_rank;
   int32_t tp_size;
-  int32_t config[kConfigFields];   // every config field but tp_rank/tp_size/qsa_layers
-  char qsa_layers_sha256[65];      // of the QSA layer id list
-  char scale_file_sha256[65];      // "" without an overlay
+  int32_t config[kConfigFields];  // every config field but tp_rank/tp_size/qsa_layers
+  char qsa_layers_sha256[65];     // of the QSA layer id list
+  char scale_file_sha256[65];     // "" without an overlay
   char layer_prefix[128];
   int32_t has_overlay;
   int32_t overlay_validated;

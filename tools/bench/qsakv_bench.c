@@ -20,22 +20,22 @@
 
 #include "qsakv.h"
 
-#define CHECK(call)                                                                         \
-  do {                                                                                      \
-    qsakv_status s_ = (call);                                                               \
-    if (s_ != QSAKV_SUCCESS) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,                     \
-              qsakv_status_string(s_), qsakv_last_error());                                 \
-      exit(1);                                                                              \
-    }                                                                                       \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    qsakv_status s_ = (call);                                                                    \
+    if (s_ != QSAKV_SUCCESS) {                                                                   \
+      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, qsakv_status_string(s_), \
+              qsakv_last_error());                                                               \
+      exit(1);                                                                                   \
+    }                                                                                            \
   } while (0)
-#define CUDA(call)                                                                          \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
+#define CUDA(call)                                                                           \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
       fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                              \
-    }                                                                                       \
+      exit(1);                                                                               \
+    }                                                                                        \
   } while (0)
 
 enum { kLayers = 4, kPlans = 16, kCalls = 64, kRequests = 64, kSeq = 32767, kBlock = 64 };
@@ -48,7 +48,8 @@ static uint64_t rnd(void) {
   return z ^ (z >> 31);
 }
 static double normal(void) {
-  double u1 = ((double)(rnd() >> 11) + 1.0) / 9007199254740993.0, u2 = (double)(rnd() >> 11) / 9007199254740992.0;
+  double u1 = ((double)(rnd() >> 11) + 1.0) / 9007199254740993.0,
+         u2 = (double)(rnd() >> 11) / 9007199254740992.0;
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 static uint16_t fp16(float x) {
@@ -126,12 +127,14 @@ static double copy_bandwidth(cudaStream_t s, int kernel, int sms) {
   CUDA(cudaMalloc(&b, bytes));
   CUDA(cudaMemset(a, 1, bytes));
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  if (kernel) CUDA(bench_copy(a, b, bytes, sms, s));
-  else CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  if (kernel)
+    CUDA(bench_copy(a, b, bytes, sms, s));
+  else
+    CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
   const float ms = end_capture_and_time(s, 20);
   CUDA(cudaFree(a));
   CUDA(cudaFree(b));
-  return 2.0 * bytes / (ms * 1e-3) / 1e9;  /* read + write, GB/s */
+  return 2.0 * bytes / (ms * 1e-3) / 1e9; /* read + write, GB/s */
 }
 
 typedef struct {
@@ -324,7 +327,8 @@ static void free_plans(plans_t* P) {
 /* Microseconds per attention call in a graph of kCalls rotating calls; *us_flushed (when
  * not NULL) gets one call alone as a one-call graph with L2 flushed before each replay,
  * the way peers are measured. */
-static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* splits, double* us_flushed) {
+static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* splits,
+                             double* us_flushed) {
   plans_t P;
   make_plans(&P, b, rows, s);
   qsakv_plan_info pi;
@@ -344,8 +348,8 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
     cudaGraph_t g;
     cudaGraphExec_t e;
     CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    CHECK(qsakv_attention_run(P.plan[0], b->cfg.qsa_layers[0], QSAKV_ATTENTION_SPARSE, P.q, P.topk[0], 2051,
-                              P.out, (qsakv_stream_t)s));
+    CHECK(qsakv_attention_run(P.plan[0], b->cfg.qsa_layers[0], QSAKV_ATTENTION_SPARSE, P.q,
+                              P.topk[0], 2051, P.out, (qsakv_stream_t)s));
     CUDA(cudaStreamEndCapture(s, &g));
     CUDA(cudaGraphInstantiate(&e, g, 0));
     *us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
@@ -361,7 +365,8 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
   uint16_t* h = malloc(2 * n);
   for (size_t i = 0; i < n; ++i) h[i] = fp16((float)normal());
   int64_t* slots = malloc(sizeof(int64_t) * tokens);
-  for (int i = 0; i < tokens; ++i) slots[i] = ((int64_t)i * 7919) % ((int64_t)kRequests * b->pages * kBlock);
+  for (int i = 0; i < tokens; ++i)
+    slots[i] = ((int64_t)i * 7919) % ((int64_t)kRequests * b->pages * kBlock);
   void *k, *v, *sl;
   CUDA(cudaMalloc(&k, 2 * n));
   CUDA(cudaMalloc(&v, 2 * n));
@@ -427,7 +432,8 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   qsakv_layer_buffers lb;
   CHECK(qsakv_cache_get_layer_buffers(cache, 3, &lb));
   for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
-    const size_t n = L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
+    const size_t n =
+        L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
     CUDA(cudaMemcpy((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice));
   }
   int32_t* bt = malloc(sizeof(int32_t) * (size_t)requests * pages);
@@ -467,7 +473,8 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   const size_t iq_bytes = (size_t)rows * 4 * 128 * 2;
   CUDA(cudaMalloc(&iq, iq_bytes));
   for (size_t off = 0; off < iq_bytes; off += chunk)
-    CUDA(cudaMemcpy((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk, cudaMemcpyDeviceToDevice));
+    CUDA(cudaMemcpy((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk,
+                    cudaMemcpyDeviceToDevice));
   enum { kSelectCalls = 8 };
   const int reps = t.key_bytes > 4e9 ? 5 : 10;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -507,19 +514,24 @@ int main(int argc, char** argv) {
   int n_rows = 9, e4m3_only = 0, select_only = 0;
   int case_mask = -1; /* selection cases to run (bit i: case i) */
   for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!strcmp(argv[i], "--e4m3-only")) e4m3_only = 1;
-    else if (!strcmp(argv[i], "--select-only")) select_only = 1;
+    if (!strcmp(argv[i], "--json") && i + 1 < argc)
+      json_path = argv[++i];
+    else if (!strcmp(argv[i], "--e4m3-only"))
+      e4m3_only = 1;
+    else if (!strcmp(argv[i], "--select-only"))
+      select_only = 1;
     else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
-    }
-    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+    } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
       n_rows = 0;
-      for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ",")) rows_list[n_rows++] = atoi(t);
+      for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ","))
+        rows_list[n_rows++] = atoi(t);
     } else {
-      fprintf(stderr, "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
-                      "[--select-cases 0,4,...]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
+              "[--select-cases 0,4,...]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -542,10 +554,13 @@ int main(int argc, char** argv) {
   const double kcopy_gbs = copy_bandwidth(s, 1, info.multiprocessor_count);
   /* The ceiling: the faster of the two copies (percentages are then conservative). */
   const double copy_gbs = memcpy_gbs > kcopy_gbs ? memcpy_gbs : kcopy_gbs;
-  printf("device: %s (SM %d, %d SMs); decoder for e4m3: %s\n"
-         "copy bandwidth (read+write): cudaMemcpy %.0f GB/s, SM copy kernel %.0f GB/s -> ceiling %.0f GB/s\n",
-         info.device_name, info.sm_version, info.multiprocessor_count,
-         info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software", memcpy_gbs, kcopy_gbs, copy_gbs);
+  printf(
+      "device: %s (SM %d, %d SMs); decoder for e4m3: %s\n"
+      "copy bandwidth (read+write): cudaMemcpy %.0f GB/s, SM copy kernel %.0f GB/s -> ceiling %.0f "
+      "GB/s\n",
+      info.device_name, info.sm_version, info.multiprocessor_count,
+      info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software", memcpy_gbs, kcopy_gbs,
+      copy_gbs);
 
   if (select_only) n_rows = 0;
   int rows_max = 1;
@@ -557,12 +572,16 @@ int main(int argc, char** argv) {
 
   FILE* js = json_path ? fopen(json_path, "w") : NULL;
   if (js)
-    fprintf(js, "{\n  \"device\": \"%s\",\n  \"copy_gbs\": %.1f,\n  \"memcpy_gbs\": %.1f,\n"
-                "  \"kernel_copy_gbs\": %.1f,\n  \"attention\": [\n",
+    fprintf(js,
+            "{\n  \"device\": \"%s\",\n  \"copy_gbs\": %.1f,\n  \"memcpy_gbs\": %.1f,\n"
+            "  \"kernel_copy_gbs\": %.1f,\n  \"attention\": [\n",
             info.device_name, copy_gbs, memcpy_gbs, kcopy_gbs);
-  printf("\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K contexts, bs 64\n");
-  printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s %11s %11s\n", "rows", "splits", "e4m3 us", "MB read",
-         "GB/s", "%copy", "e4m3sw us", "sw/hw", "fp16 us", "fp16 GB/s", "e4/f16", "e4m3 us L2f", "fp16 us L2f");
+  printf(
+      "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
+      "contexts, bs 64\n");
+  printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s %11s %11s\n", "rows", "splits",
+         "e4m3 us", "MB read", "GB/s", "%copy", "e4m3sw us", "sw/hw", "fp16 us", "fp16 GB/s",
+         "e4/f16", "e4m3 us L2f", "fp16 us L2f");
   double att_us[16];
   for (int i = 0; i < n_rows; ++i) {
     const int rows = rows_list[i];
@@ -574,27 +593,35 @@ int main(int argc, char** argv) {
     const double t16 = e4m3_only ? NAN : time_attention(&f16, rows, s, &s3, &t16f);
     const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
     const double gbs8 = bytes8 / (t8 * 1e-6) / 1e9, gbs16 = bytes16 / (t16 * 1e-6) / 1e9;
-    printf("%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f %11.2f %11.2f\n", rows, splits,
-           t8, bytes8 / 1e6, gbs8, 100.0 * gbs8 / copy_gbs, t8sw, t8sw / t8, t16, gbs16, t8 / t16, t8f, t16f);
+    printf("%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f %11.2f %11.2f\n",
+           rows, splits, t8, bytes8 / 1e6, gbs8, 100.0 * gbs8 / copy_gbs, t8sw, t8sw / t8, t16,
+           gbs16, t8 / t16, t8f, t16f);
     if (js)
-      fprintf(js, "    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %.3f, "
-                  "\"fp16_us\": %.3f, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, "
-                  "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %.1f, \"e4m3_over_fp16\": %.4f, "
-                  "\"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": %.3f}%s\n",
+      fprintf(js,
+              "    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %.3f, "
+              "\"fp16_us\": %.3f, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, "
+              "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %.1f, \"e4m3_over_fp16\": %.4f, "
+              "\"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": %.3f}%s\n",
               rows, splits, t8, t8sw, t16, bytes8, gbs8, gbs16, 100.0 * gbs8 / copy_gbs,
-              100.0 * gbs16 / copy_gbs, t8 / t16, t8f, isnan(t16f) ? -1.0 : t16f, i + 1 < n_rows ? "," : "");
+              100.0 * gbs16 / copy_gbs, t8 / t16, t8f, isnan(t16f) ? -1.0 : t16f,
+              i + 1 < n_rows ? "," : "");
   }
   if (js) fprintf(js, "  ],\n");
 
   if (!select_only) {
     const int store_tokens = 65536;
     const double ts8 = time_store(&e8, store_tokens, s), ts16 = time_store(&f16, store_tokens, s);
-    const double sb8 = store_tokens * 256.0 * 2 * (2 + 1), sb16 = store_tokens * 256.0 * 2 * (2 + 2);
-    printf("\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f GB/s, %.1f%%)\n",
-           store_tokens, ts8, sb8 / (ts8 * 1e-6) / 1e9, 100.0 * sb8 / (ts8 * 1e-6) / 1e9 / copy_gbs, ts16,
-           sb16 / (ts16 * 1e-6) / 1e9, 100.0 * sb16 / (ts16 * 1e-6) / 1e9 / copy_gbs);
+    const double sb8 = store_tokens * 256.0 * 2 * (2 + 1),
+                 sb16 = store_tokens * 256.0 * 2 * (2 + 2);
+    printf(
+        "\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f "
+        "GB/s, %.1f%%)\n",
+        store_tokens, ts8, sb8 / (ts8 * 1e-6) / 1e9, 100.0 * sb8 / (ts8 * 1e-6) / 1e9 / copy_gbs,
+        ts16, sb16 / (ts16 * 1e-6) / 1e9, 100.0 * sb16 / (ts16 * 1e-6) / 1e9 / copy_gbs);
     if (js)
-      fprintf(js, "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f},\n",
+      fprintf(js,
+              "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": "
+              "%.1f, \"fp16_gbs\": %.1f},\n",
               store_tokens, ts8, ts16, sb8 / (ts8 * 1e-6) / 1e9, sb16 / (ts16 * 1e-6) / 1e9);
   }
   free_cache(&e8);
@@ -608,17 +635,21 @@ int main(int argc, char** argv) {
     int requests, rows_per_request, seq;
   } sel_case;
   const sel_case cases[] = {
-      {"decode", 1, 1, 32768},     {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
-      {"decode", 256, 1, 32768},   {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
-      {"decode", 64, 1, 131072},   {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
-      {"decode", 8, 1, 262144},    {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
-      {"verify", 64, 4, 131072},   {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
+      {"decode", 1, 1, 32768},   {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
+      {"decode", 256, 1, 32768}, {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
+      {"decode", 64, 1, 131072}, {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
+      {"decode", 8, 1, 262144},  {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
+      {"verify", 64, 4, 131072}, {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
   };
   const int n_cases = (int)(sizeof cases / sizeof cases[0]);
-  printf("\nindexer selection (4 heads x 128, top-512 of the visible compressed keys), E4M3 attention of the\n"
-         "same row count from the table above (32K contexts; nan where that row count is not in it)\n");
-  printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows", "context",
-         "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us", "sel+attn");
+  printf(
+      "\nindexer selection (4 heads x 128, top-512 of the visible compressed keys), E4M3 attention "
+      "of the\n"
+      "same row count from the table above (32K contexts; nan where that row count is not in "
+      "it)\n");
+  printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
+         "context", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us",
+         "sel+attn");
   if (js) fprintf(js, "  \"select\": [\n");
   int printed = 0;
   for (int i = 0; i < n_cases; ++i) {
@@ -626,20 +657,26 @@ int main(int argc, char** argv) {
     const sel_case* c = &cases[i];
     const int rows = c->requests * c->rows_per_request;
     const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq, s);
-    const double gbs = t.key_bytes / (t.us * 1e-6) / 1e9, gbs_f = t.key_bytes / (t.us_flushed * 1e-6) / 1e9;
+    const double gbs = t.key_bytes / (t.us * 1e-6) / 1e9,
+                 gbs_f = t.key_bytes / (t.us_flushed * 1e-6) / 1e9;
     const double tflops = t.flops / (t.us_flushed * 1e-6) / 1e12;
     const double att = attention_us_for(rows_list, att_us, n_rows, rows);
     char att_json[32];
-    if (isnan(att)) snprintf(att_json, sizeof att_json, "null");
-    else snprintf(att_json, sizeof att_json, "%.3f", att);
+    if (isnan(att))
+      snprintf(att_json, sizeof att_json, "null");
+    else
+      snprintf(att_json, sizeof att_json, "%.3f", att);
     printf("%8s %5d %5d %7d %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f\n", c->kind,
            c->requests, rows, c->seq, t.key_bytes / 1e6, t.us, gbs, t.us_flushed, gbs_f,
            100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
     if (js)
-      fprintf(js, "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, \"key_bytes\": %.0f, "
-                  "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
-                  "\"attention_us\": %s}",
-              printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq, t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json);
+      fprintf(js,
+              "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, "
+              "\"key_bytes\": %.0f, "
+              "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
+              "\"attention_us\": %s}",
+              printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq, t.key_bytes, t.us,
+              t.us_flushed, gbs_f, tflops, att_json);
   }
   if (js) {
     fprintf(js, "\n  ]\n}\n");

@@ -21,8 +21,7 @@ const char kCalibUsage[] =
     "merge: the TP ranks of one run into OUT (each rank exactly once).\n"
     "envelope: complete statistics of several runs into OUT (max of maxima).\n"
     "OUT must not exist. merge and envelope take no options.\n"
-    "\n"
-    QSAKV_EXIT_CODES_TEXT;
+    "\n" QSAKV_EXIT_CODES_TEXT;
 
 static void free_all(qsakv_calib** h, int n) {
   for (int i = 0; i < n; ++i) qsakv_calib_destroy(h[i]);
@@ -48,9 +47,9 @@ static int load_merged(char** paths, int n, qsakv_calib** out) {
     qsakv_calib_get_info(in[i], &info);
     all_complete &= info.complete;
   }
-  qsakv_status s = qsakv_calib_merge(out, (const qsakv_calib* const*)in, n,
-                                     n > 1 && all_complete ? QSAKV_CALIB_MERGE_ENVELOPE
-                                                           : QSAKV_CALIB_MERGE_RANKS);
+  qsakv_status s = qsakv_calib_merge(
+      out, (const qsakv_calib* const*)in, n,
+      n > 1 && all_complete ? QSAKV_CALIB_MERGE_ENVELOPE : QSAKV_CALIB_MERGE_RANKS);
   free_all(in, n);
   return s == QSAKV_SUCCESS ? -1 : tool_refused(s);
 }
@@ -109,18 +108,20 @@ static int summarize(char** paths, int n, int json, int histograms) {
   }
   static uint64_t hist[QSAKV_CALIB_BINS];
   if (json)
-    printf("{\"config_fingerprint\": \"%s\", \"tp_size\": %d, \"ranks_covered\": %d, "
-           "\"num_runs\": %d, \"activation_dtype\": \"%s\", \"e4m3_max\": 448, "
-           "\"hist_bins\": %d, \"hist_log2_min\": %d, \"hist_log2_max\": %d,\n \"layers\": [",
-           info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
-           qsakv_dtype_name(info.activation_dtype), QSAKV_CALIB_BINS, QSAKV_CALIB_LOG2_MIN,
-           QSAKV_CALIB_LOG2_MAX);
+    printf(
+        "{\"config_fingerprint\": \"%s\", \"tp_size\": %d, \"ranks_covered\": %d, "
+        "\"num_runs\": %d, \"activation_dtype\": \"%s\", \"e4m3_max\": 448, "
+        "\"hist_bins\": %d, \"hist_log2_min\": %d, \"hist_log2_max\": %d,\n \"layers\": [",
+        info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
+        qsakv_dtype_name(info.activation_dtype), QSAKV_CALIB_BINS, QSAKV_CALIB_LOG2_MIN,
+        QSAKV_CALIB_LOG2_MAX);
   else
-    printf("fingerprint %s, TP%d (%d rank(s) covered), %d run(s), %s activations\n\n"
-           "%5s %2s %12s %13s %15s %13s %13s %10s %10s\n",
-           info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
-           qsakv_dtype_name(info.activation_dtype), "layer", "", "count", "max_abs", "scale",
-           "p99.9", "p99.99", "saturate", "underflow");
+    printf(
+        "fingerprint %s, TP%d (%d rank(s) covered), %d run(s), %s activations\n\n"
+        "%5s %2s %12s %13s %15s %13s %13s %10s %10s\n",
+        info.config_fingerprint, info.tp_size, info.ranks_covered, info.num_runs,
+        qsakv_dtype_name(info.activation_dtype), "layer", "", "count", "max_abs", "scale", "p99.9",
+        "p99.99", "saturate", "underflow");
   for (int i = 0; i < info.num_qsa_layers; ++i)
     for (int kind = 0; kind < 2; ++kind) {
       const int layer = info.qsa_layers[i];
@@ -136,20 +137,21 @@ static int summarize(char** paths, int n, int json, int histograms) {
         return tool_refused(s);
       }
       if (json) {
-        printf("%s\n  {\"layer\": %d, \"kind\": \"%s\", \"count\": %llu, \"finite_count\": %llu, "
-               "\"nonzero_count\": %llu, \"max_abs\": %.9g, \"scale\": %.9g, \"p99_9\": %.9g, "
-               "\"p99_99\": %.9g, \"saturate_fraction\": %.17g, \"underflow_fraction\": %.17g",
-               i || kind ? "," : "", layer, kind ? "v" : "k", (unsigned long long)sum.count,
-               (unsigned long long)sum.finite_count, (unsigned long long)sum.nonzero_count,
-               (double)sum.max_abs, (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99,
-               sum.saturate_fraction, sum.underflow_fraction);
+        printf(
+            "%s\n  {\"layer\": %d, \"kind\": \"%s\", \"count\": %llu, \"finite_count\": %llu, "
+            "\"nonzero_count\": %llu, \"max_abs\": %.9g, \"scale\": %.9g, \"p99_9\": %.9g, "
+            "\"p99_99\": %.9g, \"saturate_fraction\": %.17g, \"underflow_fraction\": %.17g",
+            i || kind ? "," : "", layer, kind ? "v" : "k", (unsigned long long)sum.count,
+            (unsigned long long)sum.finite_count, (unsigned long long)sum.nonzero_count,
+            (double)sum.max_abs, (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99,
+            sum.saturate_fraction, sum.underflow_fraction);
         if (histograms) print_hist_json(hist);
         printf("}");
       } else {
         printf("%5d %2s %12llu %13.7g %15.9g %13.7g %13.7g %10.3g %10.3g\n", layer,
                kind ? "V" : "K", (unsigned long long)sum.count, (double)sum.max_abs,
-               (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99,
-               sum.saturate_fraction, sum.underflow_fraction);
+               (double)sum.scale, (double)sum.p99_9, (double)sum.p99_99, sum.saturate_fraction,
+               sum.underflow_fraction);
       }
     }
   if (json) printf("\n ]}\n");
@@ -166,16 +168,19 @@ int cmd_calib(int argc, char** argv) {
   char** files = calloc((size_t)argc, sizeof *files);
   if (!files) return tool_usage_error("out of memory");
   for (int i = 2; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json")) json = 1;
-    else if (!strcmp(argv[i], "--histograms")) histograms = 1;
+    if (!strcmp(argv[i], "--json"))
+      json = 1;
+    else if (!strcmp(argv[i], "--histograms"))
+      histograms = 1;
     else if (argv[i][0] == '-') {
       free(files);
       return tool_usage_error("calib %s: unknown option %s", argv[1], argv[i]);
-    } else files[n++] = argv[i];
+    } else
+      files[n++] = argv[i];
   }
   int rc;
   if (!strcmp(argv[1], "summarize")) {
-    rc = n < 1 ? tool_usage_error("calib summarize: STATS missing")
+    rc = n < 1                 ? tool_usage_error("calib summarize: STATS missing")
          : histograms && !json ? tool_usage_error("calib summarize: --histograms needs --json")
                                : summarize(files, n, json, histograms);
   } else if (!strcmp(argv[1], "merge") || !strcmp(argv[1], "envelope")) {
@@ -183,21 +188,25 @@ int cmd_calib(int argc, char** argv) {
     if (json || histograms)
       rc = tool_usage_error("calib %s does not take %s (calib summarize does)", argv[1],
                             json ? "--json" : "--histograms");
-    else if (n < 2) rc = tool_usage_error("calib %s: OUT and at least one STATS needed", argv[1]);
-    else rc = merge_to(files + 1, n - 1, files[0],
-                       ranks ? QSAKV_CALIB_MERGE_RANKS : QSAKV_CALIB_MERGE_ENVELOPE);
+    else if (n < 2)
+      rc = tool_usage_error("calib %s: OUT and at least one STATS needed", argv[1]);
+    else
+      rc = merge_to(files + 1, n - 1, files[0],
+                    ranks ? QSAKV_CALIB_MERGE_RANKS : QSAKV_CALIB_MERGE_ENVELOPE);
   } else {
-    rc = tool_usage_error("unknown verb \"calib %s\" (verbs: summarize, merge, envelope)",
-                          argv[1]);
+    rc = tool_usage_error("unknown verb \"calib %s\" (verbs: summarize, merge, envelope)", argv[1]);
   }
   free(files);
   return rc;
 }
 
 static int parse_dtype(const char* s, qsakv_dtype* out) {
-  if (!strcmp(s, "fp16")) *out = QSAKV_DTYPE_FP16;
-  else if (!strcmp(s, "bf16")) *out = QSAKV_DTYPE_BF16;
-  else return -1;
+  if (!strcmp(s, "fp16"))
+    *out = QSAKV_DTYPE_FP16;
+  else if (!strcmp(s, "bf16"))
+    *out = QSAKV_DTYPE_BF16;
+  else
+    return -1;
   return 0;
 }
 
@@ -218,11 +227,16 @@ static int overlay_make(int argc, char** argv) {
       const int known = !strcmp(o, "--base-index") || !strcmp(o, "--act") ||
                         !strcmp(o, "--prefix") || !strcmp(o, "--tp") || !strcmp(o, "--spec") ||
                         !strcmp(o, "--min-sm");
-      if (!known) rc = tool_usage_error("overlay make: unknown option %s", o);
-      else if (!has_value) rc = tool_usage_error("overlay make: %s needs a value", o);
-      else if (!strcmp(o, "--base-index")) base_index = argv[++i];
-      else if (!strcmp(o, "--act")) act = argv[++i];
-      else if (!strcmp(o, "--prefix")) prefix = argv[++i];
+      if (!known)
+        rc = tool_usage_error("overlay make: unknown option %s", o);
+      else if (!has_value)
+        rc = tool_usage_error("overlay make: %s needs a value", o);
+      else if (!strcmp(o, "--base-index"))
+        base_index = argv[++i];
+      else if (!strcmp(o, "--act"))
+        act = argv[++i];
+      else if (!strcmp(o, "--prefix"))
+        prefix = argv[++i];
       else if (!strcmp(o, "--tp") || !strcmp(o, "--spec") || !strcmp(o, "--min-sm")) {
         int* dst = !strcmp(o, "--tp") ? &tp : !strcmp(o, "--spec") ? &spec : &min_sm;
         if (tool_parse_int(argv[++i], dst)) rc = tool_usage_error("%s: not an integer", o);
@@ -274,8 +288,10 @@ static int overlay_materialize(int argc, char** argv) {
     if (argv[i][0] == '-')
       return tool_usage_error("overlay materialize takes no options (got %s)", argv[i]);
   if (argc != 5)
-    return tool_usage_error("overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d "
-                            "argument(s)", argc - 2);
+    return tool_usage_error(
+        "overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d "
+        "argument(s)",
+        argc - 2);
   /* qsakv_overlay_materialize compares the base index hash with the manifest before it
    * creates anything. */
   qsakv_status s = qsakv_overlay_materialize(argv[4], argv[2], argv[3]);

@@ -15,28 +15,30 @@ const char kCapacityUsage[] =
     "The model: the preset (default qwen4_exp) or --checkpoint CKPT (a checkpoint\n"
     "directory or its config.json, read as by qsakv_model_config_from_checkpoint).\n"
     "--json prints one JSON object.\n"
-    "\n"
-    QSAKV_EXIT_CODES_TEXT;
+    "\n" QSAKV_EXIT_CODES_TEXT;
 
 static void print_json(const char* model, const qsakv_model_config* c, const qsakv_capacity* k,
                        double gib) {
   printf("{\"model\": ");
   tool_json_string(stdout, model);
-  printf(", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, \"budget_bytes\": %llu, "
-         "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
-         "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
-         "\"fp16_bytes_per_token\": %llu,\n \"ring_bytes\": %llu, "
-         "\"ring_bytes_per_request\": %llu, \"topk_bytes\": %llu, \"topk_bytes_unshared\": %llu,\n"
-         " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
-         "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
-         c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype), gib, (unsigned long long)k->budget_bytes,
-         c->block_size, (unsigned long long)k->main_bytes_per_token,
-         (unsigned long long)k->compressed_bytes_per_token,
-         (unsigned long long)k->bytes_per_token, (unsigned long long)k->fp16_bytes_per_token,
-         (unsigned long long)k->ring_bytes, (unsigned long long)k->ring_bytes_per_request,
-         (unsigned long long)k->topk_bytes, (unsigned long long)k->topk_bytes_unshared,
-         (long long)k->num_blocks, (long long)k->num_tokens, (long long)k->fp16_num_tokens,
-         (unsigned long long)k->bytes_per_block, k->capacity_ratio, k->ideal_ratio);
+  printf(
+      ", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, "
+      "\"budget_bytes\": %llu, "
+      "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
+      "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
+      "\"fp16_bytes_per_token\": %llu,\n \"ring_bytes\": %llu, "
+      "\"ring_bytes_per_request\": %llu, \"topk_bytes\": %llu, \"topk_bytes_unshared\": %llu,\n"
+      " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
+      "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
+      c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype), gib,
+      (unsigned long long)k->budget_bytes, c->block_size,
+      (unsigned long long)k->main_bytes_per_token,
+      (unsigned long long)k->compressed_bytes_per_token, (unsigned long long)k->bytes_per_token,
+      (unsigned long long)k->fp16_bytes_per_token, (unsigned long long)k->ring_bytes,
+      (unsigned long long)k->ring_bytes_per_request, (unsigned long long)k->topk_bytes,
+      (unsigned long long)k->topk_bytes_unshared, (long long)k->num_blocks,
+      (long long)k->num_tokens, (long long)k->fp16_num_tokens,
+      (unsigned long long)k->bytes_per_block, k->capacity_ratio, k->ideal_ratio);
 }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -54,8 +56,8 @@ static void print_text(const char* preset, const qsakv_model_config* c, const qs
   printf("fixed costs\n");
   printf("  index-key rings          %10.1f MiB (%llu B per request)\n", mib(k->ring_bytes),
          (unsigned long long)k->ring_bytes_per_request);
-  printf("  top-k workspace, shared  %10.1f MiB (one per layer: %.1f MiB)\n",
-         mib(k->topk_bytes), mib(k->topk_bytes_unshared));
+  printf("  top-k workspace, shared  %10.1f MiB (one per layer: %.1f MiB)\n", mib(k->topk_bytes),
+         mib(k->topk_bytes_unshared));
   printf("capacity\n");
   printf("  blocks                   %10lld (%llu B each)\n", (long long)k->num_blocks,
          (unsigned long long)k->bytes_per_block);
@@ -82,9 +84,12 @@ int cmd_capacity(int argc, char** argv) {
       return tool_usage_error("capacity: unknown option %s", o);
     if (i + 1 >= argc) return tool_usage_error("capacity: %s needs a value", o);
     const char* v = argv[++i];
-    if (!strcmp(o, "--preset")) preset = v;
-    else if (!strcmp(o, "--checkpoint")) checkpoint = v;
-    else if (!strcmp(o, "--kv")) kv = v;
+    if (!strcmp(o, "--preset"))
+      preset = v;
+    else if (!strcmp(o, "--checkpoint"))
+      checkpoint = v;
+    else if (!strcmp(o, "--kv"))
+      kv = v;
     else if (!strcmp(o, "--tp")) {
       if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
     } else if (!strcmp(o, "--budget-gib")) {
@@ -104,17 +109,23 @@ int cmd_capacity(int argc, char** argv) {
                               : qsakv_model_config_preset(&c, model);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   c.tp_size = tp;
-  if (!strcmp(kv, "e4m3")) c.kv_dtype = QSAKV_DTYPE_E4M3;
-  else if (!strcmp(kv, "fp16")) c.kv_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(kv, "bf16")) c.kv_dtype = QSAKV_DTYPE_BF16;
-  else return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
+  if (!strcmp(kv, "e4m3"))
+    c.kv_dtype = QSAKV_DTYPE_E4M3;
+  else if (!strcmp(kv, "fp16"))
+    c.kv_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(kv, "bf16"))
+    c.kv_dtype = QSAKV_DTYPE_BF16;
+  else
+    return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
   qsakv_capacity k;
   memset(&k, 0, sizeof k);
   k.struct_size = sizeof k;
   k.version = QSAKV_CAPACITY_VERSION;
   s = qsakv_capacity_plan(&c, (uint64_t)(gib * 1073741824.0), &k);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
-  if (json) print_json(model, &c, &k, gib);
-  else print_text(model, &c, &k, gib);
+  if (json)
+    print_json(model, &c, &k, gib);
+  else
+    print_text(model, &c, &k, gib);
   return QSAKV_EXIT_OK;
 }

@@ -39,8 +39,7 @@ const char kOverlayUsage[] =
     "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
     "--json prints one JSON object on stdout (verify: also when the library refuses,\n"
     "  {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
-    "\n"
-    QSAKV_EXIT_CODES_TEXT;
+    "\n" QSAKV_EXIT_CODES_TEXT;
 
 /* Options of both verbs; which verb takes which is checked in parse_args. */
 struct overlay_args {
@@ -71,19 +70,23 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
       continue;
     }
     const int known = !strcmp(o, "--manifest") || !strcmp(o, "--revision") ||
-                      !strcmp(o, "--preset") || !strcmp(o, "--checkpoint") ||
-                      !strcmp(o, "--act") || !strcmp(o, "--tp") || !strcmp(o, "--rank") ||
-                      !strcmp(o, "--spec");
+                      !strcmp(o, "--preset") || !strcmp(o, "--checkpoint") || !strcmp(o, "--act") ||
+                      !strcmp(o, "--tp") || !strcmp(o, "--rank") || !strcmp(o, "--spec");
     if (!known) return tool_usage_error("overlay %s: unknown option %s", argv[1], o);
     if (!verify && strcmp(o, "--manifest"))
       return tool_usage_error("overlay %s does not take %s (overlay verify does)", argv[1], o);
     if (i + 1 >= argc) return tool_usage_error("overlay %s: %s needs a value", argv[1], o);
     const char* v = argv[++i];
-    if (!strcmp(o, "--manifest")) a->manifest = v;
-    else if (!strcmp(o, "--revision")) a->revision = v;
-    else if (!strcmp(o, "--preset")) a->preset = v;
-    else if (!strcmp(o, "--checkpoint")) a->checkpoint = v;
-    else if (!strcmp(o, "--act")) a->act = v;
+    if (!strcmp(o, "--manifest"))
+      a->manifest = v;
+    else if (!strcmp(o, "--revision"))
+      a->revision = v;
+    else if (!strcmp(o, "--preset"))
+      a->preset = v;
+    else if (!strcmp(o, "--checkpoint"))
+      a->checkpoint = v;
+    else if (!strcmp(o, "--act"))
+      a->act = v;
     else {
       int* dst = !strcmp(o, "--tp") ? &a->tp : !strcmp(o, "--rank") ? &a->rank : &a->spec;
       if (tool_parse_int(v, dst)) return tool_usage_error("%s: not an integer: %s", o, v);
@@ -120,7 +123,8 @@ static void print_text(const qsakv_overlay* o, const qsakv_overlay_info* in) {
          any(contract_int(in->contract_tp_size, 0, b1, sizeof b1)),
          any(contract_int(in->contract_speculative_tokens, -1, b2, sizeof b2)),
          in->contract_activation_dtype == QSAKV_DTYPE_INVALID
-             ? "any" : qsakv_dtype_name(in->contract_activation_dtype),
+             ? "any"
+             : qsakv_dtype_name(in->contract_activation_dtype),
          any(contract_int(in->contract_min_sm, 0, b3, sizeof b3)));
   printf("scales:             %d\n\n%6s  %-14s  %-14s\n", in->num_scales, "layer", "k_scale",
          "v_scale");
@@ -150,19 +154,21 @@ static void print_json_layer(int first, int layer, float k, float v) {
 }
 
 static void print_json(const qsakv_overlay* o, const qsakv_overlay_info* in) {
-  printf("{\"bound\": true, \"layer_prefix\": \"%s\", \"base_index_sha256\": \"%s\", "
-         "\"scale_file_sha256\": \"%s\", \"unit_scale_control\": %s, \"num_scales\": %d,\n",
-         in->layer_prefix, in->base_index_sha256, in->scale_file_sha256,
-         in->unit_scale_control ? "true" : "false", in->num_scales);
+  printf(
+      "{\"bound\": true, \"layer_prefix\": \"%s\", \"base_index_sha256\": \"%s\", "
+      "\"scale_file_sha256\": \"%s\", \"unit_scale_control\": %s, \"num_scales\": %d,\n",
+      in->layer_prefix, in->base_index_sha256, in->scale_file_sha256,
+      in->unit_scale_control ? "true" : "false", in->num_scales);
   /* As in the manifest: null = not constrained. */
   char tp[16], spec[16], sm[16], act[16];
   snprintf(act, sizeof act, "\"%s\"", qsakv_dtype_name(in->contract_activation_dtype));
-  printf(" \"contract\": {\"tp_size\": %s, \"speculative_tokens\": %s, "
-         "\"activation_dtype\": %s, \"min_sm\": %s},\n \"layers\": [",
-         contract_int(in->contract_tp_size, 0, tp, sizeof tp),
-         contract_int(in->contract_speculative_tokens, -1, spec, sizeof spec),
-         in->contract_activation_dtype == QSAKV_DTYPE_INVALID ? "null" : act,
-         contract_int(in->contract_min_sm, 0, sm, sizeof sm));
+  printf(
+      " \"contract\": {\"tp_size\": %s, \"speculative_tokens\": %s, "
+      "\"activation_dtype\": %s, \"min_sm\": %s},\n \"layers\": [",
+      contract_int(in->contract_tp_size, 0, tp, sizeof tp),
+      contract_int(in->contract_speculative_tokens, -1, spec, sizeof spec),
+      in->contract_activation_dtype == QSAKV_DTYPE_INVALID ? "null" : act,
+      contract_int(in->contract_min_sm, 0, sm, sizeof sm));
   int first = 1;
   for (int layer = 0; layer < QSAKV_MAX_LAYERS; ++layer) {
     float k, v;
@@ -218,17 +224,17 @@ static int inspect_unbound(const struct overlay_args* a, const char* scale, cons
     tool_json_string(stdout, scale);
     printf(", \"missing_manifest\": ");
     tool_json_string(stdout, manifest);
-    printf(", \"scale_file_sha256\": \"%s\", \"num_scales\": %d,\n \"layers\": [", sha,
-           num_scales);
+    printf(", \"scale_file_sha256\": \"%s\", \"num_scales\": %d,\n \"layers\": [", sha, num_scales);
     for (int i = 0; i < n; ++i) print_json_layer(i == 0, layers[i], k[i], v[i]);
     printf("\n ]}\n");
   } else {
     printf("scale file:         %s\n", scale);
     printf("scale file sha256:  %s\n", sha);
-    printf("manifest:           none: no manifest binds this file (%s does not exist),\n"
-           "                    so no checkpoint revision and no contract; the scales are\n"
-           "                    shown as found, not validated (overlay verify refuses it)\n",
-           manifest);
+    printf(
+        "manifest:           none: no manifest binds this file (%s does not exist),\n"
+        "                    so no checkpoint revision and no contract; the scales are\n"
+        "                    shown as found, not validated (overlay verify refuses it)\n",
+        manifest);
     printf("scales:             %d (a K or V the file lacks shows as nan)\n\n", num_scales);
     print_scale_rows(layers, k, v, n);
   }
@@ -262,9 +268,9 @@ static int inspect(const struct overlay_args* a) {
 }
 
 static qsakv_status make_config(const struct overlay_args* a, qsakv_model_config* c) {
-  const qsakv_status s = a->checkpoint ? qsakv_model_config_from_checkpoint(c, a->checkpoint)
-                                 : qsakv_model_config_preset(c, a->preset ? a->preset
-                                                                          : "qwen4_exp");
+  const qsakv_status s = a->checkpoint
+                             ? qsakv_model_config_from_checkpoint(c, a->checkpoint)
+                             : qsakv_model_config_preset(c, a->preset ? a->preset : "qwen4_exp");
   if (s != QSAKV_SUCCESS) return s;
   c->kv_dtype = QSAKV_DTYPE_E4M3;
   c->tp_size = a->tp;
@@ -288,7 +294,8 @@ static int verify_refused(const struct overlay_args* a, qsakv_status s) {
 static int verify(const struct overlay_args* a) {
   if (!a->revision) return tool_usage_error("overlay verify: --revision SHA is required");
   qsakv_dtype act = QSAKV_DTYPE_FP16;
-  if (a->act && !strcmp(a->act, "bf16")) act = QSAKV_DTYPE_BF16;
+  if (a->act && !strcmp(a->act, "bf16"))
+    act = QSAKV_DTYPE_BF16;
   else if (a->act && strcmp(a->act, "fp16"))
     return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
   qsakv_model_config c;
@@ -308,11 +315,12 @@ static int verify(const struct overlay_args* a) {
     tool_json_string(stdout, a->revision);
     printf(", \"config\": {\"source\": ");
     tool_json_string(stdout, a->checkpoint ? a->checkpoint : a->preset ? a->preset : "qwen4_exp");
-    printf(", \"source_kind\": \"%s\", \"tp_size\": %d, \"tp_rank\": %d, "
-           "\"speculative_tokens\": %d, \"activation_dtype\": \"%s\", \"kv_dtype\": \"%s\", "
-           "\"num_layers\": %d, \"qsa_layers\": [",
-           a->checkpoint ? "checkpoint" : "preset", c.tp_size, c.tp_rank, c.speculative_tokens,
-           qsakv_dtype_name(c.activation_dtype), qsakv_dtype_name(c.kv_dtype), c.num_layers);
+    printf(
+        ", \"source_kind\": \"%s\", \"tp_size\": %d, \"tp_rank\": %d, "
+        "\"speculative_tokens\": %d, \"activation_dtype\": \"%s\", \"kv_dtype\": \"%s\", "
+        "\"num_layers\": %d, \"qsa_layers\": [",
+        a->checkpoint ? "checkpoint" : "preset", c.tp_size, c.tp_rank, c.speculative_tokens,
+        qsakv_dtype_name(c.activation_dtype), qsakv_dtype_name(c.kv_dtype), c.num_layers);
     for (int i = 0; i < c.num_qsa_layers; ++i) printf("%s%d", i ? ", " : "", c.qsa_layers[i]);
     printf("]}}\n");
     return QSAKV_EXIT_OK;
@@ -321,9 +329,8 @@ static int verify(const struct overlay_args* a) {
     printf("OK: %s is valid for checkpoint config %s", a->path, a->checkpoint);
   else
     printf("OK: %s is valid for preset %s", a->path, a->preset ? a->preset : "qwen4_exp");
-  printf(", TP%d rank %d, %d speculative tokens, %s activations, base revision %s\n",
-         c.tp_size, c.tp_rank, c.speculative_tokens, qsakv_dtype_name(c.activation_dtype),
-         a->revision);
+  printf(", TP%d rank %d, %d speculative tokens, %s activations, base revision %s\n", c.tp_size,
+         c.tp_rank, c.speculative_tokens, qsakv_dtype_name(c.activation_dtype), a->revision);
   return QSAKV_EXIT_OK;
 }
 
@@ -335,8 +342,10 @@ int cmd_overlay(int argc, char** argv) {
   if (!strcmp(argv[1], "make") || !strcmp(argv[1], "materialize"))
     return cmd_overlay_build(argc, argv);
   if (strcmp(argv[1], "inspect") && strcmp(argv[1], "verify"))
-    return tool_usage_error("unknown verb \"overlay %s\" (verbs: inspect, verify, make, "
-                            "materialize)", argv[1]);
+    return tool_usage_error(
+        "unknown verb \"overlay %s\" (verbs: inspect, verify, make, "
+        "materialize)",
+        argv[1]);
   struct overlay_args a;
   const int rc = parse_args(argc, argv, &a);
   if (rc >= 0) return rc;

@@ -21,8 +21,8 @@ void observe_one(const uint16_t* x, int64_t n, qsakv_dtype act, const uint16_t* 
     ++nonzero;
     ++words[calib::kWordHist + code];
     const uint16_t mag = x[i] & 0x7FFF;  // |x|: FP16 and BF16 both keep the sign on top
-    mx = std::max(mx, act == QSAKV_DTYPE_BF16 ? halfbits::bf16_to_f32(mag)
-                                              : halfbits::fp16_to_f32(mag));
+    mx = std::max(
+        mx, act == QSAKV_DTYPE_BF16 ? halfbits::bf16_to_f32(mag) : halfbits::fp16_to_f32(mag));
   }
   words[calib::kWordCount] += static_cast<uint64_t>(n);
   words[calib::kWordFinite] += finite;
@@ -32,10 +32,10 @@ void observe_one(const uint16_t* x, int64_t n, qsakv_dtype act, const uint16_t* 
 }  // namespace
 
 void calib_observe(const CalibObserveParams& p) {
-  observe_one(static_cast<const uint16_t*>(p.k), p.num_elems, p.act_dtype, p.bin_table,
-              p.words_k, p.max_k);
-  observe_one(static_cast<const uint16_t*>(p.v), p.num_elems, p.act_dtype, p.bin_table,
-              p.words_v, p.max_v);
+  observe_one(static_cast<const uint16_t*>(p.k), p.num_elems, p.act_dtype, p.bin_table, p.words_k,
+              p.max_k);
+  observe_one(static_cast<const uint16_t*>(p.v), p.num_elems, p.act_dtype, p.bin_table, p.words_v,
+              p.max_v);
 }
 
 }  // namespace cpu

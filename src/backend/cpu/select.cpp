@@ -28,9 +28,9 @@ void select_topk(const SelectParams& p) {
       const int64_t t0 = static_cast<int64_t>(b) * p.ratio;
       const int32_t phys = bt[t0 / p.block_size];
       if (phys < 0 || phys >= p.num_blocks) continue;  // unmapped page: never read
-      const uint16_t* k = p.compressed +
-          (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) *
-              p.index_dim;
+      const uint16_t* k = p.compressed + (static_cast<int64_t>(phys) * groups_per_block +
+                                          (t0 % p.block_size) / p.ratio) *
+                                             p.index_dim;
       float s = 0.0f;
       for (int hd = 0; hd < p.index_heads; ++hd) {
         float dot = 0.0f;

@@ -20,8 +20,8 @@ void store_kv(const StoreKvParams& p) {
       const void* src = kv == 0 ? p.k : p.v;
       const float scale = c.scales[kv];
       for (int h = 0; h < c.kv_heads; ++h) {
-        const int64_t dst0 = block * c.stride_block + kv * c.stride_kv +
-                             offset * c.stride_token + h * c.stride_head;
+        const int64_t dst0 =
+            block * c.stride_block + kv * c.stride_kv + offset * c.stride_token + h * c.stride_head;
         for (int d = 0; d < c.head_dim; ++d) {
           const int64_t s = i * row + static_cast<int64_t>(h) * c.head_dim + d;
           if (fp8) {
@@ -39,8 +39,8 @@ void store_kv(const StoreKvParams& p) {
 }
 
 static void copy_row(const StoreRowsParams& p, int64_t src_row, int64_t dst_row) {
-  std::memcpy(static_cast<uint16_t*>(p.dst) + dst_row * p.row_elems,
-              p.src + src_row * p.row_elems, sizeof(uint16_t) * p.row_elems);
+  std::memcpy(static_cast<uint16_t*>(p.dst) + dst_row * p.row_elems, p.src + src_row * p.row_elems,
+              sizeof(uint16_t) * p.row_elems);
 }
 
 void store_ring(const StoreRowsParams& p) {

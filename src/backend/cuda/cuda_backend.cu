@@ -28,8 +28,8 @@ void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 void require_aligned(const void* p, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) must be 16-byte aligned on the CUDA backend",
-         what, p);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) must be 16-byte aligned on the CUDA backend", what,
+         p);
 }
 
 // Makes the context's device current for the duration of a call, restoring the caller's.
@@ -37,8 +37,10 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     cudaGetDevice(&previous_);
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-    else previous_ = -1;
+    if (previous_ != device)
+      check(cudaSetDevice(device), "cudaSetDevice");
+    else
+      previous_ = -1;
   }
   ~DeviceGuard() {
     if (previous_ >= 0) cudaSetDevice(previous_);
@@ -67,7 +69,8 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     check(cudaMalloc(&p, bytes), "cudaMalloc");
     const cudaError_t e = cudaMemset(p, 0, bytes);
-    if (e == cudaSuccess) check(cudaDeviceSynchronize(), "cudaMemset");
+    if (e == cudaSuccess)
+      check(cudaDeviceSynchronize(), "cudaMemset");
     else {
       cudaFree(p);
       check(e, "cudaMemset");
@@ -97,12 +100,14 @@ class CudaBackend final : public Backend {
     const cudaError_t e = cudaPointerGetAttributes(&a, p);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is not memory the CUDA runtime knows (%s)",
-           what, p, cudaGetErrorName(e));
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is not memory the CUDA runtime knows (%s)", what,
+           p, cudaGetErrorName(e));
     }
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is %s memory; the CUDA backend needs device "
-           "(or managed) memory", what, p, a.type == cudaMemoryTypeHost ? "pinned host" : "host");
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "%s (%p) is %s memory; the CUDA backend needs device "
+           "(or managed) memory",
+           what, p, a.type == cudaMemoryTypeHost ? "pinned host" : "host");
     if (a.type == cudaMemoryTypeDevice && a.device != info_.device)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is on GPU %d; the context uses GPU %d", what, p,
            a.device, info_.device);
@@ -164,9 +169,11 @@ class CudaBackend final : public Backend {
   }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
     if (!cuda::select_supports(p.index_heads, p.index_dim, p.topk_blocks))
-      fail(QSAKV_ERROR_UNSUPPORTED, "the CUDA selection supports 1..8 index heads, index_head_dim "
+      fail(QSAKV_ERROR_UNSUPPORTED,
+           "the CUDA selection supports 1..8 index heads, index_head_dim "
            "64, 128 or 256, and up to 1024 top-k blocks (got %d heads, dim %d, %d blocks); the "
-           "CPU backend supports every valid config", p.index_heads, p.index_dim, p.topk_blocks);
+           "CPU backend supports every valid config",
+           p.index_heads, p.index_dim, p.topk_blocks);
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
     cuda::launch_select_topk(p, info_.sm_version, info_.multiprocessor_count, stream);
@@ -176,8 +183,10 @@ class CudaBackend final : public Backend {
     require_aligned(p.q, "q");
     require_aligned(p.out, "out");
     if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < 80)
-      fail(QSAKV_ERROR_UNSUPPORTED, "BF16 caches need BF16 tensor cores (SM80+); this GPU is "
-           "SM %d", info_.sm_version);
+      fail(QSAKV_ERROR_UNSUPPORTED,
+           "BF16 caches need BF16 tensor cores (SM80+); this GPU is "
+           "SM %d",
+           info_.sm_version);
     DeviceGuard g(info_.device);
     cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, stream);
     check_launch("attention kernel launch");
@@ -193,8 +202,8 @@ class CudaBackend final : public Backend {
                        void* comm, int expected_size, int expected_rank,
                        qsakv_stream_t stream) override {
     DeviceGuard g(info_.device);
-    nccl_allreduce_stats(words, num_words, maxima, num_maxima, comm, expected_size,
-                                expected_rank, stream);
+    nccl_allreduce_stats(words, num_words, maxima, num_maxima, comm, expected_size, expected_rank,
+                         stream);
   }
 
  private:
@@ -243,8 +252,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, st
     return nullptr;
   }
   if (decoder == QSAKV_DECODER_HARDWARE && sm < 89)
-    fail(QSAKV_ERROR_UNSUPPORTED, "the hardware E4M3 decoder needs SM89+; GPU %s is SM %d: "
-         "use QSAKV_DECODER_SOFTWARE or AUTO", prop.name, sm);
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "the hardware E4M3 decoder needs SM89+; GPU %s is SM %d: "
+         "use QSAKV_DECODER_SOFTWARE or AUTO",
+         prop.name, sm);
   const qsakv_decoder chosen = decoder == QSAKV_DECODER_AUTO
                                    ? (sm >= 89 ? QSAKV_DECODER_HARDWARE : QSAKV_DECODER_SOFTWARE)
                                    : decoder;

@@ -42,8 +42,7 @@ float hist_quantile(const uint64_t* hist, uint64_t finite, uint64_t nonzero, flo
     seen += hist[b];
     // The last bin also holds everything above 2^16 (clamped): its edge is no bound.
     if (seen >= rank && b == kBins - 1) return max_abs;
-    if (seen >= rank)
-      return static_cast<float>(std::min<double>(bin_lower_edge(b + 1), max_abs));
+    if (seen >= rank) return static_cast<float>(std::min<double>(bin_lower_edge(b + 1), max_abs));
   }
   return max_abs;  // inconsistent counts: the maximum is the safe answer
 }

@@ -28,14 +28,14 @@ constexpr uint16_t kCodeNonFinite = 0xFFFF;
 
 // One observe call: K and V of one layer, each num_elems values.
 struct CalibObserveParams {
-  const void* k;                // activation dtype, num_elems values
+  const void* k;  // activation dtype, num_elems values
   const void* v;
-  int64_t num_elems;            // per K and per V: num_tokens * kv_heads * head_dim
-  qsakv_dtype act_dtype;        // FP16 or BF16
-  const uint16_t* bin_table;    // device [65536]: bin or kCode* of each bit pattern
-  uint64_t* words_k;            // device: this layer's K entry (kEntryWords)
+  int64_t num_elems;          // per K and per V: num_tokens * kv_heads * head_dim
+  qsakv_dtype act_dtype;      // FP16 or BF16
+  const uint16_t* bin_table;  // device [65536]: bin or kCode* of each bit pattern
+  uint64_t* words_k;          // device: this layer's K entry (kEntryWords)
   uint64_t* words_v;
-  float* max_k;                 // device: this layer's K max |x|
+  float* max_k;  // device: this layer's K max |x|
   float* max_v;
 };
 

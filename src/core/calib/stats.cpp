@@ -47,9 +47,10 @@ void accumulate(HostStats& a, const HostStats& b) {
     if (!add_u64(a.words[i], b.words[i], &sum[i])) {
       const size_t entry = i / kEntryWords, word = i % kEntryWords;
       const int layer = a.config.qsa_layers[entry / 2];
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d %s: the merged %s would be %llu + %llu, "
-           "more than a 64-bit count holds; refusing to wrap it", layer,
-           entry % 2 ? "V" : "K",
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "layer %d %s: the merged %s would be %llu + %llu, "
+           "more than a 64-bit count holds; refusing to wrap it",
+           layer, entry % 2 ? "V" : "K",
            word == kWordCount     ? "count"
            : word == kWordFinite  ? "finite count"
            : word == kWordNonzero ? "nonzero count"
@@ -73,16 +74,20 @@ void check_consistent(const HostStats& s, qsakv_status status, const std::string
     bool wrapped = false;
     for (int b = 0; b < kBins; ++b) wrapped |= !add_u64(total, e[kWordHist + b], &total);
     if (wrapped)
-      fail(status, "%s: layer %d %s histogram total is more than a 64-bit count holds (it "
-           "wraps); the statistics are inconsistent", what.c_str(), layer, kind);
+      fail(status,
+           "%s: layer %d %s histogram total is more than a 64-bit count holds (it "
+           "wraps); the statistics are inconsistent",
+           what.c_str(), layer, kind);
     const float mx = s.max_abs[i];
     if (e[kWordFinite] > e[kWordCount] || e[kWordNonzero] > e[kWordFinite] ||
         total != e[kWordNonzero] || !std::isfinite(mx) || mx < 0.0f ||
         (mx > 0.0f) != (e[kWordNonzero] > 0))
-      fail(status, "%s: layer %d %s statistics are inconsistent (count %llu, finite %llu, "
-           "nonzero %llu, histogram total %llu, max_abs %g)", what.c_str(), layer, kind,
-           (unsigned long long)e[kWordCount], (unsigned long long)e[kWordFinite],
-           (unsigned long long)e[kWordNonzero], (unsigned long long)total, (double)mx);
+      fail(status,
+           "%s: layer %d %s statistics are inconsistent (count %llu, finite %llu, "
+           "nonzero %llu, histogram total %llu, max_abs %g)",
+           what.c_str(), layer, kind, (unsigned long long)e[kWordCount],
+           (unsigned long long)e[kWordFinite], (unsigned long long)e[kWordNonzero],
+           (unsigned long long)total, (double)mx);
   }
 }
 
@@ -107,28 +112,36 @@ HostStats merge(const std::vector<const HostStats*>& in, qsakv_calib_merge_mode 
   for (size_t i = 0; i < in.size(); ++i) {
     const HostStats& s = *in[i];
     if (s.fingerprint != first.fingerprint)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu has config fingerprint %s, input 0 has %s: "
-           "statistics of different models, activation dtypes or TP sizes do not merge", i,
-           s.fingerprint.c_str(), first.fingerprint.c_str());
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "input %zu has config fingerprint %s, input 0 has %s: "
+           "statistics of different models, activation dtypes or TP sizes do not merge",
+           i, s.fingerprint.c_str(), first.fingerprint.c_str());
     if (mode == QSAKV_CALIB_MERGE_ENVELOPE && !s.complete())
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "envelope input %zu covers TP ranks %s of %d; an "
-           "envelope pools complete runs (merge the ranks of each run first)", i,
-           rank_list(s).c_str(), s.config.tp_size);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "envelope input %zu covers TP ranks %s of %d; an "
+           "envelope pools complete runs (merge the ranks of each run first)",
+           i, rank_list(s).c_str(), s.config.tp_size);
     if (mode == QSAKV_CALIB_MERGE_RANKS && s.num_runs != first.num_runs)
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu pools %d runs, input 0 pools %d; ranks of "
-           "one run merge with RANKS, runs with ENVELOPE", i, s.num_runs, first.num_runs);
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "input %zu pools %d runs, input 0 pools %d; ranks of "
+           "one run merge with RANKS, runs with ENVELOPE",
+           i, s.num_runs, first.num_runs);
     if (i == 0) continue;
     if (mode == QSAKV_CALIB_MERGE_RANKS) {
       for (size_t r = 0; r < s.ranks.size(); ++r) {
         if (s.ranks[r] && out.ranks[r])
-          fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu holds TP rank %zu, which an earlier "
-               "input already holds; counting a rank twice would skew the statistics", i, r);
+          fail(QSAKV_ERROR_INVALID_ARGUMENT,
+               "input %zu holds TP rank %zu, which an earlier "
+               "input already holds; counting a rank twice would skew the statistics",
+               i, r);
         out.ranks[r] |= s.ranks[r];
       }
     } else {
       if (__builtin_add_overflow(out.num_runs, s.num_runs, &out.num_runs))
-        fail(QSAKV_ERROR_INVALID_ARGUMENT, "input %zu: the envelope would pool more than %d "
-             "runs", i, INT32_MAX);
+        fail(QSAKV_ERROR_INVALID_ARGUMENT,
+             "input %zu: the envelope would pool more than %d "
+             "runs",
+             i, INT32_MAX);
     }
     accumulate(out, s);
   }

@@ -15,13 +15,13 @@ namespace calib {
 
 struct HostStats {
   qsakv_model_config config{};
-  std::string fingerprint;        // config_fingerprint(config)
-  int32_t rank = -1;              // the observing rank; -1 once ranks are merged
-  std::vector<uint8_t> ranks;     // [tp_size]: 1 where that rank's statistics are in
+  std::string fingerprint;     // config_fingerprint(config)
+  int32_t rank = -1;           // the observing rank; -1 once ranks are merged
+  std::vector<uint8_t> ranks;  // [tp_size]: 1 where that rank's statistics are in
   int32_t num_runs = 1;
-  bool reduced = false;           // produced by an NCCL all-reduce
-  std::vector<uint64_t> words;    // [num_qsa_layers * 2 * kEntryWords]
-  std::vector<float> max_abs;     // [num_qsa_layers * 2]
+  bool reduced = false;         // produced by an NCCL all-reduce
+  std::vector<uint64_t> words;  // [num_qsa_layers * 2 * kEntryWords]
+  std::vector<float> max_abs;   // [num_qsa_layers * 2]
 
   int num_entries() const { return config.num_qsa_layers * 2; }
   const uint64_t* entry(int qsa_index, int kind) const {

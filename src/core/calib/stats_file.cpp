@@ -74,15 +74,16 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
   const json j = parse_json_strict(text, what + " metadata \"config\"");
   if (!j.is_object()) fail(QSAKV_ERROR_FORMAT, "%s: config is not a JSON object", what.c_str());
   static const char* const kKeys[] = {
-      "num_layers", "qsa_layers", "num_q_heads", "num_kv_heads", "head_dim", "softmax_scale",
-      "index_num_heads", "index_head_dim", "compress_ratio", "topk_tokens", "tp_size",
-      "tp_rank", "speculative_tokens", "activation_dtype", "kv_dtype", "block_size",
-      "max_requests", "max_batched_tokens", "max_model_len"};
+      "num_layers",    "qsa_layers",      "num_q_heads",        "num_kv_heads",     "head_dim",
+      "softmax_scale", "index_num_heads", "index_head_dim",     "compress_ratio",   "topk_tokens",
+      "tp_size",       "tp_rank",         "speculative_tokens", "activation_dtype", "kv_dtype",
+      "block_size",    "max_requests",    "max_batched_tokens", "max_model_len"};
   for (const auto& kv : j.items()) {
     bool known = false;
     for (const char* k : kKeys) known |= kv.key() == k;
-    if (!known) fail(QSAKV_ERROR_FORMAT, "%s: config has an unknown field \"%s\"", what.c_str(),
-                     kv.key().c_str());
+    if (!known)
+      fail(QSAKV_ERROR_FORMAT, "%s: config has an unknown field \"%s\"", what.c_str(),
+           kv.key().c_str());
   }
   qsakv_model_config c = default_model_config();
   c.num_layers = get_int(j, "num_layers", what);
@@ -92,7 +93,8 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
          what.c_str(), QSAKV_MAX_LAYERS);
   for (const json& q : j["qsa_layers"]) {
     if (!q.is_number_integer() || q.get<int64_t>() < 0 || q.get<int64_t>() > INT32_MAX)
-      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(), json_excerpt(q).c_str());
+      fail(QSAKV_ERROR_FORMAT, "%s: config.qsa_layers holds %s", what.c_str(),
+           json_excerpt(q).c_str());
     c.qsa_layers[c.num_qsa_layers++] = static_cast<int32_t>(q.get<int64_t>());
   }
   c.num_q_heads = get_int(j, "num_q_heads", what);
@@ -109,7 +111,8 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
   c.tp_rank = get_int(j, "tp_rank", what);
   c.speculative_tokens = get_int(j, "speculative_tokens", what);
   for (const char* k : {"activation_dtype", "kv_dtype"})
-    if (!j.contains(k) || !j[k].is_string() || dtype_of(j[k].get<std::string>()) == QSAKV_DTYPE_INVALID)
+    if (!j.contains(k) || !j[k].is_string() ||
+        dtype_of(j[k].get<std::string>()) == QSAKV_DTYPE_INVALID)
       fail(QSAKV_ERROR_FORMAT, "%s: config.%s is missing or not a dtype name", what.c_str(), k);
   c.activation_dtype = dtype_of(j["activation_dtype"].get<std::string>());
   c.kv_dtype = dtype_of(j["kv_dtype"].get<std::string>());
@@ -148,10 +151,12 @@ const SafetensorsTensor& need_tensor(const Safetensors& st, const char* name, co
     if (t.name != name) continue;
     if (t.dtype != dtype || t.shape != shape) {
       std::string want, got;
-      for (uint64_t d : shape) want += format(want.empty() ? "%llu" : ", %llu", (unsigned long long)d);
-      for (uint64_t d : t.shape) got += format(got.empty() ? "%llu" : ", %llu", (unsigned long long)d);
-      fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" is %s [%s]; expected %s [%s]", what.c_str(),
-           name, t.dtype.c_str(), got.c_str(), dtype, want.c_str());
+      for (uint64_t d : shape)
+        want += format(want.empty() ? "%llu" : ", %llu", (unsigned long long)d);
+      for (uint64_t d : t.shape)
+        got += format(got.empty() ? "%llu" : ", %llu", (unsigned long long)d);
+      fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" is %s [%s]; expected %s [%s]", what.c_str(), name,
+           t.dtype.c_str(), got.c_str(), dtype, want.c_str());
     }
     return t;
   }
@@ -198,31 +203,37 @@ std::string write_stats(const HostStats& s) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data section 8-byte aligned
   std::string file(8, '\0');
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    file[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
   return file + text + data;
 }
 
 HostStats parse_stats(const std::string& file, const std::string& what) {
   const Safetensors st = parse_safetensors(file, what);
   if (need_meta(st, "format", what) != kStatsFormat)
-    fail(QSAKV_ERROR_FORMAT, "%s: metadata format is \"%s\", not \"%s\" (not a calibration "
-         "statistics file)", what.c_str(), need_meta(st, "format", what).c_str(), kStatsFormat);
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: metadata format is \"%s\", not \"%s\" (not a calibration "
+         "statistics file)",
+         what.c_str(), need_meta(st, "format", what).c_str(), kStatsFormat);
   if (meta_int(st, "schema_version", what) != kStatsSchemaVersion)
     fail(QSAKV_ERROR_FORMAT, "%s: schema_version is %s; this library reads version %d",
          what.c_str(), need_meta(st, "schema_version", what).c_str(), kStatsSchemaVersion);
   if (meta_int(st, "hist_bins", what) != kBins || meta_int(st, "hist_log2_min", what) != kLog2Min ||
       meta_int(st, "hist_log2_max", what) != kLog2Max)
-    fail(QSAKV_ERROR_FORMAT, "%s: histogram is %s bins over [2^%s, 2^%s]; this library uses %d "
-         "over [2^%d, 2^%d]", what.c_str(), need_meta(st, "hist_bins", what).c_str(),
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: histogram is %s bins over [2^%s, 2^%s]; this library uses %d "
+         "over [2^%d, 2^%d]",
+         what.c_str(), need_meta(st, "hist_bins", what).c_str(),
          need_meta(st, "hist_log2_min", what).c_str(), need_meta(st, "hist_log2_max", what).c_str(),
          kBins, kLog2Min, kLog2Max);
   HostStats s;
   s.config = parse_config(need_meta(st, "config", what), what);
   s.fingerprint = config_fingerprint(s.config);
   if (need_meta(st, "config_fingerprint", what) != s.fingerprint)
-    fail(QSAKV_ERROR_FORMAT, "%s: config_fingerprint %s does not match the recorded config "
-         "(whose fingerprint is %s)", what.c_str(),
-         need_meta(st, "config_fingerprint", what).c_str(), s.fingerprint.c_str());
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: config_fingerprint %s does not match the recorded config "
+         "(whose fingerprint is %s)",
+         what.c_str(), need_meta(st, "config_fingerprint", what).c_str(), s.fingerprint.c_str());
   const int64_t tp = meta_int(st, "tp_size", what);
   if (tp != s.config.tp_size)
     fail(QSAKV_ERROR_FORMAT, "%s: tp_size is %lld, the config says %d", what.c_str(),
@@ -239,11 +250,14 @@ HostStats parse_stats(const std::string& file, const std::string& what) {
   s.num_runs = static_cast<int32_t>(runs);
   const std::string& reduced = need_meta(st, "reduced", what);
   if (reduced != "0" && reduced != "1")
-    fail(QSAKV_ERROR_FORMAT, "%s: reduced is \"%s\"; \"0\" or \"1\"", what.c_str(), reduced.c_str());
+    fail(QSAKV_ERROR_FORMAT, "%s: reduced is \"%s\"; \"0\" or \"1\"", what.c_str(),
+         reduced.c_str());
   s.reduced = reduced == "1";
   if (st.tensors.size() != 3)
-    fail(QSAKV_ERROR_FORMAT, "%s: %zu tensors; a statistics file holds exactly words, max_abs "
-         "and ranks", what.c_str(), st.tensors.size());
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: %zu tensors; a statistics file holds exactly words, max_abs "
+         "and ranks",
+         what.c_str(), st.tensors.size());
   const uint64_t nq = static_cast<uint64_t>(s.config.num_qsa_layers);
   const SafetensorsTensor& w = need_tensor(st, "words", "U64", {nq, 2, kEntryWords}, what);
   const SafetensorsTensor& m = need_tensor(st, "max_abs", "F32", {nq, 2}, what);
@@ -269,8 +283,10 @@ HostStats parse_stats(const std::string& file, const std::string& what) {
 
 void save_stats(const HostStats& s, const std::string& path) {
   if (path_kind(path, "statistics file") != PathKind::missing)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "statistics file %s already exists; refusing to "
-         "overwrite it", path.c_str());
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "statistics file %s already exists; refusing to "
+         "overwrite it",
+         path.c_str());
   const std::string bytes = write_stats(s);
   // A temporary beside the target, then a rename that never replaces: readers see the
   // whole file or none.

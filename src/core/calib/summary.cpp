@@ -34,7 +34,8 @@ void check_summarizable(const HostStats& s) {
     std::string missing;
     for (size_t r = 0; r < s.ranks.size(); ++r)
       if (!s.ranks[r]) missing += format(missing.empty() ? "%zu" : ", %zu", r);
-    fail(QSAKV_ERROR_OVERLAY_INCOMPLETE, "the statistics cover %d of %d TP ranks; missing "
+    fail(QSAKV_ERROR_OVERLAY_INCOMPLETE,
+         "the statistics cover %d of %d TP ranks; missing "
          "rank(s) %s: a per-layer scale is the max over every rank (merge or all-reduce them)",
          s.ranks_covered(), s.config.tp_size, missing.c_str());
   }
@@ -42,23 +43,30 @@ void check_summarizable(const HostStats& s) {
     const int layer = s.config.qsa_layers[i];
     const uint64_t nk = s.entry(i, 0)[kWordCount], nv = s.entry(i, 1)[kWordCount];
     if (nk == 0 && nv == 0)
-      fail(QSAKV_ERROR_OVERLAY_INCOMPLETE, "layer %d: neither K nor V was observed (a missing "
-           "layer); every QSA layer needs both scales", layer);
+      fail(QSAKV_ERROR_OVERLAY_INCOMPLETE,
+           "layer %d: neither K nor V was observed (a missing "
+           "layer); every QSA layer needs both scales",
+           layer);
     for (int kind = 0; kind < 2; ++kind) {
       const uint64_t* e = s.entry(i, kind);
       if (e[kWordCount] == 0)
-        fail(QSAKV_ERROR_OVERLAY_INCOMPLETE, "layer %d: %s was never observed but %s was (%llu "
-             "values): the K/V pair is incomplete", layer, kind_name(kind),
-             kind_name(1 - kind), static_cast<unsigned long long>(kind ? nk : nv));
+        fail(QSAKV_ERROR_OVERLAY_INCOMPLETE,
+             "layer %d: %s was never observed but %s was (%llu "
+             "values): the K/V pair is incomplete",
+             layer, kind_name(kind), kind_name(1 - kind),
+             static_cast<unsigned long long>(kind ? nk : nv));
       if (e[kWordFinite] != e[kWordCount])
-        fail(QSAKV_ERROR_CALIB_NON_FINITE, "layer %d %s: %llu of %llu observed values are NaN or "
-             "infinite; calibrate on finite activations", layer, kind_name(kind),
+        fail(QSAKV_ERROR_CALIB_NON_FINITE,
+             "layer %d %s: %llu of %llu observed values are NaN or "
+             "infinite; calibrate on finite activations",
+             layer, kind_name(kind),
              static_cast<unsigned long long>(e[kWordCount] - e[kWordFinite]),
              static_cast<unsigned long long>(e[kWordCount]));
       if (!(s.max_of(i, kind) > 0.0f))
-        fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s: max |x| is 0 over %llu values; a zero "
-             "scale cannot store anything", layer, kind_name(kind),
-             static_cast<unsigned long long>(e[kWordCount]));
+        fail(QSAKV_ERROR_OVERLAY_BAD_SCALE,
+             "layer %d %s: max |x| is 0 over %llu values; a zero "
+             "scale cannot store anything",
+             layer, kind_name(kind), static_cast<unsigned long long>(e[kWordCount]));
     }
   }
 }

@@ -27,9 +27,7 @@ struct Fd {
   }
 };
 
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  return ::remove(path);
-}
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
 
 void remove_tree(const std::string& path) {
   // Depth first, not following links: a staging dir holds links into a base checkpoint
@@ -76,8 +74,7 @@ void remove_stale_staging(const std::string& final_dir) {
   std::vector<std::string> stale;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0)
-      continue;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string path = join_path(dir, name);
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
@@ -110,12 +107,10 @@ std::string read_file(const std::string& path, uint64_t max_bytes, const char* w
   struct stat st;
   if (::fstat(f.fd, &st) != 0)
     fail(QSAKV_ERROR_IO, "cannot stat %s %s: %s", what, path.c_str(), std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    fail(QSAKV_ERROR_IO, "%s %s is not a regular file", what, path.c_str());
+  if (!S_ISREG(st.st_mode)) fail(QSAKV_ERROR_IO, "%s %s is not a regular file", what, path.c_str());
   if (static_cast<uint64_t>(st.st_size) > max_bytes)
-    fail(QSAKV_ERROR_FORMAT, "%s %s is %lld bytes; at most %llu are accepted", what,
-         path.c_str(), static_cast<long long>(st.st_size),
-         static_cast<unsigned long long>(max_bytes));
+    fail(QSAKV_ERROR_FORMAT, "%s %s is %lld bytes; at most %llu are accepted", what, path.c_str(),
+         static_cast<long long>(st.st_size), static_cast<unsigned long long>(max_bytes));
   std::string bytes;
   char buf[65536];
   for (;;) {

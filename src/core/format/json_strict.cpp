@@ -29,8 +29,8 @@ class StrictSax {
   using string_t = json::string_t;
   using binary_t = json::binary_t;
 
-  StrictSax(json& root, const std::string& what) : dom_(root, /*allow_exceptions=*/true),
-                                                   what_(what) {}
+  StrictSax(json& root, const std::string& what)
+      : dom_(root, /*allow_exceptions=*/true), what_(what) {}
   const JsonDuplicate& first_duplicate() const { return first_; }
 
   bool null() { return count() && dom_.null(); }
@@ -80,16 +80,19 @@ class StrictSax {
  private:
   bool count() {
     if (++values_ > kJsonMaxValues)
-      fail(QSAKV_ERROR_FORMAT, "%s holds more than %llu JSON values; refusing it (its "
-           "parsed form would cost too much memory)", what_.c_str(),
-           static_cast<unsigned long long>(kJsonMaxValues));
+      fail(QSAKV_ERROR_FORMAT,
+           "%s holds more than %llu JSON values; refusing it (its "
+           "parsed form would cost too much memory)",
+           what_.c_str(), static_cast<unsigned long long>(kJsonMaxValues));
     return true;
   }
   void open() {
     count();
     if (++depth_ > kJsonMaxDepth)
-      fail(QSAKV_ERROR_FORMAT, "%s nests JSON deeper than %d levels; refusing it (no "
-           "file of this kind needs more than a few)", what_.c_str(), kJsonMaxDepth);
+      fail(QSAKV_ERROR_FORMAT,
+           "%s nests JSON deeper than %d levels; refusing it (no "
+           "file of this kind needs more than a few)",
+           what_.c_str(), kJsonMaxDepth);
   }
 
   Dom dom_;
@@ -116,8 +119,8 @@ json parse_json_strict(const std::string& text, const std::string& what, JsonDup
   if (first.found) {
     if (!dup)
       fail(QSAKV_ERROR_FORMAT, "%s: key \"%s\" appears twice%s%s%s", what.c_str(),
-           first.key.c_str(), first.parent.empty() ? "" : " in \"",
-           first.parent.c_str(), first.parent.empty() ? "" : "\"");
+           first.key.c_str(), first.parent.empty() ? "" : " in \"", first.parent.c_str(),
+           first.parent.empty() ? "" : "\"");
     *dup = first;
   }
   return j;
@@ -132,14 +135,22 @@ bool utf8_valid(const std::string& s, size_t* bad_offset) {
     const unsigned c = p[i];
     size_t len = 0;
     unsigned lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c < 0x80) len = 1;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) len = 3;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
+    if (c < 0x80)
+      len = 1;
+    else if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c == 0xE0)
+      len = 3, lo = 0xA0;
+    else if (c == 0xED)
+      len = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+      len = 3;
+    else if (c == 0xF0)
+      len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      len = 4;
+    else if (c == 0xF4)
+      len = 4, hi = 0x8F;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) {
       const unsigned b = p[i + k];

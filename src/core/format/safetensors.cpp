@@ -27,12 +27,11 @@ std::string header_text(const std::string& file, const std::string& what) {
          what.c_str(), file.size());
   const uint64_t n = load_le64(file.data());
   if (n < 2)
-    fail(QSAKV_ERROR_FORMAT, "%s: header length is %llu; a header is at least \"{}\"",
-         what.c_str(), static_cast<unsigned long long>(n));
+    fail(QSAKV_ERROR_FORMAT, "%s: header length is %llu; a header is at least \"{}\"", what.c_str(),
+         static_cast<unsigned long long>(n));
   if (n > kMaxHeaderBytes)
-    fail(QSAKV_ERROR_FORMAT, "%s: header length %llu is over the %llu-byte limit",
-         what.c_str(), static_cast<unsigned long long>(n),
-         static_cast<unsigned long long>(kMaxHeaderBytes));
+    fail(QSAKV_ERROR_FORMAT, "%s: header length %llu is over the %llu-byte limit", what.c_str(),
+         static_cast<unsigned long long>(n), static_cast<unsigned long long>(kMaxHeaderBytes));
   if (n > file.size() - 8)
     fail(QSAKV_ERROR_FORMAT, "%s: header length %llu runs past the end of the %zu-byte file",
          what.c_str(), static_cast<unsigned long long>(n), file.size());
@@ -58,8 +57,8 @@ SafetensorsTensor parse_entry(const std::string& name, const json& e, const std:
       fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" has an unknown field \"%s\"", what.c_str(),
            name.c_str(), kv.key().c_str());
   if (!e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" lacks dtype, shape or data_offsets",
-         what.c_str(), name.c_str());
+    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" lacks dtype, shape or data_offsets", what.c_str(),
+         name.c_str());
   SafetensorsTensor t;
   t.name = name;
   if (!e["dtype"].is_string())
@@ -68,8 +67,8 @@ SafetensorsTensor parse_entry(const std::string& name, const json& e, const std:
   t.dtype = e["dtype"].get<std::string>();
   const uint64_t elem = safetensors_dtype_size(t.dtype);
   if (elem == 0)
-    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", what.c_str(),
-         name.c_str(), t.dtype.c_str());
+    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", what.c_str(), name.c_str(),
+         t.dtype.c_str());
   const json& shape = e["shape"];
   if (!shape.is_array())
     fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": shape is not an array", what.c_str(),
@@ -85,8 +84,8 @@ SafetensorsTensor parse_entry(const std::string& name, const json& e, const std:
   }
   const json& off = e["data_offsets"];
   if (!off.is_array() || off.size() != 2)
-    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": data_offsets is not [begin, end]",
-         what.c_str(), name.c_str());
+    fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\": data_offsets is not [begin, end]", what.c_str(),
+         name.c_str());
   t.begin = as_u64(off[0], what, name, "data_offsets");
   t.end = as_u64(off[1], what, name, "data_offsets");
   if (t.end < t.begin || t.end - t.begin != bytes)
@@ -107,29 +106,32 @@ std::vector<std::pair<std::string, std::string>> parse_metadata(const json& m,
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& kv : m.items()) {
     if (!kv.value().is_string())
-      fail(QSAKV_ERROR_FORMAT, "%s: __metadata__ \"%s\" is a JSON %s, not a string",
-           what.c_str(), kv.key().c_str(), json_kind(kv.value()));
+      fail(QSAKV_ERROR_FORMAT, "%s: __metadata__ \"%s\" is a JSON %s, not a string", what.c_str(),
+           kv.key().c_str(), json_kind(kv.value()));
     out.emplace_back(kv.key(), kv.value().get<std::string>());
   }
   return out;
 }
 
 // Sorted by offset, the tensors must tile [0, data_size) exactly.
-void check_tiling(std::vector<SafetensorsTensor> ts, uint64_t data_size,
-                  const std::string& what) {
-  std::stable_sort(ts.begin(), ts.end(), [](const SafetensorsTensor& a,
-                                            const SafetensorsTensor& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+void check_tiling(std::vector<SafetensorsTensor> ts, uint64_t data_size, const std::string& what) {
+  std::stable_sort(ts.begin(), ts.end(),
+                   [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
   uint64_t at = 0;
   for (const auto& t : ts) {
     if (t.begin < at)
-      fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" at bytes [%llu, %llu) overlaps the tensor "
-           "before it", what.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.begin),
+      fail(QSAKV_ERROR_FORMAT,
+           "%s: tensor \"%s\" at bytes [%llu, %llu) overlaps the tensor "
+           "before it",
+           what.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.begin),
            static_cast<unsigned long long>(t.end));
     if (t.end > data_size)
-      fail(QSAKV_ERROR_FORMAT, "%s: tensor \"%s\" ends at byte %llu, past the %llu-byte data "
-           "section", what.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.end),
+      fail(QSAKV_ERROR_FORMAT,
+           "%s: tensor \"%s\" ends at byte %llu, past the %llu-byte data "
+           "section",
+           what.c_str(), t.name.c_str(), static_cast<unsigned long long>(t.end),
            static_cast<unsigned long long>(data_size));
     if (t.begin > at)
       fail(QSAKV_ERROR_FORMAT, "%s: data bytes [%llu, %llu) belong to no tensor", what.c_str(),
@@ -151,9 +153,9 @@ const std::string* Safetensors::meta(const std::string& key) const {
 
 uint64_t safetensors_dtype_size(const std::string& d) {
   static const std::pair<const char*, uint64_t> table[] = {
-      {"BOOL", 1}, {"U8", 1},   {"I8", 1},   {"F8_E4M3", 1}, {"F8_E5M2", 1},
-      {"I16", 2},  {"U16", 2},  {"F16", 2},  {"BF16", 2},    {"I32", 4},
-      {"U32", 4},  {"F32", 4},  {"I64", 8},  {"U64", 8},     {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   for (const auto& e : table)
     if (d == e.first) return e.second;
   return 0;
@@ -212,9 +214,8 @@ std::string write_safetensors_f32_scalars(
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (header.contains(tensors[i].name))
       fail(QSAKV_ERROR_OVERLAY_DUPLICATE, "tensor \"%s\" given twice", tensors[i].name.c_str());
-    header[tensors[i].name] = {{"dtype", "F32"},
-                               {"shape", json::array()},
-                               {"data_offsets", {4 * i, 4 * i + 4}}};
+    header[tensors[i].name] = {
+        {"dtype", "F32"}, {"shape", json::array()}, {"data_offsets", {4 * i, 4 * i + 4}}};
     uint32_t bits;
     std::memcpy(&bits, &tensors[i].value, 4);
     store_le32(&data[4 * i], bits);

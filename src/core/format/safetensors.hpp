@@ -26,16 +26,16 @@ constexpr uint64_t kMaxHeaderBytes = 100000000;
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;           // as written: "F32", "F16", ...
+  std::string dtype;  // as written: "F32", "F16", ...
   std::vector<uint64_t> shape;
-  uint64_t begin = 0;          // data_offsets, relative to the data section
+  uint64_t begin = 0;  // data_offsets, relative to the data section
   uint64_t end = 0;
 };
 
 struct Safetensors {
   std::vector<SafetensorsTensor> tensors;  // in header order
   std::vector<std::pair<std::string, std::string>> metadata;
-  std::string data;                        // the data section
+  std::string data;  // the data section
 
   // The tensor's bytes; valid while *this lives.
   const char* bytes(const SafetensorsTensor& t) const { return data.data() + t.begin; }

@@ -20,8 +20,8 @@ CheckpointIndex parse_index(const std::string& text, const std::string& what) {
     fail(QSAKV_ERROR_FORMAT, "%s has no \"weight_map\" object", what.c_str());
   for (const auto& kv : d["weight_map"].items()) {
     if (!kv.value().is_string())
-      fail(QSAKV_ERROR_FORMAT, "%s: weight_map \"%s\" is a JSON %s, not a file name",
-           what.c_str(), kv.key().c_str(), json_kind(kv.value()));
+      fail(QSAKV_ERROR_FORMAT, "%s: weight_map \"%s\" is a JSON %s, not a file name", what.c_str(),
+           kv.key().c_str(), json_kind(kv.value()));
     idx.weight_map[kv.key()] = kv.value().get<std::string>();
   }
   return idx;

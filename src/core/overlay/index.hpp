@@ -9,7 +9,7 @@
 namespace qsakv {
 
 struct CheckpointIndex {
-  json document;                               // the whole file, for rewriting
+  json document;                                  // the whole file, for rewriting
   std::map<std::string, std::string> weight_map;  // name -> shard file name
 };
 

@@ -99,9 +99,8 @@ void check_names(const qsakv_overlay& o, const std::string& manifest_path) {
 // Records where the merged index sends each scale name; refuses an index that promises
 // tensors the scale file does not hold.
 void attach_index(qsakv_overlay& o, const std::string& index_path) {
-  const CheckpointIndex idx =
-      parse_index(read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO),
-                  index_path);
+  const CheckpointIndex idx = parse_index(
+      read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO), index_path);
   std::set<std::string> held;
   for (OverlayTensor& t : o.tensors) {
     held.insert(t.name);
@@ -148,8 +147,6 @@ int32_t overlay_num_scales(const qsakv_overlay* o) {
   return n;
 }
 
-int overlay_contract_min_sm(const qsakv_overlay* o) {
-  return o ? o->manifest.contract.min_sm : 0;
-}
+int overlay_contract_min_sm(const qsakv_overlay* o) { return o ? o->manifest.contract.min_sm : 0; }
 
 }  // namespace qsakv

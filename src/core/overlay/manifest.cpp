@@ -11,9 +11,9 @@ namespace qsakv {
 
 namespace {
 
-const char* const kFields[] = {"schema_version", "kind",           "base_index_sha256",
-                               "scale_file_sha256", "layer_prefix", "tensor_names",
-                               "scale_contract", "unit_scale_control", "contract"};
+const char* const kFields[] = {
+    "schema_version", "kind",           "base_index_sha256",  "scale_file_sha256", "layer_prefix",
+    "tensor_names",   "scale_contract", "unit_scale_control", "contract"};
 const char* const kContractFields[] = {"tp_size", "speculative_tokens", "activation_dtype",
                                        "min_sm"};
 
@@ -24,8 +24,8 @@ void require_fields(const json& obj, const char* const (&fields)[N], const std::
     bool known = false;
     for (const char* f : fields) known = known || kv.key() == f;
     if (!known)
-      fail(QSAKV_ERROR_FORMAT, "%s: unknown field \"%s\" in %s", what.c_str(),
-           kv.key().c_str(), where);
+      fail(QSAKV_ERROR_FORMAT, "%s: unknown field \"%s\" in %s", what.c_str(), kv.key().c_str(),
+           where);
   }
   for (const char* f : fields)
     if (!obj.contains(f))
@@ -74,8 +74,10 @@ Contract parse_contract(const json& c, const std::string& what) {
   else if (d == "bf16")
     out.activation_dtype = QSAKV_DTYPE_BF16;
   else
-    fail(QSAKV_ERROR_FORMAT, "%s: contract.activation_dtype is %s; expected \"fp16\", "
-         "\"bf16\" or null", what.c_str(), json_excerpt(d).c_str());
+    fail(QSAKV_ERROR_FORMAT,
+         "%s: contract.activation_dtype is %s; expected \"fp16\", "
+         "\"bf16\" or null",
+         what.c_str(), json_excerpt(d).c_str());
   return out;
 }
 
@@ -87,11 +89,11 @@ std::vector<std::string> parse_names(const json& a, const std::string& what) {
   std::set<std::string> seen;
   for (const json& n : a) {
     if (!n.is_string())
-      fail(QSAKV_ERROR_FORMAT, "%s: \"tensor_names\" holds a JSON %s, not a string",
-           what.c_str(), json_kind(n));
+      fail(QSAKV_ERROR_FORMAT, "%s: \"tensor_names\" holds a JSON %s, not a string", what.c_str(),
+           json_kind(n));
     if (!seen.insert(n.get<std::string>()).second)
-      fail(QSAKV_ERROR_OVERLAY_DUPLICATE, "%s: tensor name \"%s\" is listed twice",
-           what.c_str(), n.get<std::string>().c_str());
+      fail(QSAKV_ERROR_OVERLAY_DUPLICATE, "%s: tensor name \"%s\" is listed twice", what.c_str(),
+           n.get<std::string>().c_str());
     names.push_back(n.get<std::string>());
   }
   return names;
@@ -115,8 +117,8 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
   if (!j.contains("schema_version") || !j["schema_version"].is_number_integer() ||
       j["schema_version"].get<int64_t>() != kManifestSchemaVersion)
     fail(QSAKV_ERROR_FORMAT, "%s: schema_version is %s; this library reads version %d",
-         what.c_str(), j.contains("schema_version") ? json_excerpt(j["schema_version"]).c_str()
-                                                    : "absent",
+         what.c_str(),
+         j.contains("schema_version") ? json_excerpt(j["schema_version"]).c_str() : "absent",
          kManifestSchemaVersion);
   require_fields(j, kFields, what, "the manifest");
   if (get_string(j, "kind", what) != kManifestKind)

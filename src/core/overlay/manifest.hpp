@@ -38,10 +38,10 @@ constexpr const char* kMetaScaleContract = "qsakv.scale_contract";
 constexpr const char* kMetaUnitScaleControl = "qsakv.unit_scale_control";
 
 struct Contract {
-  int32_t tp_size = 0;               // 0: not constrained
-  int32_t speculative_tokens = -1;   // -1: not constrained
+  int32_t tp_size = 0;                                 // 0: not constrained
+  int32_t speculative_tokens = -1;                     // -1: not constrained
   qsakv_dtype activation_dtype = QSAKV_DTYPE_INVALID;  // INVALID: not constrained
-  int32_t min_sm = 0;                // 0: not constrained
+  int32_t min_sm = 0;                                  // 0: not constrained
 };
 
 struct Manifest {

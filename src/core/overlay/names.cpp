@@ -12,12 +12,18 @@ struct Suffix {
 // Longest first is not needed for correctness (the component before the suffix must be
 // the layer id, which no suffix ends with), but it keeps the match obvious.
 const Suffix kSuffixes[] = {
-    {"self_attn.attn.k_scale", ScaleKind::k}, {"self_attn.attn.v_scale", ScaleKind::v},
-    {"self_attn.k_scale", ScaleKind::k},      {"self_attn.v_scale", ScaleKind::v},
-    {"k_proj.output_scale", ScaleKind::k},    {"v_proj.output_scale", ScaleKind::v},
-    {"k_proj.k_scale", ScaleKind::k},         {"v_proj.v_scale", ScaleKind::v},
-    {"attn.k_scale", ScaleKind::k},           {"attn.v_scale", ScaleKind::v},
-    {"k_scale", ScaleKind::k},                {"v_scale", ScaleKind::v},
+    {"self_attn.attn.k_scale", ScaleKind::k},
+    {"self_attn.attn.v_scale", ScaleKind::v},
+    {"self_attn.k_scale", ScaleKind::k},
+    {"self_attn.v_scale", ScaleKind::v},
+    {"k_proj.output_scale", ScaleKind::k},
+    {"v_proj.output_scale", ScaleKind::v},
+    {"k_proj.k_scale", ScaleKind::k},
+    {"v_proj.v_scale", ScaleKind::v},
+    {"attn.k_scale", ScaleKind::k},
+    {"attn.v_scale", ScaleKind::v},
+    {"k_scale", ScaleKind::k},
+    {"v_scale", ScaleKind::v},
 };
 
 bool ends_with(const std::string& s, const std::string& tail) {

@@ -24,9 +24,9 @@ struct OverlayTensor {
   std::string dtype;
   std::vector<uint64_t> shape;
   bool f32_scalar = false;
-  float value = 0.0f;           // when f32_scalar
-  bool is_scale_name = false;   // parse_scale_name accepted the name
-  ScaleName scale;              // when is_scale_name
+  float value = 0.0f;          // when f32_scalar
+  bool is_scale_name = false;  // parse_scale_name accepted the name
+  ScaleName scale;             // when is_scale_name
   // Checkpoint directory only: the shard the merged index maps this name to ("" absent).
   std::string index_target;
 };
@@ -41,17 +41,17 @@ struct LayerScales {
 
 // The opaque public type.
 struct qsakv_overlay {
-  std::string source;              // the path given to qsakv_overlay_load
-  std::string scale_file;          // the scale file read
-  bool has_index = false;          // loaded from a directory with a merged index
+  std::string source;      // the path given to qsakv_overlay_load
+  std::string scale_file;  // the scale file read
+  bool has_index = false;  // loaded from a directory with a merged index
   qsakv::Manifest manifest;
-  std::string scale_file_sha256;   // computed (equal to the manifest's after load)
+  std::string scale_file_sha256;  // computed (equal to the manifest's after load)
   bool unit_scale_control = false;
   std::vector<qsakv::OverlayTensor> tensors;  // scale file order
   // Set by a successful validate only; cleared first by every validate.
   bool validated = false;
   qsakv_model_config validated_config{};
-  std::vector<qsakv::LayerScales> scales;     // QSA layers in config order, once validated
+  std::vector<qsakv::LayerScales> scales;  // QSA layers in config order, once validated
 };
 
 namespace qsakv {

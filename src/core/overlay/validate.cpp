@@ -34,15 +34,13 @@ void check_revision(const Manifest& m, const std::string& expected) {
 
 std::string qsa_list(const qsakv_model_config& c) {
   std::string s;
-  for (int i = 0; i < c.num_qsa_layers; ++i)
-    s += (i ? ", " : "") + std::to_string(c.qsa_layers[i]);
+  for (int i = 0; i < c.num_qsa_layers; ++i) s += (i ? ", " : "") + std::to_string(c.qsa_layers[i]);
   return s;
 }
 
 std::string shape_text(const std::vector<uint64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
@@ -57,18 +55,19 @@ int slot_of(const OverlayTensor& t, const qsakv_overlay& o, const qsakv_model_co
   if (!t.is_scale_name)
     fail(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR,
          "tensor \"%s\" in %s is not a K/V scale (expected \"%s.<layer>.self_attn.k_scale\", "
-         "\"...v_scale\" or a known variant)", t.name.c_str(), o.scale_file.c_str(),
-         o.manifest.layer_prefix.c_str());
+         "\"...v_scale\" or a known variant)",
+         t.name.c_str(), o.scale_file.c_str(), o.manifest.layer_prefix.c_str());
   if (t.scale.prefix != o.manifest.layer_prefix)
     fail(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR,
          "tensor \"%s\" uses layer prefix \"%s\"; the overlay's prefix is \"%s\" and one "
-         "prefix must hold for every tensor", t.name.c_str(), t.scale.prefix.c_str(),
-         o.manifest.layer_prefix.c_str());
+         "prefix must hold for every tensor",
+         t.name.c_str(), t.scale.prefix.c_str(), o.manifest.layer_prefix.c_str());
   const int i = qsa_index(c, t.scale.layer);
   if (i < 0)
     fail(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR,
          "tensor \"%s\" is a scale of layer %d, which is not a QSA layer of the config "
-         "(QSA layers: %s)", t.name.c_str(), t.scale.layer, qsa_list(c).c_str());
+         "(QSA layers: %s)",
+         t.name.c_str(), t.scale.layer, qsa_list(c).c_str());
   return i;
 }
 
@@ -87,7 +86,8 @@ void check_index(const OverlayTensor& t, const qsakv_overlay& o) {
   if (t.index_target.empty())
     fail(QSAKV_ERROR_OVERLAY_INCOMPLETE,
          "layer %d %s (\"%s\") is missing from the merged index's weight_map; the "
-         "checkpoint would not load it", t.scale.layer, kind_name(t.scale.kind), t.name.c_str());
+         "checkpoint would not load it",
+         t.scale.layer, kind_name(t.scale.kind), t.name.c_str());
   fail(QSAKV_ERROR_OVERLAY_DUPLICATE,
        "\"%s\" is already in the base checkpoint: the merged index maps it to %s, not %s",
        t.name.c_str(), t.index_target.c_str(), kScaleFileName);
@@ -135,7 +135,8 @@ void contract_field(const char* field, const std::string& want, const std::strin
   if (want != have)
     fail(QSAKV_ERROR_CONTRACT,
          "outside the overlay's contract: %s must be %s (calibrated and validated for it), "
-         "the config has %s", field, want.c_str(), have.c_str());
+         "the config has %s",
+         field, want.c_str(), have.c_str());
 }
 
 void check_contract(const Contract& k, const qsakv_model_config& c) {
@@ -173,16 +174,19 @@ void overlay_validate(qsakv_overlay* o, const qsakv_model_config& config,
 
 void overlay_require_validated(const qsakv_overlay* o, const qsakv_model_config& config) {
   if (!o)
-    fail(QSAKV_ERROR_OVERLAY_MISSING, "an E4M3 cache needs an overlay; none was given "
+    fail(QSAKV_ERROR_OVERLAY_MISSING,
+         "an E4M3 cache needs an overlay; none was given "
          "(there is no unit-scale fallback)");
   if (!o->validated)
     fail(QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
          "overlay %s has not been validated (qsakv_overlay_validate) or its last validation "
-         "failed", o->source.c_str());
+         "failed",
+         o->source.c_str());
   if (!same_config(o->validated_config, config))
     fail(QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
          "overlay %s was validated for another model config (geometry or runtime differ); "
-         "validate it for this one", o->source.c_str());
+         "validate it for this one",
+         o->source.c_str());
 }
 
 void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v) {
@@ -205,7 +209,10 @@ void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v) {
   }
   if (!kt || !vt)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "the overlay has no %s for layer %d",
-         !kt && !vt ? "K or V scale" : !kt ? "K scale" : "V scale", layer);
+         !kt && !vt ? "K or V scale"
+         : !kt      ? "K scale"
+                    : "V scale",
+         layer);
   *k = kt->value;
   *v = vt->value;
 }

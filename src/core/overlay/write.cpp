@@ -53,10 +53,10 @@ void refuse_base_names(const Base& b, const std::vector<std::string>& names) {
 
 void check_write_options(const qsakv_overlay_write_options& o) {
   if (!o.base_index_path)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is NULL; the manifest binds "
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.base_index_path is NULL; the manifest binds "
          "the overlay to the base checkpoint's model.safetensors.index.json");
-  if (!*o.base_index_path)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is empty");
+  if (!*o.base_index_path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is empty");
   if (o.contract_tp_size < 0)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_tp_size is %d; 0 or more",
          o.contract_tp_size);
@@ -65,8 +65,10 @@ void check_write_options(const qsakv_overlay_write_options& o) {
          o.contract_speculative_tokens);
   const int32_t act = enum_value(o.contract_activation_dtype);
   if (act != QSAKV_DTYPE_INVALID && act != QSAKV_DTYPE_FP16 && act != QSAKV_DTYPE_BF16)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_activation_dtype is %d; INVALID "
-         "(unconstrained), FP16 or BF16", act);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.contract_activation_dtype is %d; INVALID "
+         "(unconstrained), FP16 or BF16",
+         act);
   if (o.contract_min_sm < 0 || o.contract_min_sm > 10000)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_min_sm is %d", o.contract_min_sm);
   if (o.unit_scale_control != 0 && o.unit_scale_control != 1)
@@ -76,8 +78,8 @@ void check_write_options(const qsakv_overlay_write_options& o) {
 
 void check_scale(int32_t layer, const char* kind, float v) {
   if (!std::isfinite(v) || !(v > 0.0f))
-    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; a scale must be finite and > 0",
-         layer, kind, std::isnan(v) ? "nan" : format("%g", static_cast<double>(v)).c_str());
+    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; a scale must be finite and > 0", layer,
+         kind, std::isnan(v) ? "nan" : format("%g", static_cast<double>(v)).c_str());
 }
 
 struct Entry {
@@ -134,9 +136,10 @@ std::string merged_index(const Base& b, const qsakv_overlay& o, uint64_t scale_b
            b.index_path.c_str(), json_excerpt(total).c_str());
     uint64_t grown = 0;
     if (!add_u64(total.get<uint64_t>(), scale_bytes, &grown))
-      fail(QSAKV_ERROR_FORMAT, "%s: metadata.total_size %llu plus the scale file's %llu bytes "
-           "does not fit in 64 bits", b.index_path.c_str(),
-           static_cast<unsigned long long>(total.get<uint64_t>()),
+      fail(QSAKV_ERROR_FORMAT,
+           "%s: metadata.total_size %llu plus the scale file's %llu bytes "
+           "does not fit in 64 bits",
+           b.index_path.c_str(), static_cast<unsigned long long>(total.get<uint64_t>()),
            static_cast<unsigned long long>(scale_bytes));
     total = grown;
   }
@@ -222,23 +225,26 @@ void overlay_materialize(const std::string& out_dir, const std::string& base_dir
   refuse_base_names(base, o->manifest.tensor_names);
   require_absent(out_dir, "checkpoint output directory");
   // Copy from the bytes re-read and re-hashed now, not from what load saw earlier.
-  const std::string scale =
-      read_file(o->scale_file, kMaxPackFileBytes, "overlay scale file", QSAKV_ERROR_OVERLAY_MISSING);
+  const std::string scale = read_file(o->scale_file, kMaxPackFileBytes, "overlay scale file",
+                                      QSAKV_ERROR_OVERLAY_MISSING);
   const std::string manifest_path = join_path(pack_dir, kManifestFileName);
   const std::string manifest =
       read_file(manifest_path, kMaxPackFileBytes, "overlay manifest", QSAKV_ERROR_OVERLAY_MISSING);
   const std::string scale_sha = sha256_hex(scale);
   if (scale_sha != o->manifest.scale_file_sha256 ||
       parse_manifest(manifest, manifest_path).scale_file_sha256 != scale_sha)
-    fail(QSAKV_ERROR_HASH_MISMATCH, "scale file %s or its manifest changed while the "
-         "checkpoint was built", o->scale_file.c_str());
+    fail(QSAKV_ERROR_HASH_MISMATCH,
+         "scale file %s or its manifest changed while the "
+         "checkpoint was built",
+         o->scale_file.c_str());
   const std::string index = merged_index(base, *o, scale.size());
   const std::string base_real = real_path(base_dir);
   // The provenance file records the base's path in JSON, which holds UTF-8 only: a path
   // that is not UTF-8 is refused up front, naming the byte, rather than written mangled.
   size_t bad = 0;
   if (!utf8_valid(base_real, &bad))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "base_checkpoint_dir resolves to a path that is not "
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "base_checkpoint_dir resolves to a path that is not "
          "valid UTF-8 (byte 0x%02x at offset %zu of \"%s\"); qsakv-provenance.json records "
          "that path as JSON text, so rename the directory (or link it under a UTF-8 name)",
          static_cast<unsigned char>(base_real[bad]), bad, utf8_escaped(base_real).c_str());
