@@ -81,7 +81,7 @@ SAN_BUILD ?= build-asan
 # not registered under ASan (tests/packaging/CMakeLists.txt); they run in `make test`.
 SAN_UNREGISTERED := test_install rust_qsakv go_qsakv python_wheel
 # Suites that are scripts, not build targets (they still run under ctest there).
-SAN_SCRIPTS := rust_sys_bindings test_abi test_exports
+SAN_SCRIPTS := rust_sys_bindings test_abi test_exports format_check
 SAN_SUITES := $(filter-out pytest% %_cli $(SAN_UNREGISTERED) $(SAN_SCRIPTS),$(shell cat tests/SUITES))
 sanitize:
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DQSAKV_WITH_CUDA=OFF -DQSAKV_SANITIZE=ON $(CMAKE_FLAGS)
