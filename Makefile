@@ -77,9 +77,9 @@ bench:
 # keeps its own host buffers to the end (the library's objects are all released).
 # SAN_BUILD names the build tree (e.g. an existing Debug ASan tree, to reuse it).
 SAN_BUILD ?= build-asan
-# Suites that load the library into uninstrumented programs (consumers, cargo, go, pip):
-# not registered under ASan (tests/packaging/CMakeLists.txt); they run in `make test`.
-SAN_UNREGISTERED := test_install rust_qsakv go_qsakv python_wheel
+# Suites that load the library into uninstrumented programs (consumers, cargo, go, pip),
+# and clang-tidy (the same sources): not registered under ASan; they run in `make test`.
+SAN_UNREGISTERED := test_install rust_qsakv go_qsakv python_wheel tidy_check
 # Suites that are scripts, not build targets (they still run under ctest there).
 SAN_SCRIPTS := rust_sys_bindings test_abi test_exports format_check
 SAN_SUITES := $(filter-out pytest% %_cli $(SAN_UNREGISTERED) $(SAN_SCRIPTS),$(shell cat tests/SUITES))

@@ -38,6 +38,7 @@ system_deps() {
   command -v go >/dev/null || need_apt+=(golang-go)  # go_qsakv
   command -v abidiff >/dev/null || need_apt+=(abigail-tools)  # test_abi
   command -v clang-format >/dev/null || need_apt+=(clang-format)  # format_check
+  command -v clang-tidy >/dev/null || need_apt+=(clang-tidy)  # tidy_check
   command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] ||
     need_apt+=(cargo)  # rust_qsakv
   # The test venv and python_wheel's venv need venv + ensurepip (Debian splits them out).

@@ -75,13 +75,13 @@ int64_t resolve_num_blocks(const qsakv_model_config& c, const qsakv_cache_option
     const uint64_t topk_cost = topk == TopkBuffer::kShared     ? cap.topk_bytes
                                : topk == TopkBuffer::kPerLayer ? cap.topk_bytes_unshared
                                                                : 0;
+    const uint64_t fixed = cap.ring_bytes + topk_cost;  // both bounded by the config limits
     if (cap.num_blocks <= 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT,
            "options.memory_budget_bytes %llu holds no block: "
            "fixed costs are %llu bytes (rings %llu, top-k %llu), one block is %llu bytes",
            static_cast<unsigned long long>(o.memory_budget_bytes),
-           static_cast<unsigned long long>(cap.ring_bytes + topk_cost),
-           static_cast<unsigned long long>(cap.ring_bytes),
+           static_cast<unsigned long long>(fixed), static_cast<unsigned long long>(cap.ring_bytes),
            static_cast<unsigned long long>(topk_cost),
            static_cast<unsigned long long>(cap.bytes_per_block));
     num_blocks = std::min<int64_t>(cap.num_blocks, INT32_MAX);

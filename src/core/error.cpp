@@ -30,7 +30,7 @@ void fail(qsakv_status status, const char* fmt, ...) {
   va_start(args, fmt);
   std::string s = vformat(fmt, args);
   va_end(args);
-  throw Error(status, std::move(s));
+  throw Error(status, s);
 }
 
 }  // namespace qsakv

@@ -11,8 +11,8 @@ namespace qsakv {
 
 class Error : public std::runtime_error {
  public:
-  Error(qsakv_status status, std::string message)
-      : std::runtime_error(std::move(message)), status_(status) {}
+  Error(qsakv_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
   qsakv_status status() const noexcept { return status_; }
 
  private:

@@ -40,7 +40,7 @@ std::string get_string(const json& obj, const char* field, const std::string& wh
 }
 
 std::string get_sha(const json& obj, const char* field, const std::string& what) {
-  const std::string s = get_string(obj, field, what);
+  std::string s = get_string(obj, field, what);
   if (!is_sha256_hex(s))
     fail(QSAKV_ERROR_FORMAT, "%s: \"%s\" is \"%s\", not 64 lower-case hex digits", what.c_str(),
          field, s.c_str());

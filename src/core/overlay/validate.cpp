@@ -164,6 +164,7 @@ void overlay_validate(qsakv_overlay* o, const qsakv_model_config& config,
   check_complete(slots, config);
   check_contract(o->manifest.contract, config);
   std::vector<LayerScales> table;
+  table.reserve(static_cast<size_t>(config.num_qsa_layers));
   for (int i = 0; i < config.num_qsa_layers; ++i)
     table.push_back({config.qsa_layers[i], slots[static_cast<size_t>(i)].k->value,
                      slots[static_cast<size_t>(i)].v->value});

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The fast checks before a commit (well under a minute on 2 cores): formatting of every
+# source, clang-tidy of the library sources changed since main (all of them with --all),
+# and that every suite tests/SUITES lists is registered. The full run is `make test`.
+# Usage: scripts/check.sh [--all] [BUILD_DIR (default build)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+all=0
+if [ "${1:-}" = "--all" ]; then all=1; shift; fi
+build=${1:-build}
+bash tools/check-format.sh
+[ -f "$build/compile_commands.json" ] || cmake -S . -B "$build" >/dev/null
+if [ $all = 1 ]; then
+  bash tools/check-tidy.sh "$build"
+else
+  base=$(git merge-base HEAD main 2>/dev/null || git rev-list --max-parents=0 HEAD | tail -1)
+  mapfile -t changed < <( { git diff --name-only "$base" -- 'src/*.cpp'; git ls-files -o --exclude-standard 'src/*.cpp'; } | sort -u)
+  present=()
+  for f in "${changed[@]}"; do [ -f "$f" ] && present+=("$f"); done
+  if [ ${#present[@]} -gt 0 ]; then bash tools/check-tidy.sh "$build" "${present[@]}"
+  else echo "check-tidy: no library source changed since main"; fi
+fi
+missing=()
+while read -r suite; do
+  [ -z "$suite" ] && continue
+  grep -rqE "(NAME|qsakv_add_cmocka_test\(|qsakv_missing_tool_test\()[[:space:]]*$suite([[:space:])]|$)" \
+    tests/CMakeLists.txt tests/packaging/CMakeLists.txt || missing+=("$suite")
+done < tests/SUITES
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "check: suites listed in tests/SUITES but not registered: ${missing[*]}" >&2
+  exit 1
+fi
+echo "check: every suite of tests/SUITES is registered"
