@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * qsakv.h -- calibrated FP8 (E4M3) KV caches and sparse (QSA) / dense GQA attention.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * qsakv.hpp -- C++17 RAII wrappers over the C API of libqsakv (include/qsakv.h).
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // E4M3 (float8 e4m3fn) codec shared by the CPU backend and the CUDA kernels.
 //
 // Format: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; NaN is

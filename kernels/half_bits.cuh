@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FP16 / BF16 <-> FP32 conversions on raw bits, exact and round-to-nearest-even, for host
 // code (the CPU backend, tests). Device code uses the CUDA intrinsics instead.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host/device qualifiers so the numerics headers compile with nvcc and with g++.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Fixtures for the overlay tests: temporary directories, a synthetic base checkpoint,
  * and hand-built scale files and manifests (malformed on purpose where a test says so).
  * Hashes come from OpenSSL, not from the library, so the tests do not trust the code

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* A populated cache for selection and attention tests: random requests, pages on random
  * distinct physical blocks, every unused byte NaN-poisoned, K/V and compressed keys
  * stored through the library, and a plan updated with the batch. The same data seed on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Hostile callers and hostile files (issue 11): every public entry point with NULL
  * pointers, out-of-range and negative enums, struct_size and version garbage, extreme
  * strides, counts, offsets and lengths, calls on stopped or half-built handles, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Attention against an FP64 reference computed here from the cache bytes (an independent
  * decoder, not the backend's code path): random data every run, poisoned outputs, NaN
  * pages no valid index reaches, -1 indices, empty requests, requests shorter than one

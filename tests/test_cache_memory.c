@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Caches over caller-owned memory: the same results as library-allocated caches, bit for
  * bit, through store, select and attention; every refusal names the buffer; the library
  * never frees the caller's buffers; the CUDA backend refuses host memory. */

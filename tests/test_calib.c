@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Calibration: statistics against an independent FP64 reference (random data with
  * planted maxima, NaN, inf, zeros, subnormals), start/stop, the scale rounding rule at
  * FP32 boundaries, merge/envelope algebra, every refusal, the statistics file, and an

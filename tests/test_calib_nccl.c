@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #define _POSIX_C_SOURCE 200809L /* setenv */
 /* qsakv_calib_allreduce over a real NCCL communicator of one rank (one GPU): the
  * reduction is the identity there, so the statistics must come back unchanged; plus

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Capacity planning: bytes per token of each cache, what fits in a budget, and the
  * shared top-k workspace's saving; cache creation and layout queries on the CPU. */
 #include <limits.h>

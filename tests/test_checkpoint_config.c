@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv_model_config_from_checkpoint: a model config from a Hugging Face config.json
  * (fixtures in tests/data/hf_config): the reference model read equals the preset; a
  * multimodal text_config; every refusal names the file and the key. */

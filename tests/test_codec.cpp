@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The E4M3 codec header (shared by the CPU backend and the kernels) against the FP64
 // oracle of testutil: every code decodes exactly; every FP16 input at several scales
 // encodes bit-identically (FP32 division, RNE, saturation, NaN).

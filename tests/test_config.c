@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Model config: the reference preset, per-rank geometry, and a named refusal for every
  * inconsistent field. */
 #include <string.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Status strings, the thread-local last error, NULL handling. */
 #include <pthread.h>
 #include <string.h>

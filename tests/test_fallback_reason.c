@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Why AUTO fell back to the CPU backend, in words a user acts on: a machine without an
  * NVIDIA driver says "no NVIDIA driver found" (not the runtime's "CUDA driver version is
  * insufficient"), with the CUDA error name kept in parentheses; asking for CUDA there

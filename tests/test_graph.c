@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* CUDA graphs: select + attention captured once for a plan's maximum shape, then the
  * plan re-planned for other batches (fewer rows, other requests, other lengths, another
  * block table) and the graph replayed without re-capture: each replay must equal a

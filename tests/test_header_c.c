@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The public header compiles as C99, twice in one translation unit (include guard) and
  * in a second unit (test_header_c_again.c), and defines what it promises. */
 #include "qsakv.h"

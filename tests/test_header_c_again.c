@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* A second C translation unit including the header (twice): no duplicate definitions. */
 #include "qsakv.h"
 #include "qsakv.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public header compiles as C++ (twice: include guard), with C linkage.
 #include "qsakv.h"
 #include "qsakv.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Overlays through the public API: writing a scale pack, loading it in every form
  * (bare file, explicit manifest, pack directory, materialised checkpoint), every
  * accepted name spelling and prefix, validation for the reference config at TP1 and

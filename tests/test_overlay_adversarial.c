@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Adversarial overlays: every malformed or dishonest input is refused with its own
  * status (and, for a few, the exact words of the message). Each test breaks one rule of
  * a well-formed overlay, so it fails if that rule is removed from the library. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv_overlay_read_scale_file: the scales of a bare scale file, for inspection, with
  * no manifest; what it refuses. */
 #include <math.h>

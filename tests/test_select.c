@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Indexer selection against a reference written here: FP64 scores, exact top-k (score
  * descending, block ascending on ties: the keys are small integers, so ties happen and
  * scores are exact in every precision), expansion with the open group's tail, -1

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Stores: E4M3 quantisation bit for bit against the FP64 oracle (NaN, inf, subnormals,
  * saturating values), 16-bit copies, -1 slots skipped, untouched bytes left alone, the
  * index-key rings and the compressed cache. On a GPU: CUDA equals CPU byte for byte. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-parallel consensus, the comparison every rank runs on the all-gathered records
 // (compiled in from src/core: the NCCL part needs GPUs and is in test_calib_nccl.c).
 // Each case breaks one thing on one rank of four and checks the verdict names it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Shared test helpers: seeded random data, independent FP16/BF16/E4M3 oracles (FP64),
  * contexts for each backend, overlays for E4M3 caches. Nothing here calls into the
  * library's internals: the oracles are written independently of both backends. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The main job end to end through the public API: on the GPU when there is one, on the
  * CPU reference backend otherwise.
  *   1. context (AUTO) and the capacity table for the reference model at TP4;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration statistics kernel: one pass over K and V (blockIdx.y picks which), 8
 // values (16 bytes) per load. Each block bins into a shared-memory histogram, then
 // flushes its nonzero bins, its counts and its maximum with global atomics, so any

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration statistics on the GPU: the launcher the CUDA backend calls.
 #pragma once
 

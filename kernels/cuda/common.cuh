@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small device helpers shared by the kernels: vector loads, bit permutes, conversions.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Instantiation and dispatch of the decode attention kernels: activation type x cache
 // type x head_dim (x decoder for E4M3) -- the shapes that pay for compile-time code.
 #include <cmath>

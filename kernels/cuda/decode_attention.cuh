@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Split-K decode attention over a paged K/V cache, sparse (top-k token lists) or dense
 // (causal over the block table), for any number of rows per request.
 //

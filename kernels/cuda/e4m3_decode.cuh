@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Packed E4M3 -> FP16 decoders for the attention inner loop. Both produce the same pairs
 // from a 32-bit word of four codes [b0 b1 b2 b3] so the two decoders feed identical
 // operands to the same MMAs:

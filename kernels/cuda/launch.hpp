@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side launchers of the CUDA kernels (compiled by nvcc, called by the backend).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-core helpers: m16n8k16 MMA with FP32 accumulation (FP16 or BF16 operands) and
 // the 8x8 b16 transpose that turns a score fragment into the next MMA's B operand.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exact top-k of one row's score keys by radix select, block-wide (one CTA per row).
 //
 // Every candidate is a 64-bit composite: (score key << 32) | (0xFFFFFFFF - block), so

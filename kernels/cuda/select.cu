@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Indexer selection on the GPU: score every visible compressed block on tensor cores,
 // take the exact top-k of the scores (score descending, block ascending on ties), expand
 // to tokens with the open group's tail, pad with -1.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Indexer scoring on tensor cores: one warp scores 16 compressed keys of one row per
 // MMA tile, keys as M, the row's index heads as N (up to 8), index dims as K.
 //

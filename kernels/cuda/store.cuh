@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Store kernels: K/V into the paged main cache (E4M3 quantisation or 16-bit copy) and
 // index-key rows into the raw ring / compressed cache. One thread per 8 elements (16
 // input bytes), so loads are 16 bytes wide and every launch is bandwidth-shaped.

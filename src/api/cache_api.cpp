@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: capacity planning and cache creation.
 #include <algorithm>
 #include <climits>

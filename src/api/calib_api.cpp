@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: calibration handles, statistics, merging, scales, overlays.
 #include <cstring>
 #include <memory>

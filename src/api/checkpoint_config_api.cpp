@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry point: a model config from a checkpoint's Hugging Face config.json.
 #include "api/guard.hpp"
 #include "core/hf_config.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: model config.
 #include "api/guard.hpp"
 #include "core/config.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: context, capability queries, memory helpers.
 #include <cstring>
 

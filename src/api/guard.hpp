@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one exception-to-status wrapper every exported body runs inside: nothing C++
 // crosses the ABI, and every failure leaves a thread-local message.
 #pragma once

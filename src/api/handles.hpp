@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The opaque handles behind the public types, in one place (the overlay's lives with its
 // parser in core/overlay/overlay.hpp: the overlay logic works on it directly).
 #pragma once

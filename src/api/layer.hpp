@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resolving a model-layer id to its QSA slot, with the error every entry point gives.
 #pragma once
 

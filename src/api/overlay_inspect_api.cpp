@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry point: the scales of a bare scale file, for inspection (no manifest,
 // no checkpoint, no config: nothing is validated and nothing is bound).
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: plans (batch metadata), selection and attention.
 #include <algorithm>
 #include <climits>

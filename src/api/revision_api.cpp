@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry point: the revision (index SHA-256) of a checkpoint.
 #include <cstring>
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Versions, status strings, the thread-local last error, dtype helpers.
 #include <string>
 

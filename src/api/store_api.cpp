@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: stores into the main cache and the indexer caches.
 #include "api/guard.hpp"
 #include "api/layer.hpp"

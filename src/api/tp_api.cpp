@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // extern "C" entry point: tensor-parallel consensus over the caller's NCCL communicator.
 #include <vector>
 

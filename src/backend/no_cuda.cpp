@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Built instead of the CUDA backend when the library is configured without CUDA.
 #include "core/backend.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The interface both backends implement. The API layer owns handles and validation; a
 // backend owns memory and compute. Backends are siblings: neither includes the other.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cache's layout: blocks per layer and the strides and bytes of every per-layer
 // buffer, computed once here for the cache (library- or caller-allocated) and for
 // qsakv_cache_layout_for, with checked arithmetic (nothing wraps).

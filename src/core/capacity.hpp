@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Capacity math: bytes per token of each cache and what fits in a memory budget.
 #pragma once
 

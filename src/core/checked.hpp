@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Integer discipline for values that come from callers and files: enums read as the
 // int32 the header promises, and 64-bit arithmetic that refuses instead of wrapping.
 #pragma once

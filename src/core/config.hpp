@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Model config: presets, validation with named errors, per-rank geometry.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RAII owners of backend memory: a handle is either fully built or owns nothing.
 #pragma once
 

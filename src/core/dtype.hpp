@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element types: sizes and names.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Errors inside the library: one exception type carrying a public status and a message
 // a person can act on. Only src/api converts it (and every other exception) to a status.
 #pragma once

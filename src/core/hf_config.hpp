@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A model config from a checkpoint's Hugging Face config.json (the key mapping is
 // documented at qsakv_model_config_from_checkpoint in include/qsakv.h).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NCCL, loaded at call time: libqsakv never links libnccl, so it loads (and every other
 // feature works) where NCCL is absent. Two features use it: the all-reduce of
 // calibration statistics and the tensor-parallel consensus check.

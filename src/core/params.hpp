@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plain parameter structs handed from the API layer to a backend. Raw pointers, strides
 // and scalars only, so the CUDA kernels can take them by value.
 #pragma once

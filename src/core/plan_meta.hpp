@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A plan's batch metadata: its layout in the plan's device buffer (a header, then
 // row_request[max_rows], row_pos[max_rows], req_len[max_requests], req_slot[max_requests]),
 // the validation of a caller's batch against the plan's limits, and the host-side fill

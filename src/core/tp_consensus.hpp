@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-parallel consensus: what each rank contributes (a fixed-size record of its
 // config, overlay and numbering) and the comparison every rank runs on all records, so
 // that every rank reaches the same verdict with the same message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the file parsers: the safetensors reader (strict header,
 // offsets, duplicates) and, by first byte, 'M' the manifest parser, 'I' the checkpoint
 // index parser, 'C' the calibration statistics reader (its checked count consistency).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // include/qsakv.hpp: the C++ RAII wrappers. The pipeline (context, config, cache, store,
 // plan, select, sparse and dense attention) on the CPU backend against an FP64
 // reference, errors as exceptions carrying status and message, move-only handles.

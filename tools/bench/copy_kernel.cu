@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A device-to-device copy done by SM threads (16-byte loads and stores, grid-stride),
 // the same memory path the attention kernels use: the bandwidth ceiling of the bench.
 #include <cuda_runtime.h>

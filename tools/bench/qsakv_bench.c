@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv_bench: decode attention, store and selection timings on the GPU for the
  * reference geometry (TP4 rank: 6 query heads, 1 KV head, head_dim 256), 32K-token
  * contexts, 2051 selected tokens per row, block size 64.

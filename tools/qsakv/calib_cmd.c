@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv calib summarize | merge | envelope, and qsakv overlay make | materialize:
  * from statistics files to a revision-bound overlay. */
 #include <stdio.h>

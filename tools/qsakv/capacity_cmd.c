@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv capacity: the capacity table of a config and a memory budget. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv: command-line tool for libqsakv. `qsakv <area> <verb> ...`. */
 #include <errno.h>
 #include <limits.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* qsakv overlay inspect | verify (make and materialize: calib_cmd.c) */
 #include <math.h>
 #include <stdio.h>

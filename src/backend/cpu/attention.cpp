@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reference attention over a paged cache: per row and query head, softmax over the
 // selected (sparse) or causal (dense) tokens, FP32 throughout, numerics as the GPU:
 // the K scale folded into the base-2 softmax factor, the V scale applied once at the end.

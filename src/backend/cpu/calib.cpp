@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reference calibration statistics: the same bin table as the GPU, one value at a time.
 #include <algorithm>
 #include <cstring>

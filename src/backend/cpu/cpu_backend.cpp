@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU reference backend: host memory, synchronous, the oracle for GPU tests.
 #include <cstdlib>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference backend's compute: plain C++, FP32 math, same layouts as the GPU.
 #pragma once
 

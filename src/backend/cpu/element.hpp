@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loading and storing one element of a given dtype as FP32 on the host.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reference indexer selection: scores, exact top-k (score descending, block ascending),
 // expansion into token positions with the open group's tail, -1 padding.
 #include <algorithm>

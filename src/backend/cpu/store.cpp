@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reference stores: K/V quantisation by slot mapping, index-key row scatters.
 #include <cstring>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend: device memory, staging fences, capability detection, launches.
 // Every launch is asynchronous on the caller's stream; nothing here allocates or
 // synchronises on the run path.

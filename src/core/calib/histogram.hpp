@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The log2 histogram: bins of 16-bit activations, bin edges, quantiles.
 #pragma once
 

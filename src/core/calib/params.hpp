@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration statistics: the memory layout shared by both backends, the host copy and
 // the statistics file, and the parameters of the observe kernels.
 //

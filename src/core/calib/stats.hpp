@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host copy of calibration statistics and what is recorded beside them: the config,
 // its fingerprint, the TP ranks covered and the number of runs pooled. Merging lives
 // here; the device side only accumulates.

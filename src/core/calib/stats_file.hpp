@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The statistics file: a safetensors file (readable by the `safetensors` package).
 //
 // Tensors:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // From statistics to scales: the rounding rule, the refusals, the per-layer report.
 #pragma once
 

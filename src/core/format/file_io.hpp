@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small POSIX file helpers for overlays: bounded whole-file reads with statuses that
 // tell "missing" from "unreadable", and staging directories committed by rename(2).
 #pragma once

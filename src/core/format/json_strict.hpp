@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Strict JSON parsing for overlay files: nlohmann's parser silently keeps the last of
 // two equal keys, which would let a crafted file say two things at once. This wrapper
 // watches every key through the parser callback and reports the first duplicate.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Safetensors: a strict reader and a writer.
 //
 // Layout: 8-byte little-endian header length N, N bytes of JSON (an object mapping each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/format/sha256.hpp"
 
 #include <openssl/evp.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // model.safetensors.index.json: the checkpoint's map from tensor name to shard file.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qsakv_overlay_load: finding, reading and cross-checking the overlay files.
 #include <memory>
 #include <set>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The overlay manifest, qsakv-overlay.json: what binds a scale file to one base
 // checkpoint revision and to the runtime contract it was calibrated and validated for.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scale tensor names: "<prefix>.<L>.<suffix>" where <suffix> is one of the spellings
 // checkpoints use for a layer's K or V cache scale. Which layers are QSA is decided
 // later, against a model config.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The overlay handle and what the rest of the library may ask of it.
 //
 // Loading (load.cpp) parses and cross-checks the files: container structure, duplicate

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qsakv_overlay_validate: the fail-closed rules (DOMAIN.md section 4), one status each.
 // Order: config, revision, each tensor (name, layer, type, duplicate, index, value),
 // completeness, contract. The first broken rule is reported.

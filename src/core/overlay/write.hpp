@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Producing overlays: the scale pack (scale file + manifest) and the materialised
 // checkpoint directory (merged index, links to the base files, provenance).
 // Both build in a staging directory beside the target and publish it with one rename.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* An out-of-tree C consumer of an installed libqsakv (tests/packaging/check_install.cmake
  * builds it with pkg-config flags): the installed header's version equals the loaded
  * library's, and a CPU context and a capacity plan work. Prints "consumer ok". */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An out-of-tree C++ consumer of an installed libqsakv through find_package(qsakv) and
 // the target qsakv::qsakv, using the installed qsakv.hpp. Prints "consumer ok".
 #include <cstdio>
