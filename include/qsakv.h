@@ -170,6 +170,9 @@ QSAKV_API qsakv_status qsakv_context_options_init(qsakv_context_options* options
  * CUDA where there is none fails with QSAKV_ERROR_NO_DEVICE. options may be NULL. */
 QSAKV_API qsakv_status qsakv_context_create(qsakv_context** out,
                                             const qsakv_context_options* options);
+/* Releases a context. Caches, plans and calibration handles made on it must be destroyed
+ * first (they use it). Synchronises nothing: finish or synchronise the streams that ran
+ * work on it first. NULL is a no-op. */
 QSAKV_API void qsakv_context_destroy(qsakv_context* context);
 
 #define QSAKV_CONTEXT_INFO_VERSION 1
@@ -296,6 +299,8 @@ QSAKV_API qsakv_status qsakv_model_config_rank_geometry(const qsakv_model_config
  * Parses strictly; checks the scale file's SHA-256 against the manifest. Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path,
                                           const char* manifest_path);
+/* Releases an overlay. A cache copies the scales it needs at creation, so the overlay may
+ * be destroyed as soon as its caches exist. NULL is a no-op. */
 QSAKV_API void qsakv_overlay_destroy(qsakv_overlay* overlay);
 
 /* Validates against a config and the expected base revision (lower-case hex SHA-256 of
@@ -321,6 +326,8 @@ typedef struct qsakv_overlay_info {
   char scale_file_sha256[65];
   char layer_prefix[128]; /* e.g. "model.layers" */
 } qsakv_overlay_info;
+/* What an overlay holds: counts, contract, revision binding, whether validated. Set
+ * info->struct_size first. Host only. */
 QSAKV_API qsakv_status qsakv_overlay_get_info(const qsakv_overlay* overlay,
                                               qsakv_overlay_info* info);
 /* K and V scales of a model layer id. QSAKV_ERROR_INVALID_ARGUMENT if absent. */
@@ -358,6 +365,8 @@ typedef struct qsakv_overlay_write_options {
   int32_t unit_scale_control;            /* 1 marks a unit-scale negative control in the metadata
                                             (informational: a loaded 1.0 is a valid scale) */
 } qsakv_overlay_write_options;
+/* Fills defaults: every contract field unconstrained, the default layer prefix, no base
+ * index (set what the overlay should bind). */
 QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* options);
 
 /* Writes `out_dir`/model-kvscales.safetensors and `out_dir`/qsakv-overlay.json for the
@@ -429,6 +438,8 @@ typedef struct qsakv_cache_options {
   int64_t external_topk_rows; /* >= max_batched_tokens */
   int64_t external_topk_cols; /* == topk_width (2051) */
 } qsakv_cache_options;
+/* Fills defaults: num_blocks 0 (size from memory_budget_bytes), the shared top-k buffer,
+ * no external buffer. */
 QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
 
 /* Allocates every cache of this rank: main K/V per QSA layer, raw index-key rings,
@@ -441,6 +452,10 @@ QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* cont
                                           const qsakv_model_config* config,
                                           const qsakv_overlay* overlay,
                                           const qsakv_cache_options* options);
+/* Releases a cache and the memory the library allocated for it (never the caller's
+ * buffers of qsakv_cache_create_with_memory or an external top-k buffer). Destroy its plans
+ * first, and make sure no work that uses it is still queued on a stream (the device memory
+ * is freed at once). NULL is a no-op. */
 QSAKV_API void qsakv_cache_destroy(qsakv_cache* cache);
 
 #define QSAKV_CACHE_LAYOUT_VERSION 1
@@ -472,6 +487,8 @@ typedef struct qsakv_cache_layout {
   int32_t topk_external;
   uint64_t total_bytes; /* everything the library allocated for the cache */
 } qsakv_cache_layout;
+/* The cache's layout (strides, bytes per layer, top-k shape). Set out->struct_size
+ * first. Host only. */
 QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_cache_layout* out);
 
 /* Device pointers of one QSA layer (model-layer id), for interoperability. Writing E4M3
@@ -486,6 +503,8 @@ typedef struct qsakv_layer_buffers {
   int32_t* topk;         /* this layer's top-k buffer (the shared one when shared) */
   const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
 } qsakv_layer_buffers;
+/* The device pointers of QSA layer `layer` (model-layer id); valid while the cache lives.
+ * Host only. */
 QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
                                                      qsakv_layer_buffers* out);
 
@@ -580,6 +599,7 @@ typedef struct qsakv_plan_options {
   int32_t max_requests; /* requests per batch (0: config max_requests) */
   int32_t num_splits;   /* split-K factor of the decode route; 0: from occupancy */
 } qsakv_plan_options;
+/* Fills defaults: max_rows and max_requests from the config, splits from occupancy. */
 QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
 
 /* Makes a plan for batches up to the given maximum shape. Allocates its device metadata
@@ -588,6 +608,9 @@ QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
  * outlive the plan. */
 QSAKV_API qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
                                          const qsakv_plan_options* options);
+/* Releases a plan. Waits for its last metadata copy to finish (host side only); make sure
+ * no select or attention call that uses it is still queued on a stream, and that no CUDA
+ * graph that captured it is replayed afterwards. NULL is a no-op. */
 QSAKV_API void qsakv_plan_destroy(qsakv_plan* plan);
 
 #define QSAKV_BATCH_VERSION 1
@@ -632,6 +655,8 @@ typedef struct qsakv_plan_info {
   int32_t num_requests;     /* of the last update */
   uint64_t workspace_bytes; /* device memory the plan holds */
 } qsakv_plan_info;
+/* The plan's limits, chosen split count, last batch and device workspace. Set
+ * info->struct_size first. Host only. */
 QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info);
 
 /* ---------------------------------------------------------------------------------- */
@@ -718,6 +743,8 @@ typedef enum qsakv_calib_kind {
  * outlive the handle. */
 QSAKV_API qsakv_status qsakv_calib_create(qsakv_calib** out, qsakv_context* context,
                                           const qsakv_model_config* config);
+/* Releases a calibration handle (live or host copy). A live handle's queued observe calls
+ * must have finished (synchronise their stream). NULL is a no-op. */
 QSAKV_API void qsakv_calib_destroy(qsakv_calib* calib);
 
 /* Start or stop counting (host-side flag; immediate, not ordered on any stream). Stop
@@ -772,6 +799,8 @@ typedef struct qsakv_calib_info {
   int32_t qsa_layers[QSAKV_MAX_LAYERS];
   char config_fingerprint[65]; /* SHA-256 hex of the calibration-relevant config */
 } qsakv_calib_info;
+/* A calibration handle's state: live or host copy, started, reduced, TP size and ranks
+ * covered, runs pooled, layers, config fingerprint. Set info->struct_size first. */
 QSAKV_API qsakv_status qsakv_calib_get_info(const qsakv_calib* calib, qsakv_calib_info* info);
 /* The full model config the statistics were gathered for. */
 QSAKV_API qsakv_status qsakv_calib_get_config(const qsakv_calib* calib, qsakv_model_config* config);
