@@ -68,18 +68,19 @@ qsakv_cache_options sized_options(const qsakv_cache_options* options) {
   return o;
 }
 
-// A cache handle with its layout, scales, NaN flags and top-k buffer; the K/V, ring and
-// compressed buffers are the caller's to attach.
+// A cache handle of layout L with its scales, NaN flags and top-k buffer; the K/V, ring
+// and compressed buffers are the caller's to attach.
 std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model_config& c,
+                                       const qsakv_rank_geometry& g,
                                        const std::vector<float>& scales,
-                                       const qsakv_cache_options& o, int64_t num_blocks) {
+                                       const qsakv_cache_options& o,
+                                       const qsakv_cache_layout& layout) {
   Backend* be = context->backend.get();
-  const qsakv_rank_geometry g = rank_geometry(c);
   auto cache = std::make_unique<qsakv_cache>();
   cache->context = context;
   cache->config = c;
   cache->geometry = g;
-  cache->layout = build_layout(c, g, o, num_blocks);
+  cache->layout = layout;
   const qsakv_cache_layout& L = cache->layout;
   const size_t nl = static_cast<size_t>(c.num_qsa_layers);
   cache->kv_layers.assign(nl, nullptr);
@@ -153,10 +154,12 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     const auto o = options ? read_versioned(options, default_cache_options(), "options")
                            : default_cache_options();
     Backend* be = context->backend.get();
-    rank_geometry(c);  // validates the config: INVALID_CONFIG before anything else
-    // Then the overlay: E4M3 without valid scales is refused before any size question.
+    // The config first (INVALID_CONFIG), then the overlay: E4M3 without valid scales is
+    // refused before any size question.
+    const qsakv_rank_geometry g = rank_geometry(c);
     const std::vector<float> scales = layer_scales(c, overlay, be->info());
-    auto cache = new_cache(context, c, scales, o, resolve_num_blocks(c, o));
+    auto cache =
+        new_cache(context, c, g, scales, o, build_layout(c, g, o, resolve_num_blocks(c, o)));
     const qsakv_cache_layout& L = cache->layout;
     const size_t nl = static_cast<size_t>(c.num_qsa_layers);
     try {
@@ -201,7 +204,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     require_out(out, "out");
     if (!context) fail(QSAKV_ERROR_INVALID_ARGUMENT, "context is NULL");
     const auto c = read_versioned(config, default_model_config(), "config");
-    rank_geometry(c);  // validates the config first
+    const qsakv_rank_geometry g = rank_geometry(c);  // validates the config first
     const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
     const auto o = sized_options(options);
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
@@ -214,7 +217,6 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.num_layers is %d; the config has %d QSA layers",
            m.num_layers, c.num_qsa_layers);
     if (!m.layers) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.layers is NULL");
-    const qsakv_rank_geometry g = rank_geometry(c);
     const qsakv_cache_layout L = build_layout(c, g, o, resolve_num_blocks(c, o));
     Backend* be = context->backend.get();
     struct Range {
@@ -247,7 +249,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
             L.compressed_bytes_per_layer);
       check(i, "ring_keys", lm.ring_keys, lm.ring_bytes, L.ring_bytes_per_layer);
     }
-    auto cache = new_cache(context, c, scales, o, L.num_blocks);
+    auto cache = new_cache(context, c, g, scales, o, L);
     for (int i = 0; i < c.num_qsa_layers; ++i) {
       cache->kv_layers[i] = static_cast<char*>(m.layers[i].kv);
       cache->compressed_layers[i] = static_cast<char*>(m.layers[i].compressed_keys);

@@ -69,7 +69,6 @@ def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
     """The CacheLayout (shapes, strides, bytes per layer) of a cache of `num_blocks` blocks
     per layer, without creating one: what to allocate for Cache(..., memory=...). Host
     only. external_topk is only read for its shape."""
-    geometry = config.rank_geometry()
     opts = _structs.new(_cdefs.qsakv_cache_options)
     lib.qsakv_cache_options_init(ctypes.byref(opts))
     opts.num_blocks = num_blocks
@@ -79,7 +78,6 @@ def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
         opts.external_topk = 16  # any non-NULL address: only the shape is read here
         opts.external_topk_dtype = DType.INT32
         opts.external_topk_rows, opts.external_topk_cols = rows, cols
-    del geometry
     out = _structs.new(_cdefs.qsakv_cache_layout)
     lib.qsakv_cache_layout_for(config._ref, ctypes.byref(opts), ctypes.byref(out))
     return _structs.record(out, "CacheLayout")
