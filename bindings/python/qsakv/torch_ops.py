@@ -11,7 +11,7 @@ package never imports torch):
                         int layer) -> ()
   select_topk(Tensor(a!) topk, Tensor index_q, Tensor token, int plan, int layer) -> ()
   attention(Tensor(a!) out, Tensor q, Tensor? topk, Tensor token, int plan, int layer,
-            int mode) -> ()                     (mode: 0 sparse, 1 dense)
+            int attn_mode) -> ()                (attn_mode: 0 sparse, 1 dense)
 
 `cache` / `plan` are ids from handle_id(obj) (plain ints, so graphs can hold them).
 `token` is the cache's ordering token (token(cache), a 1-element tensor the kernels
@@ -56,8 +56,10 @@ SCHEMAS = {
                              "Tensor slot_mapping, int cache, int layer) -> ()",
     "select_topk": "select_topk(Tensor(a!) topk, Tensor index_q, Tensor token, int plan, "
                    "int layer) -> ()",
+    # `attn_mode`, not `mode`: torch.compile's functionalization (auto_functionalized_v2)
+    # passes a `mode` keyword of its own and fails with "multiple values for argument".
     "attention": "attention(Tensor(a!) out, Tensor q, Tensor? topk, Tensor token, int plan, "
-                 "int layer, int mode) -> ()",
+                 "int layer, int attn_mode) -> ()",
 }
 
 _objects: dict[int, weakref.ref] = {}
@@ -144,8 +146,8 @@ def _select_topk(topk, index_q, token, plan: int, layer: int) -> None:
     _get(plan, Plan).select_topk(layer, index_q, topk)
 
 
-def _attention(out, q, topk, token, plan: int, layer: int, mode: int) -> None:
-    _get(plan, Plan).attention(layer, q, out, mode=mode, topk=topk)
+def _attention(out, q, topk, token, plan: int, layer: int, attn_mode: int) -> None:
+    _get(plan, Plan).attention(layer, q, out, mode=attn_mode, topk=topk)
 
 
 def _nothing(*args) -> None:  # fake / Meta kernel: the operators return nothing
