@@ -480,9 +480,10 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
   }
 }
 
-/* More one-row requests than the filter route keeps lists for (512 rows per wave): 520
+/* A wave of more one-row requests than the GPU has SMs (and than the filter route keeps
+ * lists for) takes the one-CTA-per-row top-k; a row alone takes the many-CTA filter. 520
  * requests that all read request 0's pages with the same query must each equal that row
- * selected alone (rows from 512 on take the one-CTA route inside the filter kernel). */
+ * selected alone. */
 static void test_select_many_rows_cuda(void** state) {
   (void)state;
   enum { kRows = 520 };
@@ -536,8 +537,8 @@ static void test_select_many_rows_cuda(void** state) {
       fail_msg("row %d of %d identical one-row requests differs from the row selected alone", r,
                kRows);
   print_message(
-      "cuda: %d identical one-row requests (rows 512.. past the filter lists) equal the "
-      "row selected alone\n",
+      "cuda: %d identical one-row requests (one CTA per row) equal the row selected alone "
+      "(many CTAs per row)\n",
       kRows);
   qsakv_plan_destroy(plan);
   qsakv_free(gpu, dbt);

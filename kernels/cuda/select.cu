@@ -44,7 +44,7 @@ constexpr int kLoadsInFlight = 4;    // 16-byte workspace loads per thread per b
 constexpr int kSplitWords = 2;       // the same for passes that also append (registers)
 
 constexpr int kFilterKeys = 4096;    // keys per CTA of the filter kernel (8 per thread)
-constexpr int kFilterMaxRows = 512;  // rows of a wave with filter lists (the rest: one CTA)
+constexpr int kFilterMaxRows = 256;  // most rows of a wave on the filter route
 
 // Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins], then
 // for the first min(rows, kFilterMaxRows) rows a FilterRowState each and the rows' lists
@@ -70,7 +70,7 @@ __host__ __device__ inline size_t wave_workspace_bytes(int wave_rows, int64_t st
              (sizeof(FilterRowState) + kListEntries * sizeof(unsigned long long));
 }
 
-// One row's part of the wave's workspace (state and lists null past kFilterMaxRows).
+// One row's part of the wave's workspace (no state or lists past kFilterMaxRows rows).
 struct WaveRow {
   const uint32_t* keys;
   uint32_t* hist;
@@ -557,7 +557,7 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
 }
 
 // One CTA per row: the route for rows whose scores come from the multi-row kernel (no
-// histogram yet) and for rows past the wave's filter lists.
+// histogram yet) and for waves with a row per SM or more.
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready) {
@@ -580,8 +580,8 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // workspace, and takes a ticket; the last CTA of the row finishes it: radix select over
 // the bin's keys in shared memory, sort, expand, and the row's state cleared for the
 // next call. One long row thus filters on many SMs, and a single CTA does only the short
-// remainder. Rows past the wave's lists, and bins too large for the lists, take the
-// one-CTA route.
+// remainder. A bin too large for its list takes the one-CTA route. The host launches
+// this kernel only for waves of at most kFilterMaxRows rows, so every row has lists.
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
   __shared__ TopkSmem sm;
@@ -595,10 +595,6 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   const int pos = p.meta.row_pos[row];
   const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
   const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
-  if (w.state == nullptr) {  // no lists for this row
-    if (blockIdx.x == 0) topk_row_in_one_cta(p, row, pos, n, w, true, sm);
-    return;
-  }
   // Every CTA of the row derives the same threshold from the same histogram.
   const int K = find_digit<kTopBins>(w.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
   const uint32_t top = static_cast<uint32_t>(sm.digit);
@@ -741,7 +737,8 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     // Many CTAs per row only while one CTA per row would leave SMs idle: with a row per
     // SM or more, the extra per-CTA threshold search and list traffic cost more than the
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
-    if (multi_row || rows > sm_count) {  // one CTA per row (builds the histogram if needed)
+    // One CTA per row builds the histogram itself when the multi-row kernel scored.
+    if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
       cfg.gridDim = dim3(static_cast<unsigned>(rows));
       e = cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row);
     } else {  // many CTAs per row filter, the last one of each row finishes it
