@@ -9,13 +9,13 @@
 //      and the key bytes (the selection's whole cost) stream at full bandwidth. Scores go
 //      to a plan-owned workspace as order-preserving 32-bit keys (0: unmapped page), and
 //      each CTA adds its keys to the row's histogram of the top 11 key bits.
-//   2. select_topk_kernel: one CTA per row (launched early with programmatic dependent
-//      launch where the GPU has it). The histogram names the bin of the k-th score; one
-//      pass over the row's keys takes every key above that bin and gathers the bin into
-//      shared memory, where a radix select over (score, block) composites finds the exact
-//      remainder (radix_topk.cuh). A bin too large for shared memory is first narrowed by
-//      a histogram of the next 11 bits (one more pass). The winners are sorted (bitonic,
-//      the short strides in registers) and expanded.
+//   2. The top-k, launched early with programmatic dependent launch where the GPU has it.
+//      select_filter_kernel (waves of at most one row per SM, histogram ready): many CTAs
+//      per row find the histogram's threshold bin and send their chunk's keys above it
+//      and in it to per-row lists; the last CTA of the row finishes it. select_topk_kernel
+//      (other waves, or rows of the multi-row scoring route): one CTA per row, one pass
+//      over the row's keys. Both resolve the threshold bin by a radix select over (score,
+//      block) composites in shared memory (radix_topk.cuh), sort the winners and expand.
 // Rows are processed in waves when the workspace cannot hold every row of the plan at
 // once (large prefill plans); decode-sized plans run in one wave.
 #include <math_constants.h>
