@@ -313,46 +313,62 @@ __device__ __forceinline__ void for_each_key(const uint32_t* keys, int64_t n, F&
   }
 }
 
-// One pass over keys[b_begin, b_end) (b_begin a multiple of 4): every key whose top
-// `known` bits are above `top` goes to `above`, every key whose top bits equal `top` to
-// `bin` (a capacity of 0 drops them), as composites. Each thread classifies a batch of
-// kWords 16-byte words in registers; each warp then reserves its slots with one
-// atomic per list (a per-key ballot would cost more than the load). The lists and their
-// counters may be in shared or global memory.
+// A batch of kWords 16-byte words of score keys per thread, the warp's words consecutive:
+// thread words w0 + lane + u * kTopkThreads (zero past w_end). Block indices fit in 32
+// bits (positions are int32).
 template <int kWords>
-__device__ __forceinline__ void split_at_bin(const uint32_t* keys, int64_t b_begin, int64_t b_end,
-                                             int known, uint32_t top, unsigned long long* above,
-                                             int* n_above, int above_cap, unsigned long long* bin,
-                                             int* n_bin, int bin_cap) {
-  // Block indices fit in 32 bits (positions are int32).
-  const uint32_t w_begin = static_cast<uint32_t>(b_begin / 4);
-  const uint32_t w_end = static_cast<uint32_t>((b_end + 3) / 4);
-  const uint32_t lo = static_cast<uint32_t>(b_begin), hi = static_cast<uint32_t>(b_end);
-  const uint32_t lane = threadIdx.x & 31u;
-  for (uint32_t w0 = w_begin + threadIdx.x - lane; w0 < w_end; w0 += kWords * kTopkThreads) {
-    uint4 v[kWords];
-    uint32_t wi[kWords];
+struct KeyWords {
+  uint4 v[kWords];
+  uint32_t index[kWords];  // word index: its first block is 4 * index
+  __device__ __forceinline__ void load(const uint32_t* keys, uint32_t w0, uint32_t w_end) {
+    const uint32_t lane = threadIdx.x & 31u;
 #pragma unroll
     for (int u = 0; u < kWords; ++u) {
-      wi[u] = w0 + lane + u * kTopkThreads;
-      v[u] = wi[u] < w_end ? *reinterpret_cast<const uint4*>(keys + 4ull * wi[u])
-                           : make_uint4(0u, 0u, 0u, 0u);
+      index[u] = w0 + lane + u * kTopkThreads;
+      v[u] = index[u] < w_end ? *reinterpret_cast<const uint4*>(keys + 4ull * index[u])
+                              : make_uint4(0u, 0u, 0u, 0u);
     }
+  }
+  // Sends the keys of blocks [lo, hi) whose top `known` bits are above `top` to `above`
+  // and those whose top bits equal `top` to `bin` (a capacity of 0 drops them), as
+  // composites: each warp reserves its slots with one atomic per list (a per-key ballot
+  // would cost more than the load). Lists and counters may be in shared or global memory.
+  __device__ __forceinline__ void split(uint32_t lo, uint32_t hi, int known, uint32_t top,
+                                        unsigned long long* above, int* n_above, int above_cap,
+                                        unsigned long long* bin, int* n_bin, int bin_cap) const {
     uint32_t take_above = 0u, take_bin = 0u;
 #pragma unroll
     for (int u = 0; u < kWords; ++u) {
       const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t b = 4u * wi[u] + j;
+        const uint32_t b = 4u * index[u] + j;
         const uint32_t t = w[j] >> (32 - known);
         const bool valid = w[j] != 0u && b >= lo && b < hi;
         take_above |= static_cast<uint32_t>(valid && t > top) << (4 * u + j);
         take_bin |= static_cast<uint32_t>(valid && t == top) << (4 * u + j);
       }
     }
-    warp_append_words(above, n_above, above_cap, take_above, v, wi);
-    if (bin_cap > 0) warp_append_words(bin, n_bin, bin_cap, take_bin, v, wi);
+    warp_append_words(above, n_above, above_cap, take_above, v, index);
+    if (bin_cap > 0) warp_append_words(bin, n_bin, bin_cap, take_bin, v, index);
+  }
+};
+
+// One pass over keys[b_begin, b_end) (b_begin a multiple of 4), a KeyWords batch at a
+// time: see KeyWords::split.
+template <int kWords>
+__device__ __forceinline__ void split_at_bin(const uint32_t* keys, int64_t b_begin, int64_t b_end,
+                                             int known, uint32_t top, unsigned long long* above,
+                                             int* n_above, int above_cap, unsigned long long* bin,
+                                             int* n_bin, int bin_cap) {
+  const uint32_t w_begin = static_cast<uint32_t>(b_begin / 4);
+  const uint32_t w_end = static_cast<uint32_t>((b_end + 3) / 4);
+  const uint32_t lane = threadIdx.x & 31u;
+  for (uint32_t w0 = w_begin + threadIdx.x - lane; w0 < w_end; w0 += kWords * kTopkThreads) {
+    KeyWords<kWords> k;
+    k.load(keys, w0, w_end);
+    k.split(static_cast<uint32_t>(b_begin), static_cast<uint32_t>(b_end), known, top, above,
+            n_above, above_cap, bin, n_bin, bin_cap);
   }
 }
 
@@ -382,10 +398,11 @@ struct WorkspaceCandidates {
 };
 
 // Appends to sm.sel the `need` largest composites of the candidates whose top `known`
-// bits equal `top`. The remaining bits are resolved a digit at a time (the first digit
-// takes the odd bits: 53 = 5 + 6 x 8, 42 = 2 + 5 x 8) until the chosen digit holds
-// exactly the composites still needed; composites are unique, so this happens at the
-// latest on the last digit.
+// bits equal `top`. The remaining bits are resolved a digit at a time until the chosen
+// digit holds exactly the composites still needed; composites are unique, so this happens
+// at the latest on the last digit. The first digits are wide (53 = 11 + 10 + 4 x 8,
+// 42 = 10 + 4 x 8): a threshold bin of ~1,500 keys spread over 2,048 sub-bins usually
+// resolves in the first round.
 template <class Src>
 __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top, int need,
                                         TopkSmem& sm) {
@@ -395,17 +412,17 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   // Ends at the latest on the last digit (shift 0), where composites are unique; the
   // bound also keeps a corrupted workspace from hanging the kernel.
   while (shift > 0) {
-    const int width = shift == resolved0 && resolved0 % 8 != 0 ? resolved0 % 8 : 8;
+    const int width = shift % 8 == 0 ? 8 : min(kTopBits, 8 + shift % 8);
     const int next = shift - width;
     const uint32_t mask = (1u << width) - 1u;
-    for (int i = threadIdx.x; i < 256; i += kTopkThreads) sm.hist[i] = 0u;
+    for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
     __syncthreads();
     src.each([&](uint64_t v) {
       if (v != 0ull && (v >> shift) == (prefix >> shift))
         atomicAdd(&sm.hist[static_cast<uint32_t>(v >> next) & mask], 1u);
     });
     __syncthreads();
-    find_digit<256>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+    find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
     const int digit = sm.digit, need_in_digit = sm.need;
     const int in_digit = static_cast<int>(sm.hist[digit]);
     __syncthreads();  // everyone has read the histogram before it is reused
@@ -564,13 +581,14 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.x);
   if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
+  // The batch's metadata predates the scoring kernel: read it before waiting.
   if (row >= p.meta.header->num_rows) return;
   const int pos = p.meta.row_pos[row];
   const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
   const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
   topk_row_in_one_cta(p, row, pos, n, w, hist_ready, sm);
 }
 
@@ -584,26 +602,32 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // this kernel only for waves of at most kFilterMaxRows rows, so every row has lists.
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
+  constexpr int kWords = kFilterKeys / 4 / kTopkThreads;  // one batch covers the chunk
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.y);
   const int tid = threadIdx.x;
   if (tid == 0) sm.n_sel = sm.n_cand = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
+  // The batch's metadata predates the scoring kernel: read it before waiting.
   if (row >= p.meta.header->num_rows) return;
   const int pos = p.meta.row_pos[row];
   const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
   const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
+  // The chunk's keys are loaded while the threshold is found (one round trip, not two).
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kFilterKeys;
+  const int64_t b1 = min(n, b0 + kFilterKeys);
+  KeyWords<kWords> chunk;
+  chunk.load(w.keys, static_cast<uint32_t>(b0 / 4) + (tid & ~31),
+             static_cast<uint32_t>((max(b1, b0) + 3) / 4));
   // Every CTA of the row derives the same threshold from the same histogram.
   const int K = find_digit<kTopBins>(w.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
   const uint32_t top = static_cast<uint32_t>(sm.digit);
   const int need = sm.need;
-  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kFilterKeys;
   if (K > 0 && b0 < n)
-    split_at_bin<kFilterKeys / 4 / kTopkThreads>(w.keys, b0, min(n, b0 + kFilterKeys), kTopBits,
-                                                 top, w.above, &w.state->n_above, kTopkMaxBlocks,
-                                                 w.bin, &w.state->n_bin, kCandidateCap);
+    chunk.split(static_cast<uint32_t>(b0), static_cast<uint32_t>(b1), kTopBits, top, w.above,
+                &w.state->n_above, kTopkMaxBlocks, w.bin, &w.state->n_bin, kCandidateCap);
   __threadfence();  // this CTA's list entries are visible before its ticket
   __syncthreads();
   if (tid == 0) sm.last = atomicAdd(&w.state->done, 1u) == gridDim.x - 1 ? 1 : 0;
