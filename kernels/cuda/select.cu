@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
 // query fragments go to shared memory and every key tile is read once for the whole run.
 // No histogram here: the top-k kernel builds it (hist_ready = false).
 template <int D, int kHeadsPad>
-__global__ void __launch_bounds__(kScoreWarps * 32, 3)
+__global__ void __launch_bounds__(kScoreWarps * 32, 4)
     select_score_rows_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                              int tiles_per_cta, float inv_sqrt_dim) {
   constexpr int kRowsPerTile = 8 / kHeadsPad;
@@ -226,26 +226,14 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3)
       const int32_t* bt = p.meta.header->block_table +
                           static_cast<int64_t>(req) * p.meta.header->block_table_stride;
       const int n_tiles_used = (n_run + kRowsPerTile - 1) / kRowsPerTile;
-      // Software pipeline: the next tile's block-table entries and keys are in flight
-      // while this tile's MMAs run (one tile at a time was a load -> compute chain).
-      const auto live = [&](int tt) {  // warp-uniform
-        return tt < tiles_per_cta && cta0 + static_cast<int64_t>(tt) * kScoreTileKeys < n_max;
-      };
-      const auto fetch = [&](int tt, KeyFrags<D>& kk, const uint16_t*& lo, const uint16_t*& hi) {
-        const int64_t bb = cta0 + static_cast<int64_t>(tt) * kScoreTileKeys + g;
-        lo = live(tt) ? key_address(p, bt, bb, n_max, D) : nullptr;
-        hi = live(tt) ? key_address(p, bt, bb + 8, n_max, D) : nullptr;
-        load_key_runs<D>(kk.lo, lo, t4);
-        load_key_runs<D>(kk.hi, hi, t4);
-      };
-      KeyFrags<D> k;
-      const uint16_t *klo, *khi;
-      fetch(warp, k, klo, khi);
-      for (int t = warp; live(t); t += kScoreWarps) {
+      for (int t = warp; t < tiles_per_cta; t += kScoreWarps) {
         const int64_t b = cta0 + static_cast<int64_t>(t) * kScoreTileKeys + g;
-        KeyFrags<D> k_next;
-        const uint16_t *klo_next, *khi_next;
-        fetch(t + kScoreWarps, k_next, klo_next, khi_next);
+        if (b - g >= n_max) break;  // warp-uniform
+        KeyFrags<D> k;
+        const uint16_t* klo = key_address(p, bt, b, n_max, D);
+        const uint16_t* khi = key_address(p, bt, b + 8, n_max, D);
+        load_key_runs<D>(k.lo, klo, t4);
+        load_key_runs<D>(k.hi, khi, t4);
         float c[kNTiles][4];
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
@@ -278,9 +266,6 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3)
           if (b < n) ws[b] = klo ? score_key(s_lo) : 0u;
           if (b + 8 < n) ws[b + 8] = khi ? score_key(s_hi) : 0u;
         }
-        k = k_next;
-        klo = klo_next;
-        khi = khi_next;
       }
     }
     r_begin = r_end;
