@@ -45,6 +45,18 @@ def main():
         text = re.sub(r"@[A-Z_]+@", "0", f.read())
     with open(os.path.join(gen, "qsakv_version.h"), "w") as f:
         f.write(text)
+    # The check must be able to fail: an SM75 instruction (movmatrix, which the tensor-core
+    # tier uses) built for sm_70 has to be refused, or this NVRTC is not targeting sm_70.
+    canary = (b'extern "C" __global__ void canary(unsigned* p) { unsigned y; asm volatile('
+              b'"movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(p[0])); '
+              b'p[1] = y; }')
+    cprog = ctypes.c_void_p()
+    check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(cprog), canary, b"canary.cu", 0, None, None))
+    copt = (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_70")
+    if nvrtc.nvrtcCompileProgram(cprog, 1, copt) == 0:
+        print("sm70-check: an SM75 instruction built for sm_70: this NVRTC does not check sm_70")
+        return 1
+    print("sm70-check: canary ok (movmatrix refused for sm_70)")
     src_path = os.path.join(repo, "tools/sm70/sm70_kernels.cu")
     with open(src_path, "rb") as f:
         src = f.read()
