@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
+#   tools/device-run.sh [all|test|bench|sanitize|sm70]
+# sm70: everything with the SM70 kernel tier forced (QSAKV_CUDA_TIER=sm70, the V100 code
+# path): every suite, compute-sanitizer, and the bench labelled as such. A
+# QSAKV_CUDA_TIER already in the environment is honoured by every stage.
 # cmocka is not installed there: its Debian packages travel in .deps-device/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -11,6 +15,11 @@ for d in .deps-device/*.deb; do dpkg -x "$d" $prefix; done
 libdir=$(dirname "$(find $prefix -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 stage=${1:-all}
+if [ "$stage" = sm70 ]; then
+  export QSAKV_CUDA_TIER=sm70
+  stage=all
+fi
+echo "kernel tier: ${QSAKV_CUDA_TIER:-auto (from the GPU)}"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=90 \
   -DCMAKE_PREFIX_PATH=$prefix/usr -DCMOCKA_INCLUDE_DIR=$prefix/usr/include \
