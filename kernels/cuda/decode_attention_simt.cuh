@@ -149,8 +149,10 @@ __device__ __forceinline__ void simt_tile(const int64_t* offsets, int count, con
     const uint8_t* krow = kbase + offsets[lane];
 #pragma unroll
     for (int c = 0; c < S::kKChunks; ++c) {
-      uint32_t w[4];
-      load_words(w, krow + 16 * c);
+      // Through L1 (not ld_stream16's no-allocate): a lane reads its row in 16-byte
+      // pieces, so the second half of each 32-byte sector is an L1 hit, not an L2 trip.
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(krow) + c);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
       float k[S::kChunkDims];
       words_to_floats<KV, kPatchNaN>(w, k);
 #pragma unroll

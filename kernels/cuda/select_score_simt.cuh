@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kSimtScoreThreads, 4)
       for (int h = 0; h < kScoreMaxHeads; ++h) acc[h] = 0.0f;
 #pragma unroll
       for (int c = 0; c < D / 8; ++c) {
-        const uint4 w = ld_stream16(k + 8 * c);
+        // Through L1: a thread reads its key in 16-byte pieces of 32-byte sectors.
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(k) + c);
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
         float kf[8];
 #pragma unroll
