@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 # Every kernel the SM70 tier launches that is built from a header (the name expressions
-# instantiate the templates). The top-k kernel (select.cu) and the calibration kernels
+# instantiate the templates), and the tensor-core attention kernels (see below). The top-k kernel (select.cu) and the calibration kernels
 # (calib.cu) live in .cu files with host code, which NVRTC cannot take.
 ACTS = ["__half", "__nv_bfloat16"]
 KERNELS = []
@@ -27,6 +27,14 @@ for act in ACTS:
             KERNELS.append(f"&qsakv::cuda::decode_attention_simt_kernel<{act}, {kv}, {d}>")
 for d in (64, 128, 256):
     KERNELS.append(f"&qsakv::cuda::select_score_simt_kernel<{d}>")
+# The tensor-core kernels too: never launched on SM70, but a V100 build (CUDA 12,
+# QSAKV_CUDA_ARCHS=70) compiles them, their SM75+ instructions behind __CUDA_ARCH__ guards.
+for act in ACTS:
+    k16 = "kBf16" if act == "__nv_bfloat16" else "kFp16"
+    for kv, dec in (("kE4M3", "kSoftware"), ("kE4M3", "kHardware"), (k16, "kSoftware")):
+        for d in (64, 128, 256):
+            KERNELS.append(f"&qsakv::cuda::decode_attention_kernel<{act}, "
+                           f"qsakv::cuda::KvKind::{kv}, {d}, qsakv::cuda::Decoder::{dec}>")
 KERNELS += [
     "&qsakv::cuda::store_kv_kernel<__half, true, false>",
     "&qsakv::cuda::store_kv_kernel<__nv_bfloat16, true, false>",
