@@ -23,10 +23,14 @@ all: build
 deps:
 	@PYTHON=$(PYTHON) bash tools/install-deps.sh --system
 
-venv: $(VENV)/.qsakv-deps-ok
+venv: $(VENV)/.qsakv-deps-ok .deps-cuda12/.qsakv-cuda12-ok
 
 $(VENV)/.qsakv-deps-ok: tools/install-deps.sh
 	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --python
+
+# CUDA 12.9 NVRTC for the sm70_build suite (CUDA 13 has no sm_70 target).
+.deps-cuda12/.qsakv-cuda12-ok: tools/install-deps.sh | $(VENV)/.qsakv-deps-ok
+	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --cuda12
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
@@ -81,7 +85,7 @@ SAN_BUILD ?= build-asan
 # and clang-tidy (the same sources): not registered under ASan; they run in `make test`.
 SAN_UNREGISTERED := test_install rust_qsakv go_qsakv python_wheel tidy_check
 # Suites that are scripts, not build targets (they still run under ctest there).
-SAN_SCRIPTS := rust_sys_bindings test_abi test_exports format_check
+SAN_SCRIPTS := rust_sys_bindings test_abi test_exports format_check sm70_build
 SAN_SUITES := $(filter-out pytest% %_cli $(SAN_UNREGISTERED) $(SAN_SCRIPTS),$(shell cat tests/SUITES))
 sanitize:
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DQSAKV_WITH_CUDA=OFF -DQSAKV_SANITIZE=ON $(CMAKE_FLAGS)

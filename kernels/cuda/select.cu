@@ -28,6 +28,7 @@
 #include "cuda/launch.hpp"
 #include "cuda/radix_topk.cuh"
 #include "cuda/select_score.cuh"
+#include "cuda/select_score_simt.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -39,6 +40,7 @@ constexpr int kScoreMaxTilesPerCta = 16;  // 256 keys: 4 tiles per warp
 constexpr int kTopkMaxBlocks = 1024;      // configs with more top-k blocks are refused
 constexpr int kTopBits = 11;              // first radix digit: bits 31..21 of the score key
 constexpr int kTopBins = 1 << kTopBits;
+static_assert(kSimtHistBins == kTopBins, "the SM70 scoring kernel fills the same histogram");
 constexpr int kCandidateCap = 3072;  // bin-of-the-threshold keys kept in shared memory
 constexpr int kLoadsInFlight = 4;    // 16-byte workspace loads per thread per batch
 constexpr int kSplitWords = 2;       // the same for passes that also append (registers)
@@ -726,11 +728,16 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
   const int64_t chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   for (int row0 = 0; row0 < p.meta.max_rows; row0 += wave) {
     const int rows = std::min(wave, p.meta.max_rows - row0);
+    // The SM70 tier (sm_version < 75) scores on CUDA cores, one row at a time.
+    const bool simt = sm_version < 75;
     // Rows sharing a request: each key tile read once for all of them (where built).
     const bool multi_row =
-        p.rows_share_requests &&
+        !simt && p.rows_share_requests &&
         launch_score_rows(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim, stream);
-    if (!multi_row) {
+    if (simt) {
+      launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,
+                        inv_sqrt_dim, stream);
+    } else if (!multi_row) {
       const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
       switch (p.index_dim) {
         case 64:
