@@ -233,17 +233,19 @@ class ArgSpec:
                         except (TypeError, ValueError, BufferError):  # read-only, empty
                             return obj.__array_interface__["data"][0], n
         elif t is _TORCH_TENSOR and t is not None:
+            # Each torch attribute is a call into C++ (~0.3 us): as few as the checks need.
             dt = self.torch_dtype
             if dt is None:
                 dt = self.torch_dtype = getattr(sys.modules["torch"], self.dtype, False)
-            if obj.dtype is dt and obj.is_cuda == self.cuda and obj.is_contiguous():
-                shape = obj.shape
-                if len(shape) == self.ndim and tuple(shape[1:]) == self.tail and \
-                        (not self.cuda or self.device_id is None
-                         or obj.get_device() == self.device_id):
-                    n = shape[0]
-                    if (rows is None or n == rows) and (min_rows is None or n >= min_rows):
-                        return obj.data_ptr(), n
+            if obj.dtype is dt and obj.is_contiguous():
+                dev = obj.get_device()  # -1 for a CPU tensor
+                if (dev == self.device_id if self.cuda and self.device_id is not None
+                        else (dev >= 0) == self.cuda):
+                    shape = obj.shape  # torch.Size: a tuple, compared as one
+                    if len(shape) == self.ndim and shape[1:] == self.tail:
+                        n = shape[0]
+                        if (rows is None or n == rows) and (min_rows is None or n >= min_rows):
+                            return obj.data_ptr(), n
         shape = self.shape if rows is None else (rows,) + self.tail
         b = check(obj, self.name, self.dtype, shape, backend_cuda=self.cuda,
                   device_id=self.device_id, min_rows=min_rows)
@@ -287,8 +289,13 @@ def typed(ptr: int, ctype):
     return ctypes.cast(ctypes.c_void_p(ptr), ctypes.POINTER(ctype)) if ptr else None
 
 
+_RAW_STREAM = []  # torch's raw current-stream getter, looked up once
+
+
 def _torch_current_stream(torch, device: int) -> int:
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if not _RAW_STREAM:
+        _RAW_STREAM.append(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    get = _RAW_STREAM[0]
     if get is not None:
         return get(device)
     return torch.cuda.current_stream(device).cuda_stream
