@@ -289,13 +289,13 @@ def typed(ptr: int, ctype):
     return ctypes.cast(ctypes.c_void_p(ptr), ctypes.POINTER(ctype)) if ptr else None
 
 
-_RAW_STREAM = []  # torch's raw current-stream getter, looked up once
+_RAW_STREAM = [None, None]  # (the torch module, its raw current-stream getter)
 
 
 def _torch_current_stream(torch, device: int) -> int:
-    if not _RAW_STREAM:
-        _RAW_STREAM.append(getattr(torch._C, "_cuda_getCurrentRawStream", None))
-    get = _RAW_STREAM[0]
+    if _RAW_STREAM[0] is not torch:  # looked up once per torch module
+        _RAW_STREAM[:] = [torch, getattr(torch._C, "_cuda_getCurrentRawStream", None)]
+    get = _RAW_STREAM[1]
     if get is not None:
         return get(device)
     return torch.cuda.current_stream(device).cuda_stream

@@ -182,8 +182,8 @@ def test_torch_tensors_take_the_fast_path(monkeypatch):
         def is_contiguous(self):
             return self._contiguous
 
-        def get_device(self):
-            return self._device
+        def get_device(self):  # torch: -1 for a CPU tensor
+            return self._device if self.is_cuda else -1
 
         def data_ptr(self):
             return self._ptr
