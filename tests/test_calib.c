@@ -469,54 +469,102 @@ static qsakv_calib* observed(qsakv_context* ctx, int k3, int v3, int k7, int v7,
   return s;
 }
 
-static void test_refusals(void** state) {
-  (void)state;
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+/* The refusals of calibration, one behaviour each: a summary of statistics that do not
+ * cover the model, a file that contradicts itself, a handle in the wrong state, a bad
+ * argument. Each runs on the CPU backend with 8 rows of FP16 data (`refusal_fixture`). */
+typedef struct refusal_fixture {
+  qsakv_context* ctx;
   qsakv_model_config c;
-  calib_config(&c, QSAKV_DTYPE_FP16, 1, 0);
-  const size_t row = row_elems(&c);
-  uint16_t* x = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 10.0, 0);
-  uint16_t* nan = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 10.0, 1);
+  size_t row;
+  uint16_t* x;   /* finite data */
+  uint16_t* nan; /* the same with NaN and infinities mixed in */
+} refusal_fixture;
 
-  /* A missing layer: only layer 3 observed. */
-  qsakv_calib* h = live(ctx, &c);
+static int refusal_setup(void** state) {
+  refusal_fixture* f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->ctx = tu_context(QSAKV_BACKEND_CPU);
+  calib_config(&f->c, QSAKV_DTYPE_FP16, 1, 0);
+  f->row = row_elems(&f->c);
+  f->x = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 10.0, 0);
+  f->nan = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 10.0, 1);
+  *state = f;
+  return 0;
+}
+
+static int refusal_teardown(void** state) {
+  refusal_fixture* f = *state;
+  free(f->x);
+  free(f->nan);
+  qsakv_context_destroy(f->ctx);
+  free(f);
+  return 0;
+}
+
+/* A snapshot of a handle that observed layer 3 (and layer 7, when v7 is not NULL: K from x,
+ * V from v7). */
+static qsakv_calib* observed_3_and_7(refusal_fixture* f, const uint16_t* v7) {
+  qsakv_calib* h = live(f->ctx, &f->c);
   TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
+  observe(f->ctx, h, 3, f->x, f->x, 8, f->row);
+  if (v7) observe(f->ctx, h, 7, f->x, v7, 8, f->row);
   qsakv_calib* s = snapshot(h);
+  qsakv_calib_destroy(h);
+  return s;
+}
+
+static void test_summary_refuses_a_missing_layer(void** state) {
+  refusal_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, NULL);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE, "layer 7: neither K nor V");
   qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+}
 
-  /* A missing K/V half: the API observes K and V together, so a file from another
-   * writer is the only way to get one; build it with the CPU handle and a file edit. */
-  h = live(ctx, &c);
-  TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
-  observe(ctx, h, 7, x, x, 8, row);
-  s = snapshot(h);
-  char dir[] = "/tmp/qsakv-calib-XXXXXX";
+/* Saves a snapshot of layers 3 and 7 under a fresh temporary directory. */
+static void saved_3_and_7(refusal_fixture* f, char* dir, char* path, size_t cap) {
+  qsakv_calib* s = observed_3_and_7(f, f->x);
   assert_non_null(mkdtemp(dir));
-  char path[256], path2[256];
-  snprintf(path, sizeof path, "%s/rank0.safetensors", dir);
+  snprintf(path, cap, "%s/rank0.safetensors", dir);
   TU_OK(qsakv_calib_save(s, path));
-  TU_EXPECT_STATUS(qsakv_calib_save(s, path), QSAKV_ERROR_INVALID_ARGUMENT); /* no overwrite */
+  qsakv_calib_destroy(s);
+}
+
+static void remove_saved(const char* dir, const char* path) {
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_save_refuses_to_overwrite(void** state) {
+  refusal_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  qsakv_calib* s = observed_3_and_7(f, f->x);
+  TU_EXPECT_STATUS(qsakv_calib_save(s, path), QSAKV_ERROR_INVALID_ARGUMENT);
   MSG_HAS("already exists");
-  {
-    /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
-     * tensor is first in the data section, ordered (layer, kind). */
-    FILE* f = fopen(path, "r+b");
-    assert_non_null(f);
-    uint64_t hl = 0;
-    assert_int_equal(fread(&hl, 8, 1, f), 1);
-    const long words = 8 + (long)hl;
-    const long entry = (long)(4096 + 3) * 8;
-    static char zero[(4096 + 3) * 8];
-    fseek(f, words + 3 * entry, SEEK_SET);
-    fwrite(zero, 1, sizeof zero, f);
-    fseek(f, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
-    fwrite(zero, 1, 4, f);
-    fclose(f);
-  }
+  qsakv_calib_destroy(s);
+  remove_saved(dir, path);
+}
+
+/* A missing K/V half: the API observes K and V together, so a file from another writer is
+ * the only way to get one; it is made with the CPU handle and a file edit. */
+static void test_summary_refuses_a_missing_kv_half(void** state) {
+  refusal_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
+   * tensor is first in the data section, ordered (layer, kind). */
+  FILE* file = fopen(path, "r+b");
+  assert_non_null(file);
+  uint64_t hl = 0;
+  assert_int_equal(fread(&hl, 8, 1, file), 1);
+  const long words = 8 + (long)hl;
+  const long entry = (long)(4096 + 3) * 8;
+  static char zero[(4096 + 3) * 8];
+  fseek(file, words + 3 * entry, SEEK_SET);
+  fwrite(zero, 1, sizeof zero, file);
+  fseek(file, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
+  fwrite(zero, 1, 4, file);
+  fclose(file);
   qsakv_calib* edited = NULL;
   TU_OK(qsakv_calib_load(&edited, path));
   qsakv_calib_summary sum;
@@ -526,73 +574,90 @@ static void test_refusals(void** state) {
                    QSAKV_ERROR_OVERLAY_INCOMPLETE);
   MSG_HAS("layer 7: V was never observed but K was");
   qsakv_calib_destroy(edited);
-  /* A corrupted count (histogram no longer sums to nonzero) is a format error. */
-  {
-    FILE* f = fopen(path, "r+b");
-    uint64_t hl = 0;
-    assert_int_equal(fread(&hl, 8, 1, f), 1);
-    fseek(f, 8 + (long)hl + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
-    const uint64_t wrong = 1;
-    fwrite(&wrong, 8, 1, f);
-    fclose(f);
-  }
+  remove_saved(dir, path);
+}
+
+/* A corrupted count (the histogram no longer sums to the nonzero count) is a format error. */
+static void test_load_refuses_inconsistent_counts(void** state) {
+  refusal_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  FILE* file = fopen(path, "r+b");
+  assert_non_null(file);
+  uint64_t hl = 0;
+  assert_int_equal(fread(&hl, 8, 1, file), 1);
+  fseek(file, 8 + (long)hl + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
+  const uint64_t wrong = 1;
+  fwrite(&wrong, 8, 1, file);
+  fclose(file);
+  qsakv_calib* edited = NULL;
   TU_EXPECT_STATUS(qsakv_calib_load(&edited, path), QSAKV_ERROR_FORMAT);
   MSG_HAS("layer 3 K statistics are inconsistent");
-  snprintf(path2, sizeof path2, "%s/missing.safetensors", dir);
-  TU_EXPECT_STATUS(qsakv_calib_load(&edited, path2), QSAKV_ERROR_IO);
-  qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+  remove_saved(dir, path);
+}
 
-  /* Non-finite activations, named by layer and kind. */
-  h = live(ctx, &c);
-  TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
-  observe(ctx, h, 7, x, nan, 8, row);
-  s = snapshot(h);
+static void test_load_of_a_missing_file_is_io(void** state) {
+  (void)state;
+  qsakv_calib* loaded = NULL;
+  TU_EXPECT_STATUS(qsakv_calib_load(&loaded, "/nonexistent-qsakv-dir/missing.safetensors"),
+                   QSAKV_ERROR_IO);
+}
+
+/* Non-finite activations, named by layer and kind. */
+static void test_summary_refuses_non_finite_values(void** state) {
+  refusal_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, f->nan);
   expect_summary_refused(s, QSAKV_ERROR_CALIB_NON_FINITE, "layer 7 V: 2 of");
   qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+}
 
-  /* A zero maximum. */
-  s = observed(ctx, 1, 0, 1, 1, x);
+static void test_summary_refuses_a_zero_maximum(void** state) {
+  refusal_fixture* f = *state;
+  qsakv_calib* s = observed(f->ctx, 1, 0, 1, 1, f->x);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer 3 V: max |x| is 0");
   qsakv_calib_destroy(s);
+}
 
-  /* Statistics of one rank of two. */
+/* Statistics of one rank of two. */
+static void test_summary_refuses_one_rank_of_two(void** state) {
+  refusal_fixture* f = *state;
   qsakv_model_config c2;
   calib_config(&c2, QSAKV_DTYPE_FP16, 2, 1);
-  h = live(ctx, &c2);
+  qsakv_calib* h = live(f->ctx, &c2);
   TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row_elems(&c2));
-  observe(ctx, h, 7, x, x, 8, row_elems(&c2));
-  s = snapshot(h);
+  observe(f->ctx, h, 3, f->x, f->x, 8, row_elems(&c2));
+  observe(f->ctx, h, 7, f->x, f->x, 8, row_elems(&c2));
+  qsakv_calib* s = snapshot(h);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE,
                          "cover 1 of 2 TP ranks; missing rank(s) 0");
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
+}
 
-  /* Live handles and bad arguments. */
-  h = live(ctx, &c);
+/* A live handle is summarized or saved only through a snapshot. */
+static void test_live_handle_refuses_summary_and_save(void** state) {
+  refusal_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  qsakv_calib_summary sum;
+  memset(&sum, 0, sizeof sum);
+  sum.struct_size = sizeof sum;
   TU_EXPECT_STATUS(qsakv_calib_summarize(h, 3, QSAKV_CALIB_K, &sum), QSAKV_ERROR_STATE);
-  TU_EXPECT_STATUS(qsakv_calib_save(h, path2), QSAKV_ERROR_STATE);
+  TU_EXPECT_STATUS(qsakv_calib_save(h, "/nonexistent-qsakv-dir/live.safetensors"),
+                   QSAKV_ERROR_STATE);
   qsakv_calib_destroy(h);
+}
+
+static void test_create_refuses_bad_arguments(void** state) {
+  refusal_fixture* f = *state;
   qsakv_model_config cf;
   calib_config(&cf, QSAKV_DTYPE_FP16, 1, 0);
   cf.activation_dtype = QSAKV_DTYPE_FP32;
-  h = (qsakv_calib*)0x1;
-  TU_EXPECT_STATUS(qsakv_calib_create(&h, ctx, &cf), QSAKV_ERROR_INVALID_CONFIG);
+  qsakv_calib* h = (qsakv_calib*)0x1;
+  TU_EXPECT_STATUS(qsakv_calib_create(&h, f->ctx, &cf), QSAKV_ERROR_INVALID_CONFIG);
   assert_null(h);
-  TU_EXPECT_STATUS(qsakv_calib_create(&h, NULL, &c), QSAKV_ERROR_INVALID_ARGUMENT);
-  TU_EXPECT_STATUS(qsakv_calib_create(NULL, ctx, &c), QSAKV_ERROR_INVALID_ARGUMENT);
-
-  free(x);
-  free(nan);
-  unlink(path);
-  rmdir(dir);
-  qsakv_context_destroy(ctx);
+  TU_EXPECT_STATUS(qsakv_calib_create(&h, NULL, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_EXPECT_STATUS(qsakv_calib_create(NULL, f->ctx, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
 }
-
-/* ---- summary ------------------------------------------------------------------------- */
 
 static void test_summary_values(void** state) {
   (void)state;
@@ -891,6 +956,8 @@ static void test_cuda_matches_cpu_bf16(void** state) {
   compare_backends(QSAKV_DTYPE_BF16);
 }
 
+#define R(f) cmocka_unit_test_setup_teardown(f, refusal_setup, refusal_teardown)
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats_fp16_cpu),
@@ -899,7 +966,16 @@ int main(void) {
       cmocka_unit_test(test_start_stop),
       cmocka_unit_test(test_scale_rounding),
       cmocka_unit_test(test_merge_algebra),
-      cmocka_unit_test(test_refusals),
+      R(test_summary_refuses_a_missing_layer),
+      R(test_save_refuses_to_overwrite),
+      R(test_summary_refuses_a_missing_kv_half),
+      R(test_load_refuses_inconsistent_counts),
+      cmocka_unit_test(test_load_of_a_missing_file_is_io),
+      R(test_summary_refuses_non_finite_values),
+      R(test_summary_refuses_a_zero_maximum),
+      R(test_summary_refuses_one_rank_of_two),
+      R(test_live_handle_refuses_summary_and_save),
+      R(test_create_refuses_bad_arguments),
       cmocka_unit_test(test_summary_values),
       cmocka_unit_test(test_save_load_roundtrip),
       cmocka_unit_test(test_end_to_end),
