@@ -496,7 +496,10 @@ QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_ca
  * qsakv_cache_note_external_codes afterwards, or NaN codes you wrote may decode as finite
  * values with the software decoder (which checks for NaN codes only in layers where one
  * was stored). */
+#define QSAKV_LAYER_BUFFERS_VERSION 1
 typedef struct qsakv_layer_buffers {
+  size_t struct_size;
+  uint32_t version;
   void* kv;              /* main cache */
   void* compressed_keys; /* FP16 */
   void* ring_keys;       /* FP16 */
@@ -504,7 +507,7 @@ typedef struct qsakv_layer_buffers {
   const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
 } qsakv_layer_buffers;
 /* The device pointers of QSA layer `layer` (model-layer id); valid while the cache lives.
- * Host only. */
+ * Set out->struct_size first. Host only. */
 QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
                                                      qsakv_layer_buffers* out);
 

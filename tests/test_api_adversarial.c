@@ -329,7 +329,7 @@ static void fixture_build(void) {
   C_OK(qsakv_cache_get_layout(F.cache, &F.layout));
   /* Random K/V and compressed keys in every layer. */
   for (int l = 0; l < F.cfg.num_qsa_layers; ++l) {
-    qsakv_layer_buffers lb;
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     C_OK(qsakv_cache_get_layer_buffers(F.cache, F.cfg.qsa_layers[l], &lb));
     fill_random_fp16(lb.kv, F.layout.kv_bytes_per_layer / 2);
     fill_random_fp16(lb.compressed_keys, F.layout.compressed_bytes_per_layer / 2);
@@ -1130,13 +1130,20 @@ static void c_cache_nulls(void) {
       refuse(qsakv_cache_get_layout(F.cache, &L), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
     }
     case 9: {
-      qsakv_layer_buffers lb;
+      qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
       refuse(qsakv_cache_get_layer_buffers(NULL, 3, &lb), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
     }
     case 10:
       refuse(qsakv_cache_get_layer_buffers(F.cache, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
     case 11:
       refuse(qsakv_cache_note_external_codes(NULL, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    case 12: {
+      qsakv_layer_buffers lb;
+      memset(&lb, 0, sizeof lb);
+      qsakv_status s = qsakv_cache_get_layer_buffers(F.cache, 3, &lb);
+      if (s != QSAKV_SUCCESS && lb.kv) report(V_WRONG, s, "out written despite the refusal");
+      refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
+    }
     default:
       report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
@@ -1144,6 +1151,7 @@ static void c_cache_nulls(void) {
 static void c_cache_layer(void) {
   qsakv_layer_buffers lb;
   memset(&lb, 0, sizeof lb);
+  lb.struct_size = sizeof lb;
   qsakv_status s = qsakv_cache_get_layer_buffers(F.cache, (int32_t)P, &lb);
   if (s != QSAKV_SUCCESS && lb.kv) report(V_WRONG, s, "out written despite the refusal");
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, "layer");
@@ -1192,6 +1200,7 @@ static const struct acase k_cache_cases[] = {
     {"layer_buffers cache NULL", c_cache_nulls, 9},
     {"layer_buffers out NULL", c_cache_nulls, 10},
     {"note cache NULL", c_cache_nulls, 11},
+    {"layer_buffers struct_size 0", c_cache_nulls, 12},
     {"layer_buffers layer 0", c_cache_layer, 0},
     {"layer_buffers layer -1", c_cache_layer, -1},
     {"layer_buffers layer INT32_MIN", c_cache_layer, INT32_MIN},
@@ -1211,7 +1220,7 @@ static void test_cache(void** state) {
 
 /* All of the cache's memory of layer 3 (main, compressed, ring), to compare before/after. */
 static unsigned char* cache_copy(void) {
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   const size_t a = F.layout.kv_bytes_per_layer, b = F.layout.compressed_bytes_per_layer,
                c = F.layout.ring_bytes_per_layer;
@@ -1823,7 +1832,7 @@ static void c_select_arg(void) {
 /* A caller buffer with a wide stride holds exactly the shared buffer's rows. */
 static void c_select_wide(void) {
   const int w = F.geo.topk_width;
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   for (int i = 0; i < MAX_ROWS * F.topk_stride; ++i) F.topk[i] = 0x6666;
   qsakv_status s = qsakv_select_topk(F.plan, 3, F.index_q, F.topk, F.topk_stride, NULL);
@@ -1894,7 +1903,7 @@ static void c_attn_dense_ignores(void) {
  * are -1 (none). */
 static void c_attn_bad_indices(void) {
   const int w = F.geo.topk_width;
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   int32_t* bad = dev(sizeof(int32_t) * MAX_ROWS * w);
   int32_t* clean = dev(sizeof(int32_t) * MAX_ROWS * w);

@@ -144,7 +144,7 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   TU_OK(qsakv_stream_synchronize(ctx, NULL));
   uint16_t* out = malloc(2 * qn);
   tu_to_host(ctx, out, dout, 2 * qn);
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, layer, &lb));
   *topk_out = malloc(sizeof(int32_t) * (size_t)kRows * g.topk_width);
   tu_to_host(ctx, *topk_out, lb.topk, sizeof(int32_t) * (size_t)kRows * g.topk_width);
@@ -185,7 +185,7 @@ static void check_same_results(qsakv_context* ctx, const char* what) {
   assert_int_equal(le.kv_bytes_per_layer, f.layout.kv_bytes_per_layer);
   assert_int_equal(le.kv_stride_block, lo.kv_stride_block);
   assert_true(le.total_bytes < lo.total_bytes); /* the caller's buffers are not counted */
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(external, f.cfg.qsa_layers[1], &lb));
   assert_ptr_equal(lb.kv, f.layers[1].kv);
   assert_ptr_equal(lb.compressed_keys, f.layers[1].compressed_keys);

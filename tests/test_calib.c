@@ -869,7 +869,7 @@ static void test_end_to_end(void** state) {
     for (int li = 0; li < 2; ++li) {
       TU_OK(qsakv_store_kv(cache, c[0].qsa_layers[li], data[r][li][0], data[r][li][1], slots,
                            (int64_t)tokens, NULL));
-      qsakv_layer_buffers lb;
+      qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
       TU_OK(qsakv_cache_get_layer_buffers(cache, c[0].qsa_layers[li], &lb));
       const uint8_t* kv = lb.kv;
       for (int kind = 0; kind < 2; ++kind) {

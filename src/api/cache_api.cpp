@@ -294,11 +294,15 @@ qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t lay
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
     const int i = qsa_index(cache->config, layer);
     if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
-    out->kv = cache->kv_layers[static_cast<size_t>(i)];
-    out->compressed_keys = cache->compressed_layers[static_cast<size_t>(i)];
-    out->ring_keys = cache->ring_layers[static_cast<size_t>(i)];
-    out->topk = cache->topk_for(i);
-    out->scales = cache->scales.as<float>() + 2 * i;
+    qsakv_layer_buffers b;
+    std::memset(&b, 0, sizeof b);
+    b.version = QSAKV_LAYER_BUFFERS_VERSION;
+    b.kv = cache->kv_layers[static_cast<size_t>(i)];
+    b.compressed_keys = cache->compressed_layers[static_cast<size_t>(i)];
+    b.ring_keys = cache->ring_layers[static_cast<size_t>(i)];
+    b.topk = cache->topk_for(i);
+    b.scales = cache->scales.as<float>() + 2 * i;
+    write_versioned(out, b, "out");
   });
 }
 
