@@ -3,8 +3,9 @@
  * qsakv.h -- calibrated FP8 (E4M3) KV caches and sparse (QSA) / dense GQA attention.
  *
  * The only public header of libqsakv. C99, includes no CUDA header, compiles as C and C++.
- * Read it top to bottom: conventions, status codes, context, model config, overlay,
- * capacity and cache, store, plan and attention, selection.
+ * Read it top to bottom: conventions, versions, status codes, types, context, model
+ * config, overlay, capacity and caches, store, plan, selection, attention, calibration,
+ * tensor-parallel consensus, checkpoint revision, memory helpers.
  *
  * Conventions (shared by every function below)
  * - Every fallible call returns a qsakv_status: 0 is success, every failure a distinct
@@ -960,6 +961,8 @@ QSAKV_API qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex[
 
 /* Device memory of the context's backend (host memory for CPU). Blocking. */
 QSAKV_API qsakv_status qsakv_malloc(qsakv_context* context, void** out, size_t bytes);
+/* Releases memory from qsakv_malloc on the same context; make sure no queued work still
+ * uses it. A NULL context or ptr is a no-op. */
 QSAKV_API void qsakv_free(qsakv_context* context, void* ptr);
 typedef enum qsakv_copy_kind {
   QSAKV_COPY_HOST_TO_DEVICE = 1,
