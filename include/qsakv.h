@@ -35,6 +35,8 @@
  *   argument and changes nothing. The library cannot check device memory from the host:
  *   the caller guarantees that each device buffer is as large as the function says, lives
  *   on the context's device and stays valid until the enqueued work ran (docs/safety.md).
+ * - Every handle's section repeats one shape on purpose (create, *_destroy, a versioned
+ *   struct), so the sections read alike; the duplicates tool lists some of them.
  */
 #ifndef QSAKV_H
 #define QSAKV_H

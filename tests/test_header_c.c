@@ -59,8 +59,11 @@ static void test_structs_start_with_size_and_version(void** state) {
   STARTS_WITH_SIZE_AND_VERSION(qsakv_calib_summary);
 }
 
-/* An initializer that left a field out would be a compile error here, not a silent
- * zero: every macro names every field. */
+/* The *_init functions return the macros' values (the library builds its defaults from
+ * them): each test fills the struct with garbage first, so a field the function leaves
+ * unwritten, or a default that drifts from the macro, fails. An initializer that left a
+ * field out would be a compile error here, not a silent zero: every macro names every
+ * field. */
 #pragma GCC diagnostic error "-Wmissing-field-initializers"
 
 static void test_context_options_init_macro(void** state) {
