@@ -172,10 +172,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   int32_t qs[TU_MAX_REQ + 1];
   qs[0] = 0;
   for (int r = 0; r < shape->num_requests; ++r) qs[r + 1] = qs[r] + shape->rows[r];
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = shape->num_requests;
   b.query_start = qs;
   b.seq_lens = shape->seq_lens;

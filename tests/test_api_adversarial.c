@@ -341,10 +341,7 @@ static void fixture_build(void) {
   F.block_table = dev(sizeof(int32_t) * 2 * BT_STRIDE);
   for (int i = 0; i < 2 * BT_STRIDE; ++i) F.block_table[i] = i;
   const int32_t qs[3] = {0, 1, ROWS}, lens[2] = {40, 100};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 2;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -470,10 +467,7 @@ static void c_ctx_huge_struct(void) {
   big.o.struct_size = sizeof big;
   qsakv_context* c = NULL;
   qsakv_status s = qsakv_context_create(&c, &big.o);
-  qsakv_context_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   const int ok = s == QSAKV_SUCCESS && qsakv_context_get_info(c, &info) == QSAKV_SUCCESS &&
                  info.backend == QSAKV_BACKEND_CPU;
   qsakv_context_destroy(c);
@@ -774,10 +768,7 @@ static void c_cfg_validate(void) {
 static void c_cfg_capacity(void) {
   const char* field;
   qsakv_model_config c = bad_config(&field);
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   refuse(qsakv_capacity_plan(&c, 1 << 30, &cap), QSAKV_ERROR_INVALID_CONFIG, field);
 }
 static void c_cfg_cache(void) {
@@ -872,10 +863,7 @@ static void c_cfg_null(void) {
   }
 }
 static void c_capacity_budget(void) {
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   qsakv_status s = qsakv_capacity_plan(&F.cfg, (uint64_t)P, &cap);
   const int ok = cap.num_blocks >= 0 && cap.num_tokens == cap.num_blocks * F.cfg.block_size &&
                  (cap.num_blocks == 0 || cap.bytes_per_block > 0);
@@ -1526,10 +1514,7 @@ static void c_plan_create_null(void) {
 }
 
 static qsakv_plan_info plan_info(const qsakv_plan* p) {
-  qsakv_plan_info i;
-  memset(&i, 0, sizeof i);
-  i.struct_size = sizeof i;
-  i.version = QSAKV_PLAN_INFO_VERSION;
+  qsakv_plan_info i = {sizeof i, QSAKV_PLAN_INFO_VERSION};
   C_OK(qsakv_plan_get_info(p, &i));
   return i;
 }
@@ -1556,10 +1541,7 @@ static void refuse_update(const qsakv_batch* b, const char* arg) {
 
 static void c_update(void) {
   int32_t qs[4] = {0, 1, ROWS, ROWS}, lens[3] = {40, 100, 8}, slots[3] = {0, 1, 2};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 2;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -1710,10 +1692,7 @@ static void c_update_null(void) {
 }
 /* Empty batches are valid: zero rows, then select and attention do nothing. */
 static void c_update_empty(void) {
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = P; /* 0 requests; or requests with no rows */
   int32_t qs[3] = {0, 0, 0}, lens[2] = {0, 17};
   b.query_start = qs;
@@ -1970,14 +1949,8 @@ static void c_calib_kind(void) {
   qsakv_calib_kind k;
   int32_t v = (int32_t)P;
   memcpy(&k, &v, sizeof v);
-  qsakv_calib_summary sum;
-  memset(&sum, 0, sizeof sum);
-  sum.struct_size = sizeof sum;
-  sum.version = QSAKV_CALIB_SUMMARY_VERSION;
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_summary sum = {sizeof sum, QSAKV_CALIB_SUMMARY_VERSION};
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   if (P & 1)
     refuse(qsakv_calib_summarize(F.host, 3, k, &sum), QSAKV_ERROR_INVALID_ARGUMENT, "kind");
   refuse(qsakv_calib_get_stats(F.host, 3, k, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "kind");
@@ -2037,20 +2010,14 @@ static void c_calib_observe(void) {
   /* Nothing was counted. */
   qsakv_calib* snap = NULL;
   C_OK(qsakv_calib_snapshot(&snap, h, NULL));
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   C_OK(qsakv_calib_get_stats(snap, 3, QSAKV_CALIB_K, &st, NULL));
   if (st.count != 0)
     report(V_WRONG, s, "a refused observe counted %llu values", (unsigned long long)st.count);
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
 static void c_calib_state(void) {
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   switch (P) {
     case 0:
       refuse(qsakv_calib_start(F.host), QSAKV_ERROR_STATE, "live");
@@ -2230,10 +2197,7 @@ static void c_calib_wrap_merge(void) {
 static void c_calib_big_alone(void) {
   qsakv_calib* a = NULL;
   qsakv_status s = qsakv_calib_load(&a, F.stats_big[0]);
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   const int ok = s == QSAKV_SUCCESS &&
                  qsakv_calib_get_stats(a, 7, QSAKV_CALIB_V, &st, NULL) == QSAKV_SUCCESS &&
                  st.count == (UINT64_C(1) << 63) && st.nonzero_count == st.count;

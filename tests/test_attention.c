@@ -387,10 +387,7 @@ static void test_plan_errors(void** state) {
   TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_DENSE, q, NULL, 0, out, NULL),
                    QSAKV_ERROR_STATE);
   int32_t qs[3] = {0, 4, 9}, lens[2] = {10, 20}, bt[2 * 4] = {0, -1, -1, -1, 1, 2, -1, -1};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 2;
   b.query_start = qs;
   b.seq_lens = lens;

@@ -59,10 +59,7 @@ static void fixture_free(fixture* f) {
 }
 
 static qsakv_cache_memory memory_of(fixture* f) {
-  qsakv_cache_memory m;
-  memset(&m, 0, sizeof m);
-  m.struct_size = sizeof m;
-  m.version = QSAKV_CACHE_MEMORY_VERSION;
+  qsakv_cache_memory m = {sizeof m, QSAKV_CACHE_MEMORY_VERSION};
   m.num_layers = f->cfg.num_qsa_layers;
   m.layers = f->layers;
   return m;
@@ -129,10 +126,7 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, cache, &po));
   int32_t qs[2] = {0, kRows}, lens[1] = {kTokens};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 1;
   b.query_start = qs;
   b.seq_lens = lens;

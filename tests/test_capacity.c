@@ -8,10 +8,7 @@
 #include "testutil.h"
 
 static qsakv_capacity plan(const qsakv_model_config* c, uint64_t budget) {
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   TU_OK(qsakv_capacity_plan(c, budget, &cap));
   return cap;
 }

@@ -396,22 +396,11 @@ static void ckpt_with_index_text(ovf_pack* p, const overlay_case* c) {
   ovf_write_text(path, c->from);
 }
 
-/* Opens root/ckpt (a handle must not come back from a refusal) and validates it at TP1
- * against the base. */
+/* Opens root/ckpt and validates it at TP1 against the base (ovf_load_validate_path). */
 static qsakv_status open_ckpt_dir(ovf_pack* p) {
   char dir[OVF_PATH + 8];
   ckpt_dir(p, dir, sizeof dir);
-  qsakv_overlay* o = (qsakv_overlay*)(uintptr_t)1; /* must come back NULL */
-  qsakv_status s = qsakv_overlay_load(&o, dir, NULL);
-  if (s != QSAKV_SUCCESS) {
-    assert_null(o);
-    return s;
-  }
-  qsakv_model_config cfg;
-  ovf_config(&cfg, 1);
-  s = qsakv_overlay_validate(o, &cfg, p->base_sha);
-  qsakv_overlay_destroy(o);
-  return s;
+  return ovf_load_validate_path(p, dir);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -742,13 +731,7 @@ static qsakv_overlay* validated_overlay(ovf_pack* p, qsakv_model_config* c) {
   return o;
 }
 
-static int validated(const qsakv_overlay* o) {
-  qsakv_overlay_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  OVF_OK(qsakv_overlay_get_info(o, &info));
-  return info.validated;
-}
+static int validated(const qsakv_overlay* o) { return tu_overlay_info(o).validated; }
 
 static void test_validated_after_success(void** state) {
   qsakv_model_config c;

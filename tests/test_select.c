@@ -353,10 +353,7 @@ static int32_t* select_single_row(tu_world* w, int r, const uint16_t* q_row, int
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, w->cache, &po));
   int32_t qs[2] = {0, 1}, lens[1] = {w->shape.seq_lens[r]};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 1;
   b.query_start = qs;
   b.seq_lens = lens;
