@@ -204,60 +204,6 @@ static void test_every_fp16_pattern(void** state) {
   qsakv_context_destroy(ctx);
 }
 
-static void test_start_stop(void** state) {
-  (void)state;
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_model_config c;
-  calib_config(&c, QSAKV_DTYPE_FP16, 1, 0);
-  qsakv_calib* h = live(ctx, &c);
-  const size_t row = row_elems(&c);
-  uint16_t* k = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 100.0, 0);
-  /* Stopped from creation: a no-op that succeeds... */
-  observe(ctx, h, 3, k, k, 8, row);
-  /* ...but still checks its arguments (the header's promise: warm-up passes catch wiring
-   * bugs), and reads no data. */
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 4, k, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("layer 4");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("k is NULL");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("v is NULL");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, k, INT64_MAX, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("num_tokens");
-  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
-  TU_OK(qsakv_calib_start(h));
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  observe(ctx, h, 3, k, k, 8, row); /* counted */
-  TU_OK(qsakv_calib_stop(h));
-  observe(ctx, h, 3, k, k, 8, row); /* a "graph capture" pass: not counted */
-  qsakv_calib_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  TU_OK(qsakv_calib_get_info(h, &info));
-  assert_int_equal(info.live, 1);
-  assert_int_equal(info.started, 0);
-  qsakv_calib* s = snapshot(h);
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  TU_OK(qsakv_calib_get_stats(s, 3, QSAKV_CALIB_K, &st, NULL));
-  assert_int_equal(st.count, 8 * row);
-  assert_true(st.max_abs == 100.0f);
-  TU_OK(qsakv_calib_get_stats(s, 7, QSAKV_CALIB_K, &st, NULL));
-  assert_int_equal(st.count, 0);
-  /* Host copies neither start nor observe. */
-  TU_EXPECT_STATUS(qsakv_calib_start(s), QSAKV_ERROR_STATE);
-  TU_EXPECT_STATUS(qsakv_calib_observe(s, 3, k, k, 8, NULL), QSAKV_ERROR_STATE);
-  /* The CPU backend cannot all-reduce over NCCL. */
-  TU_EXPECT_STATUS(qsakv_calib_allreduce(h, (void*)0x1, NULL), QSAKV_ERROR_UNSUPPORTED);
-  MSG_HAS("qsakv_calib_merge");
-  free(k);
-  qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
-  qsakv_calib_destroy(NULL);
-  qsakv_context_destroy(ctx);
-}
-
 /* ---- the rounding rule ----------------------------------------------------------- */
 
 static void check_scale(float m) {
@@ -471,17 +417,17 @@ static qsakv_calib* observed(qsakv_context* ctx, int k3, int v3, int k7, int v7,
 
 /* The refusals of calibration, one behaviour each: a summary of statistics that do not
  * cover the model, a file that contradicts itself, a handle in the wrong state, a bad
- * argument. Each runs on the CPU backend with 8 rows of FP16 data (`refusal_fixture`). */
-typedef struct refusal_fixture {
+ * argument. Each runs on the CPU backend with 8 rows of FP16 data (`cpu_calib_fixture`). */
+typedef struct cpu_calib_fixture {
   qsakv_context* ctx;
   qsakv_model_config c;
   size_t row;
   uint16_t* x;   /* finite data */
   uint16_t* nan; /* the same with NaN and infinities mixed in */
-} refusal_fixture;
+} cpu_calib_fixture;
 
-static int refusal_setup(void** state) {
-  refusal_fixture* f = calloc(1, sizeof *f);
+static int cpu_calib_setup(void** state) {
+  cpu_calib_fixture* f = calloc(1, sizeof *f);
   if (!f) return -1;
   f->ctx = tu_context(QSAKV_BACKEND_CPU);
   calib_config(&f->c, QSAKV_DTYPE_FP16, 1, 0);
@@ -492,8 +438,8 @@ static int refusal_setup(void** state) {
   return 0;
 }
 
-static int refusal_teardown(void** state) {
-  refusal_fixture* f = *state;
+static int cpu_calib_teardown(void** state) {
+  cpu_calib_fixture* f = *state;
   free(f->x);
   free(f->nan);
   qsakv_context_destroy(f->ctx);
@@ -503,7 +449,7 @@ static int refusal_teardown(void** state) {
 
 /* A snapshot of a handle that observed layer 3 (and layer 7, when v7 is not NULL: K from x,
  * V from v7). */
-static qsakv_calib* observed_3_and_7(refusal_fixture* f, const uint16_t* v7) {
+static qsakv_calib* observed_3_and_7(cpu_calib_fixture* f, const uint16_t* v7) {
   qsakv_calib* h = live(f->ctx, &f->c);
   TU_OK(qsakv_calib_start(h));
   observe(f->ctx, h, 3, f->x, f->x, 8, f->row);
@@ -514,14 +460,14 @@ static qsakv_calib* observed_3_and_7(refusal_fixture* f, const uint16_t* v7) {
 }
 
 static void test_summary_refuses_a_missing_layer(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_calib* s = observed_3_and_7(f, NULL);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE, "layer 7: neither K nor V");
   qsakv_calib_destroy(s);
 }
 
 /* Saves a snapshot of layers 3 and 7 under a fresh temporary directory. */
-static void saved_3_and_7(refusal_fixture* f, char* dir, char* path, size_t cap) {
+static void saved_3_and_7(cpu_calib_fixture* f, char* dir, char* path, size_t cap) {
   qsakv_calib* s = observed_3_and_7(f, f->x);
   assert_non_null(mkdtemp(dir));
   snprintf(path, cap, "%s/rank0.safetensors", dir);
@@ -535,7 +481,7 @@ static void remove_saved(const char* dir, const char* path) {
 }
 
 static void test_save_refuses_to_overwrite(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
   saved_3_and_7(f, dir, path, sizeof path);
   qsakv_calib* s = observed_3_and_7(f, f->x);
@@ -548,7 +494,7 @@ static void test_save_refuses_to_overwrite(void** state) {
 /* A missing K/V half: the API observes K and V together, so a file from another writer is
  * the only way to get one; it is made with the CPU handle and a file edit. */
 static void test_summary_refuses_a_missing_kv_half(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
   saved_3_and_7(f, dir, path, sizeof path);
   /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
@@ -579,7 +525,7 @@ static void test_summary_refuses_a_missing_kv_half(void** state) {
 
 /* A corrupted count (the histogram no longer sums to the nonzero count) is a format error. */
 static void test_load_refuses_inconsistent_counts(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
   saved_3_and_7(f, dir, path, sizeof path);
   FILE* file = fopen(path, "r+b");
@@ -605,14 +551,14 @@ static void test_load_of_a_missing_file_is_io(void** state) {
 
 /* Non-finite activations, named by layer and kind. */
 static void test_summary_refuses_non_finite_values(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_calib* s = observed_3_and_7(f, f->nan);
   expect_summary_refused(s, QSAKV_ERROR_CALIB_NON_FINITE, "layer 7 V: 2 of");
   qsakv_calib_destroy(s);
 }
 
 static void test_summary_refuses_a_zero_maximum(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_calib* s = observed(f->ctx, 1, 0, 1, 1, f->x);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer 3 V: max |x| is 0");
   qsakv_calib_destroy(s);
@@ -620,7 +566,7 @@ static void test_summary_refuses_a_zero_maximum(void** state) {
 
 /* Statistics of one rank of two. */
 static void test_summary_refuses_one_rank_of_two(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_model_config c2;
   calib_config(&c2, QSAKV_DTYPE_FP16, 2, 1);
   qsakv_calib* h = live(f->ctx, &c2);
@@ -636,7 +582,7 @@ static void test_summary_refuses_one_rank_of_two(void** state) {
 
 /* A live handle is summarized or saved only through a snapshot. */
 static void test_live_handle_refuses_summary_and_save(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_calib* h = live(f->ctx, &f->c);
   qsakv_calib_summary sum;
   memset(&sum, 0, sizeof sum);
@@ -648,7 +594,7 @@ static void test_live_handle_refuses_summary_and_save(void** state) {
 }
 
 static void test_create_refuses_bad_arguments(void** state) {
-  refusal_fixture* f = *state;
+  cpu_calib_fixture* f = *state;
   qsakv_model_config cf;
   calib_config(&cf, QSAKV_DTYPE_FP16, 1, 0);
   cf.activation_dtype = QSAKV_DTYPE_FP32;
@@ -657,6 +603,78 @@ static void test_create_refuses_bad_arguments(void** state) {
   assert_null(h);
   TU_EXPECT_STATUS(qsakv_calib_create(&h, NULL, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
   TU_EXPECT_STATUS(qsakv_calib_create(NULL, f->ctx, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
+}
+
+/* Counting: a handle is stopped from creation, start and stop switch counting on the host;
+ * host copies and the CPU backend refuse what they cannot do. On the CPU calibration
+ * fixture (8 rows of FP16 data). */
+static qsakv_calib_stats stats_of(const qsakv_calib* live_handle, int layer) {
+  qsakv_calib* s = snapshot(live_handle);
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
+  TU_OK(qsakv_calib_get_stats(s, layer, QSAKV_CALIB_K, &st, NULL));
+  qsakv_calib_destroy(s);
+  return st;
+}
+
+/* Stopped (from creation): observe succeeds and counts nothing, but still checks its
+ * arguments (the header's promise: warm-up passes catch wiring bugs). */
+static void test_stopped_observe_counts_nothing_but_checks_arguments(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  observe(f->ctx, h, 3, f->x, f->x, 8, f->row);
+  assert_int_equal(stats_of(h, 3).count, 0);
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 4, f->x, f->x, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("layer 4");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, f->x, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("k is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, f->x, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("v is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, f->x, f->x, INT64_MAX, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("num_tokens");
+  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
+  qsakv_calib_destroy(h);
+}
+
+/* Started, observe counts (and checks its arguments); stopped again (a graph-capture
+ * pass), it does not. */
+static void test_start_counts_and_stop_pauses(void** state) {
+  cpu_calib_fixture* f = *state;
+  uint16_t* k = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 100.0, 0);
+  qsakv_calib* h = live(f->ctx, &f->c);
+  TU_OK(qsakv_calib_start(h));
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  observe(f->ctx, h, 3, k, k, 8, f->row); /* counted */
+  TU_OK(qsakv_calib_stop(h));
+  observe(f->ctx, h, 3, k, k, 8, f->row); /* not counted */
+  qsakv_calib_info info = {sizeof info, QSAKV_CALIB_INFO_VERSION};
+  TU_OK(qsakv_calib_get_info(h, &info));
+  assert_int_equal(info.live, 1);
+  assert_int_equal(info.started, 0);
+  const qsakv_calib_stats st = stats_of(h, 3);
+  assert_int_equal(st.count, 8 * f->row);
+  assert_true(st.max_abs == 100.0f);
+  assert_int_equal(stats_of(h, 7).count, 0);
+  qsakv_calib_destroy(h);
+  free(k);
+}
+
+static void test_host_copies_neither_start_nor_observe(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, f->x);
+  TU_EXPECT_STATUS(qsakv_calib_start(s), QSAKV_ERROR_STATE);
+  TU_EXPECT_STATUS(qsakv_calib_observe(s, 3, f->x, f->x, 8, NULL), QSAKV_ERROR_STATE);
+  qsakv_calib_destroy(s);
+  qsakv_calib_destroy(NULL); /* a no-op */
+}
+
+/* The CPU backend cannot all-reduce over NCCL; the message points to the host merge. */
+static void test_cpu_backend_cannot_allreduce(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  TU_EXPECT_STATUS(qsakv_calib_allreduce(h, (void*)0x1, NULL), QSAKV_ERROR_UNSUPPORTED);
+  MSG_HAS("qsakv_calib_merge");
+  qsakv_calib_destroy(h);
 }
 
 static void test_summary_values(void** state) {
@@ -956,14 +974,17 @@ static void test_cuda_matches_cpu_bf16(void** state) {
   compare_backends(QSAKV_DTYPE_BF16);
 }
 
-#define R(f) cmocka_unit_test_setup_teardown(f, refusal_setup, refusal_teardown)
+#define R(f) cmocka_unit_test_setup_teardown(f, cpu_calib_setup, cpu_calib_teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats_fp16_cpu),
       cmocka_unit_test(test_stats_bf16_cpu),
       cmocka_unit_test(test_every_fp16_pattern),
-      cmocka_unit_test(test_start_stop),
+      R(test_stopped_observe_counts_nothing_but_checks_arguments),
+      R(test_start_counts_and_stop_pauses),
+      R(test_host_copies_neither_start_nor_observe),
+      R(test_cpu_backend_cannot_allreduce),
       cmocka_unit_test(test_scale_rounding),
       cmocka_unit_test(test_merge_algebra),
       R(test_summary_refuses_a_missing_layer),
