@@ -94,10 +94,18 @@ static uint16_t* make_data(size_t n, qsakv_dtype act, double scale, double peak,
       v = tu_normal() * scale * 1e-6; /* deep into small bins */
     x[i] = tu_f32_to_act((float)v, act);
   }
-  x[tu_int(0, (int)n - 1)] = tu_f32_to_act((float)(tu_int(0, 1) ? peak : -peak), act);
+  const int peak_at = tu_int(0, (int)n - 1);
+  x[peak_at] = tu_f32_to_act((float)(tu_int(0, 1) ? peak : -peak), act);
   if (specials) {
-    x[tu_int(0, (int)n - 1)] = act == QSAKV_DTYPE_FP16 ? 0x7E00 : 0x7FC0; /* NaN */
-    x[tu_int(0, (int)n - 1)] = act == QSAKV_DTYPE_FP16 ? 0xFC00 : 0xFF80; /* -inf */
+    /* Two specials at two other places, so that exactly two values are non-finite and
+     * the peak stays (drawn at random, they could land on one place: a 1-in-n flake). */
+    int nan_at, inf_at;
+    do nan_at = tu_int(0, (int)n - 1);
+    while (nan_at == peak_at);
+    do inf_at = tu_int(0, (int)n - 1);
+    while (inf_at == peak_at || inf_at == nan_at);
+    x[nan_at] = act == QSAKV_DTYPE_FP16 ? 0x7E00 : 0x7FC0; /* NaN */
+    x[inf_at] = act == QSAKV_DTYPE_FP16 ? 0xFC00 : 0xFF80; /* -inf */
   }
   return x;
 }
