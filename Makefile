@@ -23,10 +23,14 @@ all: build
 deps:
 	@PYTHON=$(PYTHON) bash tools/install-deps.sh --system
 
-venv: $(VENV)/.qsakv-deps-ok
+venv: $(VENV)/.qsakv-deps-ok .deps-cuda12/.qsakv-cuda12-ok
 
 $(VENV)/.qsakv-deps-ok: tools/install-deps.sh
 	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --python
+
+# CUDA 12.9 NVRTC for the sm70_build suite (CUDA 13 has no sm_70 target).
+.deps-cuda12/.qsakv-cuda12-ok: tools/install-deps.sh | $(VENV)/.qsakv-deps-ok
+	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --cuda12
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS)

@@ -155,9 +155,21 @@ typedef enum qsakv_backend {
 typedef enum qsakv_decoder {
   QSAKV_DECODER_AUTO = 0,             /* hardware conversion on SM89+, the software one below */
   QSAKV_DECODER_HARDWARE = 1,         /* FP8 conversion instructions; UNSUPPORTED before SM89 */
-  QSAKV_DECODER_SOFTWARE = 2,         /* exact bitcast decoder, every GPU (the SM70 path) */
+  QSAKV_DECODER_SOFTWARE = 2,         /* exact bitcast decoder, every GPU (the SM70 tier's) */
   QSAKV_DECODER_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_decoder;
+
+/* The CUDA kernel tier a context launches (qsakv_context_info.kernel_tier). Chosen from
+ * the GPU's compute capability: SM75 and newer get the tensor-core kernels (SM75), SM70
+ * (V100) gets CUDA-core kernels with the software E4M3 decoder (SM70). For tests, the
+ * environment variable QSAKV_CUDA_TIER (auto, sm70, sm75; read at context creation)
+ * forces a tier; an invalid value, or a tier the GPU cannot run, fails the creation. */
+typedef enum qsakv_kernel_tier {
+  QSAKV_KERNEL_TIER_NONE = 0, /* the CPU backend: no CUDA kernels */
+  QSAKV_KERNEL_TIER_SM70 = 70,
+  QSAKV_KERNEL_TIER_SM75 = 75,
+  QSAKV_KERNEL_TIER_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
+} qsakv_kernel_tier;
 
 #define QSAKV_CONTEXT_OPTIONS_VERSION 1
 typedef struct qsakv_context_options {
@@ -200,6 +212,8 @@ typedef struct qsakv_context_info {
   uint64_t device_memory_bytes;
   char device_name[128];
   char fallback_reason[256]; /* why AUTO chose the CPU backend; "" otherwise */
+  /* Appended (a caller's older, shorter struct simply does not receive it): */
+  qsakv_kernel_tier kernel_tier; /* the CUDA kernels launched; NONE on the CPU backend */
 } qsakv_context_info;
 
 /* Fills *info (set info->struct_size and version first, or call with a zeroed struct

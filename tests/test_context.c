@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Backend choice, fallback, capability queries. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -21,7 +22,51 @@ static void test_cpu_backend(void** state) {
   assert_int_equal(info.sm_version, 0);
   assert_int_equal(info.has_fp8_conversion, 0);
   assert_string_equal(info.fallback_reason, "");
+  assert_int_equal(info.kernel_tier, QSAKV_KERNEL_TIER_NONE);
   qsakv_context_destroy(ctx);
+}
+
+/* QSAKV_CUDA_TIER (the kernel-tier override for tests) is read at context creation and
+ * checked on every backend, so a typo never silently tests the default tier. */
+static void test_cuda_tier_variable(void** state) {
+  (void)state;
+  const char* saved = getenv("QSAKV_CUDA_TIER");
+  char* keep = saved ? strdup(saved) : NULL;
+  const char* bad[] = {"bogus", "SM70", "sm80", "70", " sm70"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    setenv("QSAKV_CUDA_TIER", bad[i], 1);
+    qsakv_context* ctx = NULL;
+    assert_int_equal(qsakv_context_create(&ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(qsakv_last_error(), "QSAKV_CUDA_TIER"));
+    assert_non_null(strstr(qsakv_last_error(), "sm70"));
+  }
+  /* Valid values: the CPU backend takes them and reports no kernel tier. */
+  const char* good[] = {"", "auto", "sm70", "sm75"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
+    setenv("QSAKV_CUDA_TIER", good[i], 1);
+    qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+    assert_non_null(ctx);
+    assert_int_equal(info_of(ctx).kernel_tier, QSAKV_KERNEL_TIER_NONE);
+    qsakv_context_destroy(ctx);
+  }
+  /* On a GPU, sm70 is honoured whatever the GPU (SM70+), and reported. */
+  setenv("QSAKV_CUDA_TIER", "sm70", 1);
+  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  if (gpu) {
+    qsakv_context_info info = info_of(gpu);
+    assert_int_equal(info.kernel_tier, QSAKV_KERNEL_TIER_SM70);
+    assert_int_equal(info.decoder, QSAKV_DECODER_SOFTWARE); /* no FP8 instructions */
+    qsakv_context_destroy(gpu);
+  } else {
+    print_message("[ SKIP     ] sm70 on a GPU: no usable GPU\n");
+  }
+  if (keep) {
+    setenv("QSAKV_CUDA_TIER", keep, 1);
+    free(keep);
+  } else {
+    unsetenv("QSAKV_CUDA_TIER");
+  }
 }
 
 static void test_auto_chooses_and_says_why(void** state) {
@@ -37,6 +82,15 @@ static void test_auto_chooses_and_says_why(void** state) {
   } else {
     assert_true(info.sm_version >= 70);
     assert_int_equal(info.has_fp8_conversion, info.sm_version >= 89);
+    /* The tier follows the GPU unless QSAKV_CUDA_TIER forces one. */
+    const char* forced = getenv("QSAKV_CUDA_TIER");
+    if (forced && strcmp(forced, "sm70") == 0)
+      assert_int_equal(info.kernel_tier, QSAKV_KERNEL_TIER_SM70);
+    else if (forced && strcmp(forced, "sm75") == 0)
+      assert_int_equal(info.kernel_tier, QSAKV_KERNEL_TIER_SM75);
+    else
+      assert_int_equal(info.kernel_tier,
+                       info.sm_version >= 75 ? QSAKV_KERNEL_TIER_SM75 : QSAKV_KERNEL_TIER_SM70);
     assert_string_equal(info.fallback_reason, "");
   }
   qsakv_context_destroy(ctx);
@@ -120,7 +174,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_backend),    cmocka_unit_test(test_auto_chooses_and_says_why),
       cmocka_unit_test(test_cuda_explicit),  cmocka_unit_test(test_bad_options),
-      cmocka_unit_test(test_memory_helpers),
+      cmocka_unit_test(test_memory_helpers), cmocka_unit_test(test_cuda_tier_variable),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

@@ -429,47 +429,123 @@ static void test_select_contract_cuda(void** state) {
 static void check_special_keys(qsakv_context* ctx, const char* what) {
   qsakv_model_config c;
   tu_small_config(&c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
-  /* 20000 tokens: 5000 tied blocks, more than the GPU keeps in shared memory */
-  tu_shape shape = {3, {1, 2, 1}, {4099, 2600, 20000}};
-  tu_world w;
-  tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
-  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
-  TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
-  const size_t n = w.layout.compressed_bytes_per_layer / 2;
-  uint16_t* comp = malloc(2 * n);
-  const size_t qn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
-  uint16_t* q = malloc(2 * qn);
-  for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
-  int32_t* want = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < n; ++i)
-      comp[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
-    if (pass == 1)
-      for (size_t e = 0; e < n / c.index_head_dim; e += 7) {
-        comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00; /* NaN */
-        if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;      /* +inf */
-      }
-    TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, comp, 2 * n, QSAKV_COPY_HOST_TO_DEVICE, NULL));
-    TU_OK(qsakv_stream_synchronize(ctx, NULL));
-    reference_select(&w, comp, q, want);
-    int32_t* got = run_select(&w, q, 0);
-    for (int row = 0; row < w.rows; ++row)
-      for (int j = 0; j < w.geo.topk_width; ++j) {
-        const size_t i = (size_t)row * w.geo.topk_width + j;
-        if (got[i] != want[i])
-          fail_msg("%s %s row %d col %d: got %d want %d", what, pass ? "NaN/inf keys" : "all ties",
-                   row, j, got[i], want[i]);
-      }
-    if (pass == 0) /* all ties: block j is the j-th choice */
-      for (int j = 0; j < w.geo.topk_blocks; ++j)
-        assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
-    free(got);
+  /* 20000 tokens: 5000 tied blocks, more than the GPU keeps in shared memory (or in the
+   * filter route's lists). With a 2-row request the batch takes the multi-row route, with
+   * one row per request the one-row route: both run. */
+  for (int shape_i = 0; shape_i < 2; ++shape_i) {
+    tu_shape shape = {3, {1, 1 + (shape_i == 0), 1}, {4099, 2600, 20000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+    TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
+    const size_t n = w.layout.compressed_bytes_per_layer / 2;
+    uint16_t* comp = malloc(2 * n);
+    const size_t qn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
+    uint16_t* q = malloc(2 * qn);
+    for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
+    int32_t* want = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < n; ++i)
+        comp[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
+      if (pass == 1)
+        for (size_t e = 0; e < n / c.index_head_dim; e += 7) {
+          comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00; /* NaN */
+          if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;      /* +inf */
+        }
+      TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, comp, 2 * n, QSAKV_COPY_HOST_TO_DEVICE, NULL));
+      TU_OK(qsakv_stream_synchronize(ctx, NULL));
+      reference_select(&w, comp, q, want);
+      int32_t* got = run_select(&w, q, 0);
+      for (int row = 0; row < w.rows; ++row)
+        for (int j = 0; j < w.geo.topk_width; ++j) {
+          const size_t i = (size_t)row * w.geo.topk_width + j;
+          if (got[i] != want[i])
+            fail_msg("%s %s row %d col %d: got %d want %d", what,
+                     pass ? "NaN/inf keys" : "all ties", row, j, got[i], want[i]);
+        }
+      if (pass == 0) /* all ties: block j is the j-th choice */
+        for (int j = 0; j < w.geo.topk_blocks; ++j)
+          assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
+      free(got);
+    }
+    print_message("%s: all-tie and NaN/inf keys selected exactly (%d rows, %s route)\n", what,
+                  w.rows, shape_i == 0 ? "multi-row" : "one-row");
+    free(want);
+    free(q);
+    free(comp);
+    tu_world_destroy(&w);
   }
-  print_message("%s: all-tie and NaN/inf keys selected exactly (%d rows)\n", what, w.rows);
-  free(want);
+}
+
+/* A wave of more one-row requests than the GPU has SMs (and than the filter route keeps
+ * lists for) takes the one-CTA-per-row top-k; a row alone takes the many-CTA filter. 520
+ * requests that all read request 0's pages with the same query must each equal that row
+ * selected alone. */
+static void test_select_many_rows_cuda(void** state) {
+  (void)state;
+  enum { kRows = 520 };
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_model_config c;
+  contract_config(&c);
+  c.max_requests = kRows;
+  c.max_batched_tokens = kRows;
+  c.max_model_len = 16384;
+  const tu_shape shape = {1, {1}, {12001}};
+  tu_world w;
+  tu_world_build(&w, gpu, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
+  uint16_t* comp = randomise_keys(&w, tu_next());
+  uint16_t* q = random_index_q(&w, tu_next());
+  int32_t* alone = select_single_row(&w, 0, q, 1);
+  const size_t qn = (size_t)c.index_num_heads * c.index_head_dim;
+  const int width = w.geo.topk_width;
+  int32_t* bt = malloc(sizeof(int32_t) * kRows * w.bt_stride);
+  uint16_t* qs_host = malloc(2 * qn * kRows);
+  int32_t qs[kRows + 1], lens[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    memcpy(bt + (size_t)r * w.bt_stride, w.block_table, sizeof(int32_t) * w.bt_stride);
+    memcpy(qs_host + (size_t)r * qn, q, 2 * qn);
+    qs[r] = r;
+    lens[r] = shape.seq_lens[0];
+  }
+  qs[kRows] = kRows;
+  void* dbt = tu_to_device(gpu, bt, sizeof(int32_t) * kRows * w.bt_stride);
+  void* dq = tu_to_device(gpu, qs_host, 2 * qn * kRows);
+  void* dt = tu_device_filled(gpu, sizeof(int32_t) * width * kRows, 0x7B);
+  qsakv_plan_options po;
+  TU_OK(qsakv_plan_options_init(&po));
+  po.max_rows = kRows;
+  qsakv_plan* plan = NULL;
+  TU_OK(qsakv_plan_create(&plan, w.cache, &po));
+  qsakv_batch b = QSAKV_BATCH_INIT;
+  b.num_requests = kRows;
+  b.query_start = qs;
+  b.seq_lens = lens;
+  b.block_table = dbt;
+  b.block_table_stride = w.bt_stride;
+  TU_OK(qsakv_plan_update(plan, &b, NULL));
+  TU_OK(qsakv_select_topk(plan, w.layer, dq, dt, width, NULL));
+  int32_t* got = malloc(sizeof(int32_t) * width * kRows);
+  tu_to_host(gpu, got, dt, sizeof(int32_t) * width * kRows);
+  for (int r = 0; r < kRows; ++r)
+    if (memcmp(got + (size_t)r * width, alone, sizeof(int32_t) * width) != 0)
+      fail_msg("row %d of %d identical one-row requests differs from the row selected alone", r,
+               kRows);
+  print_message(
+      "cuda: %d identical one-row requests (one CTA per row) equal the row selected alone "
+      "(many CTAs per row)\n",
+      kRows);
+  qsakv_plan_destroy(plan);
+  qsakv_free(gpu, dbt);
+  qsakv_free(gpu, dq);
+  qsakv_free(gpu, dt);
+  free(got);
+  free(qs_host);
+  free(bt);
+  free(alone);
   free(q);
   free(comp);
   tu_world_destroy(&w);
+  qsakv_context_destroy(gpu);
 }
 
 static void test_select_special_cpu(void** state) {
@@ -502,9 +578,13 @@ static void test_select_cuda(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_select_cpu),          cmocka_unit_test(test_select_cuda),
-      cmocka_unit_test(test_select_special_cpu),  cmocka_unit_test(test_select_special_cuda),
-      cmocka_unit_test(test_select_contract_cpu), cmocka_unit_test(test_select_contract_cuda),
+      cmocka_unit_test(test_select_cpu),
+      cmocka_unit_test(test_select_cuda),
+      cmocka_unit_test(test_select_special_cpu),
+      cmocka_unit_test(test_select_special_cuda),
+      cmocka_unit_test(test_select_contract_cpu),
+      cmocka_unit_test(test_select_contract_cuda),
+      cmocka_unit_test(test_select_many_rows_cuda),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("select", tests, NULL, NULL);

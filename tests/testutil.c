@@ -128,6 +128,21 @@ qsakv_context* tu_cuda_context_or_skip(void) {
     fprintf(stderr, "[ SKIP     ] no usable GPU: %s\n", qsakv_last_error());
     skip();
   }
+  /* Once per suite: which kernel tier the CUDA cases ran on (QSAKV_CUDA_TIER=sm70 forces
+   * the V100 tier on any GPU), so a forced run's log shows that it was forced. */
+  static int tier_printed = 0;
+  if (!tier_printed) {
+    qsakv_context_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (qsakv_context_get_info(ctx, &info) == QSAKV_SUCCESS) {
+      const char* forced = getenv("QSAKV_CUDA_TIER");
+      printf("[ INFO     ] cuda kernel tier: %s on SM %d%s%s\n",
+             info.kernel_tier == QSAKV_KERNEL_TIER_SM70 ? "sm70" : "sm75", info.sm_version,
+             forced && *forced ? ", QSAKV_CUDA_TIER=" : "", forced && *forced ? forced : "");
+      tier_printed = 1;
+    }
+  }
   return ctx;
 }
 

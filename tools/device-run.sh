@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
+#   tools/device-run.sh [all|test|bench|sanitize|sm70]
+# sm70: everything with the SM70 kernel tier forced (QSAKV_CUDA_TIER=sm70, the V100 code
+# path): every suite, compute-sanitizer, and the bench labelled as such, then the bench
+# again on the GPU's own tier for comparison. A
+# QSAKV_CUDA_TIER already in the environment is honoured by every stage.
 # cmocka is not installed there: its Debian packages travel in .deps-device/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -11,6 +16,11 @@ for d in .deps-device/*.deb; do dpkg -x "$d" $prefix; done
 libdir=$(dirname "$(find $prefix -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 stage=${1:-all}
+if [ "$stage" = sm70 ]; then
+  export QSAKV_CUDA_TIER=sm70
+  stage=all
+fi
+echo "kernel tier: ${QSAKV_CUDA_TIER:-auto (from the GPU)}"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=90 \
   -DCMAKE_PREFIX_PATH=$prefix/usr -DCMOCKA_INCLUDE_DIR=$prefix/usr/include \
@@ -26,6 +36,10 @@ if [ "$stage" = all ] || [ "$stage" = test ]; then
 fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   timeout 240 build-gpu/qsakv_bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+  if [ "${QSAKV_CUDA_TIER:-}" = sm70 ]; then  # the GPU's own tier next to it, same build
+    timeout 240 build-gpu/qsakv_bench --tier auto --json "$OUT/bench-own-tier.json" \
+      > "$OUT/bench-own-tier.log" 2>&1; echo "bench (the GPU's own tier) rc=$?"
+  fi
   if [ -n "${BENCH_AB:-}" ]; then  # the alternative E4M3 tile path, for comparison
     QSAKV_E4M3_STAGING=1 build-gpu/qsakv_bench --e4m3-only --rows 1,16,64,256,1024 \
       --json "$OUT/bench-staged.json" > "$OUT/bench-staged.log" 2>&1; echo "bench (staged) rc=$?"
@@ -45,5 +59,6 @@ if [ -n "${NCU:-}" ]; then  # one decode kernel of the 1024-row case, per tile p
   done
 fi
 [ -f "$OUT/bench.log" ] && cat "$OUT/bench.log"
+[ -f "$OUT/bench-own-tier.log" ] && { echo "== the GPU's own kernel tier"; cat "$OUT/bench-own-tier.log"; }
 [ -f "$OUT/bench-staged.log" ] && { echo "== QSAKV_E4M3_STAGING=1"; tail -8 "$OUT/bench-staged.log"; }
 exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need, when missing, and says what it installs.
 #
-#   tools/install-deps.sh [--system | --python]     (no option: both)
+#   tools/install-deps.sh [--system | --python | --cuda12]     (no option: all three)
 #
 # --system: Debian packages for the build (cmocka, nlohmann-json, OpenSSL headers, SWIG)
 #   and for the packaging and binding suites (pkg-config, bindgen with libclang,
@@ -16,11 +16,20 @@
 #   on a Debian system Python (PEP 668, "externally-managed-environment"). `make test`
 #   runs this part and the Python-driven suites with the venv's interpreter. pip needs
 #   PyPI (or a configured index/mirror) the first time; later runs install nothing.
+# --cuda12: CUDA 12.9's NVRTC, ptxas and runtime headers from PyPI (nvidia-cuda-nvrtc-cu12,
+#   nvidia-cuda-nvcc-cu12, nvidia-cuda-runtime-cu12, pinned) into $QSAKV_CUDA12_ROOT
+#   (default: .deps-cuda12 at the repository root, git-ignored), with the venv's pip. CUDA
+#   13 has no sm_70 target; the sm70_build suite (tools/sm70-check.sh) builds the SM70
+#   kernel tier for sm_70 with these. (PyPI's nvidia-cuda-nvcc-cu12 carries ptxas and
+#   libnvvm but not the nvcc driver, hence NVRTC.) About 200 MB.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 VENV=${QSAKV_VENV:-$repo/.venv}
 # import name=PyPI name
+CUDA12_ROOT=${QSAKV_CUDA12_ROOT:-$repo/.deps-cuda12}
+CUDA12_PACKAGES=(nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
+                 nvidia-cuda-runtime-cu12==12.9.79)
 PY_PACKAGES=(numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_core=scikit-build-core)
 
 say() { echo "install-deps: $*"; }
@@ -85,10 +94,27 @@ python_deps() {
   touch "$VENV/.qsakv-deps-ok"  # the Makefile's stamp: newer than this script = done
 }
 
+cuda12_deps() {
+  if [ -f "$CUDA12_ROOT/.qsakv-cuda12-ok" ]; then
+    say "CUDA 12.9 NVRTC/ptxas (sm_70 build check): present in $CUDA12_ROOT"
+    return 0
+  fi
+  [ -x "$VENV/bin/python" ] || python_deps
+  say "pip install --target $CUDA12_ROOT: ${CUDA12_PACKAGES[*]}"
+  rm -rf "$CUDA12_ROOT"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-deps \
+    --target "$CUDA12_ROOT" "${CUDA12_PACKAGES[@]}" || {
+    echo "install-deps: pip could not install ${CUDA12_PACKAGES[*]} into $CUDA12_ROOT" >&2
+    exit 1
+  }
+  touch "$CUDA12_ROOT/.qsakv-cuda12-ok"
+}
+
 case "${1:-all}" in
   --system) system_deps ;;
   --python) python_deps ;;
-  all) system_deps; python_deps ;;
+  --cuda12) cuda12_deps ;;
+  all) system_deps; python_deps; cuda12_deps ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  *) echo "install-deps: unknown option $1 (--system, --python, or none for both)" >&2; exit 2 ;;
+  *) echo "install-deps: unknown option $1 (--system, --python, --cuda12, or none for all)" >&2; exit 2 ;;
 esac

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU cases of the suites under compute-sanitizer: memcheck on every suite that
 # launches kernels, racecheck on those with shared memory. Usage: sanitize-gpu.sh BUILD
+# QSAKV_CUDA_TIER=sm70 in the environment runs them on the SM70 kernel tier.
 set -uo pipefail
 build=${1:-build-gpu}
+echo "== kernel tier: ${QSAKV_CUDA_TIER:-auto (from the GPU)}"
 export QSAKV_TEST_FILTER='*cuda*'
 rc=0
 for t in test_store test_select test_attention; do

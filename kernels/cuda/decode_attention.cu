@@ -61,37 +61,11 @@ void by_cache(const DecodeParams& dp, qsakv_dtype kv, bool hw, int D, int max_ro
 
 }  // namespace
 
-void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream) {
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
+                             cudaStream_t stream) {
+  if (simt) return launch_decode_attention_simt(p, stream);  // the SM70 tier
   const KvCacheView& c = p.cache;
-  const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
-  DecodeParams dp;
-  dp.header = p.meta.header;
-  dp.row_request = p.meta.row_request;
-  dp.row_pos = p.meta.row_pos;
-  dp.kv = static_cast<const uint8_t*>(c.data);
-  dp.stride_block = c.stride_block * esz;
-  dp.stride_kv = c.stride_kv * esz;
-  dp.stride_token = c.stride_token * esz;
-  dp.stride_head = c.stride_head * esz;
-  dp.block_size = c.block_size;
-  dp.num_blocks = c.num_blocks;
-  dp.scales = c.scales;
-  dp.nan_flag = c.nan_flag;
-  dp.q = p.q;
-  dp.out = p.out;
-  dp.q_heads = p.q_heads;
-  dp.group = p.group_size;
-  dp.kv_heads = c.kv_heads;
-  dp.head_chunks = (p.group_size + kHeadsPerCta - 1) / kHeadsPerCta;
-  dp.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  dp.dense = p.mode == QSAKV_ATTENTION_DENSE;
-  dp.topk = p.topk;
-  dp.topk_stride = p.topk_stride;
-  dp.topk_width = p.topk_width;
-  dp.num_splits = p.num_splits;
-  dp.partial_out = p.partial_out;
-  dp.partial_lse = p.partial_lse;
-  dp.split_counters = p.split_counters;
+  const DecodeParams dp = decode_params(p);
   if (p.act_dtype == QSAKV_DTYPE_BF16)
     by_cache<__nv_bfloat16>(dp, c.dtype, hardware_decoder, c.head_dim, p.meta.max_rows, stream);
   else

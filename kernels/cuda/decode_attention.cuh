@@ -103,6 +103,41 @@ constexpr int dynamic_smem_bytes() {
   return static_cast<int>(sizeof(MergeSmem<D>));
 }
 
+// The kernels' parameters from the backend's (host code; both kernel tiers).
+inline DecodeParams decode_params(const AttentionParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
+  DecodeParams dp;
+  dp.header = p.meta.header;
+  dp.row_request = p.meta.row_request;
+  dp.row_pos = p.meta.row_pos;
+  dp.kv = static_cast<const uint8_t*>(c.data);
+  dp.stride_block = c.stride_block * esz;
+  dp.stride_kv = c.stride_kv * esz;
+  dp.stride_token = c.stride_token * esz;
+  dp.stride_head = c.stride_head * esz;
+  dp.block_size = c.block_size;
+  dp.num_blocks = c.num_blocks;
+  dp.scales = c.scales;
+  dp.nan_flag = c.nan_flag;
+  dp.q = p.q;
+  dp.out = p.out;
+  dp.q_heads = p.q_heads;
+  dp.group = p.group_size;
+  dp.kv_heads = c.kv_heads;
+  dp.head_chunks = (p.group_size + kHeadsPerCta - 1) / kHeadsPerCta;
+  dp.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  dp.dense = p.mode == QSAKV_ATTENTION_DENSE;
+  dp.topk = p.topk;
+  dp.topk_stride = p.topk_stride;
+  dp.topk_width = p.topk_width;
+  dp.num_splits = p.num_splits;
+  dp.partial_out = p.partial_out;
+  dp.partial_lse = p.partial_lse;
+  dp.split_counters = p.split_counters;
+  return dp;
+}
+
 // Compacts the valid tokens of list entries [begin, end) into smem offsets (bytes of the
 // token's K row for this KV head). Returns the count; all threads agree.
 __device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* offsets,
@@ -369,6 +404,61 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
   }
 }
 
+// The end of every decode CTA (both kernel tiers): combines the warps' online-softmax
+// states in `ms` into this split's output (one split: the final output; several: the
+// partials, and the last CTA of (row, KV head, chunk) to arrive merges them). All
+// threads; ms is complete and published. weights may alias ms (used after it is read).
+template <class Act, int D>
+__device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSmem<D>& ms, int row,
+                                           int kvh, int chunk, int split, float v_factor,
+                                           int& last_arrival, float* weights) {
+  for (int idx = threadIdx.x; idx < kHeadsPerCta * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    const int hl = chunk * kHeadsPerCta + h;
+    if (hl >= p.group) break;  // idx grows with h: no later head is valid either
+    const int qh = kvh * p.group + hl;
+    float M = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ms.m[w][h]);
+    // fmaxf ignores NaN, so a NaN score never reaches M: it lives on in l and o, and
+    // every step below must carry it (a NaN K code poisons the rows that see it). L is 0
+    // only when the split saw no token; NaN is not "no token".
+    float L = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      // All warps masked: each holds l = 0 and o = 0, or NaN from a NaN score.
+      const float c = M == -CUDART_INF_F ? 1.0f : fast_exp2(ms.m[w][h] - M);
+      L += ms.l[w][h] * c;
+      acc += ms.o[w][h][d] * c;
+    }
+    const int64_t oi = (static_cast<int64_t>(row) * p.q_heads + qh);
+    if (p.num_splits == 1) {
+      const float r = L != 0.0f ? acc / L * v_factor : 0.0f;
+      static_cast<Act*>(p.out)[oi * D + d] = from_float<Act>(r);
+    } else {
+      const int64_t pi = oi * p.num_splits + split;
+      p.partial_out[pi * D + d] = L != 0.0f ? acc / L : 0.0f;
+      if (d == 0) p.partial_lse[pi] = L != 0.0f ? M + log2f(L) : -CUDART_INF_F;
+    }
+  }
+  if (p.num_splits == 1) return;
+
+  // ---- split-K: the last CTA of this (row, KV head, chunk) to arrive merges ----
+  __threadfence();  // make this CTA's partials visible before it is counted
+  __syncthreads();
+  int32_t* counter =
+      p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    last_arrival = arrived == p.num_splits - 1;
+    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
+  }
+  __syncthreads();
+  if (!last_arrival) return;
+  __threadfence();
+  merge_splits<Act, D>(p, row, kvh, chunk, v_factor, weights);
+}
+
 template <class Act, KvKind KV, int D, Decoder DEC>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
@@ -506,51 +596,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   }
   __syncthreads();
   const float v_factor = v_scale * kUnit;
-  for (int idx = threadIdx.x; idx < kHeadsPerCta * D; idx += kThreads) {
-    const int h = idx / D, d = idx % D;
-    const int hl = chunk * kHeadsPerCta + h;
-    if (hl >= p.group) break;  // idx grows with h: no later head is valid either
-    const int qh = kvh * p.group + hl;
-    float M = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ms.m[w][h]);
-    // fmaxf ignores NaN, so a NaN score never reaches M: it lives on in l and o, and
-    // every step below must carry it (a NaN K code poisons the rows that see it). L is 0
-    // only when the split saw no token; NaN is not "no token".
-    float L = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      // All warps masked: each holds l = 0 and o = 0, or NaN from a NaN score.
-      const float c = M == -CUDART_INF_F ? 1.0f : fast_exp2(ms.m[w][h] - M);
-      L += ms.l[w][h] * c;
-      acc += ms.o[w][h][d] * c;
-    }
-    const int64_t oi = (static_cast<int64_t>(row) * p.q_heads + qh);
-    if (p.num_splits == 1) {
-      const float r = L != 0.0f ? acc / L * v_factor : 0.0f;
-      static_cast<Act*>(p.out)[oi * D + d] = from_float<Act>(r);
-    } else {
-      const int64_t pi = oi * p.num_splits + split;
-      p.partial_out[pi * D + d] = L != 0.0f ? acc / L : 0.0f;
-      if (d == 0) p.partial_lse[pi] = L != 0.0f ? M + log2f(L) : -CUDART_INF_F;
-    }
-  }
-  if (p.num_splits == 1) return;
-
-  // ---- split-K: the last CTA of this (row, KV head, chunk) to arrive merges ----
-  __threadfence();  // make this CTA's partials visible before it is counted
-  __syncthreads();
-  int32_t* counter =
-      p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
-  if (threadIdx.x == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    last_arrival = arrived == p.num_splits - 1;
-    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
-  }
-  __syncthreads();
-  if (!last_arrival) return;
-  __threadfence();
-  merge_splits<Act, D>(p, row, kvh, chunk, v_factor, reinterpret_cast<float*>(dynamic_smem));
+  finish_cta<Act, D>(p, ms, row, kvh, chunk, split, v_factor, last_arrival,
+                     reinterpret_cast<float*>(dynamic_smem));
 }
 
 }  // namespace cuda

@@ -10,13 +10,19 @@
 namespace qsakv {
 namespace cuda {
 
-void launch_store_kv(const StoreKvParams& p, int sm_count, cudaStream_t stream);
+// fp8_instructions: false on the SM70 tier (the integer E4M3 encoder, as on a V100).
+void launch_store_kv(const StoreKvParams& p, int sm_count, bool fp8_instructions,
+                     cudaStream_t stream);
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
-// hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches.
-void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream);
-// Selection: scores on tensor cores, then an exact per-row radix top-k (select.cu). The
-// workspace holds the scores of select_rows_per_wave rows at a time.
+// hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
+// the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
+void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
+                             cudaStream_t stream);
+void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);
+// Selection: scores on tensor cores (sm_version < 75: CUDA cores, select_score_simt.cuh), then an
+// exact per-row radix top-k (select.cu). The workspace holds the scores of select_rows_per_wave
+// rows at a time.
 bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);

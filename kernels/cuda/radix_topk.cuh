@@ -64,40 +64,77 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* 
   return x + before;
 }
 
-// Given hist[bins] (shared) and `need` >= 1 items to take from the top, finds the digit d
-// such that the bins above d hold fewer than `need` items and bins >= d hold at least
-// `need`; writes d and how many items of bin d are still needed (>= 1) to *digit and
-// *need_in_digit (shared). bins is a multiple of kTopkThreads or at most kTopkThreads.
-// Contains barriers; every thread must call it.
+// Given hist[kBins] (shared or global) of the candidates still in play, finds how many to
+// take, K = min(their total, need_cap), and the digit d such that the bins above d hold
+// fewer than K items and bins >= d hold at least K; writes d and how many items of bin d
+// are still needed (>= 1) to *digit and *need_in_digit (shared; untouched when K is 0).
+// Returns K. kBins is a multiple of kTopkThreads or at most kTopkThreads. Contains
+// barriers; every thread must call it.
 template <int kBins>
-__device__ __forceinline__ void find_digit(const uint32_t* hist, int need, int* warp_sums,
-                                           int* digit, int* need_in_digit) {
+__device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, int* warp_sums,
+                                          int* digit, int* need_in_digit) {
   constexpr int kPer = kBins >= kTopkThreads ? kBins / kTopkThreads : 1;
   // Thread t owns bins [top - kPer*(t+1), top - kPer*t): thread 0 the highest.
   const int hi = kBins - kPer * static_cast<int>(threadIdx.x);
+  uint32_t c[kPer];
   int mine = 0;
 #pragma unroll
-  for (int j = 1; j <= kPer; ++j) {
-    const int b = hi - j;
-    mine += b >= 0 ? static_cast<int>(hist[b]) : 0;
+  for (int j = 0; j < kPer; ++j) {
+    const int b = hi - 1 - j;
+    c[j] = b >= 0 ? hist[b] : 0u;
+    mine += static_cast<int>(c[j]);
   }
   int total;
   const int incl = block_inclusive_scan(mine, warp_sums, &total);
+  const int need = min(total, need_cap);
   const int above = incl - mine;  // items in the bins above this thread's
-  if (above < need && incl >= need) {
+  if (need > 0 && above < need && incl >= need) {
     int acc = above;
-    for (int j = 1; j <= kPer; ++j) {
-      const int b = hi - j;
-      const int c = static_cast<int>(hist[b]);
-      if (acc + c >= need) {
-        *digit = b;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (acc < need && acc + static_cast<int>(c[j]) >= need) {
+        *digit = hi - 1 - j;
         *need_in_digit = need - acc;
-        break;
       }
-      acc += c;
+      acc += static_cast<int>(c[j]);
     }
   }
   __syncthreads();
+  return need;
+}
+
+// Appends to `list` (capacity `cap`, counter `*count`; shared or global) the composites of
+// this thread's keys whose bit is set in `take` (bit 4u + j: key j of 16-byte word
+// words[u], whose first block is 4 * word_index[u]): one atomic per warp. Entries past the
+// capacity are counted but not written. Every lane of the warp must call it.
+template <int kWords>
+__device__ __forceinline__ void warp_append_words(unsigned long long* list, int* count, int cap,
+                                                  uint32_t take, const uint4 (&words)[kWords],
+                                                  const uint32_t (&word_index)[kWords]) {
+  const int lane = threadIdx.x & 31;
+  const int mine = __popc(take);
+  int incl = mine;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  const int total = __shfl_sync(0xffffffffu, incl, 31);
+  if (total == 0) return;  // warp-uniform
+  int base = 0;
+  if (lane == 31) base = atomicAdd(count, total);
+  int slot = __shfl_sync(0xffffffffu, base, 31) + incl - mine;
+#pragma unroll
+  for (int u = 0; u < kWords; ++u) {
+    const uint32_t w[4] = {words[u].x, words[u].y, words[u].z, words[u].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((take >> (4 * u + j)) & 1u) {
+        if (slot < cap) list[slot] = composite(w[j], static_cast<uint32_t>(4 * word_index[u] + j));
+        ++slot;
+      }
+    }
+  }
 }
 
 }  // namespace cuda

@@ -9,13 +9,13 @@
 //      and the key bytes (the selection's whole cost) stream at full bandwidth. Scores go
 //      to a plan-owned workspace as order-preserving 32-bit keys (0: unmapped page), and
 //      each CTA adds its keys to the row's histogram of the top 11 key bits.
-//   2. select_topk_kernel: one CTA per row (launched early with programmatic dependent
-//      launch where the GPU has it). The histogram names the bin of the k-th score; one
-//      pass over the row's keys takes every key above that bin and gathers the bin into
-//      shared memory, where a radix select over (score, block) composites finds the exact
-//      remainder (radix_topk.cuh). A bin too large for shared memory is first narrowed by
-//      a histogram of the next 11 bits (one more pass). The winners are sorted (bitonic,
-//      the short strides in registers) and expanded.
+//   2. The top-k, launched early with programmatic dependent launch where the GPU has it.
+//      select_filter_kernel (waves of at most one row per SM, histogram ready): many CTAs
+//      per row find the histogram's threshold bin and send their chunk's keys above it
+//      and in it to per-row lists; the last CTA of the row finishes it. select_topk_kernel
+//      (other waves, or rows of the multi-row scoring route): one CTA per row, one pass
+//      over the row's keys. Both resolve the threshold bin by a radix select over (score,
+//      block) composites in shared memory (radix_topk.cuh), sort the winners and expand.
 // Rows are processed in waves when the workspace cannot hold every row of the plan at
 // once (large prefill plans); decode-sized plans run in one wave.
 #include <math_constants.h>
@@ -28,6 +28,7 @@
 #include "cuda/launch.hpp"
 #include "cuda/radix_topk.cuh"
 #include "cuda/select_score.cuh"
+#include "cuda/select_score_simt.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -39,13 +40,60 @@ constexpr int kScoreMaxTilesPerCta = 16;  // 256 keys: 4 tiles per warp
 constexpr int kTopkMaxBlocks = 1024;      // configs with more top-k blocks are refused
 constexpr int kTopBits = 11;              // first radix digit: bits 31..21 of the score key
 constexpr int kTopBins = 1 << kTopBits;
+static_assert(kSimtHistBins == kTopBins, "the SM70 scoring kernel fills the same histogram");
 constexpr int kCandidateCap = 3072;  // bin-of-the-threshold keys kept in shared memory
 constexpr int kLoadsInFlight = 4;    // 16-byte workspace loads per thread per batch
+constexpr int kSplitWords = 2;       // the same for passes that also append (registers)
 
-// Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins]
-// (zero between calls: the top-k kernel clears its row's after reading it).
+constexpr int kFilterKeys = 4096;    // keys per CTA of the filter kernel (8 per thread)
+constexpr int kFilterMaxRows = 256;  // most rows of a wave on the filter route
+
+// Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins], then
+// for the first min(rows, kFilterMaxRows) rows a FilterRowState each and the rows' lists
+// (kTopkMaxBlocks composites above the threshold bin, then kCandidateCap in it). The
+// histograms and states are zero between calls: the kernel that finishes a row clears
+// them (and the allocation is zeroed).
 __host__ __device__ inline int64_t workspace_stride(int64_t max_blocks) {
   return ((max_blocks > 1 ? max_blocks : 1) + 3) / 4 * 4;
+}
+struct FilterRowState {
+  int n_above;        // list entries above the threshold bin (all CTAs of the row)
+  int n_bin;          // entries in the bin (counted past the list's capacity)
+  unsigned int done;  // CTAs of the row that have finished their chunk
+  int unused;
+};
+constexpr int kListEntries = kTopkMaxBlocks + kCandidateCap;
+__host__ __device__ inline int filter_rows(int wave_rows) {
+  return wave_rows < kFilterMaxRows ? wave_rows : kFilterMaxRows;
+}
+__host__ __device__ inline size_t wave_workspace_bytes(int wave_rows, int64_t stride) {
+  return static_cast<size_t>(wave_rows) * static_cast<size_t>(stride + kTopBins) * 4 +
+         static_cast<size_t>(filter_rows(wave_rows)) *
+             (sizeof(FilterRowState) + kListEntries * sizeof(unsigned long long));
+}
+
+// One row's part of the wave's workspace (no state or lists past kFilterMaxRows rows).
+struct WaveRow {
+  const uint32_t* keys;
+  uint32_t* hist;
+  FilterRowState* state;
+  unsigned long long* above;
+  unsigned long long* bin;
+};
+__device__ __forceinline__ WaveRow wave_row(float* ws, int wave_rows, int64_t stride, int r) {
+  uint32_t* base = reinterpret_cast<uint32_t*>(ws);
+  uint32_t* hist0 = base + static_cast<int64_t>(wave_rows) * stride;
+  auto* state0 =
+      reinterpret_cast<FilterRowState*>(hist0 + static_cast<int64_t>(wave_rows) * kTopBins);
+  auto* lists0 = reinterpret_cast<unsigned long long*>(state0 + filter_rows(wave_rows));
+  WaveRow w = {base + static_cast<int64_t>(r) * stride, hist0 + static_cast<int64_t>(r) * kTopBins,
+               nullptr, nullptr, nullptr};
+  if (r < filter_rows(wave_rows)) {
+    w.state = state0 + r;
+    w.above = lists0 + static_cast<int64_t>(r) * kListEntries;
+    w.bin = w.above + kTopkMaxBlocks;
+  }
+  return w;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -239,6 +287,7 @@ struct TopkSmem {
   int need;
   int n_sel;
   int n_cand;
+  int last;
 };
 
 // Calls f(block, key) for every key of the row (keys[0..n)): 16-byte loads, a batch of
@@ -263,6 +312,65 @@ __device__ __forceinline__ void for_each_key(const uint32_t* keys, int64_t n, F&
 #pragma unroll
       for (int j = 0; j < 4; ++j) f(4 * i + j, 4 * i + j < n ? w[j] : 0u);
     }
+  }
+}
+
+// A batch of kWords 16-byte words of score keys per thread, the warp's words consecutive:
+// thread words w0 + lane + u * kTopkThreads (zero past w_end). Block indices fit in 32
+// bits (positions are int32).
+template <int kWords>
+struct KeyWords {
+  uint4 v[kWords];
+  uint32_t index[kWords];  // word index: its first block is 4 * index
+  __device__ __forceinline__ void load(const uint32_t* keys, uint32_t w0, uint32_t w_end) {
+    const uint32_t lane = threadIdx.x & 31u;
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      index[u] = w0 + lane + u * kTopkThreads;
+      v[u] = index[u] < w_end ? *reinterpret_cast<const uint4*>(keys + 4ull * index[u])
+                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  // Sends the keys of blocks [lo, hi) whose top `known` bits are above `top` to `above`
+  // and those whose top bits equal `top` to `bin` (a capacity of 0 drops them), as
+  // composites: each warp reserves its slots with one atomic per list (a per-key ballot
+  // would cost more than the load). Lists and counters may be in shared or global memory.
+  __device__ __forceinline__ void split(uint32_t lo, uint32_t hi, int known, uint32_t top,
+                                        unsigned long long* above, int* n_above, int above_cap,
+                                        unsigned long long* bin, int* n_bin, int bin_cap) const {
+    uint32_t take_above = 0u, take_bin = 0u;
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t b = 4u * index[u] + j;
+        const uint32_t t = w[j] >> (32 - known);
+        const bool valid = w[j] != 0u && b >= lo && b < hi;
+        take_above |= static_cast<uint32_t>(valid && t > top) << (4 * u + j);
+        take_bin |= static_cast<uint32_t>(valid && t == top) << (4 * u + j);
+      }
+    }
+    warp_append_words(above, n_above, above_cap, take_above, v, index);
+    if (bin_cap > 0) warp_append_words(bin, n_bin, bin_cap, take_bin, v, index);
+  }
+};
+
+// One pass over keys[b_begin, b_end) (b_begin a multiple of 4), a KeyWords batch at a
+// time: see KeyWords::split.
+template <int kWords>
+__device__ __forceinline__ void split_at_bin(const uint32_t* keys, int64_t b_begin, int64_t b_end,
+                                             int known, uint32_t top, unsigned long long* above,
+                                             int* n_above, int above_cap, unsigned long long* bin,
+                                             int* n_bin, int bin_cap) {
+  const uint32_t w_begin = static_cast<uint32_t>(b_begin / 4);
+  const uint32_t w_end = static_cast<uint32_t>((b_end + 3) / 4);
+  const uint32_t lane = threadIdx.x & 31u;
+  for (uint32_t w0 = w_begin + threadIdx.x - lane; w0 < w_end; w0 += kWords * kTopkThreads) {
+    KeyWords<kWords> k;
+    k.load(keys, w0, w_end);
+    k.split(static_cast<uint32_t>(b_begin), static_cast<uint32_t>(b_end), known, top, above,
+            n_above, above_cap, bin, n_bin, bin_cap);
   }
 }
 
@@ -292,10 +400,11 @@ struct WorkspaceCandidates {
 };
 
 // Appends to sm.sel the `need` largest composites of the candidates whose top `known`
-// bits equal `top`. The remaining bits are resolved a digit at a time (the first digit
-// takes the odd bits: 53 = 5 + 6 x 8, 42 = 2 + 5 x 8) until the chosen digit holds
-// exactly the composites still needed; composites are unique, so this happens at the
-// latest on the last digit.
+// bits equal `top`. The remaining bits are resolved a digit at a time until the chosen
+// digit holds exactly the composites still needed; composites are unique, so this happens
+// at the latest on the last digit. The first digits are wide (53 = 11 + 10 + 4 x 8,
+// 42 = 10 + 4 x 8): a threshold bin of ~1,500 keys spread over 2,048 sub-bins usually
+// resolves in the first round.
 template <class Src>
 __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top, int need,
                                         TopkSmem& sm) {
@@ -305,17 +414,17 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   // Ends at the latest on the last digit (shift 0), where composites are unique; the
   // bound also keeps a corrupted workspace from hanging the kernel.
   while (shift > 0) {
-    const int width = shift == resolved0 && resolved0 % 8 != 0 ? resolved0 % 8 : 8;
+    const int width = shift % 8 == 0 ? 8 : min(kTopBits, 8 + shift % 8);
     const int next = shift - width;
     const uint32_t mask = (1u << width) - 1u;
-    for (int i = threadIdx.x; i < 256; i += kTopkThreads) sm.hist[i] = 0u;
+    for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
     __syncthreads();
     src.each([&](uint64_t v) {
       if (v != 0ull && (v >> shift) == (prefix >> shift))
         atomicAdd(&sm.hist[static_cast<uint32_t>(v >> next) & mask], 1u);
     });
     __syncthreads();
-    find_digit<256>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+    find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
     const int digit = sm.digit, need_in_digit = sm.need;
     const int in_digit = static_cast<int>(sm.hist[digit]);
     __syncthreads();  // everyone has read the histogram before it is reused
@@ -334,161 +443,223 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   __syncthreads();
 }
 
-// Sorts sm.sel[0..n) descending (n <= kTopkMaxBlocks), padding to a power of two with
-// zeros (below every composite). Bitonic; strides under 32 run in registers with warp
-// shuffles, one barrier per size instead of one per stride.
-__device__ void sort_selection_descending(TopkSmem& sm, int n) {
-  constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
-  int n_sort = 1;
-  while (n_sort < n) n_sort <<= 1;
-  for (int i = n + threadIdx.x; i < n_sort; i += kTopkThreads) sm.sel[i] = 0ull;
+// Fills sm.sel with the row's top composites (unsorted) by passes over its keys, given
+// the row's top-bits histogram in sm.hist and the threshold bin `top` of which `need`
+// keys are taken. sm.n_sel and sm.n_cand start at 0.
+__device__ void select_by_passes(const uint32_t* keys, int64_t n, uint32_t top, int need,
+                                 TopkSmem& sm) {
+  const int in_bin = static_cast<int>(sm.hist[top]);
+  const bool fits = in_bin <= kCandidateCap;
+  // Keys above the threshold bin are taken; the bin's keys are gathered when they fit.
+  split_at_bin<kSplitWords>(keys, 0, n, kTopBits, top, sm.sel, &sm.n_sel, kTopkMaxBlocks, sm.cand,
+                            &sm.n_cand, fits ? kCandidateCap : 0);
   __syncthreads();
-  for (int size = 2; size <= n_sort; size <<= 1) {
-    int stride = size >> 1;
-    for (; stride >= 32; stride >>= 1) {
-      for (int i = threadIdx.x; i < n_sort; i += kTopkThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool desc = (i & size) == 0;
-          const unsigned long long a = sm.sel[i], c = sm.sel[j];
-          if (desc ? a < c : a > c) {
-            sm.sel[i] = c;
-            sm.sel[j] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-    // Strides < 32: partners are lanes of the same warp. Indices >= n_sort only meet
-    // each other (n_sort is a power of two) and are never written back.
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      const int i = slot * kTopkThreads + threadIdx.x;
-      if (slot * kTopkThreads >= n_sort) break;  // block-uniform
-      unsigned long long v = i < n_sort ? sm.sel[i] : 0ull;
-      const bool desc = (i & size) == 0;
-      for (int s = stride; s > 0; s >>= 1) {
-        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, s);
-        const bool lower = (i & s) == 0;
-        const bool keep_max = desc == lower;
-        v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
-      }
-      if (i < n_sort) sm.sel[i] = v;
-    }
-    __syncthreads();
+  if (fits) {
+    take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, kTopBits, top, need, sm);
+    return;
   }
+  // Too many equal top bits (thousands of near-equal scores): narrow the bin by the next
+  // 11 bits (one more pass), then gather the narrower bin.
+  for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
+  __syncthreads();
+  for_each_key(keys, n, [&](int64_t, uint32_t key) {
+    if (key != 0u && key >> (32 - kTopBits) == top)
+      atomicAdd(&sm.hist[(key >> (32 - 2 * kTopBits)) & (kTopBins - 1)], 1u);
+  });
+  __syncthreads();
+  find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+  const uint32_t mid = static_cast<uint32_t>(sm.digit);
+  const int need2 = sm.need;
+  const int in_bin2 = static_cast<int>(sm.hist[mid]);
+  const bool fits2 = in_bin2 <= kCandidateCap;
+  const uint32_t top2 = (top << kTopBits) | mid;
+  __syncthreads();
+  split_at_bin<kSplitWords>(keys, 0, n, 2 * kTopBits, top2, sm.sel, &sm.n_sel, kTopkMaxBlocks,
+                            sm.cand, &sm.n_cand, fits2 ? kCandidateCap : 0);
+  __syncthreads();
+  if (fits2)
+    take_from_threshold_bin(SharedCandidates{sm.cand, in_bin2}, 2 * kTopBits, top2, need2, sm);
+  else
+    take_from_threshold_bin(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
 }
 
-__global__ void __launch_bounds__(kTopkThreads)
-    select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
-                       bool hist_ready) {
-  __shared__ TopkSmem sm;
-  const int row = row0 + static_cast<int>(blockIdx.x);
-  const int tid = threadIdx.x;
-  if (tid == 0) {
-    sm.n_sel = 0;
-    sm.n_cand = 0;
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
-  if (row >= p.meta.header->num_rows) return;
-  const int pos = p.meta.row_pos[row];
-  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
-  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.score_workspace) +
-                         static_cast<int64_t>(row - row0) * ws_stride;
-  uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) +
-                       static_cast<int64_t>(wave_rows) * ws_stride +
-                       static_cast<int64_t>(row - row0) * kTopBins;
-
-  // The histogram of the top bits (left zero for the next call) and the number of
-  // selectable (mapped) blocks.
-  int local = 0;
-  if (hist_ready) {
-    for (int i = tid; i < kTopBins; i += kTopkThreads) {
-      const uint32_t c = row_hist[i];
-      sm.hist[i] = c;
-      local += static_cast<int>(c);
-      if (c) row_hist[i] = 0u;
-    }
-  } else {  // the multi-row scoring kernel builds no histogram: one pass here
-    for (int i = tid; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
-    __syncthreads();
-    for_each_key(keys, n, [&](int64_t, uint32_t key) {
-      if (key != 0u) {
-        atomicAdd(&sm.hist[key >> (32 - kTopBits)], 1u);
-        ++local;
+// Sorts sm.sel[0..n) (n <= kTopkMaxBlocks; composites are unique and nonzero) descending
+// into sm.cand. Each warp sorts a run of 32 in registers (bitonic over lanes: no barriers);
+// then an element's position is, summed over every run, how many of that run's elements
+// are larger (a branch-free binary search; in its own run that is its lane). Two barriers
+// instead of one per bitonic stride, and no shared-memory exchange stages.
+__device__ void sort_selection_descending(TopkSmem& sm, int n) {
+  constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
+  const int lane = threadIdx.x & 31;
+  const int n_runs = (n + 31) / 32;
+  unsigned long long v[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
+    v[s] = i < n ? sm.sel[i] : 0ull;                // 0 pads the last run (below every composite)
+    if (s * kTopkThreads >= n_runs * 32) continue;  // block-uniform
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+      for (int st = size >> 1; st > 0; st >>= 1) {
+        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v[s], st);
+        const bool keep_max = ((lane & size) == 0) == ((lane & st) == 0);
+        v[s] = keep_max ? (v[s] > o ? v[s] : o) : (v[s] < o ? v[s] : o);
       }
-    });
-  }
-  int n_valid;
-  block_inclusive_scan(local, sm.warp_sums, &n_valid);
-  const int K = min(n_valid, p.topk_blocks);
-
-  if (K > 0) {
-    find_digit<kTopBins>(sm.hist, K, sm.warp_sums, &sm.digit, &sm.need);
-    const uint32_t top = static_cast<uint32_t>(sm.digit);
-    const int need = sm.need;
-    const int in_bin = static_cast<int>(sm.hist[top]);
-    const bool fits = in_bin <= kCandidateCap;
-    __syncthreads();  // hist is reused below when the bin does not fit
-    if (!fits)
-      for (int i = tid; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
-    __syncthreads();
-    // Keys above the threshold bin are taken; the bin's keys are gathered, or (too many)
-    // counted by their next 11 bits.
-    for_each_key(keys, n, [&](int64_t b, uint32_t key) {
-      const uint32_t t = key >> (32 - kTopBits);
-      const uint64_t v = composite(key, static_cast<uint32_t>(b));
-      warp_append<kTopkMaxBlocks>(sm.sel, &sm.n_sel, key != 0u && t > top, v);
-      if (fits)
-        warp_append<kCandidateCap>(sm.cand, &sm.n_cand, key != 0u && t == top, v);
-      else if (key != 0u && t == top)
-        atomicAdd(&sm.hist[(key >> (32 - 2 * kTopBits)) & (kTopBins - 1)], 1u);
-    });
-    __syncthreads();
-    if (fits) {
-      take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, kTopBits, top, need, sm);
-    } else {
-      // Narrow the bin by the next 11 bits, then gather the narrower bin.
-      find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
-      const uint32_t mid = static_cast<uint32_t>(sm.digit);
-      const int need2 = sm.need;
-      const int in_bin2 = static_cast<int>(sm.hist[mid]);
-      const bool fits2 = in_bin2 <= kCandidateCap;
-      const uint32_t top2 = (top << kTopBits) | mid;
-      __syncthreads();
-      for_each_key(keys, n, [&](int64_t b, uint32_t key) {
-        const uint32_t t = key >> (32 - 2 * kTopBits);
-        const bool in_top = key != 0u && (t >> kTopBits) == top;
-        const uint64_t v = composite(key, static_cast<uint32_t>(b));
-        warp_append<kTopkMaxBlocks>(sm.sel, &sm.n_sel, in_top && t > top2, v);
-        if (fits2) warp_append<kCandidateCap>(sm.cand, &sm.n_cand, in_top && t == top2, v);
-      });
-      __syncthreads();
-      if (fits2)
-        take_from_threshold_bin(SharedCandidates{sm.cand, in_bin2}, 2 * kTopBits, top2, need2, sm);
-      else
-        take_from_threshold_bin(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
     }
   }
+  __syncthreads();  // every thread has read its element
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
+    if (i < n_runs * 32) sm.sel[i] = v[s];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
+    if (i >= n) continue;
+    int rank = 0;
+#pragma unroll 4
+    for (int r = 0; r < n_runs; ++r) {
+      const unsigned long long* run = sm.sel + 32 * r;
+      int cnt = 0;
+#pragma unroll
+      for (int st = 16; st > 0; st >>= 1) cnt += run[cnt + st - 1] > v[s] ? st : 0;
+      rank += cnt + (run[31] > v[s] ? 1 : 0);
+    }
+    sm.cand[rank] = v[s];
+  }
+  __syncthreads();
+}
 
+// Sorts the row's K winners and writes its top-k row: the chosen blocks' tokens, then the
+// open group's tail, then -1.
+__device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, TopkSmem& sm) {
   sort_selection_descending(sm, K);
-
-  // Expand: chosen blocks' tokens, then the open group's tail, then -1.
   int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
   const int tail_start = (pos + 1) / p.ratio * p.ratio;
   const int tail = pos + 1 - tail_start;
-  for (int j = tid; j < p.topk_width; j += kTopkThreads) {
+  for (int j = threadIdx.x; j < p.topk_width; j += kTopkThreads) {
     int32_t v = -1;
     if (j < K * p.ratio) {
-      const uint32_t b = composite_block(sm.sel[j / p.ratio]);
+      const uint32_t b = composite_block(sm.cand[j / p.ratio]);
       v = static_cast<int32_t>(b) * p.ratio + j % p.ratio;
     } else if (j < K * p.ratio + tail) {
       v = tail_start + (j - K * p.ratio);
     }
     out[j] = v;
   }
+}
+
+// The whole top-k of one row in one CTA. hist_ready: the scoring kernel built the row's
+// histogram (read here, and left zero for the next call); else one pass builds it.
+__device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int64_t n,
+                                    const WaveRow& w, bool hist_ready, TopkSmem& sm) {
+  if (hist_ready) {
+    for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) {
+      const uint32_t c = __ldcg(w.hist + i);
+      sm.hist[i] = c;
+      if (c) w.hist[i] = 0u;
+    }
+  } else {  // the multi-row scoring kernel builds no histogram
+    for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
+    __syncthreads();
+    for_each_key(w.keys, n, [&](int64_t, uint32_t key) {
+      if (key != 0u) atomicAdd(&sm.hist[key >> (32 - kTopBits)], 1u);
+    });
+  }
+  __syncthreads();
+  const int K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
+  if (K > 0) select_by_passes(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm);
+  sort_and_expand(p, row, pos, K, sm);
+}
+
+// One CTA per row: the route for rows whose scores come from the multi-row kernel (no
+// histogram yet) and for waves with a row per SM or more.
+__global__ void __launch_bounds__(kTopkThreads, 2)
+    select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
+                       bool hist_ready) {
+  __shared__ TopkSmem sm;
+  const int row = row0 + static_cast<int>(blockIdx.x);
+  if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
+  // The batch's metadata predates the scoring kernel: read it before waiting.
+  if (row >= p.meta.header->num_rows) return;
+  const int pos = p.meta.row_pos[row];
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
+  topk_row_in_one_cta(p, row, pos, n, w, hist_ready, sm);
+}
+
+// Many CTAs per row (grid: key chunks of kFilterKeys, rows), for rows the one-row scoring
+// kernel scored (histogram ready). Each CTA finds the threshold bin from the histogram,
+// sends its chunk's keys above the bin and in the bin to the row's lists in the
+// workspace, and takes a ticket; the last CTA of the row finishes it: radix select over
+// the bin's keys in shared memory, sort, expand, and the row's state cleared for the
+// next call. One long row thus filters on many SMs, and a single CTA does only the short
+// remainder. A bin too large for its list takes the one-CTA route. The host launches
+// this kernel only for waves of at most kFilterMaxRows rows, so every row has lists.
+__global__ void __launch_bounds__(kTopkThreads, 2)
+    select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
+  constexpr int kWords = kFilterKeys / 4 / kTopkThreads;  // one batch covers the chunk
+  __shared__ TopkSmem sm;
+  const int row = row0 + static_cast<int>(blockIdx.y);
+  const int tid = threadIdx.x;
+  if (tid == 0) sm.n_sel = sm.n_cand = 0;
+  // The batch's metadata predates the scoring kernel: read it before waiting.
+  if (row >= p.meta.header->num_rows) return;
+  const int pos = p.meta.row_pos[row];
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
+  // The chunk's keys are loaded while the threshold is found (one round trip, not two).
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kFilterKeys;
+  const int64_t b1 = min(n, b0 + kFilterKeys);
+  KeyWords<kWords> chunk;
+  chunk.load(w.keys, static_cast<uint32_t>(b0 / 4) + (tid & ~31),
+             static_cast<uint32_t>((max(b1, b0) + 3) / 4));
+  // Every CTA of the row derives the same threshold from the same histogram.
+  const int K = find_digit<kTopBins>(w.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
+  const uint32_t top = static_cast<uint32_t>(sm.digit);
+  const int need = sm.need;
+  if (K > 0 && b0 < n)
+    chunk.split(static_cast<uint32_t>(b0), static_cast<uint32_t>(b1), kTopBits, top, w.above,
+                &w.state->n_above, kTopkMaxBlocks, w.bin, &w.state->n_bin, kCandidateCap);
+  __threadfence();  // this CTA's list entries are visible before its ticket
+  __syncthreads();
+  if (tid == 0) sm.last = atomicAdd(&w.state->done, 1u) == gridDim.x - 1 ? 1 : 0;
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  // The last CTA of the row. Every other CTA has read the histogram and appended.
+  const int n_above = __ldcg(&w.state->n_above), n_bin = __ldcg(&w.state->n_bin);
+  // Composites are unique, so the lists hold exactly the keys above the bin (K - need of
+  // them) and the bin's keys; the one-CTA route handles a bin longer than the list.
+  const bool listed = K == 0 || (n_bin <= kCandidateCap && n_above == K - need);
+  if (listed) {
+    for (int i = tid; i < kTopBins; i += kTopkThreads)
+      if (__ldcg(w.hist + i)) w.hist[i] = 0u;
+    for (int i = tid; i < n_above; i += kTopkThreads) sm.sel[i] = __ldcg(w.above + i);
+    for (int i = tid; i < n_bin; i += kTopkThreads) sm.cand[i] = __ldcg(w.bin + i);
+    if (tid == 0) sm.n_sel = n_above;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    w.state->n_above = 0;
+    w.state->n_bin = 0;
+    w.state->done = 0u;
+  }
+  if (!listed) {
+    topk_row_in_one_cta(p, row, pos, n, w, true, sm);
+    return;
+  }
+  if (K > 0) take_from_threshold_bin(SharedCandidates{sm.cand, n_bin}, kTopBits, top, need, sm);
+  sort_and_expand(p, row, pos, K, sm);
 }
 
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
@@ -532,8 +703,8 @@ int select_rows_per_wave(int max_rows, int64_t max_blocks) {
 }
 
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks) {
-  return static_cast<size_t>(select_rows_per_wave(max_rows, max_blocks)) *
-         static_cast<size_t>(workspace_stride(max_blocks) + kTopBins) * 4;
+  return wave_workspace_bytes(select_rows_per_wave(max_rows, max_blocks),
+                              workspace_stride(max_blocks));
 }
 
 bool select_supports(int index_heads, int index_dim, int topk_blocks) {
@@ -557,11 +728,16 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
   const int64_t chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   for (int row0 = 0; row0 < p.meta.max_rows; row0 += wave) {
     const int rows = std::min(wave, p.meta.max_rows - row0);
+    // The SM70 tier (sm_version < 75) scores on CUDA cores, one row at a time.
+    const bool simt = sm_version < 75;
     // Rows sharing a request: each key tile read once for all of them (where built).
     const bool multi_row =
-        p.rows_share_requests &&
+        !simt && p.rows_share_requests &&
         launch_score_rows(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim, stream);
-    if (!multi_row) {
+    if (simt) {
+      launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,
+                        inv_sqrt_dim, stream);
+    } else if (!multi_row) {
       const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
       switch (p.index_dim) {
         case 64:
@@ -581,7 +757,6 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     // Programmatic dependent launch (SM90+): the top-k grid is scheduled while the
     // scoring grid drains; it waits in cudaGridDependencySynchronize for the scores.
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(rows));
     cfg.blockDim = dim3(kTopkThreads);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -589,9 +764,21 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = sm_version >= 90 ? 1 : 0;
-    if (cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row) !=
-        cudaSuccess)
-      return;  // the error stays pending for the caller's check
+    cudaError_t e;
+    // Many CTAs per row only while one CTA per row would leave SMs idle: with a row per
+    // SM or more, the extra per-CTA threshold search and list traffic cost more than the
+    // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
+    // One CTA per row builds the histogram itself when the multi-row kernel scored.
+    if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
+      cfg.gridDim = dim3(static_cast<unsigned>(rows));
+      e = cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row);
+    } else {  // many CTAs per row filter, the last one of each row finishes it
+      const int64_t filter_chunks =
+          (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
+      cfg.gridDim = dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows));
+      e = cudaLaunchKernelEx(&cfg, select_filter_kernel, p, row0, wave, stride);
+    }
+    if (e != cudaSuccess) return;  // the error stays pending for the caller's check
   }
 }
 

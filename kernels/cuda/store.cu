@@ -15,7 +15,7 @@ int grid_for(int64_t work, int sm_count) {
 }
 }  // namespace
 
-void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
+void launch_store_kv(const StoreKvParams& p, int, bool fp8_instructions, cudaStream_t stream) {
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
   const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
   const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));
@@ -26,7 +26,11 @@ void launch_store_kv(const StoreKvParams& p, int, cudaStream_t stream) {
     const int64_t tokens = std::min(max_tokens, p.num_tokens - begin);
     const uint32_t total = static_cast<uint32_t>(tokens * per_token);
     const unsigned grid = (total + 255) / 256;
-    if (fp8 && bf16)
+    if (fp8 && !fp8_instructions && bf16)  // the SM70 tier: the integer encoder
+      store_kv_kernel<__nv_bfloat16, true, false><<<grid, 256, 0, stream>>>(p, begin, total);
+    else if (fp8 && !fp8_instructions)
+      store_kv_kernel<__half, true, false><<<grid, 256, 0, stream>>>(p, begin, total);
+    else if (fp8 && bf16)
       store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p, begin, total);
     else if (fp8)
       store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p, begin, total);

@@ -49,7 +49,9 @@ __device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int
 
 // Quantises 8 activations (16 bytes) to 8 E4M3 codes. `any_nan` is set when an input
 // was NaN (its code keeps the input's sign: __half2float returns a canonical NaN).
-template <class Act>
+// kCvt: use the FP8 conversion instruction where the GPU has it; false (the SM70 tier)
+// always runs the integer encoder, as a V100 does.
+template <class Act, bool kCvt>
 __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float recip, bool& any_nan) {
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
   uint32_t out[2] = {0u, 0u};
@@ -62,11 +64,15 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
     // else the shared integer encoder. Both match the CPU backend's IEEE division bit
     // for bit (test_store checks every FP16 input).
     const float q0 = div_by_scale(x0, scale, recip), q1 = div_by_scale(x1, scale, recip);
-    uint32_t pair;
+    uint32_t pair = 0u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    uint16_t packed;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(q1), "f"(q0));
-    pair = packed;
+    if constexpr (kCvt) {
+      uint16_t packed;
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(q1), "f"(q0));
+      pair = packed;
+    } else {
+      pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
+    }
 #else
     pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
 #endif
@@ -93,7 +99,7 @@ __host__ __device__ constexpr int store_chunks() {
   return kFp8 ? 4 : 1;
 }
 
-template <class Act, bool kFp8>
+template <class Act, bool kFp8, bool kCvt = true>
 __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
   constexpr int kStoreChunks = store_chunks<kFp8>();
   const KvCacheView c = p.cache;
@@ -125,7 +131,7 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
     bool any_nan = false;
     uint2 out[kStoreChunks];
 #pragma unroll
-    for (int q = 0; q < kStoreChunks; ++q) out[q] = encode8<Act>(x[q], scale, recip, any_nan);
+    for (int q = 0; q < kStoreChunks; ++q) out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
     if (any_nan) atomicOr(c.nan_flag, 1);
     static_assert(kStoreChunks == 4, "two 16-byte stores of codes");
     uint4* o = reinterpret_cast<uint4*>(static_cast<uint8_t*>(c.data) + dst);

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: context, capability queries, memory helpers.
+#include <cstdlib>
 #include <cstring>
 
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "core/kernel_tier.hpp"
 #include "core/versioned.hpp"
 
 using namespace qsakv;
@@ -56,10 +58,13 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
            decoder);
     if (o.device < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.device is %d; must be >= 0", o.device);
+    // Read once, here, and checked even when the CPU backend is chosen: a typo in a test
+    // setup fails loudly instead of silently testing the default tier.
+    const qsakv_kernel_tier tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
     auto ctx = std::make_unique<qsakv_context>();
     if (backend != QSAKV_BACKEND_CPU) {
       std::string why;
-      ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), &why);
+      ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), tier, &why);
       if (!ctx->backend) {
         if (backend == QSAKV_BACKEND_CUDA)
           fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s", why.c_str());
@@ -93,6 +98,7 @@ qsakv_status qsakv_context_get_info(const qsakv_context* context, qsakv_context_
     i.device_memory_bytes = b.device_memory_bytes;
     std::strncpy(i.device_name, b.device_name.c_str(), sizeof i.device_name - 1);
     std::strncpy(i.fallback_reason, context->fallback_reason.c_str(), sizeof i.fallback_reason - 1);
+    i.kernel_tier = b.tier;
     write_versioned(info, i, "info");
   });
 }

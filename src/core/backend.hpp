@@ -17,6 +17,7 @@ namespace qsakv {
 struct BackendInfo {
   qsakv_backend kind;
   qsakv_decoder decoder;
+  qsakv_kernel_tier tier;  // CUDA kernels launched (NONE on the CPU backend)
   int device;
   int sm_version;
   int multiprocessor_count;
@@ -79,7 +80,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
-// Returns nullptr with *why set when no usable GPU (or no CUDA in this build).
-std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, std::string* why);
+// Returns nullptr with *why set when no usable GPU (or no CUDA in this build). tier: the
+// kernel tier forced by QSAKV_CUDA_TIER, or NONE for the one the GPU's SM selects.
+std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
+                                           qsakv_kernel_tier tier, std::string* why);
 
 }  // namespace qsakv

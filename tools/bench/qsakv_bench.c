@@ -524,6 +524,10 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
+    } else if (!strcmp(argv[i], "--tier") && i + 1 < argc) {
+      /* Forces the kernel tier of every context below (the library reads the variable at
+       * context creation); an invalid value fails context creation, naming it. */
+      setenv("QSAKV_CUDA_TIER", argv[++i], 1);
     } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
       n_rows = 0;
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ","))
@@ -531,7 +535,7 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr,
               "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
-              "[--select-cases 0,4,...]\n",
+              "[--select-cases 0,4,...] [--tier auto|sm70|sm75]\n",
               argv[0]);
       return 2;
     }
@@ -555,6 +559,13 @@ int main(int argc, char** argv) {
   const double kcopy_gbs = copy_bandwidth(s, 1, info.multiprocessor_count);
   /* The ceiling: the faster of the two copies (percentages are then conservative). */
   const double copy_gbs = memcpy_gbs > kcopy_gbs ? memcpy_gbs : kcopy_gbs;
+  const int sm70_tier = info.kernel_tier == QSAKV_KERNEL_TIER_SM70;
+  printf("kernel tier: %s%s\n",
+         sm70_tier ? "sm70 (CUDA-core FP32, software E4M3)" : "sm75+ (tensor cores)",
+         sm70_tier && info.sm_version > 70
+             ? " -- FORCED on this GPU: these times say the tier is not pathological, nothing "
+               "about V100 speed"
+             : "");
   printf(
       "device: %s (SM %d, %d SMs); decoder for e4m3: %s\n"
       "copy bandwidth (read+write): cudaMemcpy %.0f GB/s, SM copy kernel %.0f GB/s -> ceiling %.0f "
@@ -574,9 +585,9 @@ int main(int argc, char** argv) {
   FILE* js = json_path ? fopen(json_path, "w") : NULL;
   if (js)
     fprintf(js,
-            "{\n  \"device\": \"%s\",\n  \"copy_gbs\": %.1f,\n  \"memcpy_gbs\": %.1f,\n"
-            "  \"kernel_copy_gbs\": %.1f,\n  \"attention\": [\n",
-            info.device_name, copy_gbs, memcpy_gbs, kcopy_gbs);
+            "{\n  \"device\": \"%s\",\n  \"kernel_tier\": \"%s\",\n  \"copy_gbs\": %.1f,\n"
+            "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f,\n  \"attention\": [\n",
+            info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
   printf(
       "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
       "contexts, bs 64\n");

@@ -180,6 +180,8 @@ type ContextInfo struct {
 	SMVersion      int32
 	DeviceName     string
 	FallbackReason string
+	// KernelTier is the CUDA kernel tier (70 or 75; 0 on the CPU backend).
+	KernelTier int32
 }
 
 // Info describes the context.
@@ -197,6 +199,7 @@ func (c *Context) Info() (ContextInfo, error) {
 		Backend: Backend(i.backend), Device: int32(i.device), SMVersion: int32(i.sm_version),
 		DeviceName:     C.GoString(&i.device_name[0]),
 		FallbackReason: C.GoString(&i.fallback_reason[0]),
+		KernelTier:     int32(i.kernel_tier),
 	}, nil
 }
 

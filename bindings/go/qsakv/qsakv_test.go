@@ -61,8 +61,8 @@ func TestPipelineMatchesFP64(t *testing.T) {
 	}
 	ctx := must(NewContext(BackendCPU))
 	defer ctx.Close()
-	if info := must(ctx.Info()); info.Backend != BackendCPU {
-		t.Fatalf("backend %d", info.Backend)
+	if info := must(ctx.Info()); info.Backend != BackendCPU || info.KernelTier != 0 {
+		t.Fatalf("backend %d, kernel tier %d (the CPU backend has none)", info.Backend, info.KernelTier)
 	}
 	cfg := smallFP16Config(t)
 	g := must(cfg.RankGeometry())

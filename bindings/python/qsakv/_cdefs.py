@@ -90,6 +90,12 @@ QSAKV_DECODER_HARDWARE = 1
 QSAKV_DECODER_SOFTWARE = 2
 QSAKV_DECODER_MAX_ENUM = 2147483647
 
+# enum qsakv_kernel_tier
+QSAKV_KERNEL_TIER_NONE = 0
+QSAKV_KERNEL_TIER_SM70 = 70
+QSAKV_KERNEL_TIER_SM75 = 75
+QSAKV_KERNEL_TIER_MAX_ENUM = 2147483647
+
 # enum qsakv_attention_mode
 QSAKV_ATTENTION_SPARSE = 0
 QSAKV_ATTENTION_DENSE = 1
@@ -160,6 +166,12 @@ ENUMS = {
         'QSAKV_DECODER_HARDWARE': QSAKV_DECODER_HARDWARE,
         'QSAKV_DECODER_SOFTWARE': QSAKV_DECODER_SOFTWARE,
         'QSAKV_DECODER_MAX_ENUM': QSAKV_DECODER_MAX_ENUM,
+    },
+    'qsakv_kernel_tier': {
+        'QSAKV_KERNEL_TIER_NONE': QSAKV_KERNEL_TIER_NONE,
+        'QSAKV_KERNEL_TIER_SM70': QSAKV_KERNEL_TIER_SM70,
+        'QSAKV_KERNEL_TIER_SM75': QSAKV_KERNEL_TIER_SM75,
+        'QSAKV_KERNEL_TIER_MAX_ENUM': QSAKV_KERNEL_TIER_MAX_ENUM,
     },
     'qsakv_attention_mode': {
         'QSAKV_ATTENTION_SPARSE': QSAKV_ATTENTION_SPARSE,
@@ -290,6 +302,7 @@ qsakv_stream_t = ctypes.POINTER(CUstream_st)
 qsakv_dtype = ctypes.c_int
 qsakv_backend = ctypes.c_int
 qsakv_decoder = ctypes.c_int
+qsakv_kernel_tier = ctypes.c_int
 qsakv_attention_mode = ctypes.c_int
 qsakv_calib_kind = ctypes.c_int
 qsakv_calib_merge_mode = ctypes.c_int
@@ -318,6 +331,7 @@ qsakv_context_info._fields_ = [
     ('device_memory_bytes', ctypes.c_uint64),
     ('device_name', (ctypes.c_char * 128)),
     ('fallback_reason', (ctypes.c_char * 256)),
+    ('kernel_tier', qsakv_kernel_tier),
 ]
 
 qsakv_model_config._fields_ = [
@@ -541,7 +555,7 @@ qsakv_calib_summary._fields_ = [
 # Struct fields whose values are enums: struct -> {field: enum}
 ENUM_FIELDS = {
     'qsakv_context_options': {'backend': 'qsakv_backend', 'decoder': 'qsakv_decoder'},
-    'qsakv_context_info': {'backend': 'qsakv_backend', 'decoder': 'qsakv_decoder'},
+    'qsakv_context_info': {'backend': 'qsakv_backend', 'decoder': 'qsakv_decoder', 'kernel_tier': 'qsakv_kernel_tier'},
     'qsakv_model_config': {'activation_dtype': 'qsakv_dtype', 'kv_dtype': 'qsakv_dtype'},
     'qsakv_overlay_info': {'contract_activation_dtype': 'qsakv_dtype'},
     'qsakv_overlay_write_options': {'contract_activation_dtype': 'qsakv_dtype'},

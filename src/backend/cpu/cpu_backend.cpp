@@ -16,6 +16,7 @@ class CpuBackend final : public Backend {
   CpuBackend() {
     info_.kind = QSAKV_BACKEND_CPU;
     info_.decoder = QSAKV_DECODER_SOFTWARE;
+    info_.tier = QSAKV_KERNEL_TIER_NONE;
     info_.device = -1;
     info_.sm_version = 0;
     info_.multiprocessor_count = 0;

@@ -10,6 +10,7 @@
 
 #include "core/backend.hpp"
 #include "core/error.hpp"
+#include "core/kernel_tier.hpp"
 #include "cuda/launch.hpp"
 #include "core/nccl.hpp"
 #include "cuda/calib.cuh"
@@ -53,7 +54,8 @@ class DeviceGuard {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder) {
+  CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder,
+              qsakv_kernel_tier tier) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
@@ -62,6 +64,7 @@ class CudaBackend final : public Backend {
     info_.device_memory_bytes = prop.totalGlobalMem;
     info_.device_name = prop.name;
     info_.decoder = decoder;
+    info_.tier = tier;
   }
   const BackendInfo& info() const override { return info_; }
 
@@ -153,7 +156,7 @@ class CudaBackend final : public Backend {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_store_kv(p, info_.multiprocessor_count, stream);
+    cuda::launch_store_kv(p, info_.multiprocessor_count, !sm70_tier(), stream);
     check_launch("store_kv kernel launch");
   }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
@@ -177,19 +180,22 @@ class CudaBackend final : public Backend {
            p.index_heads, p.index_dim, p.topk_blocks);
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
-    cuda::launch_select_topk(p, info_.sm_version, info_.multiprocessor_count, stream);
+    // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
+    cuda::launch_select_topk(p, sm70_tier() ? 70 : info_.sm_version, info_.multiprocessor_count,
+                             stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
     require_aligned(p.q, "q");
     require_aligned(p.out, "out");
-    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < 80)
+    // The SM70 tier computes in FP32 on CUDA cores: BF16 is only converted there.
+    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < 80 && !sm70_tier())
       fail(QSAKV_ERROR_UNSUPPORTED,
-           "BF16 caches need BF16 tensor cores (SM80+); this GPU is "
+           "BF16 caches need BF16 tensor cores (SM80+) on the SM75 kernel tier; this GPU is "
            "SM %d",
            info_.sm_version);
     DeviceGuard g(info_.device);
-    cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, stream);
+    cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, sm70_tier(), stream);
     check_launch("attention kernel launch");
   }
   void calib_observe(const CalibObserveParams& p, qsakv_stream_t stream) override {
@@ -208,6 +214,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  bool sm70_tier() const { return info_.tier == QSAKV_KERNEL_TIER_SM70; }
   BackendInfo info_;
 };
 
@@ -233,7 +240,8 @@ std::string no_gpu_reason(cudaError_t e) {
 }
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
+                                           qsakv_kernel_tier forced, std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -247,20 +255,36 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder, st
   cudaDeviceProp prop;
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   const int sm = prop.major * 10 + prop.minor;
-  if (sm < 75) {
+  const qsakv_kernel_tier natural = default_cuda_tier(sm);
+  if (natural == QSAKV_KERNEL_TIER_NONE) {
     *why = "GPU " + std::string(prop.name) + " is SM " + std::to_string(sm) +
-           "; this build's kernels need SM75+ (see README for SM70 with CUDA 12)";
+           "; the CUDA kernels need SM70+";
     return nullptr;
   }
+  // A forced tier may only go down: the SM70 tier uses nothing newer than SM70.
+  if (forced == QSAKV_KERNEL_TIER_SM75 && sm < 75)
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "%s=sm75 asks for the tensor-core kernels (SM75+); GPU %s is SM %d: unset it or use "
+         "sm70",
+         kCudaTierEnv, prop.name, sm);
+  const qsakv_kernel_tier tier = forced != QSAKV_KERNEL_TIER_NONE ? forced : natural;
   if (decoder == QSAKV_DECODER_HARDWARE && sm < 89)
     fail(QSAKV_ERROR_UNSUPPORTED,
          "the hardware E4M3 decoder needs SM89+; GPU %s is SM %d: "
          "use QSAKV_DECODER_SOFTWARE or AUTO",
          prop.name, sm);
-  const qsakv_decoder chosen = decoder == QSAKV_DECODER_AUTO
-                                   ? (sm >= 89 ? QSAKV_DECODER_HARDWARE : QSAKV_DECODER_SOFTWARE)
-                                   : decoder;
-  return std::make_unique<CudaBackend>(device, prop, chosen);
+  // The SM70 tier is the V100 code path: no FP8 instructions, whatever the GPU has.
+  if (decoder == QSAKV_DECODER_HARDWARE && tier == QSAKV_KERNEL_TIER_SM70)
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "the hardware E4M3 decoder is not part of the SM70 kernel tier (%s=sm70): use "
+         "QSAKV_DECODER_SOFTWARE or AUTO",
+         kCudaTierEnv);
+  const qsakv_decoder chosen =
+      decoder == QSAKV_DECODER_AUTO
+          ? (sm >= 89 && tier != QSAKV_KERNEL_TIER_SM70 ? QSAKV_DECODER_HARDWARE
+                                                        : QSAKV_DECODER_SOFTWARE)
+          : decoder;
+  return std::make_unique<CudaBackend>(device, prop, chosen, tier);
 }
 
 }  // namespace qsakv

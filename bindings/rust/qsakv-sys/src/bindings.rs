@@ -189,6 +189,11 @@ pub enum qsakv_decoder {
     QSAKV_DECODER_SOFTWARE = 2,
     QSAKV_DECODER_MAX_ENUM = 2147483647,
 }
+pub const QSAKV_KERNEL_TIER_NONE: qsakv_kernel_tier = 0;
+pub const QSAKV_KERNEL_TIER_SM70: qsakv_kernel_tier = 70;
+pub const QSAKV_KERNEL_TIER_SM75: qsakv_kernel_tier = 75;
+pub const QSAKV_KERNEL_TIER_MAX_ENUM: qsakv_kernel_tier = 2147483647;
+pub type qsakv_kernel_tier = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct qsakv_context_options {
@@ -324,12 +329,13 @@ pub struct qsakv_context_info {
     pub device_memory_bytes: u64,
     pub device_name: [::std::os::raw::c_char; 128usize],
     pub fallback_reason: [::std::os::raw::c_char; 256usize],
+    pub kernel_tier: qsakv_kernel_tier,
 }
 #[test]
 fn bindgen_test_layout_qsakv_context_info() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_context_info>(),
-        432usize,
+        440usize,
         concat!("Size of: ", stringify!(qsakv_context_info))
     );
     assert_eq!(
@@ -524,6 +530,23 @@ fn bindgen_test_layout_qsakv_context_info() {
         );
     }
     test_field_fallback_reason();
+    fn test_field_kernel_tier() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_context_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kernel_tier) as usize - ptr as usize
+            },
+            432usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_context_info),
+                "::",
+                stringify!(kernel_tier)
+            )
+        );
+    }
+    test_field_kernel_tier();
 }
 extern "C" {
     #[must_use]

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/kernel_tier.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace qsakv {
+
+qsakv_kernel_tier parse_cuda_tier(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
+    return QSAKV_KERNEL_TIER_NONE;
+  if (std::strcmp(value, "sm70") == 0) return QSAKV_KERNEL_TIER_SM70;
+  if (std::strcmp(value, "sm75") == 0) return QSAKV_KERNEL_TIER_SM75;
+  // Bounded in the message: the variable comes from the environment, not from us.
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be auto, sm70 or sm75 (or unset)", kCudaTierEnv,
+       value);
+}
+
+qsakv_kernel_tier default_cuda_tier(int sm_version) {
+  if (sm_version >= 75) return QSAKV_KERNEL_TIER_SM75;
+  if (sm_version >= 70) return QSAKV_KERNEL_TIER_SM70;
+  return QSAKV_KERNEL_TIER_NONE;
+}
+
+const char* cuda_tier_name(qsakv_kernel_tier tier) {
+  switch (tier) {
+    case QSAKV_KERNEL_TIER_SM70:
+      return "sm70";
+    case QSAKV_KERNEL_TIER_SM75:
+      return "sm75";
+    default:
+      return "none";
+  }
+}
+
+}  // namespace qsakv
