@@ -3,8 +3,9 @@
  * qsakv.h -- calibrated FP8 (E4M3) KV caches and sparse (QSA) / dense GQA attention.
  *
  * The only public header of libqsakv. C99, includes no CUDA header, compiles as C and C++.
- * Read it top to bottom: conventions, status codes, context, model config, overlay,
- * capacity and cache, store, plan and attention, selection.
+ * Read it top to bottom: conventions, versions, status codes, types, context, model
+ * config, overlay, capacity and caches, store, plan, selection, attention, calibration,
+ * tensor-parallel consensus, checkpoint revision, memory helpers.
  *
  * Conventions (shared by every function below)
  * - Every fallible call returns a qsakv_status: 0 is success, every failure a distinct
@@ -14,8 +15,11 @@
  *   type's own *_destroy function; *_destroy(NULL) is a no-op. On failure *out is NULL
  *   and nothing is left half-built.
  * - Option and config structs start with `struct_size` and `version`; fill them with
- *   their *_init function (or a preset) and pass them by const pointer. They only ever
- *   grow at the end; the library reads min(struct_size, its own size) bytes.
+ *   their *_init function (or a preset), or initialize them with their QSAKV_*_INIT macro
+ *   (the same defaults, usable in a declaration: `qsakv_cache_options o =
+ *   QSAKV_CACHE_OPTIONS_INIT;`), and pass them by const pointer. Output structs start
+ *   the same way: set `struct_size` (and `version`) before the call. Structs only ever
+ *   grow at the end; the library reads or writes min(struct_size, its own size) bytes.
  * - Device pointers: with the CUDA backend, "device" buffers are CUDA device memory;
  *   with the CPU backend they are ordinary host memory. Each function says which of
  *   its pointers are device pointers.
@@ -31,6 +35,8 @@
  *   argument and changes nothing. The library cannot check device memory from the host:
  *   the caller guarantees that each device buffer is as large as the function says, lives
  *   on the context's device and stays valid until the enqueued work ran (docs/safety.md).
+ * - Every handle's section repeats one shape on purpose (create, *_destroy, a versioned
+ *   struct), so the sections read alike; the duplicates tool lists some of them.
  */
 #ifndef QSAKV_H
 #define QSAKV_H
@@ -176,6 +182,12 @@ typedef struct qsakv_context_options {
 
 /* Fills defaults: AUTO backend, device 0, AUTO decoder. */
 QSAKV_API qsakv_status qsakv_context_options_init(qsakv_context_options* options);
+/* The same defaults as an initializer. */
+#define QSAKV_CONTEXT_OPTIONS_INIT                                                       \
+  {                                                                                      \
+    sizeof(qsakv_context_options), QSAKV_CONTEXT_OPTIONS_VERSION, QSAKV_BACKEND_AUTO, 0, \
+        QSAKV_DECODER_AUTO                                                               \
+  }
 
 /* Creates a context. Blocking; may initialise the CUDA runtime. With AUTO and no usable
  * GPU it picks the CPU backend; qsakv_context_info.fallback_reason says why. Asking for
@@ -246,6 +258,12 @@ typedef struct qsakv_model_config {
 
 /* Zeroes every field and sets struct_size/version: not valid until filled. */
 QSAKV_API qsakv_status qsakv_model_config_init(qsakv_model_config* config);
+/* The same as an initializer (every field zero: fill it, or use a preset). */
+#define QSAKV_MODEL_CONFIG_INIT                                                                   \
+  {                                                                                               \
+    sizeof(qsakv_model_config), QSAKV_MODEL_CONFIG_VERSION, 0, 0, {0}, 0, 0, 0, 0.0f, 0, 0, 0, 0, \
+        0, 0, 0, QSAKV_DTYPE_INVALID, QSAKV_DTYPE_INVALID, 0, 0, 0, 0                             \
+  }
 /* The reference model "qwen4_exp": 48 layers, QSA where i % 4 == 3, 24/2 heads,
  * head_dim 256, indexer 4 x 128, ratio 4, budget 2048; runtime: TP1 rank 0, no
  * speculative tokens, FP16 activations, E4M3 KV, block size 64, 256 requests,
@@ -382,6 +400,12 @@ typedef struct qsakv_overlay_write_options {
 /* Fills defaults: every contract field unconstrained, the default layer prefix, no base
  * index (set what the overlay should bind). */
 QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* options);
+/* The same defaults as an initializer. */
+#define QSAKV_OVERLAY_WRITE_OPTIONS_INIT                                                         \
+  {                                                                                              \
+    sizeof(qsakv_overlay_write_options), QSAKV_OVERLAY_WRITE_OPTIONS_VERSION, NULL, NULL, 0, -1, \
+        QSAKV_DTYPE_INVALID, 0, 0                                                                \
+  }
 
 /* Writes `out_dir`/model-kvscales.safetensors and `out_dir`/qsakv-overlay.json for the
  * given QSA layers' scales (arrays of num_layers). Refuses an existing out_dir; builds
@@ -455,6 +479,12 @@ typedef struct qsakv_cache_options {
 /* Fills defaults: num_blocks 0 (size from memory_budget_bytes), the shared top-k buffer,
  * no external buffer. */
 QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
+/* The same defaults as an initializer. */
+#define QSAKV_CACHE_OPTIONS_INIT                                                                  \
+  {                                                                                               \
+    sizeof(qsakv_cache_options), QSAKV_CACHE_OPTIONS_VERSION, 0, 0, 1, NULL, QSAKV_DTYPE_INVALID, \
+        0, 0                                                                                      \
+  }
 
 /* Allocates every cache of this rank: main K/V per QSA layer, raw index-key rings,
  * compressed index-key caches, and the top-k workspace. E4M3 needs an overlay that
@@ -510,7 +540,10 @@ QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_ca
  * qsakv_cache_note_external_codes afterwards, or NaN codes you wrote may decode as finite
  * values with the software decoder (which checks for NaN codes only in layers where one
  * was stored). */
+#define QSAKV_LAYER_BUFFERS_VERSION 1
 typedef struct qsakv_layer_buffers {
+  size_t struct_size;
+  uint32_t version;
   void* kv;              /* main cache */
   void* compressed_keys; /* FP16 */
   void* ring_keys;       /* FP16 */
@@ -518,7 +551,7 @@ typedef struct qsakv_layer_buffers {
   const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
 } qsakv_layer_buffers;
 /* The device pointers of QSA layer `layer` (model-layer id); valid while the cache lives.
- * Host only. */
+ * Set out->struct_size first. Host only. */
 QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
                                                      qsakv_layer_buffers* out);
 
@@ -549,6 +582,9 @@ typedef struct qsakv_cache_memory {
   int32_t num_layers;               /* == config.num_qsa_layers */
   const qsakv_layer_memory* layers; /* [num_layers] */
 } qsakv_cache_memory;
+/* struct_size and version set, no layers yet: fill num_layers and layers. */
+#define QSAKV_CACHE_MEMORY_INIT \
+  { sizeof(qsakv_cache_memory), QSAKV_CACHE_MEMORY_VERSION, 0, NULL }
 
 /* The layout (strides and bytes per layer) a cache of this config and options has, without
  * creating one: what to allocate for qsakv_cache_create_with_memory. options.num_blocks
@@ -615,6 +651,9 @@ typedef struct qsakv_plan_options {
 } qsakv_plan_options;
 /* Fills defaults: max_rows and max_requests from the config, splits from occupancy. */
 QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
+/* The same defaults as an initializer. */
+#define QSAKV_PLAN_OPTIONS_INIT \
+  { sizeof(qsakv_plan_options), QSAKV_PLAN_OPTIONS_VERSION, 0, 0, 0 }
 
 /* Makes a plan for batches up to the given maximum shape. Allocates its device metadata
  * and workspace (blocking). A CUDA graph captured with a plan stays valid across
@@ -647,6 +686,9 @@ typedef struct qsakv_batch {
   const int32_t* block_table;
   int32_t block_table_stride;
 } qsakv_batch;
+/* struct_size and version set, every other field zero or NULL: fill them. */
+#define QSAKV_BATCH_INIT \
+  { sizeof(qsakv_batch), QSAKV_BATCH_VERSION, 0, NULL, NULL, NULL, NULL, 0 }
 
 /* Describes the next batch: host work (validation, row maps) and an async copy of the
  * metadata to the plan's device buffers on `stream`. Enqueue the plan's select and
@@ -935,6 +977,8 @@ QSAKV_API qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex[
 
 /* Device memory of the context's backend (host memory for CPU). Blocking. */
 QSAKV_API qsakv_status qsakv_malloc(qsakv_context* context, void** out, size_t bytes);
+/* Releases memory from qsakv_malloc on the same context; make sure no queued work still
+ * uses it. A NULL context or ptr is a no-op. */
 QSAKV_API void qsakv_free(qsakv_context* context, void* ptr);
 typedef enum qsakv_copy_kind {
   QSAKV_COPY_HOST_TO_DEVICE = 1,

@@ -110,8 +110,7 @@ inline std::string checkpoint_revision(const std::string& path) {
 class Context {
  public:
   explicit Context(qsakv_backend backend = QSAKV_BACKEND_AUTO, int32_t device = 0) {
-    qsakv_context_options o;
-    check(qsakv_context_options_init(&o));
+    qsakv_context_options o = QSAKV_CONTEXT_OPTIONS_INIT;
     o.backend = backend;
     o.device = device;
     create(&o);
@@ -213,11 +212,7 @@ class Overlay {
 
 class Cache {
  public:
-  static qsakv_cache_options default_options() {
-    qsakv_cache_options o;
-    check(qsakv_cache_options_init(&o));
-    return o;
-  }
+  static qsakv_cache_options default_options() { return QSAKV_CACHE_OPTIONS_INIT; }
   /* overlay: nullptr for 16-bit caches. */
   Cache(const Context& ctx, const qsakv_model_config& c, const Overlay* overlay,
         const qsakv_cache_options& options) {
@@ -246,11 +241,7 @@ class Cache {
 
 class Plan {
  public:
-  static qsakv_plan_options default_options() {
-    qsakv_plan_options o;
-    check(qsakv_plan_options_init(&o));
-    return o;
-  }
+  static qsakv_plan_options default_options() { return QSAKV_PLAN_OPTIONS_INIT; }
   Plan(Cache& cache, const qsakv_plan_options& options) {
     qsakv_plan* p = nullptr;
     check(qsakv_plan_create(&p, cache.get(), &options));

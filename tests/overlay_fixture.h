@@ -10,21 +10,14 @@
 #include <stdint.h>
 
 #include "qsakv.h"
+#include "testutil.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Expects `call` to return `status`; on a mismatch prints the library's message.
- * (Include cmocka.h before this header.) */
-#define OVF_EXPECT(call, status)                                                            \
-  do {                                                                                      \
-    qsakv_status ovf_s_ = (call);                                                           \
-    if (ovf_s_ != (status))                                                                 \
-      print_error("%s returned %s (%s), expected %s\n", #call, qsakv_status_string(ovf_s_), \
-                  qsakv_last_error(), qsakv_status_string(status));                         \
-    assert_int_equal(ovf_s_, (status));                                                     \
-  } while (0)
+/* Expects `call` to return `status`; on a mismatch prints the library's message. */
+#define OVF_EXPECT(call, status) TU_EXPECT_STATUS(call, status)
 #define OVF_OK(call) OVF_EXPECT(call, QSAKV_SUCCESS)
 /* The calling thread's last message contains `text`. */
 #define OVF_MESSAGE_HAS(text)                                              \
@@ -103,8 +96,11 @@ void ovf_config(qsakv_model_config* c, int tp_size);
 
 /* Loads p->scale (bare file form, NULL manifest) and returns the status; *out set. */
 qsakv_status ovf_load(ovf_pack* p, qsakv_overlay** out);
-/* Loads and validates against the reference config at TP1 and p->base_sha. */
+/* Loads p->scale and validates it against the reference config at TP1 and p->base_sha;
+ * on a refusal the handle must come back NULL, and validated must match the status. */
 qsakv_status ovf_load_validate(ovf_pack* p);
+/* The same for any path (a pack or checkpoint directory, a scale file). */
+qsakv_status ovf_load_validate_path(ovf_pack* p, const char* path);
 
 #ifdef __cplusplus
 }

@@ -102,7 +102,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   TU_OK(qsakv_cache_get_layout(w->cache, &w->layout));
 
   /* Poison every byte of the layer's caches (0xFF is NaN in E4M3, FP16 and BF16). */
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
   void* poison = tu_device_filled(ctx, w->layout.kv_bytes_per_layer, 0xFF);
   TU_OK(qsakv_memcpy(ctx, lb.kv, poison, w->layout.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE,
@@ -172,10 +172,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   int32_t qs[TU_MAX_REQ + 1];
   qs[0] = 0;
   for (int r = 0; r < shape->num_requests; ++r) qs[r + 1] = qs[r] + shape->rows[r];
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = shape->num_requests;
   b.query_start = qs;
   b.seq_lens = shape->seq_lens;
@@ -194,7 +191,7 @@ void tu_world_destroy(tu_world* w) {
 }
 
 void* tu_world_read_kv(const tu_world* w) {
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
   void* h = malloc(w->layout.kv_bytes_per_layer);
   tu_to_host(w->ctx, h, lb.kv, w->layout.kv_bytes_per_layer);

@@ -329,7 +329,7 @@ static void fixture_build(void) {
   C_OK(qsakv_cache_get_layout(F.cache, &F.layout));
   /* Random K/V and compressed keys in every layer. */
   for (int l = 0; l < F.cfg.num_qsa_layers; ++l) {
-    qsakv_layer_buffers lb;
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     C_OK(qsakv_cache_get_layer_buffers(F.cache, F.cfg.qsa_layers[l], &lb));
     fill_random_fp16(lb.kv, F.layout.kv_bytes_per_layer / 2);
     fill_random_fp16(lb.compressed_keys, F.layout.compressed_bytes_per_layer / 2);
@@ -341,10 +341,7 @@ static void fixture_build(void) {
   F.block_table = dev(sizeof(int32_t) * 2 * BT_STRIDE);
   for (int i = 0; i < 2 * BT_STRIDE; ++i) F.block_table[i] = i;
   const int32_t qs[3] = {0, 1, ROWS}, lens[2] = {40, 100};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 2;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -470,10 +467,7 @@ static void c_ctx_huge_struct(void) {
   big.o.struct_size = sizeof big;
   qsakv_context* c = NULL;
   qsakv_status s = qsakv_context_create(&c, &big.o);
-  qsakv_context_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   const int ok = s == QSAKV_SUCCESS && qsakv_context_get_info(c, &info) == QSAKV_SUCCESS &&
                  info.backend == QSAKV_BACKEND_CPU;
   qsakv_context_destroy(c);
@@ -774,10 +768,7 @@ static void c_cfg_validate(void) {
 static void c_cfg_capacity(void) {
   const char* field;
   qsakv_model_config c = bad_config(&field);
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   refuse(qsakv_capacity_plan(&c, 1 << 30, &cap), QSAKV_ERROR_INVALID_CONFIG, field);
 }
 static void c_cfg_cache(void) {
@@ -872,10 +863,7 @@ static void c_cfg_null(void) {
   }
 }
 static void c_capacity_budget(void) {
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   qsakv_status s = qsakv_capacity_plan(&F.cfg, (uint64_t)P, &cap);
   const int ok = cap.num_blocks >= 0 && cap.num_tokens == cap.num_blocks * F.cfg.block_size &&
                  (cap.num_blocks == 0 || cap.bytes_per_block > 0);
@@ -1130,13 +1118,20 @@ static void c_cache_nulls(void) {
       refuse(qsakv_cache_get_layout(F.cache, &L), QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
     }
     case 9: {
-      qsakv_layer_buffers lb;
+      qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
       refuse(qsakv_cache_get_layer_buffers(NULL, 3, &lb), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
     }
     case 10:
       refuse(qsakv_cache_get_layer_buffers(F.cache, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "out");
     case 11:
       refuse(qsakv_cache_note_external_codes(NULL, 3, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "cache");
+    case 12: {
+      qsakv_layer_buffers lb;
+      memset(&lb, 0, sizeof lb);
+      qsakv_status s = qsakv_cache_get_layer_buffers(F.cache, 3, &lb);
+      if (s != QSAKV_SUCCESS && lb.kv) report(V_WRONG, s, "out written despite the refusal");
+      refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, "struct_size");
+    }
     default:
       report(V_WRONG, QSAKV_SUCCESS, "no such case");
   }
@@ -1144,6 +1139,7 @@ static void c_cache_nulls(void) {
 static void c_cache_layer(void) {
   qsakv_layer_buffers lb;
   memset(&lb, 0, sizeof lb);
+  lb.struct_size = sizeof lb;
   qsakv_status s = qsakv_cache_get_layer_buffers(F.cache, (int32_t)P, &lb);
   if (s != QSAKV_SUCCESS && lb.kv) report(V_WRONG, s, "out written despite the refusal");
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, "layer");
@@ -1192,6 +1188,7 @@ static const struct acase k_cache_cases[] = {
     {"layer_buffers cache NULL", c_cache_nulls, 9},
     {"layer_buffers out NULL", c_cache_nulls, 10},
     {"note cache NULL", c_cache_nulls, 11},
+    {"layer_buffers struct_size 0", c_cache_nulls, 12},
     {"layer_buffers layer 0", c_cache_layer, 0},
     {"layer_buffers layer -1", c_cache_layer, -1},
     {"layer_buffers layer INT32_MIN", c_cache_layer, INT32_MIN},
@@ -1211,7 +1208,7 @@ static void test_cache(void** state) {
 
 /* All of the cache's memory of layer 3 (main, compressed, ring), to compare before/after. */
 static unsigned char* cache_copy(void) {
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   const size_t a = F.layout.kv_bytes_per_layer, b = F.layout.compressed_bytes_per_layer,
                c = F.layout.ring_bytes_per_layer;
@@ -1517,10 +1514,7 @@ static void c_plan_create_null(void) {
 }
 
 static qsakv_plan_info plan_info(const qsakv_plan* p) {
-  qsakv_plan_info i;
-  memset(&i, 0, sizeof i);
-  i.struct_size = sizeof i;
-  i.version = QSAKV_PLAN_INFO_VERSION;
+  qsakv_plan_info i = {sizeof i, QSAKV_PLAN_INFO_VERSION};
   C_OK(qsakv_plan_get_info(p, &i));
   return i;
 }
@@ -1547,10 +1541,7 @@ static void refuse_update(const qsakv_batch* b, const char* arg) {
 
 static void c_update(void) {
   int32_t qs[4] = {0, 1, ROWS, ROWS}, lens[3] = {40, 100, 8}, slots[3] = {0, 1, 2};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 2;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -1701,10 +1692,7 @@ static void c_update_null(void) {
 }
 /* Empty batches are valid: zero rows, then select and attention do nothing. */
 static void c_update_empty(void) {
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = P; /* 0 requests; or requests with no rows */
   int32_t qs[3] = {0, 0, 0}, lens[2] = {0, 17};
   b.query_start = qs;
@@ -1823,7 +1811,7 @@ static void c_select_arg(void) {
 /* A caller buffer with a wide stride holds exactly the shared buffer's rows. */
 static void c_select_wide(void) {
   const int w = F.geo.topk_width;
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   for (int i = 0; i < MAX_ROWS * F.topk_stride; ++i) F.topk[i] = 0x6666;
   qsakv_status s = qsakv_select_topk(F.plan, 3, F.index_q, F.topk, F.topk_stride, NULL);
@@ -1894,7 +1882,7 @@ static void c_attn_dense_ignores(void) {
  * are -1 (none). */
 static void c_attn_bad_indices(void) {
   const int w = F.geo.topk_width;
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   C_OK(qsakv_cache_get_layer_buffers(F.cache, 3, &lb));
   int32_t* bad = dev(sizeof(int32_t) * MAX_ROWS * w);
   int32_t* clean = dev(sizeof(int32_t) * MAX_ROWS * w);
@@ -1961,14 +1949,8 @@ static void c_calib_kind(void) {
   qsakv_calib_kind k;
   int32_t v = (int32_t)P;
   memcpy(&k, &v, sizeof v);
-  qsakv_calib_summary sum;
-  memset(&sum, 0, sizeof sum);
-  sum.struct_size = sizeof sum;
-  sum.version = QSAKV_CALIB_SUMMARY_VERSION;
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_summary sum = {sizeof sum, QSAKV_CALIB_SUMMARY_VERSION};
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   if (P & 1)
     refuse(qsakv_calib_summarize(F.host, 3, k, &sum), QSAKV_ERROR_INVALID_ARGUMENT, "kind");
   refuse(qsakv_calib_get_stats(F.host, 3, k, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT, "kind");
@@ -2028,20 +2010,14 @@ static void c_calib_observe(void) {
   /* Nothing was counted. */
   qsakv_calib* snap = NULL;
   C_OK(qsakv_calib_snapshot(&snap, h, NULL));
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   C_OK(qsakv_calib_get_stats(snap, 3, QSAKV_CALIB_K, &st, NULL));
   if (st.count != 0)
     report(V_WRONG, s, "a refused observe counted %llu values", (unsigned long long)st.count);
   refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
 }
 static void c_calib_state(void) {
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   switch (P) {
     case 0:
       refuse(qsakv_calib_start(F.host), QSAKV_ERROR_STATE, "live");
@@ -2221,10 +2197,7 @@ static void c_calib_wrap_merge(void) {
 static void c_calib_big_alone(void) {
   qsakv_calib* a = NULL;
   qsakv_status s = qsakv_calib_load(&a, F.stats_big[0]);
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  st.version = QSAKV_CALIB_STATS_VERSION;
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
   const int ok = s == QSAKV_SUCCESS &&
                  qsakv_calib_get_stats(a, 7, QSAKV_CALIB_V, &st, NULL) == QSAKV_SUCCESS &&
                  st.count == (UINT64_C(1) << 63) && st.nonzero_count == st.count;

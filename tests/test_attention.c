@@ -365,63 +365,114 @@ static void test_cuda_nan_codes(void** state) {
   qsakv_context_destroy(gpu);
 }
 
-static void test_plan_errors(void** state) {
-  (void)state;
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+/* The refusals of plan and attention calls, one behaviour each, on a CPU cache of 8
+ * blocks (4 query heads, 2 KV heads, dim 64, 16-token blocks) and a plan of 8 rows. */
+typedef struct plan_fixture {
+  qsakv_context* ctx;
   qsakv_model_config c;
-  tu_small_config(&c, 4, 2, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
-  qsakv_cache_options co;
-  TU_OK(qsakv_cache_options_init(&co));
-  co.num_blocks = 8;
-  qsakv_cache* cache = NULL;
-  TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &co));
-  qsakv_plan_options po;
-  TU_OK(qsakv_plan_options_init(&po));
-  qsakv_plan* plan = NULL;
-  po.max_rows = c.max_batched_tokens + 1;
-  TU_EXPECT_STATUS(qsakv_plan_create(&plan, cache, &po), QSAKV_ERROR_INVALID_ARGUMENT);
-  po.max_rows = 8;
-  TU_OK(qsakv_plan_create(&plan, cache, &po));
-  uint16_t q[8 * 4 * 64], out[8 * 4 * 64];
-  /* Run before any update: a state error. */
-  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_DENSE, q, NULL, 0, out, NULL),
-                   QSAKV_ERROR_STATE);
-  int32_t qs[3] = {0, 4, 9}, lens[2] = {10, 20}, bt[2 * 4] = {0, -1, -1, -1, 1, 2, -1, -1};
+  qsakv_cache* cache;
+  qsakv_plan* plan;
+  /* A batch of two requests (4 and 5 rows: one more than the plan holds) over 10 and 20
+   * tokens, one and two pages of a 4-page block table. */
+  int32_t qs[3], lens[2], bt[2 * 4];
   qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
-  b.num_requests = 2;
-  b.query_start = qs;
-  b.seq_lens = lens;
-  b.block_table = bt;
-  b.block_table_stride = 4;
-  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL),
+  uint16_t q[8 * 4 * 64], out[8 * 4 * 64];
+} plan_fixture;
+
+static int plan_setup(void** state) {
+  plan_fixture* f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->ctx = tu_context(QSAKV_BACKEND_CPU);
+  tu_small_config(&f->c, 4, 2, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  qsakv_cache_options co = QSAKV_CACHE_OPTIONS_INIT;
+  co.num_blocks = 8;
+  TU_OK(qsakv_cache_create(&f->cache, f->ctx, &f->c, NULL, &co));
+  qsakv_plan_options po = QSAKV_PLAN_OPTIONS_INIT;
+  po.max_rows = 8;
+  TU_OK(qsakv_plan_create(&f->plan, f->cache, &po));
+  const int32_t qs[3] = {0, 4, 9}, lens[2] = {10, 20}, bt[2 * 4] = {0, -1, -1, -1, 1, 2, -1, -1};
+  memcpy(f->qs, qs, sizeof qs);
+  memcpy(f->lens, lens, sizeof lens);
+  memcpy(f->bt, bt, sizeof bt);
+  const qsakv_batch b = QSAKV_BATCH_INIT;
+  f->b = b;
+  f->b.num_requests = 2;
+  f->b.query_start = f->qs;
+  f->b.seq_lens = f->lens;
+  f->b.block_table = f->bt;
+  f->b.block_table_stride = 4;
+  *state = f;
+  return 0;
+}
+
+static int plan_teardown(void** state) {
+  plan_fixture* f = *state;
+  qsakv_plan_destroy(f->plan);
+  qsakv_cache_destroy(f->cache);
+  qsakv_context_destroy(f->ctx);
+  free(f);
+  return 0;
+}
+
+static void test_plan_create_refuses_more_rows_than_the_config(void** state) {
+  plan_fixture* f = *state;
+  qsakv_plan_options po = QSAKV_PLAN_OPTIONS_INIT;
+  po.max_rows = f->c.max_batched_tokens + 1;
+  qsakv_plan* plan = NULL;
+  TU_EXPECT_STATUS(qsakv_plan_create(&plan, f->cache, &po), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_null(plan);
+}
+
+static void test_run_before_any_update_is_a_state_error(void** state) {
+  plan_fixture* f = *state;
+  TU_EXPECT_STATUS(
+      qsakv_attention_run(f->plan, 7, QSAKV_ATTENTION_DENSE, f->q, NULL, 0, f->out, NULL),
+      QSAKV_ERROR_STATE);
+}
+
+static void test_update_refuses_more_rows_than_the_plan(void** state) {
+  plan_fixture* f = *state;
+  TU_EXPECT_STATUS(qsakv_plan_update(f->plan, &f->b, NULL),
                    QSAKV_ERROR_INVALID_ARGUMENT); /* 9 > 8 rows */
   assert_non_null(strstr(qsakv_last_error(), "max_rows"));
-  qs[2] = 8;
-  lens[0] = 3; /* fewer tokens than rows */
-  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  assert_non_null(strstr(qsakv_last_error(), "seq_lens[0]"));
-  lens[0] = 10;
-  b.block_table_stride = 1; /* 20 tokens need 2 pages of 16 */
-  TU_EXPECT_STATUS(qsakv_plan_update(plan, &b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  assert_non_null(strstr(qsakv_last_error(), "block_table_stride"));
-  b.block_table_stride = 4;
-  TU_OK(qsakv_plan_update(plan, &b, NULL));
-  TU_EXPECT_STATUS(qsakv_attention_run(plan, 5, QSAKV_ATTENTION_DENSE, q, NULL, 0, out, NULL),
-                   QSAKV_ERROR_INVALID_ARGUMENT); /* not a QSA layer */
-  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, (qsakv_attention_mode)3, q, NULL, 0, out, NULL),
-                   QSAKV_ERROR_INVALID_ARGUMENT);
-  int32_t topk[8 * 2051];
-  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_SPARSE, q, topk, 2050, out, NULL),
-                   QSAKV_ERROR_INVALID_ARGUMENT); /* stride below the width */
-  TU_EXPECT_STATUS(qsakv_attention_run(plan, 7, QSAKV_ATTENTION_DENSE, NULL, NULL, 0, out, NULL),
-                   QSAKV_ERROR_INVALID_ARGUMENT);
-  qsakv_plan_destroy(plan);
-  qsakv_cache_destroy(cache);
-  qsakv_context_destroy(ctx);
 }
+
+static void test_update_refuses_fewer_tokens_than_rows(void** state) {
+  plan_fixture* f = *state;
+  f->qs[2] = 8;
+  f->lens[0] = 3; /* 4 rows */
+  TU_EXPECT_STATUS(qsakv_plan_update(f->plan, &f->b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "seq_lens[0]"));
+}
+
+static void test_update_refuses_a_block_table_too_narrow(void** state) {
+  plan_fixture* f = *state;
+  f->qs[2] = 8;
+  f->b.block_table_stride = 1; /* 20 tokens need 2 pages of 16 */
+  TU_EXPECT_STATUS(qsakv_plan_update(f->plan, &f->b, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "block_table_stride"));
+}
+
+static void test_run_refuses_bad_arguments(void** state) {
+  plan_fixture* f = *state;
+  f->qs[2] = 8;
+  TU_OK(qsakv_plan_update(f->plan, &f->b, NULL));
+  TU_EXPECT_STATUS(
+      qsakv_attention_run(f->plan, 5, QSAKV_ATTENTION_DENSE, f->q, NULL, 0, f->out, NULL),
+      QSAKV_ERROR_INVALID_ARGUMENT); /* not a QSA layer */
+  TU_EXPECT_STATUS(
+      qsakv_attention_run(f->plan, 7, (qsakv_attention_mode)3, f->q, NULL, 0, f->out, NULL),
+      QSAKV_ERROR_INVALID_ARGUMENT);
+  static int32_t topk[8 * 2051];
+  TU_EXPECT_STATUS(
+      qsakv_attention_run(f->plan, 7, QSAKV_ATTENTION_SPARSE, f->q, topk, 2050, f->out, NULL),
+      QSAKV_ERROR_INVALID_ARGUMENT); /* stride below the width */
+  TU_EXPECT_STATUS(
+      qsakv_attention_run(f->plan, 7, QSAKV_ATTENTION_DENSE, NULL, NULL, 0, f->out, NULL),
+      QSAKV_ERROR_INVALID_ARGUMENT);
+}
+
+#define P(f) cmocka_unit_test_setup_teardown(f, plan_setup, plan_teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -430,7 +481,12 @@ int main(void) {
       cmocka_unit_test(test_cuda_matches_cpu_and_decoders_agree),
       cmocka_unit_test(test_nan_codes_cpu),
       cmocka_unit_test(test_cuda_nan_codes),
-      cmocka_unit_test(test_plan_errors),
+      P(test_plan_create_refuses_more_rows_than_the_config),
+      P(test_run_before_any_update_is_a_state_error),
+      P(test_update_refuses_more_rows_than_the_plan),
+      P(test_update_refuses_fewer_tokens_than_rows),
+      P(test_update_refuses_a_block_table_too_narrow),
+      P(test_run_refuses_bad_arguments),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("attention", tests, NULL, NULL);

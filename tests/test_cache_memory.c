@@ -59,10 +59,7 @@ static void fixture_free(fixture* f) {
 }
 
 static qsakv_cache_memory memory_of(fixture* f) {
-  qsakv_cache_memory m;
-  memset(&m, 0, sizeof m);
-  m.struct_size = sizeof m;
-  m.version = QSAKV_CACHE_MEMORY_VERSION;
+  qsakv_cache_memory m = {sizeof m, QSAKV_CACHE_MEMORY_VERSION};
   m.num_layers = f->cfg.num_qsa_layers;
   m.layers = f->layers;
   return m;
@@ -129,10 +126,7 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, cache, &po));
   int32_t qs[2] = {0, kRows}, lens[1] = {kTokens};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 1;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -144,7 +138,7 @@ static uint16_t* run_pipeline(qsakv_context* ctx, qsakv_cache* cache, const qsak
   TU_OK(qsakv_stream_synchronize(ctx, NULL));
   uint16_t* out = malloc(2 * qn);
   tu_to_host(ctx, out, dout, 2 * qn);
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, layer, &lb));
   *topk_out = malloc(sizeof(int32_t) * (size_t)kRows * g.topk_width);
   tu_to_host(ctx, *topk_out, lb.topk, sizeof(int32_t) * (size_t)kRows * g.topk_width);
@@ -185,7 +179,7 @@ static void check_same_results(qsakv_context* ctx, const char* what) {
   assert_int_equal(le.kv_bytes_per_layer, f.layout.kv_bytes_per_layer);
   assert_int_equal(le.kv_stride_block, lo.kv_stride_block);
   assert_true(le.total_bytes < lo.total_bytes); /* the caller's buffers are not counted */
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(external, f.cfg.qsa_layers[1], &lb));
   assert_ptr_equal(lb.kv, f.layers[1].kv);
   assert_ptr_equal(lb.compressed_keys, f.layers[1].compressed_keys);

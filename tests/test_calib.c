@@ -94,10 +94,18 @@ static uint16_t* make_data(size_t n, qsakv_dtype act, double scale, double peak,
       v = tu_normal() * scale * 1e-6; /* deep into small bins */
     x[i] = tu_f32_to_act((float)v, act);
   }
-  x[tu_int(0, (int)n - 1)] = tu_f32_to_act((float)(tu_int(0, 1) ? peak : -peak), act);
+  const int peak_at = tu_int(0, (int)n - 1);
+  x[peak_at] = tu_f32_to_act((float)(tu_int(0, 1) ? peak : -peak), act);
   if (specials) {
-    x[tu_int(0, (int)n - 1)] = act == QSAKV_DTYPE_FP16 ? 0x7E00 : 0x7FC0; /* NaN */
-    x[tu_int(0, (int)n - 1)] = act == QSAKV_DTYPE_FP16 ? 0xFC00 : 0xFF80; /* -inf */
+    /* Two specials at two other places, so that exactly two values are non-finite and
+     * the peak stays (drawn at random, they could land on one place: a 1-in-n flake). */
+    int nan_at, inf_at;
+    do nan_at = tu_int(0, (int)n - 1);
+    while (nan_at == peak_at);
+    do inf_at = tu_int(0, (int)n - 1);
+    while (inf_at == peak_at || inf_at == nan_at);
+    x[nan_at] = act == QSAKV_DTYPE_FP16 ? 0x7E00 : 0x7FC0; /* NaN */
+    x[inf_at] = act == QSAKV_DTYPE_FP16 ? 0xFC00 : 0xFF80; /* -inf */
   }
   return x;
 }
@@ -201,60 +209,6 @@ static void test_every_fp16_pattern(void** state) {
   free(x);
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
-  qsakv_context_destroy(ctx);
-}
-
-static void test_start_stop(void** state) {
-  (void)state;
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_model_config c;
-  calib_config(&c, QSAKV_DTYPE_FP16, 1, 0);
-  qsakv_calib* h = live(ctx, &c);
-  const size_t row = row_elems(&c);
-  uint16_t* k = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 100.0, 0);
-  /* Stopped from creation: a no-op that succeeds... */
-  observe(ctx, h, 3, k, k, 8, row);
-  /* ...but still checks its arguments (the header's promise: warm-up passes catch wiring
-   * bugs), and reads no data. */
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 4, k, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("layer 4");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("k is NULL");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("v is NULL");
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, k, k, INT64_MAX, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  MSG_HAS("num_tokens");
-  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
-  TU_OK(qsakv_calib_start(h));
-  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-  observe(ctx, h, 3, k, k, 8, row); /* counted */
-  TU_OK(qsakv_calib_stop(h));
-  observe(ctx, h, 3, k, k, 8, row); /* a "graph capture" pass: not counted */
-  qsakv_calib_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  TU_OK(qsakv_calib_get_info(h, &info));
-  assert_int_equal(info.live, 1);
-  assert_int_equal(info.started, 0);
-  qsakv_calib* s = snapshot(h);
-  qsakv_calib_stats st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  TU_OK(qsakv_calib_get_stats(s, 3, QSAKV_CALIB_K, &st, NULL));
-  assert_int_equal(st.count, 8 * row);
-  assert_true(st.max_abs == 100.0f);
-  TU_OK(qsakv_calib_get_stats(s, 7, QSAKV_CALIB_K, &st, NULL));
-  assert_int_equal(st.count, 0);
-  /* Host copies neither start nor observe. */
-  TU_EXPECT_STATUS(qsakv_calib_start(s), QSAKV_ERROR_STATE);
-  TU_EXPECT_STATUS(qsakv_calib_observe(s, 3, k, k, 8, NULL), QSAKV_ERROR_STATE);
-  /* The CPU backend cannot all-reduce over NCCL. */
-  TU_EXPECT_STATUS(qsakv_calib_allreduce(h, (void*)0x1, NULL), QSAKV_ERROR_UNSUPPORTED);
-  MSG_HAS("qsakv_calib_merge");
-  free(k);
-  qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
-  qsakv_calib_destroy(NULL);
   qsakv_context_destroy(ctx);
 }
 
@@ -469,54 +423,102 @@ static qsakv_calib* observed(qsakv_context* ctx, int k3, int v3, int k7, int v7,
   return s;
 }
 
-static void test_refusals(void** state) {
-  (void)state;
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+/* The refusals of calibration, one behaviour each: a summary of statistics that do not
+ * cover the model, a file that contradicts itself, a handle in the wrong state, a bad
+ * argument. Each runs on the CPU backend with 8 rows of FP16 data (`cpu_calib_fixture`). */
+typedef struct cpu_calib_fixture {
+  qsakv_context* ctx;
   qsakv_model_config c;
-  calib_config(&c, QSAKV_DTYPE_FP16, 1, 0);
-  const size_t row = row_elems(&c);
-  uint16_t* x = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 10.0, 0);
-  uint16_t* nan = make_data(8 * row, QSAKV_DTYPE_FP16, 1.0, 10.0, 1);
+  size_t row;
+  uint16_t* x;   /* finite data */
+  uint16_t* nan; /* the same with NaN and infinities mixed in */
+} cpu_calib_fixture;
 
-  /* A missing layer: only layer 3 observed. */
-  qsakv_calib* h = live(ctx, &c);
+static int cpu_calib_setup(void** state) {
+  cpu_calib_fixture* f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->ctx = tu_context(QSAKV_BACKEND_CPU);
+  calib_config(&f->c, QSAKV_DTYPE_FP16, 1, 0);
+  f->row = row_elems(&f->c);
+  f->x = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 10.0, 0);
+  f->nan = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 10.0, 1);
+  *state = f;
+  return 0;
+}
+
+static int cpu_calib_teardown(void** state) {
+  cpu_calib_fixture* f = *state;
+  free(f->x);
+  free(f->nan);
+  qsakv_context_destroy(f->ctx);
+  free(f);
+  return 0;
+}
+
+/* A snapshot of a handle that observed layer 3 (and layer 7, when v7 is not NULL: K from x,
+ * V from v7). */
+static qsakv_calib* observed_3_and_7(cpu_calib_fixture* f, const uint16_t* v7) {
+  qsakv_calib* h = live(f->ctx, &f->c);
   TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
+  observe(f->ctx, h, 3, f->x, f->x, 8, f->row);
+  if (v7) observe(f->ctx, h, 7, f->x, v7, 8, f->row);
   qsakv_calib* s = snapshot(h);
+  qsakv_calib_destroy(h);
+  return s;
+}
+
+static void test_summary_refuses_a_missing_layer(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, NULL);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE, "layer 7: neither K nor V");
   qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+}
 
-  /* A missing K/V half: the API observes K and V together, so a file from another
-   * writer is the only way to get one; build it with the CPU handle and a file edit. */
-  h = live(ctx, &c);
-  TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
-  observe(ctx, h, 7, x, x, 8, row);
-  s = snapshot(h);
-  char dir[] = "/tmp/qsakv-calib-XXXXXX";
+/* Saves a snapshot of layers 3 and 7 under a fresh temporary directory. */
+static void saved_3_and_7(cpu_calib_fixture* f, char* dir, char* path, size_t cap) {
+  qsakv_calib* s = observed_3_and_7(f, f->x);
   assert_non_null(mkdtemp(dir));
-  char path[256], path2[256];
-  snprintf(path, sizeof path, "%s/rank0.safetensors", dir);
+  snprintf(path, cap, "%s/rank0.safetensors", dir);
   TU_OK(qsakv_calib_save(s, path));
-  TU_EXPECT_STATUS(qsakv_calib_save(s, path), QSAKV_ERROR_INVALID_ARGUMENT); /* no overwrite */
+  qsakv_calib_destroy(s);
+}
+
+static void remove_saved(const char* dir, const char* path) {
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_save_refuses_to_overwrite(void** state) {
+  cpu_calib_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  qsakv_calib* s = observed_3_and_7(f, f->x);
+  TU_EXPECT_STATUS(qsakv_calib_save(s, path), QSAKV_ERROR_INVALID_ARGUMENT);
   MSG_HAS("already exists");
-  {
-    /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
-     * tensor is first in the data section, ordered (layer, kind). */
-    FILE* f = fopen(path, "r+b");
-    assert_non_null(f);
-    uint64_t hl = 0;
-    assert_int_equal(fread(&hl, 8, 1, f), 1);
-    const long words = 8 + (long)hl;
-    const long entry = (long)(4096 + 3) * 8;
-    static char zero[(4096 + 3) * 8];
-    fseek(f, words + 3 * entry, SEEK_SET);
-    fwrite(zero, 1, sizeof zero, f);
-    fseek(f, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
-    fwrite(zero, 1, 4, f);
-    fclose(f);
-  }
+  qsakv_calib_destroy(s);
+  remove_saved(dir, path);
+}
+
+/* A missing K/V half: the API observes K and V together, so a file from another writer is
+ * the only way to get one; it is made with the CPU handle and a file edit. */
+static void test_summary_refuses_a_missing_kv_half(void** state) {
+  cpu_calib_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
+   * tensor is first in the data section, ordered (layer, kind). */
+  FILE* file = fopen(path, "r+b");
+  assert_non_null(file);
+  uint64_t hl = 0;
+  assert_int_equal(fread(&hl, 8, 1, file), 1);
+  const long words = 8 + (long)hl;
+  const long entry = (long)(4096 + 3) * 8;
+  static char zero[(4096 + 3) * 8];
+  fseek(file, words + 3 * entry, SEEK_SET);
+  fwrite(zero, 1, sizeof zero, file);
+  fseek(file, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
+  fwrite(zero, 1, 4, file);
+  fclose(file);
   qsakv_calib* edited = NULL;
   TU_OK(qsakv_calib_load(&edited, path));
   qsakv_calib_summary sum;
@@ -526,73 +528,162 @@ static void test_refusals(void** state) {
                    QSAKV_ERROR_OVERLAY_INCOMPLETE);
   MSG_HAS("layer 7: V was never observed but K was");
   qsakv_calib_destroy(edited);
-  /* A corrupted count (histogram no longer sums to nonzero) is a format error. */
-  {
-    FILE* f = fopen(path, "r+b");
-    uint64_t hl = 0;
-    assert_int_equal(fread(&hl, 8, 1, f), 1);
-    fseek(f, 8 + (long)hl + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
-    const uint64_t wrong = 1;
-    fwrite(&wrong, 8, 1, f);
-    fclose(f);
-  }
+  remove_saved(dir, path);
+}
+
+/* A corrupted count (the histogram no longer sums to the nonzero count) is a format error. */
+static void test_load_refuses_inconsistent_counts(void** state) {
+  cpu_calib_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  FILE* file = fopen(path, "r+b");
+  assert_non_null(file);
+  uint64_t hl = 0;
+  assert_int_equal(fread(&hl, 8, 1, file), 1);
+  fseek(file, 8 + (long)hl + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
+  const uint64_t wrong = 1;
+  fwrite(&wrong, 8, 1, file);
+  fclose(file);
+  qsakv_calib* edited = NULL;
   TU_EXPECT_STATUS(qsakv_calib_load(&edited, path), QSAKV_ERROR_FORMAT);
   MSG_HAS("layer 3 K statistics are inconsistent");
-  snprintf(path2, sizeof path2, "%s/missing.safetensors", dir);
-  TU_EXPECT_STATUS(qsakv_calib_load(&edited, path2), QSAKV_ERROR_IO);
-  qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+  remove_saved(dir, path);
+}
 
-  /* Non-finite activations, named by layer and kind. */
-  h = live(ctx, &c);
-  TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row);
-  observe(ctx, h, 7, x, nan, 8, row);
-  s = snapshot(h);
+static void test_load_of_a_missing_file_is_io(void** state) {
+  (void)state;
+  qsakv_calib* loaded = NULL;
+  TU_EXPECT_STATUS(qsakv_calib_load(&loaded, "/nonexistent-qsakv-dir/missing.safetensors"),
+                   QSAKV_ERROR_IO);
+}
+
+/* Non-finite activations, named by layer and kind. */
+static void test_summary_refuses_non_finite_values(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, f->nan);
   expect_summary_refused(s, QSAKV_ERROR_CALIB_NON_FINITE, "layer 7 V: 2 of");
   qsakv_calib_destroy(s);
-  qsakv_calib_destroy(h);
+}
 
-  /* A zero maximum. */
-  s = observed(ctx, 1, 0, 1, 1, x);
+static void test_summary_refuses_a_zero_maximum(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* s = observed(f->ctx, 1, 0, 1, 1, f->x);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer 3 V: max |x| is 0");
   qsakv_calib_destroy(s);
+}
 
-  /* Statistics of one rank of two. */
+/* Statistics of one rank of two. */
+static void test_summary_refuses_one_rank_of_two(void** state) {
+  cpu_calib_fixture* f = *state;
   qsakv_model_config c2;
   calib_config(&c2, QSAKV_DTYPE_FP16, 2, 1);
-  h = live(ctx, &c2);
+  qsakv_calib* h = live(f->ctx, &c2);
   TU_OK(qsakv_calib_start(h));
-  observe(ctx, h, 3, x, x, 8, row_elems(&c2));
-  observe(ctx, h, 7, x, x, 8, row_elems(&c2));
-  s = snapshot(h);
+  observe(f->ctx, h, 3, f->x, f->x, 8, row_elems(&c2));
+  observe(f->ctx, h, 7, f->x, f->x, 8, row_elems(&c2));
+  qsakv_calib* s = snapshot(h);
   expect_summary_refused(s, QSAKV_ERROR_OVERLAY_INCOMPLETE,
                          "cover 1 of 2 TP ranks; missing rank(s) 0");
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
+}
 
-  /* Live handles and bad arguments. */
-  h = live(ctx, &c);
+/* A live handle is summarized or saved only through a snapshot. */
+static void test_live_handle_refuses_summary_and_save(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  qsakv_calib_summary sum;
+  memset(&sum, 0, sizeof sum);
+  sum.struct_size = sizeof sum;
   TU_EXPECT_STATUS(qsakv_calib_summarize(h, 3, QSAKV_CALIB_K, &sum), QSAKV_ERROR_STATE);
-  TU_EXPECT_STATUS(qsakv_calib_save(h, path2), QSAKV_ERROR_STATE);
+  TU_EXPECT_STATUS(qsakv_calib_save(h, "/nonexistent-qsakv-dir/live.safetensors"),
+                   QSAKV_ERROR_STATE);
   qsakv_calib_destroy(h);
+}
+
+static void test_create_refuses_bad_arguments(void** state) {
+  cpu_calib_fixture* f = *state;
   qsakv_model_config cf;
   calib_config(&cf, QSAKV_DTYPE_FP16, 1, 0);
   cf.activation_dtype = QSAKV_DTYPE_FP32;
-  h = (qsakv_calib*)0x1;
-  TU_EXPECT_STATUS(qsakv_calib_create(&h, ctx, &cf), QSAKV_ERROR_INVALID_CONFIG);
+  qsakv_calib* h = (qsakv_calib*)0x1;
+  TU_EXPECT_STATUS(qsakv_calib_create(&h, f->ctx, &cf), QSAKV_ERROR_INVALID_CONFIG);
   assert_null(h);
-  TU_EXPECT_STATUS(qsakv_calib_create(&h, NULL, &c), QSAKV_ERROR_INVALID_ARGUMENT);
-  TU_EXPECT_STATUS(qsakv_calib_create(NULL, ctx, &c), QSAKV_ERROR_INVALID_ARGUMENT);
-
-  free(x);
-  free(nan);
-  unlink(path);
-  rmdir(dir);
-  qsakv_context_destroy(ctx);
+  TU_EXPECT_STATUS(qsakv_calib_create(&h, NULL, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
+  TU_EXPECT_STATUS(qsakv_calib_create(NULL, f->ctx, &f->c), QSAKV_ERROR_INVALID_ARGUMENT);
 }
 
-/* ---- summary ------------------------------------------------------------------------- */
+/* Counting: a handle is stopped from creation, start and stop switch counting on the host;
+ * host copies and the CPU backend refuse what they cannot do. On the CPU calibration
+ * fixture (8 rows of FP16 data). */
+static qsakv_calib_stats stats_of(const qsakv_calib* live_handle, int layer) {
+  qsakv_calib* s = snapshot(live_handle);
+  qsakv_calib_stats st = {sizeof st, QSAKV_CALIB_STATS_VERSION};
+  TU_OK(qsakv_calib_get_stats(s, layer, QSAKV_CALIB_K, &st, NULL));
+  qsakv_calib_destroy(s);
+  return st;
+}
+
+/* Stopped (from creation): observe succeeds and counts nothing, but still checks its
+ * arguments (the header's promise: warm-up passes catch wiring bugs). */
+static void test_stopped_observe_counts_nothing_but_checks_arguments(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  observe(f->ctx, h, 3, f->x, f->x, 8, f->row);
+  assert_int_equal(stats_of(h, 3).count, 0);
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 4, f->x, f->x, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("layer 4");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, f->x, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("k is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, f->x, NULL, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("v is NULL");
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, f->x, f->x, INT64_MAX, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("num_tokens");
+  TU_OK(qsakv_calib_observe(h, 3, NULL, NULL, 0, NULL)); /* nothing to observe */
+  qsakv_calib_destroy(h);
+}
+
+/* Started, observe counts (and checks its arguments); stopped again (a graph-capture
+ * pass), it does not. */
+static void test_start_counts_and_stop_pauses(void** state) {
+  cpu_calib_fixture* f = *state;
+  uint16_t* k = make_data(8 * f->row, QSAKV_DTYPE_FP16, 1.0, 100.0, 0);
+  qsakv_calib* h = live(f->ctx, &f->c);
+  TU_OK(qsakv_calib_start(h));
+  TU_EXPECT_STATUS(qsakv_calib_observe(h, 3, NULL, k, 8, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  observe(f->ctx, h, 3, k, k, 8, f->row); /* counted */
+  TU_OK(qsakv_calib_stop(h));
+  observe(f->ctx, h, 3, k, k, 8, f->row); /* not counted */
+  qsakv_calib_info info = {sizeof info, QSAKV_CALIB_INFO_VERSION};
+  TU_OK(qsakv_calib_get_info(h, &info));
+  assert_int_equal(info.live, 1);
+  assert_int_equal(info.started, 0);
+  const qsakv_calib_stats st = stats_of(h, 3);
+  assert_int_equal(st.count, 8 * f->row);
+  assert_true(st.max_abs == 100.0f);
+  assert_int_equal(stats_of(h, 7).count, 0);
+  qsakv_calib_destroy(h);
+  free(k);
+}
+
+static void test_host_copies_neither_start_nor_observe(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* s = observed_3_and_7(f, f->x);
+  TU_EXPECT_STATUS(qsakv_calib_start(s), QSAKV_ERROR_STATE);
+  TU_EXPECT_STATUS(qsakv_calib_observe(s, 3, f->x, f->x, 8, NULL), QSAKV_ERROR_STATE);
+  qsakv_calib_destroy(s);
+  qsakv_calib_destroy(NULL); /* a no-op */
+}
+
+/* The CPU backend cannot all-reduce over NCCL; the message points to the host merge. */
+static void test_cpu_backend_cannot_allreduce(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* h = live(f->ctx, &f->c);
+  TU_EXPECT_STATUS(qsakv_calib_allreduce(h, (void*)0x1, NULL), QSAKV_ERROR_UNSUPPORTED);
+  MSG_HAS("qsakv_calib_merge");
+  qsakv_calib_destroy(h);
+}
 
 static void test_summary_values(void** state) {
   (void)state;
@@ -804,7 +895,7 @@ static void test_end_to_end(void** state) {
     for (int li = 0; li < 2; ++li) {
       TU_OK(qsakv_store_kv(cache, c[0].qsa_layers[li], data[r][li][0], data[r][li][1], slots,
                            (int64_t)tokens, NULL));
-      qsakv_layer_buffers lb;
+      qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
       TU_OK(qsakv_cache_get_layer_buffers(cache, c[0].qsa_layers[li], &lb));
       const uint8_t* kv = lb.kv;
       for (int kind = 0; kind < 2; ++kind) {
@@ -891,15 +982,29 @@ static void test_cuda_matches_cpu_bf16(void** state) {
   compare_backends(QSAKV_DTYPE_BF16);
 }
 
+#define R(f) cmocka_unit_test_setup_teardown(f, cpu_calib_setup, cpu_calib_teardown)
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats_fp16_cpu),
       cmocka_unit_test(test_stats_bf16_cpu),
       cmocka_unit_test(test_every_fp16_pattern),
-      cmocka_unit_test(test_start_stop),
+      R(test_stopped_observe_counts_nothing_but_checks_arguments),
+      R(test_start_counts_and_stop_pauses),
+      R(test_host_copies_neither_start_nor_observe),
+      R(test_cpu_backend_cannot_allreduce),
       cmocka_unit_test(test_scale_rounding),
       cmocka_unit_test(test_merge_algebra),
-      cmocka_unit_test(test_refusals),
+      R(test_summary_refuses_a_missing_layer),
+      R(test_save_refuses_to_overwrite),
+      R(test_summary_refuses_a_missing_kv_half),
+      R(test_load_refuses_inconsistent_counts),
+      cmocka_unit_test(test_load_of_a_missing_file_is_io),
+      R(test_summary_refuses_non_finite_values),
+      R(test_summary_refuses_a_zero_maximum),
+      R(test_summary_refuses_one_rank_of_two),
+      R(test_live_handle_refuses_summary_and_save),
+      R(test_create_refuses_bad_arguments),
       cmocka_unit_test(test_summary_values),
       cmocka_unit_test(test_save_load_roundtrip),
       cmocka_unit_test(test_end_to_end),

@@ -8,10 +8,7 @@
 #include "testutil.h"
 
 static qsakv_capacity plan(const qsakv_model_config* c, uint64_t budget) {
-  qsakv_capacity cap;
-  memset(&cap, 0, sizeof cap);
-  cap.struct_size = sizeof cap;
-  cap.version = QSAKV_CAPACITY_VERSION;
+  qsakv_capacity cap = {sizeof cap, QSAKV_CAPACITY_VERSION};
   TU_OK(qsakv_capacity_plan(c, budget, &cap));
   return cap;
 }
@@ -81,7 +78,8 @@ static void test_cache_create_and_layout(void** state) {
   assert_int_equal(L.topk_rows, c.max_batched_tokens);
   assert_int_equal(L.topk_shared, 1);
   /* Shared top-k: every layer reports the same buffer. */
-  qsakv_layer_buffers a, b;
+  qsakv_layer_buffers a = {sizeof a, QSAKV_LAYER_BUFFERS_VERSION};
+  qsakv_layer_buffers b = {sizeof b, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, 3, &a));
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &b));
   assert_ptr_equal(a.topk, b.topk);
@@ -113,7 +111,7 @@ static void test_external_topk_checked(void** state) {
   o.external_topk_cols = 2051;
   qsakv_cache* cache = NULL;
   TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &o));
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
   assert_ptr_equal(lb.topk, buf);
   qsakv_cache_destroy(cache);
@@ -151,7 +149,7 @@ static void test_e4m3_needs_overlay(void** state) {
   TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &other, ov, &o),
                    QSAKV_ERROR_OVERLAY_NOT_VALIDATED);
   TU_OK(qsakv_cache_create(&cache, ctx, &c, ov, &o));
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
   assert_true(lb.scales[0] == 0.25f && lb.scales[1] == 2.0f); /* CPU: host memory */
   qsakv_cache_destroy(cache);

@@ -25,10 +25,7 @@ static void test_preset(void** state) {
 }
 
 static qsakv_rank_geometry geometry(qsakv_model_config* c) {
-  qsakv_rank_geometry g;
-  memset(&g, 0, sizeof g);
-  g.struct_size = sizeof g;
-  g.version = QSAKV_RANK_GEOMETRY_VERSION;
+  qsakv_rank_geometry g = {sizeof g, QSAKV_RANK_GEOMETRY_VERSION};
   TU_OK(qsakv_model_config_rank_geometry(c, &g));
   return g;
 }

@@ -6,10 +6,7 @@
 #include "testutil.h"
 
 static qsakv_context_info info_of(qsakv_context* ctx) {
-  qsakv_context_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   TU_OK(qsakv_context_get_info(ctx, &info));
   return info;
 }

@@ -12,10 +12,7 @@ static void test_fallback_reason(void** state) {
   (void)state;
   qsakv_context* ctx = NULL;
   TU_OK(qsakv_context_create(&ctx, NULL));
-  qsakv_context_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   TU_OK(qsakv_context_get_info(ctx, &info));
   qsakv_context_destroy(ctx);
   if (info.backend == QSAKV_BACKEND_CUDA) {

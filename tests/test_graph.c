@@ -31,10 +31,7 @@ static void update(tu_world* w, const sub_batch* sb, void** dbt, cudaStream_t st
   }
   *dbt = tu_to_device(w->ctx, bt, sizeof(int32_t) * sb->n * w->bt_stride);
   free(bt);
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = sb->n;
   b.query_start = qs;
   b.seq_lens = lens;

@@ -33,14 +33,7 @@ static int teardown(void** state) {
   return 0;
 }
 
-static qsakv_overlay_info info_of(const qsakv_overlay* o) {
-  qsakv_overlay_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_OVERLAY_INFO_VERSION;
-  OVF_OK(qsakv_overlay_get_info(o, &info));
-  return info;
-}
+static qsakv_overlay_info info_of(const qsakv_overlay* o) { return tu_overlay_info(o); }
 
 /* Reference scales: k = 0.01 * (i + 1), v = 0.02 * (i + 1) for QSA layer index i. */
 static void reference_scales(int32_t* layers, float* k, float* v) {

@@ -72,11 +72,7 @@ static void test_pack_without_manifest(void** state) {
   /* The bound view's hash, before the manifest goes. */
   qsakv_overlay* o = NULL;
   TU_OK(qsakv_overlay_load(&o, scale, NULL));
-  qsakv_overlay_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_OVERLAY_INFO_VERSION;
-  TU_OK(qsakv_overlay_get_info(o, &info));
+  const qsakv_overlay_info info = tu_overlay_info(o);
   qsakv_overlay_destroy(o);
   assert_int_equal(unlink(manifest), 0);
   TU_EXPECT_STATUS(qsakv_overlay_load(&o, scale, NULL), QSAKV_ERROR_OVERLAY_MISSING);

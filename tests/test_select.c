@@ -66,7 +66,7 @@ static int32_t* run_select(const tu_world* w, const uint16_t* q, int use_shared)
   void* dq = tu_to_device(w->ctx, q, 2 * qn);
   int32_t* out = malloc(sizeof(int32_t) * (size_t)w->rows * width);
   if (use_shared) {
-    qsakv_layer_buffers lb;
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
     void* poison = tu_device_filled(w->ctx, sizeof(int32_t) * (size_t)w->rows * width, 0x7B);
     TU_OK(qsakv_memcpy(w->ctx, lb.topk, poison, sizeof(int32_t) * (size_t)w->rows * width,
@@ -92,7 +92,7 @@ static void check_select(qsakv_context* ctx, const char* what) {
   tu_shape shape = {6, {1, 4, 2, 1, 0, 3}, {4099, 2600, 3, 8, 5, 700}};
   tu_world w;
   tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
   uint16_t* comp = malloc(w.layout.compressed_bytes_per_layer);
   tu_to_host(ctx, comp, lb.compressed_keys, w.layout.compressed_bytes_per_layer);
@@ -238,7 +238,7 @@ static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_
  * same on every context for the same seed); returns the layer's keys as the host sees
  * them (NaN poison elsewhere). */
 static uint16_t* randomise_keys(tu_world* w, uint64_t seed) {
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
   uint16_t* comp = malloc(w->layout.compressed_bytes_per_layer);
   tu_to_host(w->ctx, comp, lb.compressed_keys, w->layout.compressed_bytes_per_layer);
@@ -353,10 +353,7 @@ static int32_t* select_single_row(tu_world* w, int r, const uint16_t* q_row, int
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, w->cache, &po));
   int32_t qs[2] = {0, 1}, lens[1] = {w->shape.seq_lens[r]};
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 1;
   b.query_start = qs;
   b.seq_lens = lens;
@@ -439,7 +436,7 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
     tu_shape shape = {3, {1, 1 + (shape_i == 0), 1}, {4099, 2600, 20000}};
     tu_world w;
     tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
-    qsakv_layer_buffers lb;
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
     const size_t n = w.layout.compressed_bytes_per_layer / 2;
     uint16_t* comp = malloc(2 * n);
@@ -519,10 +516,7 @@ static void test_select_many_rows_cuda(void** state) {
   po.max_rows = kRows;
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, w.cache, &po));
-  qsakv_batch b;
-  memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = kRows;
   b.query_start = qs;
   b.seq_lens = lens;

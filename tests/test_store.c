@@ -50,7 +50,7 @@ static void free_world(store_world* w) {
 static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v, const int64_t* slots,
                          int n) {
   const size_t row = 2 * 128, bytes = (size_t)n * row * 2;
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, 3, &lb));
   /* Poison first: bytes no slot names must keep it. */
   void* poison = tu_device_filled(w->ctx, w->L.kv_bytes_per_layer, 0xA5);
@@ -234,7 +234,7 @@ static void test_cuda_store_every_fp16(void** state) {
 static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t** comp_out,
                                const uint16_t* keys, const int32_t* req, const int64_t* pos,
                                const int64_t* cslots, int n, store_world* w) {
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, 7, &lb));
   void* dk = tu_to_device(ctx, keys, 2 * (size_t)n * 128);
   void* dr = tu_to_device(ctx, req, 4 * (size_t)n);

@@ -147,10 +147,7 @@ qsakv_context* tu_cuda_context_or_skip(void) {
 }
 
 int tu_is_cuda(qsakv_context* ctx) {
-  qsakv_context_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_CONTEXT_INFO_VERSION;
+  qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   if (qsakv_context_get_info(ctx, &info) != QSAKV_SUCCESS) return 0;
   return info.backend == QSAKV_BACKEND_CUDA;
 }
@@ -183,6 +180,12 @@ static void write_file(const char* path, const char* text) {
   fclose(f);
 }
 
+qsakv_overlay_info tu_overlay_info(const qsakv_overlay* overlay) {
+  qsakv_overlay_info info = {sizeof info, QSAKV_OVERLAY_INFO_VERSION};
+  TU_OK(qsakv_overlay_get_info(overlay, &info));
+  return info;
+}
+
 qsakv_overlay* tu_make_overlay(const qsakv_model_config* c, const float* k, const float* v) {
   char base[] = "/tmp/qsakv-test-XXXXXX";
   assert_non_null(mkdtemp(base));
@@ -200,11 +203,7 @@ qsakv_overlay* tu_make_overlay(const qsakv_model_config* c, const float* k, cons
   snprintf(scale_file, sizeof scale_file, "%s/model-kvscales.safetensors", out);
   qsakv_overlay* ov = NULL;
   TU_OK(qsakv_overlay_load(&ov, scale_file, NULL));
-  qsakv_overlay_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  info.version = QSAKV_OVERLAY_INFO_VERSION;
-  TU_OK(qsakv_overlay_get_info(ov, &info));
+  const qsakv_overlay_info info = tu_overlay_info(ov);
   char revision[65];
   TU_OK(qsakv_checkpoint_revision(index, revision)); /* the checkpoint's own revision */
   assert_string_equal(revision, info.base_index_sha256);

@@ -67,6 +67,8 @@ void* tu_device_filled(qsakv_context* ctx, size_t bytes, uint8_t byte);
 
 /* Writes, loads and validates an overlay for `config` (E4M3) with the given scales per
  * QSA layer (index i of config->qsa_layers). The caller destroys it. */
+/* The overlay's info (asserts the call succeeds). */
+qsakv_overlay_info tu_overlay_info(const qsakv_overlay* overlay);
 qsakv_overlay* tu_make_overlay(const qsakv_model_config* config, const float* k_scales,
                                const float* v_scales);
 

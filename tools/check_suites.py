@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Fails loudly when a suite named in tests/SUITES did not run, failed, or was skipped as
-a whole; prints each suite's cmocka/pytest summary lines (CTest keeps test output to
-itself unless a test fails), so a skipped GPU case is visible in every run.
+"""tests/SUITES, the one list of test suites, read for the Makefile and for checking a run.
 
-Reads ctest's console log ('Test #N: name ... Passed') and its LastTest.log."""
+  check_suites.py [--sanitize] CTEST_LOG SUITES
+      Fails loudly when a suite that SUITES requires did not run, failed, or was skipped as
+      a whole; prints each suite's cmocka/pytest summary lines (CTest keeps test output to
+      itself unless a test fails), so a skipped GPU case is visible in every run. Reads
+      ctest's console log ('Test #N: name ... Passed') and its LastTest.log. Required:
+      every suite whose needs is '-'; with --sanitize only those of them that `make
+      sanitize` runs (sanitize column asan or script).
+  check_suites.py list SUITES COLUMN=VALUE...
+      Prints the names (one line, space-separated) of the suites whose columns have these
+      values (e.g. sanitize=asan needs=-); the Makefile's lists come from here."""
 import os
 import re
 import sys
@@ -37,9 +44,41 @@ def summaries(last_test_log: str) -> dict:
     return out
 
 
-def main(log_path: str, suites_path: str) -> int:
+COLUMNS = ("name", "sanitize", "needs")
+
+
+def read_table(suites_path: str) -> list:
+    """The rows of tests/SUITES as dicts (name, sanitize, needs); CMake checks the values."""
+    rows = []
+    for line in open(suites_path, encoding="utf-8"):
+        fields = line.split()
+        if not fields or line.startswith("#"):
+            continue
+        if len(fields) != len(COLUMNS):
+            sys.exit(f"check_suites: {suites_path}: malformed line: {line.rstrip()}")
+        rows.append(dict(zip(COLUMNS, fields)))
+    return rows
+
+
+def required(rows: list, sanitize: bool) -> list:
+    """The suites a run must see passing: needs '-' (and, under ASan, asan or script)."""
+    return [r["name"] for r in rows if r["needs"] == "-" and
+            (not sanitize or r["sanitize"] in ("asan", "script"))]
+
+
+def list_names(suites_path: str, conditions: list) -> int:
+    want = dict(c.split("=", 1) for c in conditions)
+    unknown = set(want) - set(COLUMNS)
+    if unknown:
+        sys.exit(f"check_suites: no column {', '.join(sorted(unknown))} in {suites_path}")
+    rows = read_table(suites_path)
+    print(" ".join(r["name"] for r in rows if all(r[k] == v for k, v in want.items())))
+    return 0
+
+
+def main(log_path: str, suites_path: str, sanitize: bool = False) -> int:
     log = open(log_path, encoding="utf-8", errors="replace").read()
-    expected = [s.strip() for s in open(suites_path) if s.strip() and not s.startswith("#")]
+    expected = required(read_table(suites_path), sanitize)
     status = {}
     for m in re.finditer(r"Test\s+#\d+:\s+(\S+)\s+\.+\**\s*(\w+)", log):
         status[m.group(1)] = m.group(2)
@@ -63,4 +102,12 @@ def main(log_path: str, suites_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    args = sys.argv[1:]
+    if args[:1] == ["list"] and len(args) >= 2:
+        sys.exit(list_names(args[1], args[2:]))
+    san = args[:1] == ["--sanitize"]
+    if san:
+        args = args[1:]
+    if len(args) != 2:
+        sys.exit(__doc__)
+    sys.exit(main(args[0], args[1], san))

@@ -258,23 +258,11 @@ QSAKV_OUT_STRUCT(qsakv_rank_geometry, QSAKV_RANK_GEOMETRY_VERSION)
 QSAKV_OUT_STRUCT(qsakv_overlay_info, QSAKV_OVERLAY_INFO_VERSION)
 QSAKV_OUT_STRUCT(qsakv_capacity, QSAKV_CAPACITY_VERSION)
 QSAKV_OUT_STRUCT(qsakv_cache_layout, QSAKV_CACHE_LAYOUT_VERSION)
+QSAKV_OUT_STRUCT(qsakv_layer_buffers, QSAKV_LAYER_BUFFERS_VERSION)
 QSAKV_OUT_STRUCT(qsakv_plan_info, QSAKV_PLAN_INFO_VERSION)
 QSAKV_OUT_STRUCT(qsakv_calib_info, QSAKV_CALIB_INFO_VERSION)
 QSAKV_OUT_STRUCT(qsakv_calib_stats, QSAKV_CALIB_STATS_VERSION)
 QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
-
-/* qsakv_layer_buffers has no struct_size: a plain out-struct. */
-%typemap(in, numinputs=0) qsakv_layer_buffers* (qsakv_layer_buffers tmp) {
-  memset(&tmp, 0, sizeof tmp);
-  $1 = &tmp;
-}
-%typemap(argout) qsakv_layer_buffers* {
-  qsakv_layer_buffers* copy = (qsakv_layer_buffers*)malloc(sizeof *copy);
-  if (!copy) SWIG_exception_fail(SWIG_MemoryError, "out of memory");
-  *copy = *$1;
-  $result = SWIG_Python_AppendOutput($result,
-      SWIG_NewPointerObj(SWIG_as_voidptr(copy), $1_descriptor, SWIG_POINTER_OWN));
-}
 
 /* String members of option structs own a copy (freed on reassignment and with the
  * struct), so setting them neither dangles nor leaks. */

@@ -10,22 +10,20 @@
 
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "api/layer.hpp"
 #include "core/cache_layout.hpp"
 #include "core/capacity.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/overlay/overlay.hpp"
+#include "core/versioned.hpp"
 
 using namespace qsakv;
 
 namespace {
 
 qsakv_cache_options default_cache_options() {
-  qsakv_cache_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.version = QSAKV_CACHE_OPTIONS_VERSION;
-  o.share_topk = 1;
+  qsakv_cache_options o = QSAKV_CACHE_OPTIONS_INIT;  // the header's defaults, one definition
   return o;
 }
 
@@ -105,6 +103,8 @@ std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model
 
 }  // namespace
 
+// A field-by-field copy into a kernel's parameter struct, like select's in plan_api.cpp:
+// the same shape to the duplicates tool, no shared logic (other structs, other fields).
 qsakv::KvCacheView qsakv_cache::kv_view(int i) const {
   KvCacheView v;
   v.data = kv_layers[static_cast<size_t>(i)];
@@ -208,10 +208,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
     const auto o = sized_options(options);
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
-    qsakv_cache_memory m;
-    std::memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
-    m.version = QSAKV_CACHE_MEMORY_VERSION;
+    auto m = blank_versioned<qsakv_cache_memory>(QSAKV_CACHE_MEMORY_VERSION);
     m = read_versioned(memory, m, "memory");
     if (m.num_layers != c.num_qsa_layers)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory.num_layers is %d; the config has %d QSA layers",
@@ -292,13 +289,14 @@ qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t lay
   return guarded([&] {
     if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
-    const int i = qsa_index(cache->config, layer);
-    if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
-    out->kv = cache->kv_layers[static_cast<size_t>(i)];
-    out->compressed_keys = cache->compressed_layers[static_cast<size_t>(i)];
-    out->ring_keys = cache->ring_layers[static_cast<size_t>(i)];
-    out->topk = cache->topk_for(i);
-    out->scales = cache->scales.as<float>() + 2 * i;
+    const int i = require_qsa_layer(cache, layer);
+    auto b = blank_versioned<qsakv_layer_buffers>(QSAKV_LAYER_BUFFERS_VERSION);
+    b.kv = cache->kv_layers[static_cast<size_t>(i)];
+    b.compressed_keys = cache->compressed_layers[static_cast<size_t>(i)];
+    b.ring_keys = cache->ring_layers[static_cast<size_t>(i)];
+    b.topk = cache->topk_for(i);
+    b.scales = cache->scales.as<float>() + 2 * i;
+    write_versioned(out, b, "out");
   });
 }
 

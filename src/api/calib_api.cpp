@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "core/dtype.hpp"
 #include "core/overlay/write.hpp"
+#include "core/versioned.hpp"
 
 using namespace qsakv;
 
@@ -65,6 +66,13 @@ std::unique_ptr<qsakv_calib> host_handle(calib::HostStats s) {
   return h;
 }
 
+// Start and observe refuse a handle whose counts are already global.
+void require_not_reduced(const qsakv_calib* c) {
+  if (c->host.reduced)
+    fail(QSAKV_ERROR_STATE,
+         "the statistics were all-reduced over the TP group; observing "
+         "more would mix global and per-rank counts (create a new handle)");
+}
 }  // namespace
 
 extern "C" {
@@ -105,10 +113,7 @@ void qsakv_calib_destroy(qsakv_calib* calib) { delete calib; }
 qsakv_status qsakv_calib_start(qsakv_calib* calib) {
   return guarded([&] {
     require_live(calib, "qsakv_calib_start");
-    if (calib->host.reduced)
-      fail(QSAKV_ERROR_STATE,
-           "the statistics were all-reduced over the TP group; observing "
-           "more would mix global and per-rank counts (create a new handle)");
+    require_not_reduced(calib);
     calib->started = true;
   });
 }
@@ -124,10 +129,7 @@ qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, const void* 
                                  int64_t num_tokens, qsakv_stream_t stream) {
   return guarded([&] {
     require_live(calib, "qsakv_calib_observe");
-    if (calib->host.reduced)
-      fail(QSAKV_ERROR_STATE,
-           "the statistics were all-reduced over the TP group; observing "
-           "more would mix global and per-rank counts (create a new handle)");
+    require_not_reduced(calib);
     const int i = require_layer(calib, layer);
     if (num_tokens < 0)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "num_tokens is %lld; must be >= 0",
@@ -207,10 +209,7 @@ qsakv_status qsakv_calib_get_info(const qsakv_calib* calib, qsakv_calib_info* in
   return guarded([&] {
     require_calib(calib);
     const calib::HostStats& s = calib->host;
-    qsakv_calib_info i;
-    std::memset(&i, 0, sizeof i);
-    i.struct_size = sizeof i;
-    i.version = QSAKV_CALIB_INFO_VERSION;
+    auto i = blank_versioned<qsakv_calib_info>(QSAKV_CALIB_INFO_VERSION);
     i.live = calib->live;
     i.started = calib->started;
     i.reduced = s.reduced;
@@ -242,10 +241,7 @@ qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer, qsak
     const int i = require_layer(calib, layer);
     const int k = require_kind(enum_value(kind));
     const uint64_t* e = calib->host.entry(i, k);
-    qsakv_calib_stats r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.version = QSAKV_CALIB_STATS_VERSION;
+    auto r = blank_versioned<qsakv_calib_stats>(QSAKV_CALIB_STATS_VERSION);
     r.count = e[calib::kWordCount];
     r.finite_count = e[calib::kWordFinite];
     r.nonzero_count = e[calib::kWordNonzero];

@@ -6,18 +6,13 @@
 #include "api/guard.hpp"
 #include "api/handles.hpp"
 #include "core/kernel_tier.hpp"
+#include "core/versioned.hpp"
 
 using namespace qsakv;
 
 namespace {
 qsakv_context_options default_context_options() {
-  qsakv_context_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.version = QSAKV_CONTEXT_OPTIONS_VERSION;
-  o.backend = QSAKV_BACKEND_AUTO;
-  o.device = 0;
-  o.decoder = QSAKV_DECODER_AUTO;
+  qsakv_context_options o = QSAKV_CONTEXT_OPTIONS_INIT;  // the header's defaults, one definition
   return o;
 }
 
@@ -93,10 +88,7 @@ qsakv_status qsakv_context_get_info(const qsakv_context* context, qsakv_context_
   return guarded([&] {
     require_context(context);
     const BackendInfo& b = context->backend->info();
-    qsakv_context_info i;
-    std::memset(&i, 0, sizeof i);
-    i.struct_size = sizeof i;
-    i.version = QSAKV_CONTEXT_INFO_VERSION;
+    auto i = blank_versioned<qsakv_context_info>(QSAKV_CONTEXT_INFO_VERSION);
     i.backend = b.kind;
     i.decoder = b.decoder;
     i.device = b.device;

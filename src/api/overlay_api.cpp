@@ -7,6 +7,7 @@
 #include "core/config.hpp"
 #include "core/overlay/overlay.hpp"
 #include "core/overlay/write.hpp"
+#include "core/versioned.hpp"
 
 using namespace qsakv;
 
@@ -31,10 +32,7 @@ void copy_field(char (&dst)[N], const std::string& s, const char* field) {
 }
 
 qsakv_overlay_info info_of(const qsakv_overlay& o) {
-  qsakv_overlay_info i;
-  std::memset(&i, 0, sizeof i);
-  i.struct_size = sizeof i;
-  i.version = QSAKV_OVERLAY_INFO_VERSION;
+  auto i = blank_versioned<qsakv_overlay_info>(QSAKV_OVERLAY_INFO_VERSION);
   i.num_scales = overlay_num_scales(&o);
   i.validated = o.validated ? 1 : 0;
   i.unit_scale_control = o.unit_scale_control ? 1 : 0;

@@ -7,24 +7,19 @@
 #include "api/guard.hpp"
 #include "api/layer.hpp"
 #include "core/plan_meta.hpp"
+#include "core/versioned.hpp"
 
 using namespace qsakv;
 
 namespace {
 
 qsakv_plan_options default_plan_options() {
-  qsakv_plan_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.version = QSAKV_PLAN_OPTIONS_VERSION;
+  qsakv_plan_options o = QSAKV_PLAN_OPTIONS_INIT;  // the header's defaults, one definition
   return o;
 }
 
 qsakv_batch default_batch() {
-  qsakv_batch b;
-  std::memset(&b, 0, sizeof b);
-  b.struct_size = sizeof b;
-  b.version = QSAKV_BATCH_VERSION;
+  qsakv_batch b = QSAKV_BATCH_INIT;
   return b;
 }
 
@@ -189,10 +184,7 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
 qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info) {
   return guarded([&] {
     if (!plan) fail(QSAKV_ERROR_INVALID_ARGUMENT, "plan is NULL");
-    qsakv_plan_info i;
-    std::memset(&i, 0, sizeof i);
-    i.struct_size = sizeof i;
-    i.version = QSAKV_PLAN_INFO_VERSION;
+    auto i = blank_versioned<qsakv_plan_info>(QSAKV_PLAN_INFO_VERSION);
     i.max_rows = plan->options.max_rows;
     i.max_requests = plan->options.max_requests;
     i.num_splits = plan->options.num_splits;

@@ -17,6 +17,30 @@ void require_count(int64_t n, const char* what) {
 void require_ptr(const void* p, const char* what) {
   if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
 }
+
+// The checks both index-key stores make: the cache, the layer, `n` rows (named `what`) of
+// index_head_dim FP16 values that some buffer can hold, and the keys. Returns the layer's
+// QSA index, or -1 when there is nothing to store (n == 0: nothing else is read).
+int require_index_key_rows(const qsakv_cache* cache, int32_t layer, const void* keys, int64_t n,
+                           const char* what) {
+  require_cache(cache);
+  const int i = require_qsa_layer(cache, layer);
+  require_count(n, what);
+  if (n == 0) return -1;
+  require_ptr(keys, "keys");
+  require_bytes(what, n, static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
+  return i;
+}
+
+// The source half of an index-key store: n rows of index_head_dim FP16 values into dst.
+StoreRowsParams index_key_rows(const qsakv_cache* cache, void* dst, const void* keys, int64_t n) {
+  StoreRowsParams p{};
+  p.dst = dst;
+  p.src = static_cast<const uint16_t*>(keys);
+  p.row_elems = cache->config.index_head_dim;
+  p.num_rows = n;
+  return p;
+}
 }  // namespace
 
 extern "C" {
@@ -52,24 +76,15 @@ qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const voi
                                     const int32_t* request_slots, const int64_t* positions,
                                     int64_t num_tokens, qsakv_stream_t stream) {
   return guarded([&] {
-    require_cache(cache);
-    const int i = require_qsa_layer(cache, layer);
-    require_count(num_tokens, "num_tokens");
-    if (num_tokens == 0) return;
-    require_ptr(keys, "keys");
+    const int i = require_index_key_rows(cache, layer, keys, num_tokens, "num_tokens");
+    if (i < 0) return;
     require_ptr(request_slots, "request_slots");
     require_ptr(positions, "positions");
-    require_bytes("num_tokens", num_tokens,
-                  static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
-    const qsakv_cache_layout& L = cache->layout;
-    StoreRowsParams p{};
-    p.dst = cache->ring_layers[static_cast<size_t>(i)];
+    StoreRowsParams p =
+        index_key_rows(cache, cache->ring_layers[static_cast<size_t>(i)], keys, num_tokens);
     p.max_requests = cache->config.max_requests;
-    p.ring_length = L.ring_length;
+    p.ring_length = cache->layout.ring_length;
     p.dst_rows = static_cast<int64_t>(p.max_requests) * p.ring_length;
-    p.src = static_cast<const uint16_t*>(keys);
-    p.row_elems = cache->config.index_head_dim;
-    p.num_rows = num_tokens;
     p.request_slots = request_slots;
     p.positions = positions;
     cache->context->backend->store_ring(p, stream);
@@ -80,22 +95,14 @@ qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer, cons
                                          const int64_t* slot_mapping, int64_t num_keys,
                                          qsakv_stream_t stream) {
   return guarded([&] {
-    require_cache(cache);
-    const int i = require_qsa_layer(cache, layer);
-    require_count(num_keys, "num_keys");
-    if (num_keys == 0) return;
-    require_ptr(keys, "keys");
+    const int i = require_index_key_rows(cache, layer, keys, num_keys, "num_keys");
+    if (i < 0) return;
     require_ptr(slot_mapping, "slot_mapping");
-    require_bytes("num_keys", num_keys,
-                  static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
     const qsakv_cache_layout& L = cache->layout;
-    StoreRowsParams p{};
-    p.dst = cache->compressed_layers[static_cast<size_t>(i)];
+    StoreRowsParams p =
+        index_key_rows(cache, cache->compressed_layers[static_cast<size_t>(i)], keys, num_keys);
     p.compress_ratio = cache->config.compress_ratio;
     p.dst_rows = L.num_blocks * (L.block_size / p.compress_ratio);
-    p.src = static_cast<const uint16_t*>(keys);
-    p.row_elems = cache->config.index_head_dim;
-    p.num_rows = num_keys;
     p.slot_mapping = slot_mapping;
     cache->context->backend->store_compressed(p, stream);
   });

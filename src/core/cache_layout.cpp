@@ -9,6 +9,7 @@
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace qsakv {
 
@@ -95,10 +96,7 @@ qsakv_cache_layout build_layout(const qsakv_model_config& c, const qsakv_rank_ge
   if (o.external_topk) check_external_topk(o, c, g);
   if (o.share_topk != 0 && o.share_topk != 1)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.share_topk is %d; must be 0 or 1", o.share_topk);
-  qsakv_cache_layout L;
-  std::memset(&L, 0, sizeof L);
-  L.struct_size = sizeof L;
-  L.version = QSAKV_CACHE_LAYOUT_VERSION;
+  auto L = blank_versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
   L.kv_dtype = c.kv_dtype;
   L.num_blocks = num_blocks;
   L.block_size = c.block_size;

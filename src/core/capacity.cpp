@@ -6,6 +6,7 @@
 #include "core/cache_layout.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
+#include "core/versioned.hpp"
 
 namespace qsakv {
 
@@ -16,10 +17,7 @@ qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget, TopkB
   // Compressed index keys are FP16, one per `ratio` tokens.
   const uint64_t compressed_per_token = 2ull * c.index_head_dim / c.compress_ratio;
 
-  qsakv_capacity r;
-  std::memset(&r, 0, sizeof r);
-  r.struct_size = sizeof r;
-  r.version = QSAKV_CAPACITY_VERSION;
+  auto r = blank_versioned<qsakv_capacity>(QSAKV_CAPACITY_VERSION);
   r.main_bytes_per_token = layers * kv_elems_per_token * dtype_size(c.kv_dtype);
   r.compressed_bytes_per_token = layers * compressed_per_token;
   r.bytes_per_token = r.main_bytes_per_token + r.compressed_bytes_per_token;
@@ -30,10 +28,7 @@ qsakv_capacity plan_capacity(const qsakv_model_config& c, uint64_t budget, TopkB
   r.topk_bytes_unshared = r.topk_bytes * layers;
   r.budget_bytes = budget;
   // Per block, exactly what the cache allocates: the cache's own layout of one block.
-  qsakv_cache_options one;
-  std::memset(&one, 0, sizeof one);
-  one.struct_size = sizeof one;
-  one.version = QSAKV_CACHE_OPTIONS_VERSION;
+  auto one = blank_versioned<qsakv_cache_options>(QSAKV_CACHE_OPTIONS_VERSION);
   one.share_topk = 1;
   const qsakv_cache_layout block = build_layout(c, g, one, 1);
   const uint64_t bs = static_cast<uint64_t>(c.block_size);

@@ -7,15 +7,13 @@
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace qsakv {
 
 qsakv_model_config default_model_config() {
-  qsakv_model_config c;
-  std::memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.version = QSAKV_MODEL_CONFIG_VERSION;
-  return c;
+  qsakv_model_config o = QSAKV_MODEL_CONFIG_INIT;  // the header's defaults, one definition
+  return o;
 }
 
 void apply_preset(qsakv_model_config& c, const std::string& name) {
@@ -143,10 +141,7 @@ void validate_config(const qsakv_model_config& c) {
 
 qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
   validate_config(c);
-  qsakv_rank_geometry g;
-  std::memset(&g, 0, sizeof g);
-  g.struct_size = sizeof g;
-  g.version = QSAKV_RANK_GEOMETRY_VERSION;
+  auto g = blank_versioned<qsakv_rank_geometry>(QSAKV_RANK_GEOMETRY_VERSION);
   g.q_heads = c.num_q_heads / c.tp_size;
   // KV heads are split across ranks while there are enough, replicated beyond that.
   g.kv_heads = c.tp_size <= c.num_kv_heads ? c.num_kv_heads / c.tp_size : 1;

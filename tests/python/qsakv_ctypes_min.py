@@ -79,6 +79,8 @@ class Lib:
                 self.check(lib.qsakv_store_kv(cache, 3, vp(flat.ctypes.data), vp(flat.ctypes.data),
                                               vp(slots.ctypes.data), ctypes.c_int64(tokens), None))
                 lb = _cdefs.qsakv_layer_buffers()
+                lb.struct_size = ctypes.sizeof(lb)
+                lb.version = _cdefs.QSAKV_LAYER_BUFFERS_VERSION
                 self.check(lib.qsakv_cache_get_layer_buffers(cache, 3, ref(lb)))
                 raw = np.ctypeslib.as_array(ctypes.cast(lb.kv, ctypes.POINTER(ctypes.c_uint8)),
                                             shape=(co.num_blocks, 2, BLOCK, HEAD_DIM)).copy()

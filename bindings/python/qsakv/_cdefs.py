@@ -25,6 +25,7 @@ QSAKV_OVERLAY_WRITE_OPTIONS_VERSION = 1
 QSAKV_CAPACITY_VERSION = 1
 QSAKV_CACHE_OPTIONS_VERSION = 1
 QSAKV_CACHE_LAYOUT_VERSION = 1
+QSAKV_LAYER_BUFFERS_VERSION = 1
 QSAKV_CACHE_MEMORY_VERSION = 1
 QSAKV_PLAN_OPTIONS_VERSION = 1
 QSAKV_BATCH_VERSION = 1
@@ -456,6 +457,8 @@ qsakv_cache_layout._fields_ = [
 ]
 
 qsakv_layer_buffers._fields_ = [
+    ('struct_size', ctypes.c_size_t),
+    ('version', ctypes.c_uint32),
     ('kv', ctypes.c_void_p),
     ('compressed_keys', ctypes.c_void_p),
     ('ring_keys', ctypes.c_void_p),

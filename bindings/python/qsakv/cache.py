@@ -232,7 +232,7 @@ class Cache(Handle):
         return _structs.record(out, "CacheLayout")
 
     def _addresses(self, layer: int):
-        out = _cdefs.qsakv_layer_buffers()
+        out = _structs.new(_cdefs.qsakv_layer_buffers)
         lib.qsakv_cache_get_layer_buffers(self._p, layer, ctypes.byref(out))
         return {f: _structs.value(out, f) for f in LayerBuffers._fields}
 

@@ -6,6 +6,7 @@
 
 #include "core/calib/histogram.hpp"
 #include "core/error.hpp"
+#include "core/versioned.hpp"
 
 namespace qsakv {
 namespace calib {
@@ -73,10 +74,7 @@ void check_summarizable(const HostStats& s) {
 }
 
 qsakv_calib_summary summarize_entry(const HostStats& s, int i, int kind) {
-  qsakv_calib_summary r;
-  std::memset(&r, 0, sizeof r);
-  r.struct_size = sizeof r;
-  r.version = QSAKV_CALIB_SUMMARY_VERSION;
+  auto r = blank_versioned<qsakv_calib_summary>(QSAKV_CALIB_SUMMARY_VERSION);
   const uint64_t* e = s.entry(i, kind);
   const uint64_t* hist = e + kWordHist;
   r.count = e[kWordCount];

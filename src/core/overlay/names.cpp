@@ -12,6 +12,7 @@ struct Suffix {
 
 // Longest first is not needed for correctness (the component before the suffix must be
 // the layer id, which no suffix ends with), but it keeps the match obvious.
+// (A table of data: its rows look alike to the duplicates tool, and nothing repeats.)
 const Suffix kSuffixes[] = {
     {"self_attn.attn.k_scale", ScaleKind::k},
     {"self_attn.attn.v_scale", ScaleKind::v},

@@ -163,17 +163,8 @@ void link_base_files(const std::string& base_real, const std::string& staging) {
 }  // namespace
 
 qsakv_overlay_write_options default_write_options() {
-  qsakv_overlay_write_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.version = QSAKV_OVERLAY_WRITE_OPTIONS_VERSION;
-  o.layer_prefix = nullptr;
-  o.base_index_path = nullptr;
-  o.contract_tp_size = 0;
-  o.contract_speculative_tokens = -1;
-  o.contract_activation_dtype = QSAKV_DTYPE_INVALID;
-  o.contract_min_sm = 0;
-  o.unit_scale_control = 0;
+  qsakv_overlay_write_options o =
+      QSAKV_OVERLAY_WRITE_OPTIONS_INIT;  // the header's defaults, one definition
   return o;
 }
 

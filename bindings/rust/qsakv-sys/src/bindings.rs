@@ -16,6 +16,7 @@ pub const QSAKV_OVERLAY_WRITE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CAPACITY_VERSION: u32 = 1;
 pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_LAYOUT_VERSION: u32 = 1;
+pub const QSAKV_LAYER_BUFFERS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_MEMORY_VERSION: u32 = 1;
 pub const QSAKV_PLAN_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_BATCH_VERSION: u32 = 1;
@@ -2630,6 +2631,8 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct qsakv_layer_buffers {
+    pub struct_size: usize,
+    pub version: u32,
     pub kv: *mut ::std::os::raw::c_void,
     pub compressed_keys: *mut ::std::os::raw::c_void,
     pub ring_keys: *mut ::std::os::raw::c_void,
@@ -2640,7 +2643,7 @@ pub struct qsakv_layer_buffers {
 fn bindgen_test_layout_qsakv_layer_buffers() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_layer_buffers>(),
-        40usize,
+        56usize,
         concat!("Size of: ", stringify!(qsakv_layer_buffers))
     );
     assert_eq!(
@@ -2648,6 +2651,40 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
         8usize,
         concat!("Alignment of ", stringify!(qsakv_layer_buffers))
     );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_buffers>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_buffers),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_layer_buffers>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_layer_buffers),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
     fn test_field_kv() {
         assert_eq!(
             unsafe {
@@ -2655,7 +2692,7 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).kv) as usize - ptr as usize
             },
-            0usize,
+            16usize,
             concat!(
                 "Offset of field: ",
                 stringify!(qsakv_layer_buffers),
@@ -2672,7 +2709,7 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).compressed_keys) as usize - ptr as usize
             },
-            8usize,
+            24usize,
             concat!(
                 "Offset of field: ",
                 stringify!(qsakv_layer_buffers),
@@ -2689,7 +2726,7 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).ring_keys) as usize - ptr as usize
             },
-            16usize,
+            32usize,
             concat!(
                 "Offset of field: ",
                 stringify!(qsakv_layer_buffers),
@@ -2706,7 +2743,7 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).topk) as usize - ptr as usize
             },
-            24usize,
+            40usize,
             concat!(
                 "Offset of field: ",
                 stringify!(qsakv_layer_buffers),
@@ -2723,7 +2760,7 @@ fn bindgen_test_layout_qsakv_layer_buffers() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).scales) as usize - ptr as usize
             },
-            32usize,
+            48usize,
             concat!(
                 "Offset of field: ",
                 stringify!(qsakv_layer_buffers),
