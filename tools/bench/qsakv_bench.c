@@ -215,7 +215,7 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
   CUDA(cudaMalloc(&d, chunk));
   CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
   for (int l = 0; l < kLayers; ++l) {
-    qsakv_layer_buffers lb;
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     CHECK(qsakv_cache_get_layer_buffers(b->cache, c->qsa_layers[l], &lb));
     for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk) {
       const size_t n = L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk;
@@ -430,7 +430,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   memset(&L, 0, sizeof L);
   L.struct_size = sizeof L;
   CHECK(qsakv_cache_get_layout(cache, &L));
-  qsakv_layer_buffers lb;
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   CHECK(qsakv_cache_get_layer_buffers(cache, 3, &lb));
   for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
     const size_t n =
