@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU reference backend: host memory, synchronous, the oracle for GPU tests.
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -10,6 +13,15 @@
 
 namespace qsakv {
 namespace {
+
+// The machine's physical memory (SIZE_MAX where the system does not say).
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return SIZE_MAX;
+  const auto p = static_cast<size_t>(pages), z = static_cast<size_t>(page);
+  return p > SIZE_MAX / z ? SIZE_MAX : p * z;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -27,6 +39,14 @@ class CpuBackend final : public Backend {
   const BackendInfo& info() const override { return info_; }
 
   void* alloc(size_t bytes) override {
+    // With memory overcommit, calloc "succeeds" far beyond the machine's memory and the
+    // process dies later, on first touch. A request larger than physical memory is
+    // refused here, the same way on every machine.
+    const size_t physical = physical_memory_bytes();
+    if (bytes > physical)
+      fail(QSAKV_ERROR_OUT_OF_MEMORY,
+           "host allocation of %zu bytes exceeds this machine's %zu bytes of memory", bytes,
+           physical);
     void* p = std::calloc(1, bytes);
     if (!p) fail(QSAKV_ERROR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", bytes);
     return p;
