@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fast checks before a commit (well under a minute on 2 cores): formatting of every
-# source, clang-tidy of the library sources changed since main (all of them with --all),
+# source, the include layering (kernels/ includes nothing from src/), clang-tidy of the library sources changed since main (all of them with --all),
 # and that tests/SUITES and the registered tests agree (a reconfigure). The full run is
 # `make test`.
 # Usage: scripts/check.sh [--all] [BUILD_DIR (default build)]
@@ -10,6 +10,7 @@ all=0
 if [ "${1:-}" = "--all" ]; then all=1; shift; fi
 build=${1:-build}
 bash tools/check-format.sh
+bash tools/check-layering.sh
 [ -f "$build/compile_commands.json" ] || cmake -S . -B "$build" >/dev/null
 if [ $all = 1 ]; then
   bash tools/check-tidy.sh "$build"

@@ -22,7 +22,7 @@ SUMMARY = re.compile(
     r"\[\s+(PASSED|FAILED|SKIPPED)\s+\]|^=* ?\d+ (passed|failed|skipped)"
     r"|^test result: (ok|FAILED)\. \d+ passed|^(ok|FAIL)\s+\S+\s+[\d.]+s"
     r"|^(-- )?(abi-check|python_wheel|test_install): (PASS|FAIL)|^regen\.sh: .*(matches|stale)"
-    r"|^sm70-check: (\d+ kernels|SKIPPED|FAILED)|^  KNOWN spills")
+    r"|^sm70-check: (\d+ kernels|SKIPPED|FAILED)|^  KNOWN spills|^check-layering: ")
 
 
 def summaries(last_test_log: str) -> dict:

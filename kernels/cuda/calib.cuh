@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/calib/params.hpp"
+#include "calib_params.hpp"
 
 namespace qsakv {
 namespace cuda {

@@ -5,7 +5,6 @@
 
 #include "cuda/decode_attention.cuh"
 #include "cuda/launch.hpp"
-#include "core/error.hpp"
 
 namespace qsakv {
 namespace cuda {
@@ -22,8 +21,8 @@ void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
       decode_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess)
-    fail(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
-         cudaGetErrorString(attr));
+    refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
+                  cudaGetErrorString(attr));
   decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, smem, stream>>>(dp);
 }
 
@@ -37,7 +36,7 @@ void by_dim(const DecodeParams& dp, int D, int max_rows, cudaStream_t stream) {
     case 256:
       return launch<Act, KV, 256, DEC>(dp, max_rows, stream);
     default:
-      fail(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
+      refuse_launch(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
   }
 }
 
@@ -55,7 +54,8 @@ void by_cache(const DecodeParams& dp, qsakv_dtype kv, bool hw, int D, int max_ro
   } else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16)) {
     by_dim<Act, k16, Decoder::kSoftware>(dp, D, max_rows, stream);
   } else {
-    fail(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations", kv);
+    refuse_launch(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations",
+                  kv);
   }
 }
 

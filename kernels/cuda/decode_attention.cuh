@@ -27,7 +27,7 @@
 
 #include <type_traits>
 
-#include "core/params.hpp"
+#include "params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"

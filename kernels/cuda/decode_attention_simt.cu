@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and dispatch of the SM70-tier decode attention kernels: activation type x
 // cache type x head_dim (E4M3 always takes the software decoder here).
-#include "core/error.hpp"
 #include "cuda/decode_attention_simt.cuh"
 #include "cuda/launch.hpp"
 
@@ -28,7 +27,7 @@ void simt_by_dim(const DecodeParams& dp, int D, int max_rows, cudaStream_t strea
     case 256:
       return launch_simt<Act, KV, 256>(dp, max_rows, stream);
     default:
-      fail(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
+      refuse_launch(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
   }
 }
 
@@ -42,7 +41,8 @@ void simt_by_cache(const DecodeParams& dp, qsakv_dtype kv, int D, int max_rows,
   else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16))
     simt_by_dim<Act, kBf16 ? KvKind::kBf16 : KvKind::kFp16>(dp, D, max_rows, stream);
   else
-    fail(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations", kv);
+    refuse_launch(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations",
+                  kv);
 }
 
 }  // namespace

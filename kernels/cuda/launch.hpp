@@ -4,11 +4,35 @@
 
 #include <cuda_runtime.h>
 
-#include "core/params.hpp"
+#include <cstdarg>
+#include <cstdio>
+#include <stdexcept>
+
+#include "params.hpp"
 #include "qsakv.h"
 
 namespace qsakv {
 namespace cuda {
+
+// A launch the kernels cannot make (a shape or dtype without a kernel, a failed attribute
+// call), thrown by a launcher with its status; the backend reports it as a library error
+// (kernels/ does not include the library's error machinery).
+class LaunchError : public std::runtime_error {
+ public:
+  LaunchError(qsakv_status status, const char* what) : std::runtime_error(what), status_(status) {}
+  qsakv_status status() const noexcept { return status_; }
+
+ private:
+  qsakv_status status_;
+};
+[[noreturn]] inline void refuse_launch(qsakv_status status, const char* fmt, ...) {
+  char message[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  throw LaunchError(status, message);
+}
 
 // fp8_instructions: false on the SM70 tier (the integer E4M3 encoder, as on a V100).
 void launch_store_kv(const StoreKvParams& p, int sm_count, bool fp8_instructions,
@@ -16,7 +40,8 @@ void launch_store_kv(const StoreKvParams& p, int sm_count, bool fp8_instructions
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
-// the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
+// the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics. Throws
+// LaunchError for a head_dim or cache type without a kernel.
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
                              cudaStream_t stream);
 void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);

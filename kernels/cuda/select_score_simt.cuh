@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "core/params.hpp"
+#include "params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/select_score.cuh"
 

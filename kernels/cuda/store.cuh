@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "core/params.hpp"
+#include "params.hpp"
 #include "cuda/common.cuh"
 #include "e4m3.cuh"
 

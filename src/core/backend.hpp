@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "core/calib/params.hpp"
+#include "calib_params.hpp"
 #include "core/error.hpp"
-#include "core/params.hpp"
+#include "params.hpp"
 #include "qsakv.h"
 
 namespace qsakv {
@@ -65,7 +65,7 @@ class Backend {
   virtual void select_topk(const SelectParams& p, qsakv_stream_t stream) = 0;
   virtual void attention(const AttentionParams& p, qsakv_stream_t stream) = 0;
 
-  // Calibration statistics (accumulating into device memory; see core/calib/params.hpp).
+  // Calibration statistics (accumulating into device memory; see kernels/calib_params.hpp).
   // Not pure, so a backend without them still builds: it refuses instead.
   virtual void calib_observe(const CalibObserveParams&, qsakv_stream_t) {
     fail(QSAKV_ERROR_UNSUPPORTED, "calibration statistics are not implemented by this backend");

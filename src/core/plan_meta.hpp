@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "core/params.hpp"
+#include "params.hpp"
 #include "qsakv.h"
 
 namespace qsakv {

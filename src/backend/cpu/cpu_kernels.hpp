@@ -2,8 +2,8 @@
 // The reference backend's compute: plain C++, FP32 math, same layouts as the GPU.
 #pragma once
 
-#include "core/calib/params.hpp"
-#include "core/params.hpp"
+#include "calib_params.hpp"
+#include "params.hpp"
 
 namespace qsakv {
 namespace cpu {

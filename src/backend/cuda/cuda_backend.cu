@@ -195,7 +195,12 @@ class CudaBackend final : public Backend {
            "SM %d",
            info_.sm_version);
     DeviceGuard g(info_.device);
-    cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, sm70_tier(), stream);
+    try {
+      cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, sm70_tier(),
+                                    stream);
+    } catch (const cuda::LaunchError& e) {
+      fail(e.status(), "%s", e.what());
+    }
     check_launch("attention kernel launch");
   }
   void calib_observe(const CalibObserveParams& p, qsakv_stream_t stream) override {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/calib/params.hpp"
+#include "calib_params.hpp"
 
 namespace qsakv {
 namespace calib {

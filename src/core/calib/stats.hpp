@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/calib/params.hpp"
+#include "calib_params.hpp"
 #include "qsakv.h"
 
 namespace qsakv {

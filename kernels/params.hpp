@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Plain parameter structs handed from the API layer to a backend. Raw pointers, strides
-// and scalars only, so the CUDA kernels can take them by value.
+// and scalars only, so the CUDA kernels can take them by value. They live beside the
+// kernels (as the codecs do), which include nothing from src/.
 #pragma once
 
 #include <stdint.h>
