@@ -27,6 +27,7 @@
 
 #include <type_traits>
 
+#include "limits.hpp"
 #include "params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
@@ -70,7 +71,7 @@ struct DecodeParams {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWindow = 1024;  // token-list entries compacted per prologue
-constexpr int kHeadsPerCta = 8;
+constexpr int kHeadsPerCta = kAttentionHeadsPerCta;
 
 template <KvKind KV, int D>
 struct Shape {

@@ -36,9 +36,9 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreWarps = 4;
-constexpr int kScoreMaxTilesPerCta = 16;  // 256 keys: 4 tiles per warp
-constexpr int kTopkMaxBlocks = 1024;      // configs with more top-k blocks are refused
-constexpr int kTopBits = 11;              // first radix digit: bits 31..21 of the score key
+constexpr int kScoreMaxTilesPerCta = 16;              // 256 keys: 4 tiles per warp
+constexpr int kTopkMaxBlocks = kSelectMaxTopkBlocks;  // configs with more are refused
+constexpr int kTopBits = 11;  // first radix digit: bits 31..21 of the score key
 constexpr int kTopBins = 1 << kTopBits;
 static_assert(kSimtHistBins == kTopBins, "the SM70 scoring kernel fills the same histogram");
 constexpr int kCandidateCap = 3072;  // bin-of-the-threshold keys kept in shared memory

@@ -19,13 +19,14 @@
 #include <stdint.h>
 
 #include "cuda/common.cuh"
+#include "limits.hpp"
 #include "cuda/mma.cuh"
 
 namespace qsakv {
 namespace cuda {
 
-constexpr int kScoreTileKeys = 16;  // M of one MMA tile
-constexpr int kScoreMaxHeads = 8;   // N of one MMA tile
+constexpr int kScoreTileKeys = 16;               // M of one MMA tile
+constexpr int kScoreMaxHeads = kSelectMaxHeads;  // N of one MMA tile
 
 // Order-preserving map of a float to uint32 (larger float -> larger key). 0 is reserved
 // for "not a candidate" (blocks on unmapped pages): real keys are never 0.

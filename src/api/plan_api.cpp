@@ -8,6 +8,7 @@
 #include "api/layer.hpp"
 #include "core/plan_meta.hpp"
 #include "core/versioned.hpp"
+#include "limits.hpp"
 
 using namespace qsakv;
 
@@ -119,8 +120,9 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
            "(0: from occupancy)",
            o.num_splits);
     Backend* be = cache->context->backend.get();
-    // One CTA group per (row, KV head, chunk of up to 8 query heads) in the CUDA kernel.
-    const int chunks = (cache->geometry.group_size + 7) / 8;
+    // One CTA group per (row, KV head, chunk of query heads) in the CUDA kernel.
+    const int chunks =
+        (cache->geometry.group_size + kAttentionHeadsPerCta - 1) / kAttentionHeadsPerCta;
     // Up to 2^20 rows x 4096 KV heads: counted in 64 bits, the occupancy estimate clamped.
     const int64_t groups = static_cast<int64_t>(o.max_rows) * cache->geometry.kv_heads * chunks;
     if (o.num_splits == 0)

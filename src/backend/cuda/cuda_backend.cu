@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/kernel_tier.hpp"
 #include "cuda/launch.hpp"
+#include "limits.hpp"
 #include "core/nccl.hpp"
 #include "cuda/calib.cuh"
 
@@ -174,10 +175,10 @@ class CudaBackend final : public Backend {
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
     if (!cuda::select_supports(p.index_heads, p.index_dim, p.topk_blocks))
       fail(QSAKV_ERROR_UNSUPPORTED,
-           "the CUDA selection supports 1..8 index heads, index_head_dim "
-           "64, 128 or 256, and up to 1024 top-k blocks (got %d heads, dim %d, %d blocks); the "
+           "the CUDA selection supports 1..%d index heads, index_head_dim "
+           "64, 128 or 256, and up to %d top-k blocks (got %d heads, dim %d, %d blocks); the "
            "CPU backend supports every valid config",
-           p.index_heads, p.index_dim, p.topk_blocks);
+           kSelectMaxHeads, kSelectMaxTopkBlocks, p.index_heads, p.index_dim, p.topk_blocks);
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
