@@ -5,6 +5,9 @@
 
 namespace qsakv {
 
+// Attention CTAs resident per SM (the kernels' launch bounds): the plan's split count
+// fills this many CTA slots per SM.
+constexpr int kAttentionCtasPerSm = 2;
 // Query heads of one GQA group per attention CTA: the plan sizes its split counters as
 // rows x KV heads x ceil(group / kAttentionHeadsPerCta).
 constexpr int kAttentionHeadsPerCta = 8;

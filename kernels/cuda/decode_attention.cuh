@@ -461,7 +461,8 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
 }
 
 template <class Act, KvKind KV, int D, Decoder DEC>
-__global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
+    decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
   __shared__ DecodeSmem smem;
   __shared__ uint2 q_frag[Shape<KV, D>::kKSteps * 32];

@@ -215,7 +215,8 @@ __device__ __forceinline__ void simt_window(SimtLoopSmem<D>& sm, int n, int warp
 }
 
 template <class Act, KvKind KV, int D>
-__global__ void __launch_bounds__(kThreads, 2) decode_attention_simt_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
+    decode_attention_simt_kernel(const DecodeParams p) {
   using S = SimtShape<KV, D>;
   __shared__ SimtSmem<D> smem;
   __shared__ int last_arrival;

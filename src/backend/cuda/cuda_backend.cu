@@ -144,7 +144,7 @@ class CudaBackend final : public Backend {
   // list entries: two 16-token tiles per warp, both in flight at once, and fewer
   // partials for the last CTA to merge.
   int choose_splits(int row_groups, int topk_width, int) const override {
-    const int slots = 2 * info_.multiprocessor_count;
+    const int slots = kAttentionCtasPerSm * info_.multiprocessor_count;
     const int want = slots / std::max(1, row_groups);
     const int cap = std::max(1, (topk_width + 127) / 128);
     return std::max(1, std::min(want, cap));
