@@ -9,7 +9,7 @@
 // give bit-identical histograms.
 #include <stdint.h>
 
-#include "cuda/calib.cuh"
+#include "cuda/launch.hpp"
 #include "cuda/common.cuh"
 
 namespace qsakv {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "calib_params.hpp"
 #include "params.hpp"
 #include "qsakv.h"
 
@@ -52,6 +53,10 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cudaStream_t stream);
+
+// Calibration: accumulates K and V statistics of one layer into p's device entries.
+// Async on `stream`; no allocation; capturable. k and v must be 16-byte aligned.
+void launch_calib_observe(const CalibObserveParams& p, int sm_count, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace qsakv

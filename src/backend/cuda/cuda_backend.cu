@@ -14,7 +14,6 @@
 #include "cuda/launch.hpp"
 #include "limits.hpp"
 #include "core/nccl.hpp"
-#include "cuda/calib.cuh"
 
 namespace qsakv {
 namespace {
