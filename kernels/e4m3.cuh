@@ -17,7 +17,6 @@
 namespace qsakv {
 namespace e4m3 {
 
-constexpr float kMax = 448.0f;
 constexpr uint8_t kNaN = 0x7F;
 
 QSAKV_HD uint32_t f32_bits(float x) {

@@ -36,8 +36,7 @@ class LaunchError : public std::runtime_error {
 }
 
 // fp8_instructions: false on the SM70 tier (the integer E4M3 encoder, as on a V100).
-void launch_store_kv(const StoreKvParams& p, int sm_count, bool fp8_instructions,
-                     cudaStream_t stream);
+void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t stream);
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:

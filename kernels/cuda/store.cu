@@ -15,7 +15,7 @@ int grid_for(int64_t work, int sm_count) {
 }
 }  // namespace
 
-void launch_store_kv(const StoreKvParams& p, int, bool fp8_instructions, cudaStream_t stream) {
+void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t stream) {
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
   const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
   const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));

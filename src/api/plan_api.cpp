@@ -127,7 +127,7 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
     const int64_t groups = static_cast<int64_t>(o.max_rows) * cache->geometry.kv_heads * chunks;
     if (o.num_splits == 0)
       o.num_splits = be->choose_splits(static_cast<int>(std::min<int64_t>(groups, INT32_MAX)),
-                                       cache->geometry.topk_width, c.max_model_len);
+                                       cache->geometry.topk_width);
 
     auto plan = std::make_unique<qsakv_plan>();
     plan->cache = cache;

@@ -54,7 +54,7 @@ class Backend {
 
   // Split-K factor for a plan whose largest batch launches `row_groups` CTA groups
   // (rows x KV heads x head chunks) over lists of topk_width entries.
-  virtual int choose_splits(int row_groups, int topk_width, int max_context) const = 0;
+  virtual int choose_splits(int row_groups, int topk_width) const = 0;
   // Bytes of select scratch a plan needs.
   virtual size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const = 0;
 

@@ -63,7 +63,7 @@ class CpuBackend final : public Backend {
   void record_fence(void*, qsakv_stream_t) override {}
   void wait_fence(void*) override {}
 
-  int choose_splits(int, int, int) const override { return 1; }
+  int choose_splits(int, int) const override { return 1; }
   size_t select_workspace_bytes(int, int64_t max_blocks) const override {
     // One row at a time: a score and an order entry per compressed block.
     return static_cast<size_t>(max_blocks) * (sizeof(float) + sizeof(int32_t));

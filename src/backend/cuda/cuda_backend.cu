@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
   // Small batches split the token list, large ones do not. At most one split per 128
   // list entries: two 16-token tiles per warp, both in flight at once, and fewer
   // partials for the last CTA to merge.
-  int choose_splits(int row_groups, int topk_width, int) const override {
+  int choose_splits(int row_groups, int topk_width) const override {
     const int slots = kAttentionCtasPerSm * info_.multiprocessor_count;
     const int want = slots / std::max(1, row_groups);
     const int cap = std::max(1, (topk_width + 127) / 128);
@@ -156,7 +156,7 @@ class CudaBackend final : public Backend {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_store_kv(p, info_.multiprocessor_count, !sm70_tier(), stream);
+    cuda::launch_store_kv(p, !sm70_tier(), stream);
     check_launch("store_kv kernel launch");
   }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
