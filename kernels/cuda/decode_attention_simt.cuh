@@ -222,6 +222,8 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   __shared__ int last_arrival;
   SimtLoopSmem<D>& sm = smem.loop;
 
+  // The CTA's coordinates, decoded as decode_attention_kernel does (same grid). A shared
+  // helper for both changed the tensor-core kernel's SASS, so it waits for a GPU run.
   const int split = blockIdx.y;
   int bx = blockIdx.x;
   const int chunk = bx % p.head_chunks;
