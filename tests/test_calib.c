@@ -499,6 +499,17 @@ static void test_save_refuses_to_overwrite(void** state) {
   remove_saved(dir, path);
 }
 
+/* A saved statistics file opened for editing; *data gets the offset of its data section
+ * (after the 8-byte header length and the JSON header), where the words tensor starts. */
+static FILE* open_stats_data(const char* path, long* data) {
+  FILE* file = fopen(path, "r+b");
+  assert_non_null(file);
+  uint64_t header_len = 0;
+  assert_int_equal(fread(&header_len, 8, 1, file), 1);
+  *data = 8 + (long)header_len;
+  return file;
+}
+
 /* A missing K/V half: the API observes K and V together, so a file from another writer is
  * the only way to get one; it is made with the CPU handle and a file edit. */
 static void test_summary_refuses_a_missing_kv_half(void** state) {
@@ -507,11 +518,8 @@ static void test_summary_refuses_a_missing_kv_half(void** state) {
   saved_3_and_7(f, dir, path, sizeof path);
   /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
    * tensor is first in the data section, ordered (layer, kind). */
-  FILE* file = fopen(path, "r+b");
-  assert_non_null(file);
-  uint64_t hl = 0;
-  assert_int_equal(fread(&hl, 8, 1, file), 1);
-  const long words = 8 + (long)hl;
+  long words;
+  FILE* file = open_stats_data(path, &words);
   const long entry = (long)(4096 + 3) * 8;
   static char zero[(4096 + 3) * 8];
   fseek(file, words + 3 * entry, SEEK_SET);
@@ -536,11 +544,9 @@ static void test_load_refuses_inconsistent_counts(void** state) {
   cpu_calib_fixture* f = *state;
   char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
   saved_3_and_7(f, dir, path, sizeof path);
-  FILE* file = fopen(path, "r+b");
-  assert_non_null(file);
-  uint64_t hl = 0;
-  assert_int_equal(fread(&hl, 8, 1, file), 1);
-  fseek(file, 8 + (long)hl + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
+  long words;
+  FILE* file = open_stats_data(path, &words);
+  fseek(file, words + 2 * 8, SEEK_SET); /* layer 3 K nonzero count */
   const uint64_t wrong = 1;
   fwrite(&wrong, 8, 1, file);
   fclose(file);
