@@ -535,11 +535,11 @@ typedef struct qsakv_cache_layout {
  * first. Host only. */
 QSAKV_API qsakv_status qsakv_cache_get_layout(const qsakv_cache* cache, qsakv_cache_layout* out);
 
-/* Device pointers of one QSA layer (model-layer id), for interoperability. Writing E4M3
- * codes into `kv` yourself (a swap-in, a prefix-cache copy): call
- * qsakv_cache_note_external_codes afterwards, or NaN codes you wrote may decode as finite
- * values with the software decoder (which checks for NaN codes only in layers where one
- * was stored). */
+/* Device pointers of one QSA layer (model-layer id), for interoperability. Writing into
+ * `kv` yourself (a swap-in, a prefix-cache copy): call qsakv_cache_note_external_codes
+ * afterwards, or NaN codes you wrote may decode as finite values with the software
+ * decoder, and a NaN (or infinite) V value may reach rows of its grouped-route tile that
+ * do not select it (both check only layers where the store saw one). */
 #define QSAKV_LAYER_BUFFERS_VERSION 1
 typedef struct qsakv_layer_buffers {
   size_t struct_size;
@@ -555,9 +555,10 @@ typedef struct qsakv_layer_buffers {
 QSAKV_API qsakv_status qsakv_cache_get_layer_buffers(const qsakv_cache* cache, int32_t layer,
                                                      qsakv_layer_buffers* out);
 
-/* Marks that `layer`'s E4M3 codes were written outside qsakv_store_kv, so the software
- * decoder checks them for NaN codes from now on (a one-way switch; costs some decode
- * speed in that layer). Async on `stream`; no effect on 16-bit caches. */
+/* Marks that `layer`'s cache bytes were written outside qsakv_store_kv, so the kernels
+ * check them for NaN codes (E4M3 software decoder) and non-finite V values (grouped
+ * route) from now on (a one-way switch; costs some speed in that layer). Async on
+ * `stream`. */
 QSAKV_API qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
                                                        qsakv_stream_t stream);
 
@@ -597,8 +598,8 @@ QSAKV_API qsakv_status qsakv_cache_layout_for(const qsakv_model_config* config,
  * buffer is checked (NULL, size, alignment, device, overlap) with a message naming it,
  * e.g. "memory.layers[2].kv (layer 11) is 1048576 bytes; needs 2097152". The library
  * never frees the buffers; they must outlive the cache. Their contents are used as they
- * are (not zeroed), so E4M3 layers start with the software decoder's NaN check on (as
- * after qsakv_cache_note_external_codes). The library still allocates the per-layer
+ * are (not zeroed), so every layer starts with the NaN checks on (as after
+ * qsakv_cache_note_external_codes). The library still allocates the per-layer
  * scales, NaN flags and (unless external) the top-k buffer; layout.total_bytes counts only
  * those. Blocking. */
 QSAKV_API qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* context,
@@ -641,19 +642,26 @@ QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t l
 /* Plan: a batch's metadata, made on the host, consumed by select and attention         */
 /* ---------------------------------------------------------------------------------- */
 
-#define QSAKV_PLAN_OPTIONS_VERSION 1
+#define QSAKV_PLAN_OPTIONS_VERSION 2
 typedef struct qsakv_plan_options {
   size_t struct_size;
   uint32_t version;
   int32_t max_rows;     /* query rows per batch this plan serves (0: max_batched_tokens) */
   int32_t max_requests; /* requests per batch (0: config max_requests) */
   int32_t num_splits;   /* split-K factor of the decode route; 0: from occupancy */
+  /* Version 2. Requests with at least this many rows in a batch (prefill chunks, verify
+   * rows) take the grouped multi-row route where the backend has one (CUDA, SM75+):
+   * groups of up to 16 consecutive rows read each selected K/V tile once, on tensor cores.
+   * 0: the library's measured crossover (docs/attention.md); -1: never (every row on the
+   * decode route); n >= 1: from n rows. Results agree with the decode route within the
+   * attention tolerances. The plan's workspace grows with the route (plan_info). */
+  int32_t multi_row_min_rows;
 } qsakv_plan_options;
 /* Fills defaults: max_rows and max_requests from the config, splits from occupancy. */
 QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
 /* The same defaults as an initializer. */
 #define QSAKV_PLAN_OPTIONS_INIT \
-  { sizeof(qsakv_plan_options), QSAKV_PLAN_OPTIONS_VERSION, 0, 0, 0 }
+  { sizeof(qsakv_plan_options), QSAKV_PLAN_OPTIONS_VERSION, 0, 0, 0, 0 }
 
 /* Makes a plan for batches up to the given maximum shape. Allocates its device metadata
  * and workspace (blocking). A CUDA graph captured with a plan stays valid across
@@ -700,7 +708,7 @@ typedef struct qsakv_batch {
 QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
                                          qsakv_stream_t stream);
 
-#define QSAKV_PLAN_INFO_VERSION 1
+#define QSAKV_PLAN_INFO_VERSION 2
 typedef struct qsakv_plan_info {
   size_t struct_size;
   uint32_t version;
@@ -710,8 +718,13 @@ typedef struct qsakv_plan_info {
   int32_t num_rows;         /* of the last update */
   int32_t num_requests;     /* of the last update */
   uint64_t workspace_bytes; /* device memory the plan holds */
+  /* Version 2: the grouped multi-row route. */
+  int32_t rows_per_group;     /* 0: the plan has no grouped route */
+  int32_t multi_row_min_rows; /* requests with at least this many rows take it */
+  int32_t num_groups;         /* row groups of the last update */
+  int32_t grouped_rows;       /* rows of the last update on the grouped route */
 } qsakv_plan_info;
-/* The plan's limits, chosen split count, last batch and device workspace. Set
+/* The plan's limits, chosen split count, routes, last batch and device workspace. Set
  * info->struct_size first. Host only. */
 QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info);
 
@@ -752,7 +765,11 @@ typedef enum qsakv_attention_mode {
  * normalised output. q: device, activation dtype, [rows, q_heads, head_dim]. out: same
  * shape and dtype. topk (SPARSE): device int32 [rows, topk_stride] request-relative
  * token positions, -1 = none; NULL reads the layer's top-k buffer. A row with no
- * selected token outputs zeros. Async; run: no allocation, no synchronisation,
+ * selected token outputs zeros. Rows of requests with at least the plan's
+ * multi_row_min_rows rows take the grouped route (plan options): a row's list must not
+ * name a token twice there (the route takes the union of its rows' lists, so a repeat
+ * counts once; the decode route and the CPU backend count it twice); the library's own
+ * selection never repeats one. Async; run: no allocation, no synchronisation,
  * capturable. */
 QSAKV_API qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer,
                                            qsakv_attention_mode mode, const void* q,

@@ -54,25 +54,30 @@ struct StoreRowsParams {
   int32_t compress_ratio;
 };
 
-// Batch metadata a plan keeps in device memory, rewritten by each update. One buffer:
-// this header, then row_request[max_rows], row_pos[max_rows], req_len[max_requests],
-// req_slot[max_requests].
+// Batch metadata a plan keeps in device memory, rewritten by each update.
+// One buffer: this header, then row_request[max_rows], row_pos[max_rows],
+// row_group[max_rows], req_len[max_requests], req_slot[max_requests],
+// group_row0[max_groups], group_rows[max_groups].
 struct PlanMetaHeader {
   int32_t num_rows;
   int32_t num_requests;
   int32_t block_table_stride;
-  int32_t pad;
+  int32_t num_groups;  // row groups of the grouped route in this batch
   const int32_t* block_table;
 };
 
 struct PlanMetaView {
   const PlanMetaHeader* header;
   const int32_t* row_request;
-  const int32_t* row_pos;  // query position p of the row
-  const int32_t* req_len;  // request length L
+  const int32_t* row_pos;    // query position p of the row
+  const int32_t* row_group;  // the row's group on the grouped route; -1: decode route
+  const int32_t* req_len;    // request length L
   const int32_t* req_slot;
+  const int32_t* group_row0;  // first row of each group (rows of one request, consecutive)
+  const int32_t* group_rows;  // its row count, 1..rows_per_group
   int32_t max_rows;
   int32_t max_requests;
+  int32_t max_groups;
 };
 
 struct SelectParams {
@@ -96,6 +101,25 @@ struct SelectParams {
   int32_t rows_share_requests;
 };
 
+// The grouped multi-row route's shape and workspace (CUDA backend; zero when a plan has
+// no such route). Groups of up to rows_per_group consecutive rows of one request share
+// one sorted union of their selected tokens (sparse) or the causal range (dense).
+struct GroupedView {
+  // The last update's batch has row groups: the grouped kernels are launched and the
+  // decode kernels skip those rows. Otherwise neither happens (no empty launches), so a
+  // graph captured then runs every later batch on the decode route.
+  int32_t active;
+  int32_t rows_per_group;
+  int32_t union_cap;     // entries per group
+  int32_t max_items;     // (group, split) work items the partials hold per KV head
+  int32_t* union_count;  // [max_groups]; -1: more than union_cap distinct tokens
+  int64_t* union_off;    // [max_groups, union_cap] K row byte offset (KV head 0); -1 none
+  uint32_t* union_mask;  // [max_groups, union_cap] bit r: row r of the group selects it
+  float* partial_out;    // [kv_heads, max_items, kGroupedMaxVectors, head_dim]
+  float* partial_lse;    // [kv_heads, max_items, kGroupedMaxVectors]
+  int32_t* counters;     // [kv_heads, max_groups], zero between runs
+};
+
 struct AttentionParams {
   PlanMetaView meta;
   KvCacheView cache;
@@ -113,6 +137,7 @@ struct AttentionParams {
   float* partial_out;       // split-K workspace [max_rows, q_heads, splits, head_dim]
   float* partial_lse;       // [max_rows, q_heads, splits]
   int32_t* split_counters;  // [max_rows, kv_heads, head chunks], zero between runs
+  GroupedView grouped;
 };
 
 }  // namespace qsakv

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+int tu_multi_row_min_rows = 0;
+
 uint64_t tu_rng_next(tu_rng* r) {
   uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -168,6 +170,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   TU_OK(qsakv_plan_options_init(&po));
   po.max_rows = w->rows > 0 ? w->rows : 1;
   po.num_splits = num_splits;
+  po.multi_row_min_rows = tu_multi_row_min_rows;
   TU_OK(qsakv_plan_create(&w->plan, w->cache, &po));
   int32_t qs[TU_MAX_REQ + 1];
   qs[0] = 0;

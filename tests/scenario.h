@@ -33,6 +33,9 @@ typedef struct {
   float k_scale, v_scale;
 } tu_world;
 
+/* The plan option multi_row_min_rows of the next worlds built (default 0: automatic). */
+extern int tu_multi_row_min_rows;
+
 /* Builds everything; k_scale/v_scale are used for E4M3 caches. amplitude scales K/V. */
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,
                     const tu_shape* shape, uint64_t data_seed, float amplitude, float k_scale,

@@ -172,9 +172,12 @@ static void run_cases(qsakv_context* ctx, const char* backend) {
     pi.struct_size = sizeof pi;
     TU_OK(qsakv_plan_get_info(w.plan, &pi));
     char what[128];
-    snprintf(what, sizeof what, "%s q%d kv%d d%d %s/%s bs%d", backend, cases[i].q_heads,
+    snprintf(what, sizeof what, "%s q%d kv%d d%d %s/%s bs%d grouped=%d", backend, cases[i].q_heads,
              cases[i].kv_heads, cases[i].head_dim, qsakv_dtype_name(cases[i].act),
-             qsakv_dtype_name(cases[i].kv), cases[i].block_size);
+             qsakv_dtype_name(cases[i].kv), cases[i].block_size, pi.grouped_rows);
+    /* The route asked for is the route taken (the CUDA backend has the grouped one). */
+    if (tu_multi_row_min_rows == -1 || !tu_is_cuda(ctx)) assert_int_equal(pi.grouped_rows, 0);
+    if (tu_multi_row_min_rows == 1 && tu_is_cuda(ctx)) assert_int_equal(pi.grouped_rows, w.rows);
     check_world(&w, what, pi.num_splits);
     tu_world_destroy(&w);
   }
@@ -187,10 +190,75 @@ static void test_cpu_against_fp64(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* Every route: the plan's automatic routing (the 49-row batch mixes both), every row on
+ * the decode route, every row on the grouped route. */
 static void test_cuda_against_fp64(void** state) {
   (void)state;
   qsakv_context* ctx = tu_cuda_context_or_skip();
-  run_cases(ctx, "cuda");
+  const int routes[3] = {0, -1, 1};
+  const char* names[3] = {"cuda auto", "cuda decode", "cuda grouped"};
+  for (int i = 0; i < 3; ++i) {
+    tu_multi_row_min_rows = routes[i];
+    run_cases(ctx, names[i]);
+  }
+  tu_multi_row_min_rows = 0;
+  qsakv_context_destroy(ctx);
+}
+
+/* The grouped route's other paths, against FP64: a group whose rows select more distinct
+ * tokens than the union workspace holds (each row's own list instead), enough groups that
+ * the route runs without split-K (one split per group), and a request shorter than its
+ * rows' group. Every row on the grouped route, sparse and dense. */
+static void test_cuda_grouped_paths(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  tu_multi_row_min_rows = 1;
+  const struct {
+    geometry_case g;
+    tu_shape shape;
+    const char* what;
+  } cases[] = {
+      {{6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64},
+       {1, {16}, {9000}},
+       "union overflow (16 random lists over 9000 tokens)"},
+      {{2, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64},
+       {2, {2200, 30}, {2600, 40}},
+       "140 groups: one split each"},
+      {{8, 2, 128, QSAKV_DTYPE_BF16, QSAKV_DTYPE_BF16, 16},
+       {3, {5, 17, 2}, {5, 300, 3}},
+       "BF16 cache, 2 KV heads, tiny requests"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    qsakv_model_config c;
+    config_for(&c, &cases[i].g);
+    c.max_batched_tokens = 4096;
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &cases[i].shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    qsakv_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    TU_OK(qsakv_plan_get_info(w.plan, &pi));
+    assert_int_equal(pi.grouped_rows, w.rows);
+    assert_true(pi.num_groups > 0);
+    /* The automatic routing's thresholds by cache type (kernels/limits.hpp). */
+    qsakv_plan_options po = QSAKV_PLAN_OPTIONS_INIT;
+    po.max_rows = 1024;
+    qsakv_plan* auto_plan = NULL;
+    TU_OK(qsakv_plan_create(&auto_plan, w.cache, &po));
+    qsakv_plan_info ai;
+    memset(&ai, 0, sizeof ai);
+    ai.struct_size = sizeof ai;
+    TU_OK(qsakv_plan_get_info(auto_plan, &ai));
+    assert_int_equal(ai.multi_row_min_rows, cases[i].g.kv == QSAKV_DTYPE_E4M3 ? 7 : 2);
+    const int gqa = cases[i].g.q_heads / cases[i].g.kv_heads;
+    assert_int_equal(ai.rows_per_group, 96 / gqa < 16 ? 96 / gqa : 16);
+    qsakv_plan_destroy(auto_plan);
+    char what[160];
+    snprintf(what, sizeof what, "grouped: %s, %d groups", cases[i].what, pi.num_groups);
+    check_world(&w, what, pi.num_splits);
+    tu_world_destroy(&w);
+  }
+  tu_multi_row_min_rows = 0;
   qsakv_context_destroy(ctx);
 }
 
@@ -293,9 +361,9 @@ static void store_nan_tokens(tu_world* w) {
  * positions as the CPU backend, and the finite outputs match it within the usual bound. */
 /* The NaN world of store_nan_tokens on `ctx` (dense attention: every row sees every
  * earlier token); returns its outputs as FP64, *n their count. */
-static double* nan_world_outputs(qsakv_context* ctx, uint64_t seed, const uint16_t* q_in,
-                                 uint16_t** q_out, size_t* n) {
-  geometry_case gc = {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64};
+static double* nan_world_outputs(qsakv_context* ctx, qsakv_dtype kv, uint64_t seed,
+                                 const uint16_t* q_in, uint16_t** q_out, size_t* n) {
+  geometry_case gc = {6, 1, 256, QSAKV_DTYPE_FP16, kv, 64};
   qsakv_model_config c;
   config_for(&c, &gc);
   tu_shape shape = {2, {3, 2}, {300, 200}};
@@ -315,7 +383,7 @@ static void test_nan_codes_cpu(void** state) {
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   uint16_t* q = NULL;
   size_t n = 0, nan_c = 0;
-  double* r = nan_world_outputs(cpu, tu_next(), NULL, &q, &n);
+  double* r = nan_world_outputs(cpu, QSAKV_DTYPE_E4M3, tu_next(), NULL, &q, &n);
   for (size_t i = 0; i < n; ++i) nan_c += isnan(r[i]);
   print_message("NaN codes: %zu of %zu CPU outputs NaN\n", nan_c, n);
   /* 2 rows x 6 heads x 256 (the K NaN) + 1 row x 6 heads x dim 17 (the V NaN) */
@@ -325,17 +393,20 @@ static void test_nan_codes_cpu(void** state) {
   qsakv_context_destroy(cpu);
 }
 
-static void test_cuda_nan_codes(void** state) {
-  (void)state;
+/* On both routes (the grouped route reads tokens for all rows of a group at once: a NaN
+ * must still reach only the rows that select it), for E4M3 codes and FP16 values. */
+static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows) {
   qsakv_context* gpu = tu_cuda_context_or_skip();
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   qsakv_context* sw = software_decoder_context();
   const uint64_t seed = tu_next();
   uint16_t* q = NULL;
   size_t n = 0, nan_mismatch = 0, differ = 0, finite = 0;
-  double* rc = nan_world_outputs(cpu, seed, NULL, &q, &n);
-  double* rg = nan_world_outputs(gpu, seed, q, NULL, &n);
-  double* rs = nan_world_outputs(sw, seed, q, NULL, &n);
+  tu_multi_row_min_rows = min_rows;
+  double* rc = nan_world_outputs(cpu, kv, seed, NULL, &q, &n);
+  double* rg = nan_world_outputs(gpu, kv, seed, q, NULL, &n);
+  double* rs = nan_world_outputs(sw, kv, seed, q, NULL, &n);
+  tu_multi_row_min_rows = 0;
   double* fc = malloc(sizeof(double) * n);
   double* fg = malloc(sizeof(double) * n);
   for (size_t i = 0; i < n; ++i) {
@@ -348,8 +419,9 @@ static void test_cuda_nan_codes(void** state) {
   }
   const double err = tu_rel_l2(fc, fg, finite);
   print_message(
-      "NaN codes on the GPU: %zu NaN-position mismatches vs CPU; %zu outputs differ "
+      "NaN %s on the GPU, %s route: %zu NaN-position mismatches vs CPU; %zu outputs differ "
       "hw vs sw; finite outputs rel_l2=%.3e\n",
+      kv == QSAKV_DTYPE_E4M3 ? "codes" : "FP16 values", min_rows == 1 ? "grouped" : "decode",
       nan_mismatch, differ, err);
   assert_int_equal(nan_mismatch, 0);
   assert_int_equal(differ, 0);
@@ -363,6 +435,15 @@ static void test_cuda_nan_codes(void** state) {
   qsakv_context_destroy(sw);
   qsakv_context_destroy(cpu);
   qsakv_context_destroy(gpu);
+}
+
+static void test_cuda_nan_codes(void** state) {
+  (void)state;
+  const qsakv_dtype kvs[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
+  for (int k = 0; k < 2; ++k) {
+    nan_codes_on_gpu(kvs[k], -1);
+    nan_codes_on_gpu(kvs[k], 1);
+  }
 }
 
 /* The refusals of plan and attention calls, one behaviour each, on a CPU cache of 8
@@ -472,12 +553,40 @@ static void test_run_refuses_bad_arguments(void** state) {
       QSAKV_ERROR_INVALID_ARGUMENT);
 }
 
+/* multi_row_min_rows: -1, 0 and n >= 1 are accepted, anything below -1 refused; the CPU
+ * backend has no grouped route (plan_info says so; every row computes there anyway). */
+static void test_plan_multi_row_option(void** state) {
+  plan_fixture* f = *state;
+  qsakv_plan_options po = QSAKV_PLAN_OPTIONS_INIT;
+  qsakv_plan* p = NULL;
+  po.multi_row_min_rows = -2;
+  TU_EXPECT_STATUS(qsakv_plan_create(&p, f->cache, &po), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_null(p);
+  assert_non_null(strstr(qsakv_last_error(), "multi_row_min_rows is -2"));
+  const int ok[3] = {-1, 0, 5};
+  for (int i = 0; i < 3; ++i) {
+    po.multi_row_min_rows = ok[i];
+    TU_OK(qsakv_plan_create(&p, f->cache, &po));
+    TU_OK(qsakv_plan_update(p, &f->b, NULL));
+    qsakv_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    TU_OK(qsakv_plan_get_info(p, &pi));
+    assert_int_equal(pi.rows_per_group, 0);
+    assert_int_equal(pi.multi_row_min_rows, -1);
+    assert_int_equal(pi.num_groups, 0);
+    assert_int_equal(pi.grouped_rows, 0);
+    qsakv_plan_destroy(p);
+  }
+}
+
 #define P(f) cmocka_unit_test_setup_teardown(f, plan_setup, plan_teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_against_fp64),
       cmocka_unit_test(test_cuda_against_fp64),
+      cmocka_unit_test(test_cuda_grouped_paths),
       cmocka_unit_test(test_cuda_matches_cpu_and_decoders_agree),
       cmocka_unit_test(test_nan_codes_cpu),
       cmocka_unit_test(test_cuda_nan_codes),
@@ -487,6 +596,7 @@ int main(void) {
       P(test_update_refuses_fewer_tokens_than_rows),
       P(test_update_refuses_a_block_table_too_narrow),
       P(test_run_refuses_bad_arguments),
+      P(test_plan_multi_row_option),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("attention", tests, NULL, NULL);

@@ -42,11 +42,13 @@ struct DecodeParams {
   const PlanMetaHeader* header;
   const int32_t* row_request;
   const int32_t* row_pos;
-  const uint8_t* kv;     // the layer's main cache
-  int64_t stride_block;  // bytes
-  int64_t stride_kv;     // bytes
-  int64_t stride_token;  // bytes
-  int64_t stride_head;   // bytes
+  const int32_t* row_group;  // >= 0: the row is on the grouped route
+  int32_t skip_grouped;      // the grouped kernels run in this launch: skip their rows
+  const uint8_t* kv;         // the layer's main cache
+  int64_t stride_block;      // bytes
+  int64_t stride_kv;         // bytes
+  int64_t stride_token;      // bytes
+  int64_t stride_head;       // bytes
   int32_t block_size;
   int64_t num_blocks;
   const float* scales;      // device [k_scale, v_scale]
@@ -112,6 +114,8 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   dp.header = p.meta.header;
   dp.row_request = p.meta.row_request;
   dp.row_pos = p.meta.row_pos;
+  dp.row_group = p.meta.row_group;
+  dp.skip_grouped = p.grouped.active;
   dp.kv = static_cast<const uint8_t*>(c.data);
   dp.stride_block = c.stride_block * esz;
   dp.stride_kv = c.stride_kv * esz;
@@ -475,7 +479,8 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   bx /= p.head_chunks;
   const int kvh = bx % p.kv_heads;
   const int row = bx / p.kv_heads;
-  if (row >= p.header->num_rows) return;  // rows beyond this batch (graph replay)
+  if (row >= p.header->num_rows) return;                // rows beyond this batch (graph replay)
+  if (p.skip_grouped && p.row_group[row] >= 0) return;  // the grouped route computes it
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;

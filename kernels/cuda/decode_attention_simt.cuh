@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   bx /= p.head_chunks;
   const int kvh = bx % p.kv_heads;
   const int row = bx / p.kv_heads;
-  if (row >= p.header->num_rows) return;  // rows beyond this batch (graph replay)
+  if (row >= p.header->num_rows) return;                // rows beyond this batch (graph replay)
+  if (p.skip_grouped && p.row_group[row] >= 0) return;  // the grouped route computes it
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int req = p.row_request[row];

@@ -45,6 +45,12 @@ void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
                              cudaStream_t stream);
 void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);
+// The grouped multi-row route (SM75+ tensor-core tier): the rows of the plan's row groups
+// (p.meta.row_group >= 0; the decode kernels skip them). No-op for a plan without groups.
+// rows_per_group: the group size the kernels take for this GQA group and head_dim (0: no
+// grouped route for that geometry).
+int grouped_rows_per_group(int group_size, int head_dim);
+void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream);
 // Selection: scores on tensor cores (sm_version < 75: CUDA cores, select_score_simt.cuh), then an
 // exact per-row radix top-k (select.cu). The workspace holds the scores of select_rows_per_wave
 // rows at a time.

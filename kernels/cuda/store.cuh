@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "params.hpp"
 #include "cuda/common.cuh"
 #include "e4m3.cuh"
@@ -141,6 +143,20 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
     uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.data) + dst);
 #pragma unroll
     for (int q = 0; q < kStoreChunks; ++q) o[q] = x[q];
+    // A non-finite V value: the grouped attention route checks this layer's V tiles.
+    if (kv == 1) {
+      constexpr uint32_t kExp = std::is_same<Act, __nv_bfloat16>::value ? 0x7F807F80u : 0x7C007C00u;
+      bool bad = false;
+#pragma unroll
+      for (int q = 0; q < kStoreChunks; ++q) {
+        const uint32_t w[4] = {x[q].x, x[q].y, x[q].z, x[q].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          bad |= (w[k] & (kExp & 0xFFFFu)) == (kExp & 0xFFFFu) ||
+                 (w[k] & (kExp & 0xFFFF0000u)) == (kExp & 0xFFFF0000u);
+      }
+      if (bad) atomicOr(c.nan_flag, 1);
+    }
   }
 }
 

@@ -252,8 +252,9 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
       cache->compressed_layers[i] = static_cast<char*>(m.layers[i].compressed_keys);
       cache->ring_layers[i] = static_cast<char*>(m.layers[i].ring_keys);
     }
-    // The caller's bytes may hold E4M3 NaN codes: the software decoder checks every layer.
-    if (c.kv_dtype == QSAKV_DTYPE_E4M3) {
+    // The caller's bytes may hold NaN codes (E4M3: the software decoder checks every
+    // layer) or non-finite values (the grouped route checks V tiles).
+    {
       const std::vector<int32_t> ones(static_cast<size_t>(c.num_qsa_layers), 1);
       be->copy(cache->nan_flags.get(), ones.data(), ones.size() * sizeof(int32_t),
                QSAKV_COPY_HOST_TO_DEVICE, nullptr);

@@ -10,6 +10,7 @@
 #include "core/backend.hpp"
 #include "core/calib/stats.hpp"
 #include "core/device_buffer.hpp"
+#include "core/plan_meta.hpp"
 #include "qsakv.h"
 
 struct qsakv_context {
@@ -44,12 +45,23 @@ struct qsakv_plan {
   int32_t num_requests = 0;
   int32_t max_request_rows = 0;  // most query rows of one request in the last update
   int64_t max_context = 0;
+  qsakv::PlanMetaShape shape{};     // metadata array sizes
+  qsakv::GroupingRule grouping{};   // which requests take the grouped route
+  int32_t num_groups = 0;           // of the last update
+  int32_t grouped_rows = 0;         // of the last update
+  qsakv::GroupedView grouped{};     // the route's workspace (zero: none)
   qsakv::DeviceBuffer meta;         // PlanMetaHeader + arrays
   qsakv::HostBuffer staging;        // pinned mirror of meta
   qsakv::DeviceBuffer partial_out;  // split-K partial outputs
   qsakv::DeviceBuffer partial_lse;
   qsakv::DeviceBuffer split_counters;
   qsakv::DeviceBuffer select_ws;
+  qsakv::DeviceBuffer union_count;  // grouped route: token unions, split-K partials
+  qsakv::DeviceBuffer union_off;
+  qsakv::DeviceBuffer union_mask;
+  qsakv::DeviceBuffer grouped_partial_out;
+  qsakv::DeviceBuffer grouped_partial_lse;
+  qsakv::DeviceBuffer grouped_counters;
   void* fence = nullptr;
   bool fence_pending = false;
   size_t meta_bytes = 0;

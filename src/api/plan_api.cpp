@@ -70,9 +70,7 @@ void require_plan(const qsakv_plan* plan) {
 
 }  // namespace
 
-qsakv::PlanMetaView qsakv_plan::meta_view() const {
-  return plan_meta_view(meta.get(), options.max_rows, options.max_requests);
-}
+qsakv::PlanMetaView qsakv_plan::meta_view() const { return plan_meta_view(meta.get(), shape); }
 
 qsakv_plan::~qsakv_plan() {
   if (fence) {
@@ -119,6 +117,10 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
            "options.num_splits is %d; must be in 0..256 "
            "(0: from occupancy)",
            o.num_splits);
+    if (o.multi_row_min_rows < -1)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT,
+           "options.multi_row_min_rows is %d; must be -1 (never), 0 (automatic) or >= 1",
+           o.multi_row_min_rows);
     Backend* be = cache->context->backend.get();
     // One CTA group per (row, KV head, chunk of query heads) in the CUDA kernel.
     const int chunks =
@@ -131,8 +133,23 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
 
     auto plan = std::make_unique<qsakv_plan>();
     plan->cache = cache;
+    // The grouped multi-row route: off when the backend has none for this geometry.
+    GroupingRule& rule = plan->grouping;
+    rule.rows_per_group = be->grouped_rows_per_group(cache->geometry.group_size, c.head_dim);
+    const bool e4m3 = c.kv_dtype == QSAKV_DTYPE_E4M3;
+    const bool automatic = o.multi_row_min_rows == 0;
+    rule.min_rows = o.multi_row_min_rows == -1 || rule.rows_per_group == 0 ? 0
+                    : automatic ? (e4m3 ? kGroupedAutoMinRowsE4M3 : kGroupedAutoMinRows16)
+                                : o.multi_row_min_rows;
+    // A caller's own threshold applies to every batch; the automatic one also needs
+    // enough such rows in the batch to pay for the route's fixed cost.
+    rule.min_batch_rows =
+        automatic ? (e4m3 ? kGroupedAutoMinBatchRowsE4M3 : kGroupedAutoMinBatchRows16) : 0;
+    if (rule.min_rows == 0) rule.rows_per_group = 0;
+    o.multi_row_min_rows = rule.min_rows == 0 ? -1 : rule.min_rows;
     plan->options = o;
-    plan->meta_bytes = plan_meta_bytes(o.max_rows, o.max_requests);
+    plan->shape = {o.max_rows, o.max_requests, max_groups_for(o.max_rows, o.max_requests, rule)};
+    plan->meta_bytes = plan_meta_bytes(plan->shape);
     plan->meta = DeviceBuffer(be, plan->meta_bytes);
     plan->staging = HostBuffer(be, plan->meta_bytes);
     const int q_heads = cache->geometry.q_heads;
@@ -146,6 +163,36 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       // One arrival counter per CTA group: the last split to finish merges (zeroed here,
       // and reset by that CTA, so captured graphs replay from zero).
       plan->split_counters = DeviceBuffer(be, static_cast<size_t>(groups) * sizeof(int32_t));
+    }
+    if (plan->shape.max_groups > 0) {
+      const int groups = plan->shape.max_groups;
+      const int cap = grouped_union_cap(cache->geometry.topk_width);
+      const int items = be->grouped_max_items();
+      const int64_t kvh = cache->geometry.kv_heads;
+      plan->union_count = DeviceBuffer(be, static_cast<size_t>(groups) * sizeof(int32_t));
+      plan->union_off = DeviceBuffer(
+          be, require_bytes("the grouped route's token unions (groups x union capacity)",
+                            static_cast<int64_t>(groups) * cap, sizeof(int64_t)));
+      plan->union_mask =
+          DeviceBuffer(be, static_cast<size_t>(groups) * static_cast<size_t>(cap) * 4);
+      const int64_t parts = kvh * items * kGroupedMaxVectors;
+      plan->grouped_partial_out =
+          DeviceBuffer(be, require_bytes("the grouped route's split-K workspace", parts,
+                                         c.head_dim * sizeof(float)));
+      plan->grouped_partial_lse = DeviceBuffer(be, static_cast<size_t>(parts) * sizeof(float));
+      // Zeroed here and reset by the last CTA of each group, so graphs replay from zero.
+      plan->grouped_counters =
+          DeviceBuffer(be, static_cast<size_t>(kvh * groups) * sizeof(int32_t));
+      GroupedView& gv = plan->grouped;
+      gv.rows_per_group = rule.rows_per_group;
+      gv.union_cap = cap;
+      gv.max_items = items;
+      gv.union_count = plan->union_count.as<int32_t>();
+      gv.union_off = plan->union_off.as<int64_t>();
+      gv.union_mask = plan->union_mask.as<uint32_t>();
+      gv.partial_out = plan->grouped_partial_out.as<float>();
+      gv.partial_lse = plan->grouped_partial_lse.as<float>();
+      gv.counters = plan->grouped_counters.as<int32_t>();
     }
     const int64_t max_blocks = c.max_model_len / c.compress_ratio;
     plan->select_ws = DeviceBuffer(be, be->select_workspace_bytes(o.max_rows, max_blocks));
@@ -168,18 +215,21 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
       be->wait_fence(plan->fence);
       plan->fence_pending = false;
     }
-    fill_plan_meta(plan->staging.get(), b, rows, plan->options.max_rows,
-                   plan->options.max_requests);
+    plan->num_groups = fill_plan_meta(plan->staging.get(), b, rows, plan->shape, plan->grouping);
     be->copy(plan->meta.get(), plan->staging.get(), plan->meta_bytes, QSAKV_COPY_HOST_TO_DEVICE,
              stream);
     be->record_fence(plan->fence, stream);
     plan->fence_pending = true;
     plan->num_rows = rows;
     plan->num_requests = b.num_requests;
-    int most = 0;
-    for (int r = 0; r < b.num_requests; ++r)
-      most = std::max(most, b.query_start[r + 1] - b.query_start[r]);
+    int most = 0, grouped = 0;
+    for (int r = 0; r < b.num_requests; ++r) {
+      const int n = b.query_start[r + 1] - b.query_start[r];
+      most = std::max(most, n);
+      if (plan->num_groups > 0 && n >= plan->grouping.min_rows) grouped += n;
+    }
     plan->max_request_rows = most;
+    plan->grouped_rows = grouped;
   });
 }
 
@@ -193,7 +243,14 @@ qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info) 
     i.num_rows = plan->num_rows < 0 ? 0 : plan->num_rows;
     i.num_requests = plan->num_requests;
     i.workspace_bytes = plan->meta.bytes() + plan->partial_out.bytes() + plan->partial_lse.bytes() +
-                        plan->split_counters.bytes() + plan->select_ws.bytes();
+                        plan->split_counters.bytes() + plan->select_ws.bytes() +
+                        plan->union_count.bytes() + plan->union_off.bytes() +
+                        plan->union_mask.bytes() + plan->grouped_partial_out.bytes() +
+                        plan->grouped_partial_lse.bytes() + plan->grouped_counters.bytes();
+    i.rows_per_group = plan->grouping.rows_per_group;
+    i.multi_row_min_rows = plan->options.multi_row_min_rows;
+    i.num_groups = plan->num_rows < 0 ? 0 : plan->num_groups;
+    i.grouped_rows = plan->num_rows < 0 ? 0 : plan->grouped_rows;
     write_versioned(info, i, "info");
   });
 }
@@ -264,6 +321,8 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     p.partial_out = plan->partial_out.as<float>();
     p.partial_lse = plan->partial_lse.as<float>();
     p.split_counters = plan->split_counters.as<int32_t>();
+    p.grouped = plan->grouped;
+    p.grouped.active = plan->num_groups > 0;
     cache->context->backend->attention(p, stream);
   });
 }

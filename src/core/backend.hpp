@@ -55,6 +55,11 @@ class Backend {
   // Split-K factor for a plan whose largest batch launches `row_groups` CTA groups
   // (rows x KV heads x head chunks) over lists of topk_width entries.
   virtual int choose_splits(int row_groups, int topk_width) const = 0;
+  // The grouped multi-row route: rows per group for this GQA group and head_dim (0: the
+  // backend has no such route, every row takes the decode route), and the (group, split)
+  // work items its split-K partials hold per KV head.
+  virtual int grouped_rows_per_group(int /*group_size*/, int /*head_dim*/) const { return 0; }
+  virtual int grouped_max_items() const { return 0; }
   // Bytes of select scratch a plan needs.
   virtual size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const = 0;
 

@@ -1,51 +1,93 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/plan_meta.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/error.hpp"
 
 namespace qsakv {
 
-size_t plan_meta_bytes(int max_rows, int max_requests) {
-  return sizeof(PlanMetaHeader) + sizeof(int32_t) * (2 * static_cast<size_t>(max_rows) +
-                                                     2 * static_cast<size_t>(max_requests));
+int max_groups_for(int max_rows, int max_requests, const GroupingRule& rule) {
+  if (rule.min_rows <= 0 || rule.rows_per_group <= 0 || max_rows < rule.min_rows ||
+      max_rows < rule.min_batch_rows)
+    return 0;  // no batch of this plan can take the route
+  const int requests = std::min(max_requests, max_rows / rule.min_rows);
+  return max_rows / rule.rows_per_group + requests;
 }
 
-PlanMetaView plan_meta_view(void* base_ptr, int max_rows, int max_requests) {
+size_t plan_meta_bytes(const PlanMetaShape& s) {
+  return sizeof(PlanMetaHeader) + sizeof(int32_t) * (3 * static_cast<size_t>(s.max_rows) +
+                                                     2 * static_cast<size_t>(s.max_requests) +
+                                                     2 * static_cast<size_t>(s.max_groups));
+}
+
+PlanMetaView plan_meta_view(void* base_ptr, const PlanMetaShape& s) {
   PlanMetaView v;
   char* base = static_cast<char*>(base_ptr);
   v.header = reinterpret_cast<const PlanMetaHeader*>(base);
   v.row_request = reinterpret_cast<const int32_t*>(base + sizeof(PlanMetaHeader));
-  v.row_pos = v.row_request + max_rows;
-  v.req_len = v.row_pos + max_rows;
-  v.req_slot = v.req_len + max_requests;
-  v.max_rows = max_rows;
-  v.max_requests = max_requests;
+  v.row_pos = v.row_request + s.max_rows;
+  v.row_group = v.row_pos + s.max_rows;
+  v.req_len = v.row_group + s.max_rows;
+  v.req_slot = v.req_len + s.max_requests;
+  v.group_row0 = v.req_slot + s.max_requests;
+  v.group_rows = v.group_row0 + s.max_groups;
+  v.max_rows = s.max_rows;
+  v.max_requests = s.max_requests;
+  v.max_groups = s.max_groups;
   return v;
 }
 
-void fill_plan_meta(void* dst, const qsakv_batch& b, int rows, int max_rows, int max_requests) {
-  char* base = static_cast<char*>(dst);
-  auto* h = reinterpret_cast<PlanMetaHeader*>(base);
-  auto* row_request = reinterpret_cast<int32_t*>(base + sizeof(PlanMetaHeader));
-  int32_t* row_pos = row_request + max_rows;
-  int32_t* req_len = row_pos + max_rows;
-  int32_t* req_slot = req_len + max_requests;
-  h->num_rows = rows;
-  h->num_requests = b.num_requests;
-  h->block_table_stride = b.block_table_stride;
-  h->pad = 0;
-  h->block_table = b.block_table;
-  for (int r = 0; r < b.num_requests; ++r) {
-    const int n = b.query_start[r + 1] - b.query_start[r];
-    for (int j = 0; j < n; ++j) {
-      row_request[b.query_start[r] + j] = r;
-      row_pos[b.query_start[r] + j] = b.seq_lens[r] - n + j;
+int fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const PlanMetaShape& shape,
+                   const GroupingRule& rule) {
+  const PlanMetaView v = plan_meta_view(dst, shape);
+  auto* h = const_cast<PlanMetaHeader*>(v.header);
+  auto* row_request = const_cast<int32_t*>(v.row_request);
+  auto* row_pos = const_cast<int32_t*>(v.row_pos);
+  auto* row_group = const_cast<int32_t*>(v.row_group);
+  auto* req_len = const_cast<int32_t*>(v.req_len);
+  auto* req_slot = const_cast<int32_t*>(v.req_slot);
+  auto* group_row0 = const_cast<int32_t*>(v.group_row0);
+  auto* group_rows = const_cast<int32_t*>(v.group_rows);
+  // Rows in requests long enough for the grouped route: too few, and none takes it.
+  int eligible = 0;
+  if (shape.max_groups > 0 && rule.min_rows > 0)
+    for (int r = 0; r < b.num_requests; ++r) {
+      const int n = b.query_start[r + 1] - b.query_start[r];
+      if (n >= rule.min_rows) eligible += n;
     }
+  const bool route = eligible > 0 && eligible >= rule.min_batch_rows;
+  int groups = 0;
+  for (int r = 0; r < b.num_requests; ++r) {
+    const int first = b.query_start[r];
+    const int n = b.query_start[r + 1] - first;
+    const bool grouped = route && n >= rule.min_rows;
+    for (int j = 0; j < n; ++j) {
+      row_request[first + j] = r;
+      row_pos[first + j] = b.seq_lens[r] - n + j;
+      row_group[first + j] = grouped ? groups + j / rule.rows_per_group : -1;
+    }
+    if (grouped)
+      for (int j = 0; j < n; j += rule.rows_per_group) {
+        // max_groups_for bounds the count for every valid batch; a broken bound must
+        // not write past the arrays.
+        if (groups >= shape.max_groups)
+          fail(QSAKV_ERROR_INTERNAL, "the batch makes more than the plan's %d row groups",
+               shape.max_groups);
+        group_row0[groups] = first + j;
+        group_rows[groups] = std::min(rule.rows_per_group, n - j);
+        ++groups;
+      }
     req_len[r] = b.seq_lens[r];
     req_slot[r] = b.request_slots ? b.request_slots[r] : r;
   }
+  h->num_rows = rows;
+  h->num_requests = b.num_requests;
+  h->block_table_stride = b.block_table_stride;
+  h->num_groups = groups;
+  h->block_table = b.block_table;
+  return groups;
 }
 
 int validate_batch(const qsakv_batch& b, const qsakv_model_config& c, int max_rows,

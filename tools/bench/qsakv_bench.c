@@ -361,6 +361,163 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
   return ms * 1e3 / kCalls;
 }
 
+/* ---- Multi-row batches (prefill chunks, verify rows, mixed): the grouped route against
+ * the decode route on the same rows. Top-k lists drift the way adjacent rows' selections
+ * do: each request draws a random order of the groups its first row sees, and its row j
+ * takes 512 consecutive groups of that order from offset floor(0.19 j) (8192 rows at 32K
+ * then select ~2,070 distinct groups, ~8,300 tokens, as measured on the model), plus its
+ * open group's tail. */
+typedef struct {
+  const char* kind;
+  int num_requests;
+  int rows[64]; /* rows of each request */
+  int seq;      /* tokens of each request after the step */
+} mr_case;
+
+typedef struct {
+  double us_grouped, us_decode; /* one-call graph, L2 flushed */
+  double us_auto;               /* the plan's own routing (multi_row_min_rows 0) */
+  int auto_rows;                /* rows it put on the grouped route */
+  double tokens_decode;         /* K/V tokens each route reads: rows x their list */
+  double tokens_grouped;        /* sum over 16-row groups of their union */
+  double tokens_distinct;       /* per request, its distinct selected tokens */
+  int groups;
+} mr_timing;
+
+static int cmp_int(const void* a, const void* b) {
+  const int x = *(const int*)a, y = *(const int*)b;
+  return (x > y) - (x < y);
+}
+
+static int distinct_count(int* v, int n) {
+  qsort(v, (size_t)n, sizeof(int), cmp_int);
+  int d = 0;
+  for (int i = 0; i < n; ++i) d += v[i] >= 0 && (i == 0 || v[i] != v[i - 1]);
+  return d;
+}
+
+static double time_one_call(qsakv_plan* plan, int layer, void* q, int32_t* topk, void* out,
+                            cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(qsakv_attention_run(plan, layer, QSAKV_ATTENTION_SPARSE, q, topk, 2051, out,
+                            (qsakv_stream_t)s));
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const double us = time_graph_ex(e, s, 15, 1) * 1e3;
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  return us;
+}
+
+static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s) {
+  const int width = 2051;
+  int rows = 0;
+  for (int r = 0; r < c->num_requests; ++r) rows += c->rows[r];
+  int32_t qs[65], lens[64];
+  qs[0] = 0;
+  for (int r = 0; r < c->num_requests; ++r) {
+    qs[r + 1] = qs[r] + c->rows[r];
+    lens[r] = c->seq;
+  }
+  int32_t* tk = malloc(sizeof(int32_t) * (size_t)rows * width);
+  int* scratch = malloc(sizeof(int) * (size_t)16 * width);
+  int* all = malloc(sizeof(int) * (size_t)rows * width);
+  mr_timing t;
+  memset(&t, 0, sizeof t);
+  for (int r = 0; r < c->num_requests; ++r) {
+    const int n = c->rows[r], first_pos = c->seq - n;
+    const int visible = (first_pos + 1) / 4; /* groups every row of the request sees */
+    int* order = malloc(sizeof(int) * (size_t)(visible > 0 ? visible : 1));
+    for (int i = 0; i < visible; ++i) order[i] = i;
+    for (int i = visible - 1; i > 0; --i) {
+      const int j = (int)(rnd() % (uint64_t)(i + 1)), x = order[i];
+      order[i] = order[j];
+      order[j] = x;
+    }
+    const int take = visible < 512 ? visible : 512;
+    for (int j = 0; j < n; ++j) {
+      const int pos = first_pos + j, off = (int)(0.19 * j);
+      int32_t* out = tk + (size_t)(qs[r] + j) * width;
+      int k = 0;
+      for (int i = 0; i < take; ++i) {
+        const int g = order[(off + i) % visible];
+        for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
+      }
+      for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
+      t.tokens_decode += k;
+      while (k < width) out[k++] = -1;
+    }
+    for (int j = 0; j < n; j += 16) {
+      const int m = n - j < 16 ? n - j : 16;
+      memcpy(scratch, tk + (size_t)(qs[r] + j) * width, sizeof(int) * (size_t)m * width);
+      t.tokens_grouped += distinct_count(scratch, m * width);
+      ++t.groups;
+    }
+    memcpy(all, tk + (size_t)qs[r] * width, sizeof(int) * (size_t)n * width);
+    t.tokens_distinct += distinct_count(all, n * width);
+    free(order);
+  }
+  void *bt, *topk, *q, *out;
+  int32_t* bth = malloc(sizeof(int32_t) * (size_t)c->num_requests * b->pages);
+  for (int r = 0; r < c->num_requests; ++r)
+    memcpy(bth + (size_t)r * b->pages, b->block_table_host + (size_t)r * b->pages,
+           sizeof(int32_t) * b->pages);
+  CUDA(cudaMalloc(&bt, sizeof(int32_t) * (size_t)c->num_requests * b->pages));
+  CUDA(cudaMemcpy(bt, bth, sizeof(int32_t) * (size_t)c->num_requests * b->pages,
+                  cudaMemcpyHostToDevice));
+  CUDA(cudaMalloc(&topk, sizeof(int32_t) * (size_t)rows * width));
+  CUDA(cudaMemcpy(topk, tk, sizeof(int32_t) * (size_t)rows * width, cudaMemcpyHostToDevice));
+  const size_t qn = (size_t)rows * 6 * 256;
+  uint16_t* hq = malloc(2 * qn);
+  for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
+  CUDA(cudaMalloc(&q, 2 * qn));
+  CUDA(cudaMalloc(&out, 2 * qn));
+  CUDA(cudaMemcpy(q, hq, 2 * qn, cudaMemcpyHostToDevice));
+  for (int route = 0; route < 3; ++route) {
+    qsakv_plan_options po;
+    CHECK(qsakv_plan_options_init(&po));
+    po.max_rows = rows;
+    po.max_requests = c->num_requests;
+    po.multi_row_min_rows = route == 0 ? 1 : route == 1 ? -1 : 0;
+    qsakv_plan* plan = NULL;
+    CHECK(qsakv_plan_create(&plan, b->cache, &po));
+    qsakv_batch batch = QSAKV_BATCH_INIT;
+    batch.num_requests = c->num_requests;
+    batch.query_start = qs;
+    batch.seq_lens = lens;
+    batch.block_table = bt;
+    batch.block_table_stride = b->pages;
+    CHECK(qsakv_plan_update(plan, &batch, (qsakv_stream_t)s));
+    const double us = time_one_call(plan, b->cfg.qsa_layers[0], q, topk, out, s);
+    if (route == 0) {
+      t.us_grouped = us;
+    } else if (route == 1) {
+      t.us_decode = us;
+    } else {
+      qsakv_plan_info pi;
+      memset(&pi, 0, sizeof pi);
+      pi.struct_size = sizeof pi;
+      CHECK(qsakv_plan_get_info(plan, &pi));
+      t.us_auto = us;
+      t.auto_rows = pi.grouped_rows;
+    }
+    CUDA(cudaStreamSynchronize(s));
+    qsakv_plan_destroy(plan);
+  }
+  CUDA(cudaFree(bt));
+  CUDA(cudaFree(topk));
+  CUDA(cudaFree(q));
+  CUDA(cudaFree(out));
+  free(bth);
+  free(hq);
+  free(tk);
+  free(scratch);
+  free(all);
+  return t;
+}
+
 static double time_store(bench_cache* b, int tokens, cudaStream_t s) {
   const size_t n = (size_t)tokens * 256;
   uint16_t* h = malloc(2 * n);
@@ -512,7 +669,7 @@ static double attention_us_for(const int* rows_list, const double* us, int n, in
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
-  int n_rows = 9, e4m3_only = 0, select_only = 0;
+  int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0;
   int case_mask = -1; /* selection cases to run (bit i: case i) */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc)
@@ -521,6 +678,10 @@ int main(int argc, char** argv) {
       e4m3_only = 1;
     else if (!strcmp(argv[i], "--select-only"))
       select_only = 1;
+    else if (!strcmp(argv[i], "--multirow-only"))
+      multirow_only = 1;
+    else if (!strcmp(argv[i], "--no-multirow"))
+      no_multirow = 1;
     else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
@@ -533,10 +694,11 @@ int main(int argc, char** argv) {
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ","))
         rows_list[n_rows++] = atoi(t);
     } else {
-      fprintf(stderr,
-              "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
-              "[--select-cases 0,4,...] [--tier auto|sm70|sm75]\n",
-              argv[0]);
+      fprintf(
+          stderr,
+          "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
+          "[--select-cases 0,4,...] [--tier auto|sm70|sm75] [--multirow-only] [--no-multirow]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -574,6 +736,83 @@ int main(int argc, char** argv) {
       info.decoder == QSAKV_DECODER_HARDWARE ? "hardware" : "software", memcpy_gbs, kcopy_gbs,
       copy_gbs);
 
+  if (multirow_only) {
+    select_only = 1;
+    case_mask = 0;
+  }
+  FILE* js = json_path ? fopen(json_path, "w") : NULL;
+  if (js)
+    fprintf(js,
+            "{\n  \"device\": \"%s\",\n  \"kernel_tier\": \"%s\",\n  \"copy_gbs\": %.1f,\n"
+            "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f,\n",
+            info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
+  if (!no_multirow && !sm70_tier) {
+    /* Grouped route against the decode route, one call alone, L2 flushed. */
+    mr_case mr[16];
+    int n_mr = 0;
+    const int prefill[3] = {512, 2048, 8192}, verify_rows[9] = {1, 2, 3, 4, 5, 6, 7, 8, 20};
+    for (int si = 0; si < 2; ++si)
+      for (int i = 0; i < 3; ++i) {
+        memset(&mr[n_mr], 0, sizeof mr[0]);
+        mr[n_mr].kind = "prefill";
+        mr[n_mr].num_requests = 1;
+        mr[n_mr].rows[0] = prefill[i];
+        mr[n_mr++].seq = si == 0 ? 32768 : 131072;
+      }
+    for (int i = 0; i < 9; ++i) { /* 64 requests x verify rows */
+      memset(&mr[n_mr], 0, sizeof mr[0]);
+      mr[n_mr].kind = "verify";
+      mr[n_mr].num_requests = 64;
+      for (int r = 0; r < 64; ++r) mr[n_mr].rows[r] = verify_rows[i];
+      mr[n_mr++].seq = 32768;
+    }
+    const mr_case mixed = {"mixed49", 5, {1, 4, 16, 1, 27}, 32768};
+    mr[n_mr++] = mixed;
+    printf(
+        "\nmulti-row attention, one call, L2 flushed: grouped route vs decode route on the same "
+        "rows\n(TFLOP/s = rows x 6 heads x 2051 x 256 x 4 / time; tok/row: K/V tokens per row "
+        "the grouped route reads (decode: 2051), min/row: the request's distinct tokens per "
+        "row)\n");
+    printf("%8s %5s %6s %7s %6s %11s %9s %11s %8s %9s %9s %9s %9s\n", "kind", "reqs", "rows",
+           "context", "dtype", "grouped us", "TFLOP/s", "decode us", "dec/grp", "auto us",
+           "auto grp", "tok/row", "min/row");
+    if (js) fprintf(js, "  \"multirow\": [\n");
+    int printed_mr = 0;
+    const qsakv_dtype dts[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
+    for (int di = 0; di < 2; ++di)
+      for (int si = 0; si < 2; ++si) {
+        const int seq = si == 0 ? 32768 : 131072;
+        bench_cache mb;
+        make_cache(&mb, hw, dts[di], 8192, seq, si == 0 ? 64 : 1);
+        for (int ci = 0; ci < n_mr; ++ci) {
+          const mr_case* c = &mr[ci];
+          if (c->seq != seq) continue;
+          const mr_timing t = time_multirow(&mb, c, s);
+          int rows = 0;
+          for (int r = 0; r < c->num_requests; ++r) rows += c->rows[r];
+          const double flops = (double)rows * 6 * 2051 * 256 * 4;
+          const double tf = flops / (t.us_grouped * 1e-6) / 1e12;
+          printf("%8s %5d %6d %7d %6s %11.2f %9.1f %11.2f %8.2f %9.2f %9d %9.0f %9.0f\n", c->kind,
+                 c->num_requests, rows, seq, qsakv_dtype_name(dts[di]), t.us_grouped, tf,
+                 t.us_decode, t.us_decode / t.us_grouped, t.us_auto, t.auto_rows,
+                 t.tokens_grouped / rows, t.tokens_distinct / rows);
+          if (js)
+            fprintf(js,
+                    "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"context\": %d, "
+                    "\"dtype\": \"%s\", \"grouped_us\": %.3f, \"decode_us\": %.3f, "
+                    "\"grouped_tflops\": %.2f, \"groups\": %d, \"tokens_decode\": %.0f, "
+                    "\"tokens_grouped\": %.0f, \"tokens_distinct\": %.0f, \"auto_us\": %.3f, "
+                    "\"auto_grouped_rows\": %d}",
+                    printed_mr++ ? ",\n" : "", c->kind, c->num_requests, rows, seq,
+                    qsakv_dtype_name(dts[di]), t.us_grouped, t.us_decode, tf, t.groups,
+                    t.tokens_decode, t.tokens_grouped, t.tokens_distinct, t.us_auto, t.auto_rows);
+          fflush(stdout);
+        }
+        free_cache(&mb);
+      }
+    if (js) fprintf(js, "\n  ],\n");
+  }
+
   if (select_only) n_rows = 0;
   int rows_max = 1;
   for (int i = 0; i < n_rows; ++i) rows_max = rows_list[i] > rows_max ? rows_list[i] : rows_max;
@@ -582,12 +821,7 @@ int main(int argc, char** argv) {
   make_cache(&e8sw, sw, QSAKV_DTYPE_E4M3, rows_max, kSeq, kRequests);
   make_cache(&f16, hw, QSAKV_DTYPE_FP16, rows_max, kSeq, kRequests);
 
-  FILE* js = json_path ? fopen(json_path, "w") : NULL;
-  if (js)
-    fprintf(js,
-            "{\n  \"device\": \"%s\",\n  \"kernel_tier\": \"%s\",\n  \"copy_gbs\": %.1f,\n"
-            "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f,\n  \"attention\": [\n",
-            info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
+  if (js) fprintf(js, "  \"attention\": [\n");
   printf(
       "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
       "contexts, bs 64\n");

@@ -35,7 +35,10 @@ for act in ACTS:
         for d in (64, 128, 256):
             KERNELS.append(f"&qsakv::cuda::decode_attention_kernel<{act}, "
                            f"qsakv::cuda::KvKind::{kv}, {d}, qsakv::cuda::Decoder::{dec}>")
+            KERNELS.append(f"&qsakv::cuda::grouped_attention_kernel<{act}, "
+                           f"qsakv::cuda::KvKind::{kv}, {d}, qsakv::cuda::Decoder::{dec}>")
 KERNELS += [
+    "&qsakv::cuda::grouped_union_kernel",
     "&qsakv::cuda::store_kv_kernel<__half, true, false>",
     "&qsakv::cuda::store_kv_kernel<__nv_bfloat16, true, false>",
     "&qsakv::cuda::store_kv_kernel<__half, false>",

@@ -27,9 +27,9 @@ QSAKV_CACHE_OPTIONS_VERSION = 1
 QSAKV_CACHE_LAYOUT_VERSION = 1
 QSAKV_LAYER_BUFFERS_VERSION = 1
 QSAKV_CACHE_MEMORY_VERSION = 1
-QSAKV_PLAN_OPTIONS_VERSION = 1
+QSAKV_PLAN_OPTIONS_VERSION = 2
 QSAKV_BATCH_VERSION = 1
-QSAKV_PLAN_INFO_VERSION = 1
+QSAKV_PLAN_INFO_VERSION = 2
 QSAKV_CALIB_BINS = 4096
 QSAKV_CALIB_LOG2_MIN = -24
 QSAKV_CALIB_LOG2_MAX = 16
@@ -488,6 +488,7 @@ qsakv_plan_options._fields_ = [
     ('max_rows', ctypes.c_int32),
     ('max_requests', ctypes.c_int32),
     ('num_splits', ctypes.c_int32),
+    ('multi_row_min_rows', ctypes.c_int32),
 ]
 
 qsakv_batch._fields_ = [
@@ -510,6 +511,10 @@ qsakv_plan_info._fields_ = [
     ('num_rows', ctypes.c_int32),
     ('num_requests', ctypes.c_int32),
     ('workspace_bytes', ctypes.c_uint64),
+    ('rows_per_group', ctypes.c_int32),
+    ('multi_row_min_rows', ctypes.c_int32),
+    ('num_groups', ctypes.c_int32),
+    ('grouped_rows', ctypes.c_int32),
 ]
 
 qsakv_calib_info._fields_ = [

@@ -57,17 +57,20 @@ class Plan(Handle):
     """A plan for batches up to a maximum shape (allocates its device metadata and
     workspace; blocking). A CUDA graph captured with it stays valid across update()s.
 
-    Plan(cache, *, max_rows=0, max_requests=0, num_splits=0)  (0: from the config /
-    occupancy). Keeps its Cache alive; closing the Cache closes the Plan first.
+    Plan(cache, *, max_rows=0, max_requests=0, num_splits=0, multi_row_min_rows=0)
+    (0: from the config / occupancy / the measured crossover; multi_row_min_rows -1: every
+    row on the decode route, n >= 1: requests of n rows or more on the grouped route).
+    Keeps its Cache alive; closing the Cache closes the Plan first.
     """
 
     _kind = "plan"
 
     def __init__(self, cache: Cache, *, max_rows: int = 0, max_requests: int = 0,
-                 num_splits: int = 0):
+                 num_splits: int = 0, multi_row_min_rows: int = 0):
         opts = _structs.new(_cdefs.qsakv_plan_options)
         lib.qsakv_plan_options_init(ctypes.byref(opts))
         opts.max_rows, opts.max_requests, opts.num_splits = max_rows, max_requests, num_splits
+        opts.multi_row_min_rows = multi_row_min_rows
         out = ctypes.POINTER(_cdefs.qsakv_plan)()
         lib.qsakv_plan_create(ctypes.byref(out), cache._p, ctypes.byref(opts))
         super().__init__(out, lib.qsakv_plan_destroy, parent=cache)
@@ -119,7 +122,8 @@ class Plan(Handle):
 
     def info(self):
         """PlanInfo: max_rows, max_requests, num_splits, num_rows and num_requests of the
-        last update, workspace_bytes."""
+        last update, workspace_bytes; the grouped route: rows_per_group (0: none),
+        multi_row_min_rows, num_groups and grouped_rows of the last update."""
         out = _structs.new(_cdefs.qsakv_plan_info)
         lib.qsakv_plan_get_info(self._p, ctypes.byref(out))
         return _structs.record(out, "PlanInfo")

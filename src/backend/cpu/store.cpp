@@ -31,7 +31,11 @@ void store_kv(const StoreKvParams& p) {
             static_cast<uint8_t*>(c.data)[dst0 + d] = b;
             if ((b & 0x7Fu) == e4m3::kNaN) *c.nan_flag = 1;
           } else {
-            static_cast<uint16_t*>(c.data)[dst0 + d] = static_cast<const uint16_t*>(src)[s];
+            const uint16_t x = static_cast<const uint16_t*>(src)[s];
+            static_cast<uint16_t*>(c.data)[dst0 + d] = x;
+            // A non-finite V value (the CUDA grouped route checks flagged layers' V).
+            const uint16_t exp = p.act_dtype == QSAKV_DTYPE_BF16 ? 0x7F80u : 0x7C00u;
+            if (kv == 1 && (x & exp) == exp) *c.nan_flag = 1;
           }
         }
       }

@@ -148,6 +148,11 @@ class CudaBackend final : public Backend {
     const int cap = std::max(1, (topk_width + 127) / 128);
     return std::max(1, std::min(want, cap));
   }
+  // The tensor-core tier only (the SM70 tier has no grouped kernels).
+  int grouped_rows_per_group(int group_size, int head_dim) const override {
+    return sm70_tier() ? 0 : cuda::grouped_rows_per_group(group_size, head_dim);
+  }
+  int grouped_max_items() const override { return kGroupedCtasPerSm * info_.multiprocessor_count; }
   size_t select_workspace_bytes(int max_rows, int64_t max_blocks) const override {
     return cuda::select_workspace_bytes(max_rows, max_blocks);
   }
@@ -196,8 +201,10 @@ class CudaBackend final : public Backend {
            info_.sm_version);
     DeviceGuard g(info_.device);
     try {
-      cuda::launch_decode_attention(p, info_.decoder == QSAKV_DECODER_HARDWARE, sm70_tier(),
-                                    stream);
+      const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
+      cuda::launch_grouped_attention(p, hw, stream);
+      check_launch("grouped attention kernel launch");
+      cuda::launch_decode_attention(p, hw, sm70_tier(), stream);
     } catch (const cuda::LaunchError& e) {
       fail(e.status(), "%s", e.what());
     }

@@ -18,9 +18,9 @@ pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_LAYOUT_VERSION: u32 = 1;
 pub const QSAKV_LAYER_BUFFERS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_MEMORY_VERSION: u32 = 1;
-pub const QSAKV_PLAN_OPTIONS_VERSION: u32 = 1;
+pub const QSAKV_PLAN_OPTIONS_VERSION: u32 = 2;
 pub const QSAKV_BATCH_VERSION: u32 = 1;
-pub const QSAKV_PLAN_INFO_VERSION: u32 = 1;
+pub const QSAKV_PLAN_INFO_VERSION: u32 = 2;
 pub const QSAKV_CALIB_BINS: u32 = 4096;
 pub const QSAKV_CALIB_LOG2_MIN: i32 = -24;
 pub const QSAKV_CALIB_LOG2_MAX: u32 = 16;
@@ -3063,12 +3063,13 @@ pub struct qsakv_plan_options {
     pub max_rows: i32,
     pub max_requests: i32,
     pub num_splits: i32,
+    pub multi_row_min_rows: i32,
 }
 #[test]
 fn bindgen_test_layout_qsakv_plan_options() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_plan_options>(),
-        24usize,
+        32usize,
         concat!("Size of: ", stringify!(qsakv_plan_options))
     );
     assert_eq!(
@@ -3161,6 +3162,23 @@ fn bindgen_test_layout_qsakv_plan_options() {
         );
     }
     test_field_num_splits();
+    fn test_field_multi_row_min_rows() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_plan_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).multi_row_min_rows) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_plan_options),
+                "::",
+                stringify!(multi_row_min_rows)
+            )
+        );
+    }
+    test_field_multi_row_min_rows();
 }
 extern "C" {
     #[must_use]
@@ -3357,12 +3375,16 @@ pub struct qsakv_plan_info {
     pub num_rows: i32,
     pub num_requests: i32,
     pub workspace_bytes: u64,
+    pub rows_per_group: i32,
+    pub multi_row_min_rows: i32,
+    pub num_groups: i32,
+    pub grouped_rows: i32,
 }
 #[test]
 fn bindgen_test_layout_qsakv_plan_info() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_plan_info>(),
-        40usize,
+        56usize,
         concat!("Size of: ", stringify!(qsakv_plan_info))
     );
     assert_eq!(
@@ -3506,6 +3528,74 @@ fn bindgen_test_layout_qsakv_plan_info() {
         );
     }
     test_field_workspace_bytes();
+    fn test_field_rows_per_group() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_plan_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rows_per_group) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_plan_info),
+                "::",
+                stringify!(rows_per_group)
+            )
+        );
+    }
+    test_field_rows_per_group();
+    fn test_field_multi_row_min_rows() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_plan_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).multi_row_min_rows) as usize - ptr as usize
+            },
+            44usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_plan_info),
+                "::",
+                stringify!(multi_row_min_rows)
+            )
+        );
+    }
+    test_field_multi_row_min_rows();
+    fn test_field_num_groups() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_plan_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_groups) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_plan_info),
+                "::",
+                stringify!(num_groups)
+            )
+        );
+    }
+    test_field_num_groups();
+    fn test_field_grouped_rows() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_plan_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grouped_rows) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_plan_info),
+                "::",
+                stringify!(grouped_rows)
+            )
+        );
+    }
+    test_field_grouped_rows();
 }
 extern "C" {
     #[must_use]

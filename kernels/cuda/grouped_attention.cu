@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// Instantiation and launch of the grouped multi-row route: the union kernel (sparse
+// only), then the attention kernel over (group x split, KV head).
+#include "cuda/grouped_attention.cuh"
+#include "cuda/grouped_union.cuh"
+#include "cuda/launch.hpp"
+
+namespace qsakv {
+namespace cuda {
+
+namespace {
+
+// Raises a kernel's dynamic shared-memory limit once per kernel (thread-safe static init
+// of each instantiation: Tag names the kernel, since all grouped kernels share one
+// function type; no stream work, so capture-safe).
+template <class Tag, class K>
+void allow_smem(K kernel, int bytes) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (attr != cudaSuccess)
+    refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", bytes,
+                  cudaGetErrorString(attr));
+}
+
+template <class Act, KvKind KV, int D, Decoder DEC>
+void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
+  constexpr int smem = grouped_smem_bytes<KV, D>();
+  struct Tag;  // one per instantiation of launch<>
+  allow_smem<Tag>(grouped_attention_kernel<Act, KV, D, DEC>, smem);
+  const int warps = (gp.vectors + 15) / 16;
+  const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
+                  static_cast<unsigned>(gp.d.kv_heads));
+  grouped_attention_kernel<Act, KV, D, DEC><<<grid, 32 * warps, smem, stream>>>(gp);
+}
+
+template <class Act, KvKind KV, Decoder DEC>
+void by_dim(const GroupedParams& gp, int D, int max_groups, cudaStream_t stream) {
+  switch (D) {
+    case 64:
+      return launch<Act, KV, 64, DEC>(gp, max_groups, stream);
+    case 128:
+      return launch<Act, KV, 128, DEC>(gp, max_groups, stream);
+    case 256:
+      return launch<Act, KV, 256, DEC>(gp, max_groups, stream);
+    default:
+      refuse_launch(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
+  }
+}
+
+template <class Act>
+void by_cache(const GroupedParams& gp, qsakv_dtype kv, bool hw, int D, int max_groups,
+              cudaStream_t stream) {
+  constexpr bool kBf16 = std::is_same<Act, __nv_bfloat16>::value;
+  constexpr KvKind k16 = kBf16 ? KvKind::kBf16 : KvKind::kFp16;
+  if (kv == QSAKV_DTYPE_E4M3) {
+    if (hw)
+      by_dim<Act, KvKind::kE4M3, Decoder::kHardware>(gp, D, max_groups, stream);
+    else
+      by_dim<Act, KvKind::kE4M3, Decoder::kSoftware>(gp, D, max_groups, stream);
+  } else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16)) {
+    by_dim<Act, k16, Decoder::kSoftware>(gp, D, max_groups, stream);
+  } else {
+    refuse_launch(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations",
+                  kv);
+  }
+}
+
+}  // namespace
+
+int grouped_rows_per_group(int group_size, int head_dim) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
+  if (group_size < 1 || group_size > kGroupedMaxVectors) return 0;
+  return std::min(kGroupedMaxRows, kGroupedMaxVectors / group_size);
+}
+
+void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
+                              cudaStream_t stream) {
+  const int max_groups = p.meta.max_groups;
+  if (max_groups == 0 || !p.grouped.active) return;  // no groups in this batch
+  const KvCacheView& c = p.cache;
+  const GroupedView& g = p.grouped;
+  if (p.mode == QSAKV_ATTENTION_SPARSE) {
+    UnionParams up;
+    up.meta = p.meta;
+    up.topk = p.topk;
+    up.topk_stride = p.topk_stride;
+    up.topk_width = p.topk_width;
+    up.block_size = c.block_size;
+    up.num_blocks = c.num_blocks;
+    const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
+    up.stride_block = c.stride_block * esz;
+    up.stride_token = c.stride_token * esz;
+    up.union_cap = g.union_cap;
+    up.union_count = g.union_count;
+    up.union_off = g.union_off;
+    up.union_mask = g.union_mask;
+    // The size follows the plan's union capacity: set for each launch (a host-side
+    // attribute call, no stream work).
+    const int smem = union_smem_bytes(g.union_cap);
+    const cudaError_t attr = cudaFuncSetAttribute(
+        grouped_union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (attr != cudaSuccess)
+      refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
+                    cudaGetErrorString(attr));
+    grouped_union_kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
+  }
+  GroupedParams gp;
+  gp.d = decode_params(p);
+  gp.group_row0 = p.meta.group_row0;
+  gp.group_rows = p.meta.group_rows;
+  gp.rows_per_group = g.rows_per_group;
+  gp.vectors = g.rows_per_group * p.group_size;
+  gp.union_cap = g.union_cap;
+  gp.max_items = g.max_items;
+  gp.union_count = g.union_count;
+  gp.union_off = g.union_off;
+  gp.union_mask = g.union_mask;
+  gp.partial_out = g.partial_out;
+  gp.partial_lse = g.partial_lse;
+  gp.counters = g.counters;
+  gp.max_groups = max_groups;
+  if (p.act_dtype == QSAKV_DTYPE_BF16)
+    by_cache<__nv_bfloat16>(gp, c.dtype, hardware_decoder, c.head_dim, max_groups, stream);
+  else
+    by_cache<__half>(gp, c.dtype, hardware_decoder, c.head_dim, max_groups, stream);
+}
+
+}  // namespace cuda
+}  // namespace qsakv

@@ -1,0 +1,725 @@
+// SPDX-License-Identifier: Apache-2.0
+// Grouped multi-row attention (prefill chunks, verify rows): up to 16 consecutive rows of
+// one request read each K/V tile once for all their query heads of one KV head.
+//
+// One CTA of up to 6 warps handles (group, KV head, split). Its M = rows x GQA group
+// query vectors (<= 96; vector m is row m / group, head m % group) sit in shared memory;
+// warp w owns vectors 16w .. 16w+15. The CTA walks an entry list in tiles of 16 tokens:
+//   sparse: the group's token union (grouped_union.cuh), each entry with a row mask;
+//           or, when the union overflowed its workspace, each row's own list in turn;
+//   dense:  tokens 0 .. the last row's position, masked causally per row.
+// Per tile (FlashAttention-2 layout, m16n8k16, FP32 accumulation):
+//   S[16 vectors x 16 tokens] = Q . K^T   (A = Q by ldmatrix, B = K by ldmatrix)
+//   masked per row, online softmax (base 2), P kept in registers as the A operand,
+//   O[16 x D] += P . V                     (B = V by ldmatrix.trans)
+// K/V tiles arrive by 16-byte async copies, three tiles in flight. E4M3 tiles land raw
+// and are decoded once per tile into FP16 in shared memory (never per fragment); 16-bit
+// tiles land directly in their swizzled place.
+//
+// Numerics as the decode route (DOMAIN.md section 3): the K scale sits in the softmax
+// factor, the V scale is applied to the normalised output; FP16 MMAs for E4M3 caches
+// (BF16 queries scaled by a power of two per vector into FP16 range), BF16 MMAs for BF16
+// caches; P in the MMA's 16-bit type. NaN semantics as the CPU backend: a NaN K element
+// makes the scores of the rows that select its token NaN (masking happens after the
+// product, so other rows never see it); a non-finite V element would reach every row of
+// the tile through P = 0 (0 x NaN), so where the layer's flag says one may exist the tile
+// is checked, the element zeroed and the output dim of each selecting row set to NaN.
+#pragma once
+
+#include <math_constants.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "limits.hpp"
+#include "params.hpp"
+#include "cuda/common.cuh"
+#include "cuda/decode_attention.cuh"
+#include "cuda/e4m3_decode.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/smem_tile.cuh"
+
+namespace qsakv {
+namespace cuda {
+
+constexpr int kGTile = 16;                        // tokens per tile
+constexpr int kGWarps = kGroupedMaxVectors / 16;  // 6
+constexpr int kGThreadsMax = 32 * kGWarps;        // blockDim is 32 x warps used
+constexpr int kGCopyStages = 3;                   // tiles in flight
+constexpr int kGEntrySlots = 4;                   // resolved entry lists, a ring
+enum class EntrySource { kUnion = 0, kRowLists = 1, kDense = 2 };
+
+struct GroupedParams {
+  DecodeParams d;  // cache, q, out, scales, metadata, top-k lists
+  const int32_t* group_row0;
+  const int32_t* group_rows;
+  int32_t rows_per_group;
+  int32_t vectors;  // rows_per_group x group
+  int32_t union_cap;
+  int32_t max_items;
+  const int32_t* union_count;
+  const int64_t* union_off;
+  const uint32_t* union_mask;
+  float* partial_out;
+  float* partial_lse;
+  int32_t* counters;
+  int32_t max_groups;
+};
+
+// Shared memory of one CTA (bytes), by cache type and head_dim.
+template <KvKind KV, int D>
+struct GroupedSmem {
+  static constexpr bool kE4M3 = KV == KvKind::kE4M3;
+  static constexpr int kChunks16 = D / 8;             // 16-byte chunks per 16-bit row
+  static constexpr int kTile16 = 2 * kGTile * D * 2;  // K then V, 16-bit, swizzled
+  static constexpr int kStages16 = kE4M3 ? 2 : kGCopyStages;
+  static constexpr int kRawChunks = kE4M3 ? D / 16 : D / 8;    // chunks per raw row
+  static constexpr int kTileRaw = kE4M3 ? 2 * kGTile * D : 0;  // [token][K | V] codes
+  static constexpr int kStagesRaw = kE4M3 ? kGCopyStages : 0;
+  static constexpr int kQ = 0;  // [96][D] 16-bit, swizzled (later: output staging)
+  static constexpr int kKv16 = kQ + kGroupedMaxVectors * D * 2;
+  static constexpr int kRaw = kKv16 + kStages16 * kTile16;
+  static constexpr int kEntOff = kRaw + kStagesRaw * kTileRaw;           // int64 [slots][16]
+  static constexpr int kEntMask = kEntOff + kGEntrySlots * kGTile * 8;   // u32 [slots][16]
+  static constexpr int kQFactor = kEntMask + kGEntrySlots * kGTile * 4;  // float [96]
+  static constexpr int kPoison = kQFactor + kGroupedMaxVectors * 4;      // u32 [16][D/32]
+  static constexpr int kBytes = kPoison + kGroupedMaxRows * (D / 32) * 4;
+};
+
+template <KvKind KV, int D>
+constexpr int grouped_smem_bytes() {
+  return GroupedSmem<KV, D>::kBytes;
+}
+
+// The split count of this launch (every CTA computes the same): enough (group, split)
+// items to fill max_items CTA slots per KV head, at most kGroupedMaxSplits.
+__device__ __forceinline__ int grouped_splits(const GroupedParams& p, int groups) {
+  return max(1, min(kGroupedMaxSplits, p.max_items / max(1, groups)));
+}
+
+// The CTA's coordinates and its entry list.
+struct GroupCta {
+  int group, split, splits, kvh;
+  int row0, rows, pos0;
+  const int32_t* bt;
+  EntrySource source;
+  int64_t ubase;  // union entries of this group
+  int entries;
+  int tile0, tile1;  // this split's tiles
+};
+
+// Tile `tile`'s 16 entries, resolved in two steps by warp 0 (lanes 0..15) so that the
+// global loads of one tile overlap the compute of the previous one: fetch_entry reads the
+// entry (union: offset and mask; row lists: the token; dense: the token is the index),
+// commit_entry looks up the page where needed and writes the slot: the byte offset of the
+// K row (-1: none, reads zeros) and the mask of rows that see the token.
+struct Entry {
+  int64_t off;
+  uint32_t mask;
+  int t;
+};
+
+__device__ __forceinline__ Entry fetch_entry(const GroupedParams& p, const GroupCta& c, int tile) {
+  const int lane = threadIdx.x & 31;
+  const int j = tile * kGTile + lane;
+  Entry e{-1, 0u, -1};
+  if (lane >= kGTile || tile >= c.tile1 || j >= c.entries) return e;
+  if (c.source == EntrySource::kUnion) {
+    e.off = __ldg(p.union_off + c.ubase + j);
+    e.mask = __ldg(p.union_mask + c.ubase + j);
+  } else if (c.source == EntrySource::kRowLists) {
+    const int r = j / p.d.topk_width;
+    e.t = __ldg(p.d.topk + static_cast<int64_t>(c.row0 + r) * p.d.topk_stride +
+                (j - r * p.d.topk_width));
+    e.mask = e.t >= 0 && e.t <= c.pos0 + r ? 1u << r : 0u;
+  } else {  // dense: rows r >= t - pos0 see token t = j
+    e.t = j;
+    e.mask = ((1u << c.rows) - 1u) & ~((1u << max(0, j - c.pos0)) - 1u);
+  }
+  return e;
+}
+
+__device__ __forceinline__ void commit_entry(const GroupedParams& p, const GroupCta& c, Entry e,
+                                             int64_t* off_slot, uint32_t* mask_slot) {
+  const int lane = threadIdx.x & 31;
+  if (lane >= kGTile) return;
+  if (c.source != EntrySource::kUnion && e.mask != 0u) {
+    const int32_t phys = __ldg(c.bt + e.t / p.d.block_size);
+    if (phys >= 0 && phys < p.d.num_blocks)
+      e.off =
+          phys * p.d.stride_block + static_cast<int64_t>(e.t % p.d.block_size) * p.d.stride_token;
+  }
+  off_slot[lane] = e.off;
+  mask_slot[lane] = e.off >= 0 ? e.mask : 0u;
+}
+
+// Issues the async copies of tile `tile` (K and V rows of its 16 tokens) into its stage.
+template <KvKind KV, int D>
+__device__ __forceinline__ void issue_tile(const GroupedParams& p, uint8_t* smem, int tile,
+                                           int tile1, int kvh, const int64_t* off_slot) {
+  using L = GroupedSmem<KV, D>;
+  if (tile >= tile1) {  // past this split: an empty group keeps the wait counts uniform
+    copy_commit();
+    return;
+  }
+  constexpr int kChunks = 2 * kGTile * L::kRawChunks;
+  const uint8_t* base = p.d.kv + static_cast<int64_t>(kvh) * p.d.stride_head;
+  for (int c = threadIdx.x; c < kChunks; c += blockDim.x) {
+    const int j = c / (2 * L::kRawChunks);
+    const int rem = c - j * 2 * L::kRawChunks;
+    const int kv = rem / L::kRawChunks, part = rem - kv * L::kRawChunks;
+    const int64_t off = off_slot[j];
+    const uint8_t* src = base + (off >= 0 ? off : 0) + kv * p.d.stride_kv + part * 16;
+    uint8_t* dst;
+    if constexpr (L::kE4M3)
+      dst = smem + L::kRaw + (tile % L::kStagesRaw) * L::kTileRaw + c * 16;
+    else
+      dst = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16 + kv * (kGTile * D * 2) +
+            swizzled_chunk<L::kChunks16>(j, part) * 16;
+    copy16_async(dst, src, off >= 0);
+  }
+  copy_commit();
+}
+
+// Marks output dim d of every row in `rows` as NaN (a non-finite V element).
+__device__ __forceinline__ void poison_rows(uint32_t* poison, int words_per_row, uint32_t rows,
+                                            int d) {
+  while (rows) {
+    const int r = __ffs(rows) - 1;
+    rows &= rows - 1u;
+    atomicOr(&poison[r * words_per_row + (d >> 5)], 1u << (d & 31));
+  }
+}
+
+// E4M3: decodes tile `tile` from its raw stage into its FP16 stage (natural dim order,
+// swizzled rows). check_v: zero NaN V codes and poison the rows that select them.
+template <KvKind KV, int D, Decoder DEC>
+__device__ __forceinline__ void decode_tile(uint8_t* smem, int tile, bool patch_nan, bool check_v,
+                                            const uint32_t* mask_slot, uint32_t* poison) {
+  using L = GroupedSmem<KV, D>;
+  constexpr int kChunks = 2 * kGTile * L::kRawChunks;
+  const uint8_t* raw = smem + L::kRaw + (tile % L::kStagesRaw) * L::kTileRaw;
+  uint8_t* dst16 = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16;
+  for (int c = threadIdx.x; c < kChunks; c += blockDim.x) {
+    const int j = c / (2 * L::kRawChunks);
+    const int rem = c - j * 2 * L::kRawChunks;
+    const int kv = rem / L::kRawChunks, part = rem - kv * L::kRawChunks;
+    uint4 x = *reinterpret_cast<const uint4*>(raw + c * 16);
+    uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    if (kv == 1 && check_v) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t nan = nan_bits(w[i]);  // 0x80 in each NaN byte
+        if (nan) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+            if (nan & (0x80u << (8 * b)))
+              poison_rows(poison, D / 32, mask_slot[j], part * 16 + 4 * i + b);
+          w[i] &= ~((nan >> 7) * 0xFFu);  // NaN codes -> +0
+        }
+      }
+    }
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t even, odd;  // (b0, b2), (b1, b3)
+      if (kv == 0 && patch_nan)
+        decode4_exact<DEC>(w[i], even, odd);
+      else
+        decode4<DEC>(w[i], even, odd);
+      h[2 * i] = prmt(even, odd, 0x5410u);      // (b0, b1)
+      h[2 * i + 1] = prmt(even, odd, 0x7632u);  // (b2, b3)
+    }
+    uint8_t* row = dst16 + kv * (kGTile * D * 2);
+    *reinterpret_cast<uint4*>(row + swizzled_chunk<L::kChunks16>(j, 2 * part) * 16) =
+        make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(row + swizzled_chunk<L::kChunks16>(j, 2 * part + 1) * 16) =
+        make_uint4(h[4], h[5], h[6], h[7]);
+  }
+}
+
+// 16-bit caches where non-finite values may exist: zero non-finite V elements of tile
+// `tile` in place and poison the rows that select them.
+template <KvKind KV, int D>
+__device__ __forceinline__ void check_tile_v(uint8_t* smem, int tile, const uint32_t* mask_slot,
+                                             uint32_t* poison) {
+  using L = GroupedSmem<KV, D>;
+  constexpr uint32_t kExp = KV == KvKind::kBf16 ? 0x7F80u : 0x7C00u;
+  uint8_t* v = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16 + kGTile * D * 2;
+  for (int c = threadIdx.x; c < kGTile * L::kChunks16; c += blockDim.x) {
+    const int j = c / L::kChunks16, part = c - j * L::kChunks16;
+    uint16_t* e = reinterpret_cast<uint16_t*>(v + swizzled_chunk<L::kChunks16>(j, part) * 16);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if ((e[i] & kExp) == kExp) {
+        poison_rows(poison, D / 32, mask_slot[j], part * 8 + i);
+        e[i] = 0;
+      }
+  }
+}
+
+// One warp's work on one tile: S = Q K^T for its 16 vectors, masking, online softmax,
+// O += P V. State: m, l of rows g and g+8; o[n-tile][4].
+template <KvKind KV, int D>
+struct GroupedState {
+  float m[2];
+  float l[2];
+  float o[D / 8][4];
+};
+
+// Lane-constant byte offsets of a lane's ldmatrix rows within a swizzled 16-bit tile, for
+// k-steps (or V column pairs) i = 4a + b: offset[b] + 128a. (The swizzle XORs the chunk's
+// low three bits with row & 7 = lane & 7; chunks 2i + half for i = 4a + b are 8a +
+// ((2b + half) ^ (lane & 7)).)
+template <int D>
+__device__ __forceinline__ void tile_lane_offsets(int row, int half, uint32_t (&off)[4]) {
+  const int x = threadIdx.x & 7;
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+    off[b] = static_cast<uint32_t>(row * D * 2 + ((2 * b + half) ^ x) * 16);
+}
+
+// Q's A fragments in each computing warp's own 8 KB of the Q area, as [k-step][lane]
+// uint4: one conflict-free 16-byte load per k-step in the tile loop, at a compile-time
+// offset (instead of an ldmatrix with swizzled addressing). In place: the warp reads all
+// its fragments before it writes any.
+template <KvKind KV, int D>
+__device__ __forceinline__ void relayout_q(uint8_t* smem, int m0) {
+  using L = GroupedSmem<KV, D>;
+  const int lane = threadIdx.x & 31;
+  uint32_t a[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    ldmatrix_x4(
+        a[ks],
+        smem + L::kQ + swizzled_chunk<L::kChunks16>(m0 + (lane & 15), 2 * ks + (lane >> 4)) * 16);
+  __syncwarp();
+  uint4* qf = reinterpret_cast<uint4*>(smem + L::kQ + m0 * D * 2) + lane;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    qf[ks * 32] = make_uint4(a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+  __syncwarp();
+}
+
+template <KvKind KV, int D>
+__device__ __forceinline__ void compute_tile(const uint8_t* smem, int tile, int m0,
+                                             const uint32_t* mask_slot, uint32_t rbit0,
+                                             uint32_t rbit1, float f0, float f1,
+                                             GroupedState<KV, D>& st) {
+  using L = GroupedSmem<KV, D>;
+  constexpr bool kBf16 = KV == KvKind::kBf16;
+  constexpr int kSteps = D / 16;
+  const int lane = threadIdx.x & 31, t4 = lane & 3;
+  const uint4* qf = reinterpret_cast<const uint4*>(smem + L::kQ + m0 * D * 2) + lane;
+  const uint32_t kt = smem_addr(smem + L::kKv16 + (tile % L::kStages16) * L::kTile16);
+  const uint32_t vt = kt + kGTile * D * 2;
+
+  // ---- S = Q K^T, the next k-step's K fragments loaded ahead ----
+  uint32_t koff[4];
+  tile_lane_offsets<D>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, koff);
+  float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  uint32_t b[2][4];
+  ldmatrix_x4_at(b[0], kt + koff[0]);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    if (ks + 1 < kSteps)
+      ldmatrix_x4_at(b[(ks + 1) & 1], kt + koff[(ks + 1) & 3] + ((ks + 1) >> 2) * 128);
+    const uint4 q = qf[ks * 32];
+    const uint32_t a[4] = {q.x, q.y, q.z, q.w};
+    mma_16816<kBf16>(s[0], a, b[ks & 1][0], b[ks & 1][1]);
+    mma_16816<kBf16>(s[1], a, b[ks & 1][2], b[ks & 1][3]);
+  }
+  // s[nt][0..1]: row g, tokens 8nt + 2t4 + {0,1}; s[nt][2..3]: row g + 8.
+  float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint32_t mask = mask_slot[8 * nt + 2 * t4 + e];
+      s[nt][e] = mask & rbit0 ? s[nt][e] * f0 : -CUDART_INF_F;
+      s[nt][2 + e] = mask & rbit1 ? s[nt][2 + e] * f1 : -CUDART_INF_F;
+      mx0 = fmaxf(mx0, s[nt][e]);
+      mx1 = fmaxf(mx1, s[nt][2 + e]);
+    }
+#pragma unroll
+  for (int d = 1; d < 4; d <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
+  }
+  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
+  // Nothing seen yet: keep everything at zero (exp2(-inf - -inf) would be NaN).
+  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
+  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
+  st.m[0] = mn0;
+  st.m[1] = mn1;
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[nt][e] = fast_exp2(s[nt][e] - ref0);
+      s[nt][2 + e] = fast_exp2(s[nt][2 + e] - ref1);
+      sum0 += s[nt][e];
+      sum1 += s[nt][2 + e];
+    }
+  st.l[0] = st.l[0] * alpha0 + sum0;  // this thread's columns; summed over the quad at the end
+  st.l[1] = st.l[1] * alpha1 + sum1;
+  // Once the running maxima settle, most tiles leave them unchanged: skip the 4D/8
+  // multiplies then (warp-uniform, so no divergence).
+  if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      st.o[i][0] *= alpha0;
+      st.o[i][1] *= alpha0;
+      st.o[i][2] *= alpha1;
+      st.o[i][3] *= alpha1;
+    }
+  }
+  // The score fragments are P's A fragment for k = the tile's 16 tokens.
+  uint32_t a[4];
+  a[0] = kBf16 ? pack_bf162(s[0][0], s[0][1]) : pack_half2(s[0][0], s[0][1]);
+  a[1] = kBf16 ? pack_bf162(s[0][2], s[0][3]) : pack_half2(s[0][2], s[0][3]);
+  a[2] = kBf16 ? pack_bf162(s[1][0], s[1][1]) : pack_half2(s[1][0], s[1][1]);
+  a[3] = kBf16 ? pack_bf162(s[1][2], s[1][3]) : pack_half2(s[1][2], s[1][3]);
+  // ---- O += P V, the next column pair's V fragments loaded ahead ----
+  uint32_t voff[4];
+  tile_lane_offsets<D>((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, voff);
+  ldmatrix_x4_trans_at(b[0], vt + voff[0]);
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    if (j + 1 < kSteps)
+      ldmatrix_x4_trans_at(b[(j + 1) & 1], vt + voff[(j + 1) & 3] + ((j + 1) >> 2) * 128);
+    mma_16816<kBf16>(st.o[2 * j], a, b[j & 1][0], b[j & 1][1]);
+    mma_16816<kBf16>(st.o[2 * j + 1], a, b[j & 1][2], b[j & 1][3]);
+  }
+}
+
+// Q of the CTA's vectors into shared memory by async copies (zeros for padding vectors);
+// committed with the first tile's copies.
+template <class Act, KvKind KV, int D>
+__device__ __forceinline__ void issue_q(const GroupedParams& p, const GroupCta& c, uint8_t* smem) {
+  using L = GroupedSmem<KV, D>;
+  const int n = (blockDim.x >> 5) * 16 * L::kChunks16;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int m = i / L::kChunks16, ch = i - m * L::kChunks16;
+    const int r = m / p.d.group, h = m - r * p.d.group;
+    const bool valid = m < p.vectors && r < c.rows;
+    const Act* src = static_cast<const Act*>(p.d.q) +
+                     (static_cast<int64_t>(c.row0 + (valid ? r : 0)) * p.d.q_heads +
+                      c.kvh * p.d.group + (valid ? h : 0)) *
+                         D +
+                     ch * 8;
+    copy16_async(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16, src, valid);
+  }
+}
+
+// Each vector's softmax factor, once Q has landed. BF16 queries against an E4M3 cache
+// (FP16 MMAs) are first scaled by a power of two that puts the vector's largest element
+// in [2^14, 2^15) (exact, in place), undone in its factor.
+template <class Act, KvKind KV, int D>
+__device__ __forceinline__ void prepare_q(uint8_t* smem, float base_factor) {
+  using L = GroupedSmem<KV, D>;
+  constexpr bool kScale = std::is_same<Act, __nv_bfloat16>::value && KV == KvKind::kE4M3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float* qfactor = reinterpret_cast<float*>(smem + L::kQFactor);
+  for (int m = warp; m < warps * 16; m += warps) {
+    float unscale = 1.0f;
+    if constexpr (kScale) {
+      constexpr int kPer = (L::kChunks16 + 31) / 32;
+      uint4* row[kPer];
+      float mx = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int ch = lane + 32 * i;
+        row[i] = reinterpret_cast<uint4*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16);
+        if (ch < L::kChunks16) {
+          const uint4 x = *row[i];
+          const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+      int e = 0;
+      if (mx > 0.0f && isfinite(mx)) frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
+      const int shift = max(-100, min(100, 15 - e));  // 2^shift stays finite
+      const float up = ldexpf(1.0f, shift);
+      unscale = ldexpf(1.0f, -shift);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (lane + 32 * i >= L::kChunks16) continue;
+        const uint4 x = *row[i];
+        uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+          w[k] = pack_half2(f.x * up, f.y * up);
+        }
+        *row[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (lane == 0) qfactor[m] = base_factor * unscale;
+  }
+}
+
+// The last CTA of a split group combines the splits' partials (normalised outputs and
+// base-2 LSEs, per vector) into the output; weights as in the decode merge.
+template <class Act, int D>
+__device__ void merge_grouped_splits(const GroupedParams& p, const GroupCta& c, int64_t item0,
+                                     float v_factor, float* weights /* smem [96][splits] */) {
+  const int S = c.splits;
+  const int vectors = min(p.vectors, c.rows * p.d.group);
+  const int64_t pbase = (static_cast<int64_t>(c.kvh) * p.max_items + item0) * kGroupedMaxVectors;
+  for (int i = threadIdx.x; i < vectors * S; i += blockDim.x) {
+    const int m = i / S, s = i - m * S;
+    weights[i] = __ldcg(p.partial_lse + pbase + static_cast<int64_t>(s) * kGroupedMaxVectors + m);
+  }
+  __syncthreads();
+  for (int m = threadIdx.x; m < vectors; m += blockDim.x) {
+    float* w = weights + m * S;
+    float M = -CUDART_INF_F;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);  // ignores a NaN lse (a NaN score)
+    float W = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      w[s] = M == -CUDART_INF_F ? (w[s] == -CUDART_INF_F ? 0.0f : w[s]) : fast_exp2(w[s] - M);
+      W += w[s];
+    }
+    const float inv = W != 0.0f ? 1.0f / W : 0.0f;  // no token: zeros; NaN stays NaN
+    for (int s = 0; s < S; ++s) w[s] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < vectors * (D / 4); idx += blockDim.x) {
+    const int m = idx / (D / 4), d = (idx - m * (D / 4)) * 4;
+    const float* w = weights + m * S;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < S; ++s) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(
+          p.partial_out + ((pbase + static_cast<int64_t>(s) * kGroupedMaxVectors + m) * D + d)));
+      acc.x += w[s] * v.x;
+      acc.y += w[s] * v.y;
+      acc.z += w[s] * v.z;
+      acc.w += w[s] * v.w;
+    }
+    const int r = m / p.d.group, h = m - r * p.d.group;
+    Act* o = static_cast<Act*>(p.d.out) +
+             (static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h) * D + d;
+    o[0] = from_float<Act>(acc.x * v_factor);
+    o[1] = from_float<Act>(acc.y * v_factor);
+    o[2] = from_float<Act>(acc.z * v_factor);
+    o[3] = from_float<Act>(acc.w * v_factor);
+  }
+}
+
+template <class Act, KvKind KV, int D, Decoder DEC>
+__global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(const GroupedParams p) {
+  using L = GroupedSmem<KV, D>;
+  extern __shared__ uint4 grouped_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(grouped_smem_raw);
+  __shared__ int last_arrival;
+
+  // ---- coordinates: (group, split) from the launch's split count ----
+  const int groups = p.d.header->num_groups;
+  GroupCta c;
+  c.splits = grouped_splits(p, groups);
+  c.group = blockIdx.x / c.splits;
+  c.split = blockIdx.x - c.group * c.splits;
+  c.kvh = blockIdx.y;
+  if (c.group >= groups) return;  // beyond this batch (graph replay) or this split count
+  c.row0 = p.group_row0[c.group];
+  c.rows = p.group_rows[c.group];
+  c.pos0 = p.d.row_pos[c.row0];
+  const int req = p.d.row_request[c.row0];
+  c.bt = p.d.header->block_table + static_cast<int64_t>(req) * p.d.header->block_table_stride;
+  c.ubase = static_cast<int64_t>(c.group) * p.union_cap;
+  if (p.d.dense) {
+    c.source = EntrySource::kDense;
+    c.entries = c.pos0 + c.rows;
+  } else {
+    const int n = p.union_count[c.group];
+    c.source = n >= 0 ? EntrySource::kUnion : EntrySource::kRowLists;
+    c.entries = n >= 0 ? n : c.rows * p.d.topk_width;
+  }
+  const int tiles = (c.entries + kGTile - 1) / kGTile;
+  c.tile0 = static_cast<int>(static_cast<int64_t>(tiles) * c.split / c.splits);
+  c.tile1 = static_cast<int>(static_cast<int64_t>(tiles) * (c.split + 1) / c.splits);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  int64_t* ent_off = reinterpret_cast<int64_t*>(smem + L::kEntOff);
+  uint32_t* ent_mask = reinterpret_cast<uint32_t*>(smem + L::kEntMask);
+  uint32_t* poison = reinterpret_cast<uint32_t*>(smem + L::kPoison);
+  const float* qfactor = reinterpret_cast<const float*>(smem + L::kQFactor);
+
+  const float k_scale = __ldg(p.d.scales), v_scale = __ldg(p.d.scales + 1);
+  constexpr float kUnit = KV == KvKind::kE4M3 ? decoded_unit<DEC>() : 1.0f;
+  // Where the layer may hold a NaN code (E4M3) or a non-finite value (16-bit caches).
+  const bool flagged = *p.d.nan_flag != 0;
+  const bool patch_k = KV == KvKind::kE4M3 && DEC == Decoder::kSoftware && flagged;
+
+  // ---- prologue: Q, entries of the first four tiles, copies of the first three ----
+  issue_q<Act, KV, D>(p, c, smem);
+  Entry pending{-1, 0u, -1};  // warp 0: the entries of the tile kGEntrySlots ahead
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < kGEntrySlots; ++i)
+      commit_entry(p, c, fetch_entry(p, c, c.tile0 + i),
+                   ent_off + ((c.tile0 + i) % kGEntrySlots) * kGTile,
+                   ent_mask + ((c.tile0 + i) % kGEntrySlots) * kGTile);
+    pending = fetch_entry(p, c, c.tile0 + kGEntrySlots);
+  }
+  for (int i = threadIdx.x; i < kGroupedMaxRows * (D / 32); i += blockDim.x) poison[i] = 0u;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kGCopyStages; ++i)
+    issue_tile<KV, D>(p, smem, c.tile0 + i, c.tile1, c.kvh,
+                      ent_off + ((c.tile0 + i) % kGEntrySlots) * kGTile);
+  copy_wait<kGCopyStages - 1>();  // Q and the first tile have landed
+  __syncthreads();
+  prepare_q<Act, KV, D>(smem, p.d.softmax_scale_log2 * k_scale * kUnit);
+  const uint32_t* first_mask = ent_mask + (c.tile0 % kGEntrySlots) * kGTile;
+  if (c.tile0 < c.tile1) {  // (an empty split copied nothing)
+    if constexpr (KV == KvKind::kE4M3)
+      decode_tile<KV, D, DEC>(smem, c.tile0, patch_k, flagged, first_mask, poison);
+    else if (flagged)
+      check_tile_v<KV, D>(smem, c.tile0, first_mask, poison);
+  }
+  __syncthreads();
+
+  // ---- main loop ----
+  // Warps whose vectors are all padding (a group shorter than rows_per_group) only copy
+  // and decode: the MMAs of the others get their issue slots.
+  const int m0 = warp * 16;
+  const bool computes = m0 < min(p.vectors, c.rows * p.d.group);
+  if (computes) relayout_q<KV, D>(smem, m0);
+  const int v0 = m0 + g, v1 = m0 + g + 8;
+  const int r0 = v0 / p.d.group, r1 = v1 / p.d.group;
+  const uint32_t rbit0 = v0 < p.vectors && r0 < c.rows ? 1u << r0 : 0u;
+  const uint32_t rbit1 = v1 < p.vectors && r1 < c.rows ? 1u << r1 : 0u;
+  const float f0 = qfactor[v0], f1 = qfactor[v1];
+  GroupedState<KV, D> st;
+  st.m[0] = st.m[1] = -CUDART_INF_F;
+  st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+
+  for (int tile = c.tile0; tile < c.tile1; ++tile) {
+    if (computes)
+      compute_tile<KV, D>(smem, tile, m0, ent_mask + (tile % kGEntrySlots) * kGTile, rbit0, rbit1,
+                          f0, f1, st);
+    copy_wait<kGCopyStages - 2>();  // tile + 1 has landed (this thread's copies)
+    __syncthreads();                // everyone's copies; everyone is done with `tile`
+    const uint32_t* next_mask = ent_mask + ((tile + 1) % kGEntrySlots) * kGTile;
+    if constexpr (KV == KvKind::kE4M3) {
+      if (tile + 1 < c.tile1)
+        decode_tile<KV, D, DEC>(smem, tile + 1, patch_k, flagged, next_mask, poison);
+    } else if (flagged && tile + 1 < c.tile1) {
+      check_tile_v<KV, D>(smem, tile + 1, next_mask, poison);
+    }
+    issue_tile<KV, D>(p, smem, tile + kGCopyStages, c.tile1, c.kvh,
+                      ent_off + ((tile + kGCopyStages) % kGEntrySlots) * kGTile);
+    if (warp == 0) {
+      commit_entry(p, c, pending, ent_off + (tile % kGEntrySlots) * kGTile,
+                   ent_mask + (tile % kGEntrySlots) * kGTile);  // tile + 4's slot
+      pending = fetch_entry(p, c, tile + kGEntrySlots + 1);
+    }
+    if (KV == KvKind::kE4M3 || flagged) __syncthreads();  // the next tile's FP16 is written
+  }
+  copy_wait<0>();
+
+  // ---- this split's result ----
+  st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], 1);
+  st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], 2);
+  st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], 1);
+  st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], 2);
+  const float v_factor = v_scale * kUnit;
+  __syncthreads();  // Q's shared memory becomes the output staging
+  if (c.splits == 1) {
+    if (computes) {
+      const float n0 = st.l[0] != 0.0f ? v_factor / st.l[0] : 0.0f;
+      const float n1 = st.l[1] != 0.0f ? v_factor / st.l[1] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const int d = 8 * i + 2 * t4;
+        float o00 = st.o[i][0] * n0, o01 = st.o[i][1] * n0;
+        float o10 = st.o[i][2] * n1, o11 = st.o[i][3] * n1;
+        if (flagged) {
+          const uint32_t w0 = rbit0 ? poison[r0 * (D / 32) + (d >> 5)] : 0u;
+          const uint32_t w1 = rbit1 ? poison[r1 * (D / 32) + (d >> 5)] : 0u;
+          if (w0 & (1u << (d & 31))) o00 = CUDART_NAN_F;
+          if (w0 & (2u << (d & 31))) o01 = CUDART_NAN_F;
+          if (w1 & (1u << (d & 31))) o10 = CUDART_NAN_F;
+          if (w1 & (2u << (d & 31))) o11 = CUDART_NAN_F;
+        }
+        Act* s0 = reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v0, i) * 16) +
+                  2 * t4;
+        Act* s1 = reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v1, i) * 16) +
+                  2 * t4;
+        s0[0] = from_float<Act>(o00);
+        s0[1] = from_float<Act>(o01);
+        s1[0] = from_float<Act>(o10);
+        s1[1] = from_float<Act>(o11);
+      }
+    }
+    __syncthreads();
+    const int vectors = min(p.vectors, c.rows * p.d.group);
+    for (int idx = threadIdx.x; idx < vectors * L::kChunks16; idx += blockDim.x) {
+      const int m = idx / L::kChunks16, ch = idx - m * L::kChunks16;
+      const int r = m / p.d.group, h = m - r * p.d.group;
+      uint4* o = reinterpret_cast<uint4*>(
+          static_cast<Act*>(p.d.out) +
+          (static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h) * D);
+      o[ch] =
+          *reinterpret_cast<const uint4*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16);
+    }
+    return;
+  }
+
+  // ---- split-K: partials, then the last CTA of (group, KV head) merges ----
+  const int64_t item0 = static_cast<int64_t>(c.group) * c.splits;
+  const int64_t pbase =
+      (static_cast<int64_t>(c.kvh) * p.max_items + item0 + c.split) * kGroupedMaxVectors;
+  if (computes) {
+    const float n0 = st.l[0] != 0.0f ? 1.0f / st.l[0] : 0.0f;
+    const float n1 = st.l[1] != 0.0f ? 1.0f / st.l[1] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int d = 8 * i + 2 * t4;
+      float2 a = make_float2(st.o[i][0] * n0, st.o[i][1] * n0);
+      float2 b = make_float2(st.o[i][2] * n1, st.o[i][3] * n1);
+      if (flagged) {  // a poisoned dim stays NaN through the merge (w x NaN)
+        const uint32_t w0 = rbit0 ? poison[r0 * (D / 32) + (d >> 5)] : 0u;
+        const uint32_t w1 = rbit1 ? poison[r1 * (D / 32) + (d >> 5)] : 0u;
+        if (w0 & (1u << (d & 31))) a.x = CUDART_NAN_F;
+        if (w0 & (2u << (d & 31))) a.y = CUDART_NAN_F;
+        if (w1 & (1u << (d & 31))) b.x = CUDART_NAN_F;
+        if (w1 & (2u << (d & 31))) b.y = CUDART_NAN_F;
+      }
+      *reinterpret_cast<float2*>(p.partial_out + (pbase + v0) * D + d) = a;
+      *reinterpret_cast<float2*>(p.partial_out + (pbase + v1) * D + d) = b;
+    }
+    if (t4 == 0) {
+      p.partial_lse[pbase + v0] = st.l[0] != 0.0f ? st.m[0] + log2f(st.l[0]) : -CUDART_INF_F;
+      p.partial_lse[pbase + v1] = st.l[1] != 0.0f ? st.m[1] + log2f(st.l[1]) : -CUDART_INF_F;
+    }
+  }
+  __threadfence();  // this CTA's partials are visible before it is counted
+  __syncthreads();
+  int32_t* counter = p.counters + static_cast<int64_t>(c.kvh) * p.max_groups + c.group;
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(counter, 1);
+    last_arrival = arrived == c.splits - 1;
+    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
+  }
+  __syncthreads();
+  if (!last_arrival) return;
+  __threadfence();
+  merge_grouped_splits<Act, D>(p, c, item0, v_factor, reinterpret_cast<float*>(smem + L::kQ));
+}
+
+}  // namespace cuda
+}  // namespace qsakv
