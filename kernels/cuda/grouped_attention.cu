@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and launch of the grouped multi-row route: the union kernel (sparse
 // only), then the attention kernel over (group x split, KV head).
+#include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_union.cuh"
 #include "cuda/launch.hpp"
@@ -10,59 +11,17 @@ namespace cuda {
 
 namespace {
 
-// Raises a kernel's dynamic shared-memory limit once per kernel (thread-safe static init
-// of each instantiation: Tag names the kernel, since all grouped kernels share one
-// function type; no stream work, so capture-safe).
-template <class Tag, class K>
-void allow_smem(K kernel, int bytes) {
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (attr != cudaSuccess)
-    refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", bytes,
-                  cudaGetErrorString(attr));
-}
-
 template <class Act, KvKind KV, int D, Decoder DEC>
 void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
   constexpr int smem = grouped_smem_bytes<KV, D>();
-  struct Tag;  // one per instantiation of launch<>
-  allow_smem<Tag>(grouped_attention_kernel<Act, KV, D, DEC>, smem);
+  // Raising the dynamic shared-memory limit: once per kernel (thread-safe static init).
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      grouped_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  require_smem_limit(attr, smem);
   const int warps = (gp.vectors + 15) / 16;
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
                   static_cast<unsigned>(gp.d.kv_heads));
   grouped_attention_kernel<Act, KV, D, DEC><<<grid, 32 * warps, smem, stream>>>(gp);
-}
-
-template <class Act, KvKind KV, Decoder DEC>
-void by_dim(const GroupedParams& gp, int D, int max_groups, cudaStream_t stream) {
-  switch (D) {
-    case 64:
-      return launch<Act, KV, 64, DEC>(gp, max_groups, stream);
-    case 128:
-      return launch<Act, KV, 128, DEC>(gp, max_groups, stream);
-    case 256:
-      return launch<Act, KV, 256, DEC>(gp, max_groups, stream);
-    default:
-      refuse_launch(QSAKV_ERROR_UNSUPPORTED, "head_dim %d has no CUDA kernel (64, 128, 256)", D);
-  }
-}
-
-template <class Act>
-void by_cache(const GroupedParams& gp, qsakv_dtype kv, bool hw, int D, int max_groups,
-              cudaStream_t stream) {
-  constexpr bool kBf16 = std::is_same<Act, __nv_bfloat16>::value;
-  constexpr KvKind k16 = kBf16 ? KvKind::kBf16 : KvKind::kFp16;
-  if (kv == QSAKV_DTYPE_E4M3) {
-    if (hw)
-      by_dim<Act, KvKind::kE4M3, Decoder::kHardware>(gp, D, max_groups, stream);
-    else
-      by_dim<Act, KvKind::kE4M3, Decoder::kSoftware>(gp, D, max_groups, stream);
-  } else if (kv == (kBf16 ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16)) {
-    by_dim<Act, k16, Decoder::kSoftware>(gp, D, max_groups, stream);
-  } else {
-    refuse_launch(QSAKV_ERROR_UNSUPPORTED, "no CUDA kernel for a %d cache with these activations",
-                  kv);
-  }
 }
 
 }  // namespace
@@ -94,14 +53,11 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.union_count = g.union_count;
     up.union_off = g.union_off;
     up.union_mask = g.union_mask;
-    // The size follows the plan's union capacity: set for each launch (a host-side
-    // attribute call, no stream work).
+    // The size follows the plan's union capacity: set for each launch.
     const int smem = union_smem_bytes(g.union_cap);
-    const cudaError_t attr = cudaFuncSetAttribute(
-        grouped_union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (attr != cudaSuccess)
-      refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", smem,
-                    cudaGetErrorString(attr));
+    require_smem_limit(cudaFuncSetAttribute(grouped_union_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       smem);
     grouped_union_kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
   }
   GroupedParams gp;
@@ -119,10 +75,10 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
   gp.partial_lse = g.partial_lse;
   gp.counters = g.counters;
   gp.max_groups = max_groups;
-  if (p.act_dtype == QSAKV_DTYPE_BF16)
-    by_cache<__nv_bfloat16>(gp, c.dtype, hardware_decoder, c.head_dim, max_groups, stream);
-  else
-    by_cache<__half>(gp, c.dtype, hardware_decoder, c.head_dim, max_groups, stream);
+  dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
+    using S = decltype(shape);
+    launch<typename S::Act, S::kKv, S::kDim, S::kDecoder>(gp, max_groups, stream);
+  });
 }
 
 }  // namespace cuda

@@ -37,33 +37,10 @@ __device__ __forceinline__ void copy_wait() {
 #endif
 }
 
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. (SM75+: an
-// SM70 build compiles the tensor-core kernels but never launches them.)
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
-  (void)p;
-  r[0] = r[1] = r[2] = r[3] = 0u;
-  __trap();
-#else
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-#endif
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
-  (void)p;
-  r[0] = r[1] = r[2] = r[3] = 0u;
-  __trap();
-#else
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-#endif
-}
-
-// The same loads from a shared-memory address (what smem_addr returns), so that callers
-// can keep lane-constant offsets and add compile-time ones.
+// Four 8x8 b16 matrices (ldmatrix .x4, plain or transposed) from a shared-memory address
+// (what smem_addr returns): lanes 8i..8i+7 give the row addresses of matrix i. Callers
+// keep lane-constant offsets and add compile-time ones. (SM75+: an SM70 build compiles
+// the tensor-core kernels but never launches them.)
 __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
   (void)addr;
@@ -85,6 +62,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 #endif
+}
+
+// The same from a generic pointer into shared memory.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  ldmatrix_x4_at(r, smem_addr(p));
 }
 
 // A tile of rows of `Chunks` 16-byte chunks: chunk c of row r sits at c ^ (r & 7), so the
