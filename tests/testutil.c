@@ -146,6 +146,14 @@ qsakv_context* tu_cuda_context_or_skip(void) {
   return ctx;
 }
 
+int tu_has_grouped_route(qsakv_context* ctx) {
+  qsakv_context_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  TU_OK(qsakv_context_get_info(ctx, &info));
+  return info.backend == QSAKV_BACKEND_CUDA && info.kernel_tier != QSAKV_KERNEL_TIER_SM70;
+}
+
 int tu_is_cuda(qsakv_context* ctx) {
   qsakv_context_info info = {sizeof info, QSAKV_CONTEXT_INFO_VERSION};
   if (qsakv_context_get_info(ctx, &info) != QSAKV_SUCCESS) return 0;

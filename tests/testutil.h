@@ -59,6 +59,9 @@ qsakv_context* tu_context(qsakv_backend backend); /* NULL if unavailable */
 /* A CUDA context, or NULL after cmocka's skip() when there is no GPU. */
 qsakv_context* tu_cuda_context_or_skip(void);
 int tu_is_cuda(qsakv_context* ctx);
+/* The CUDA backend on the tensor-core tier: the plan can route rows to the grouped
+ * multi-row attention route (the CPU backend and the SM70 tier have none). */
+int tu_has_grouped_route(qsakv_context* ctx);
 
 /* Device buffer helpers on a context (host memory on the CPU backend). */
 void* tu_to_device(qsakv_context* ctx, const void* host, size_t bytes);
