@@ -5,8 +5,9 @@
 
 namespace qsakv {
 
-// Attention CTAs resident per SM (the kernels' launch bounds): the plan's split count
-// fills this many CTA slots per SM.
+// Attention CTAs per SM that the plan's split count fills (choose_splits), and the SM70
+// tier's launch bounds. (The tensor-core decode kernel compiles E4M3 for three per SM:
+// decode_ctas_per_sm.)
 constexpr int kAttentionCtasPerSm = 2;
 // Query heads of one GQA group per attention CTA: the plan sizes its split counters as
 // rows x KV heads x ceil(group / kAttentionHeadsPerCta).

@@ -270,7 +270,9 @@ static void test_cuda_grouped_paths(void** state) {
 
 /* The same world on several contexts: the CUDA backend against the CPU backend (relative
  * L2), the software and hardware decoders against each other (bit for bit), and split
- * counts 1 and automatic (relative L2). */
+ * counts 1, 16 and automatic (relative L2). On an SM90+ GPU, 16 splits of the sparse
+ * lists (129 entries each) take the E4M3 kernel's bulk-copy ring path and 1 split its
+ * register path (use_ring in kernels/cuda/decode_attention.cu). */
 static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
   (void)state;
   qsakv_context* gpu = tu_cuda_context_or_skip();
@@ -287,11 +289,12 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     config_for(&c, &gc);
     tu_shape shape = mixed_49();
     const uint64_t seed = tu_next();
-    tu_world wc, wg, ws, w1;
+    tu_world wc, wg, ws, w1, w16;
     tu_world_build(&wc, cpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&wg, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&ws, sw, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&w1, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 1);
+    tu_world_build(&w16, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 16);
     const size_t n = (size_t)wc.rows * wc.geo.q_heads * c.head_dim;
     uint16_t* q = random_q(&wc);
     for (int dense = 0; dense <= 1; ++dense) {
@@ -301,21 +304,25 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
       double* rg = run_attention(&wg, q, topk, stride, dense);
       double* rs = run_attention(&ws, q, topk, stride, dense);
       double* r1 = run_attention(&w1, q, topk, stride, dense);
+      double* r16 = run_attention(&w16, q, topk, stride, dense);
       const double e_cpu = tu_rel_l2(rc, rg, n), e_split = tu_rel_l2(r1, rg, n);
+      const double e_16 = tu_rel_l2(rc, r16, n);
       size_t differ = 0;
       for (size_t i = 0; i < n; ++i) differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0;
       print_message(
-          "%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, "
-          "hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
-          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, differ, n,
+          "%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, 16 splits vs cpu "
+          "rel_l2=%.3e, hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
+          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, e_16, differ, n,
           info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
       assert_true(e_cpu <= bound_for(acts[a]));
       assert_true(e_split <= bound_for(acts[a]));
+      assert_true(e_16 <= bound_for(acts[a]));
       assert_int_equal(differ, 0);
       free(rc);
       free(rg);
       free(rs);
       free(r1);
+      free(r16);
       free(topk);
     }
     free(q);
@@ -323,6 +330,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     tu_world_destroy(&wg);
     tu_world_destroy(&ws);
     tu_world_destroy(&w1);
+    tu_world_destroy(&w16);
   }
   qsakv_context_destroy(sw);
   qsakv_context_destroy(cpu);
@@ -368,13 +376,14 @@ static void store_nan_tokens(tu_world* w) {
 /* The NaN world of store_nan_tokens on `ctx` (dense attention: every row sees every
  * earlier token); returns its outputs as FP64, *n their count. */
 static double* nan_world_outputs(qsakv_context* ctx, qsakv_dtype kv, uint64_t seed,
-                                 const uint16_t* q_in, uint16_t** q_out, size_t* n) {
+                                 const uint16_t* q_in, uint16_t** q_out, size_t* n,
+                                 int num_splits) {
   geometry_case gc = {6, 1, 256, QSAKV_DTYPE_FP16, kv, 64};
   qsakv_model_config c;
   config_for(&c, &gc);
   tu_shape shape = {2, {3, 2}, {300, 200}};
   tu_world w;
-  tu_world_build(&w, ctx, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
+  tu_world_build(&w, ctx, &c, &shape, seed, 2.0f, 0.01f, 0.008f, num_splits);
   store_nan_tokens(&w);
   *n = (size_t)w.rows * w.geo.q_heads * c.head_dim;
   uint16_t* q = q_in ? (uint16_t*)q_in : random_q(&w);
@@ -389,7 +398,7 @@ static void test_nan_codes_cpu(void** state) {
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   uint16_t* q = NULL;
   size_t n = 0, nan_c = 0;
-  double* r = nan_world_outputs(cpu, QSAKV_DTYPE_E4M3, tu_next(), NULL, &q, &n);
+  double* r = nan_world_outputs(cpu, QSAKV_DTYPE_E4M3, tu_next(), NULL, &q, &n, 0);
   for (size_t i = 0; i < n; ++i) nan_c += isnan(r[i]);
   print_message("NaN codes: %zu of %zu CPU outputs NaN\n", nan_c, n);
   /* 2 rows x 6 heads x 256 (the K NaN) + 1 row x 6 heads x dim 17 (the V NaN) */
@@ -400,8 +409,11 @@ static void test_nan_codes_cpu(void** state) {
 }
 
 /* On both routes (the grouped route reads tokens for all rows of a group at once: a NaN
- * must still reach only the rows that select it), for E4M3 codes and FP16 values. */
-static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows) {
+ * must still reach only the rows that select it), for E4M3 codes and FP16 values.
+ * num_splits 2 (256 rows planned: 512 CTAs, three per SM and more) puts E4M3 on an SM90+
+ * GPU on the decode kernel's bulk-copy ring path; automatic splits (one) on its register
+ * path. */
+static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int num_splits) {
   qsakv_context* gpu = tu_cuda_context_or_skip();
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   qsakv_context* sw = software_decoder_context();
@@ -409,9 +421,9 @@ static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows) {
   uint16_t* q = NULL;
   size_t n = 0, nan_mismatch = 0, differ = 0, finite = 0;
   tu_multi_row_min_rows = min_rows;
-  double* rc = nan_world_outputs(cpu, kv, seed, NULL, &q, &n);
-  double* rg = nan_world_outputs(gpu, kv, seed, q, NULL, &n);
-  double* rs = nan_world_outputs(sw, kv, seed, q, NULL, &n);
+  double* rc = nan_world_outputs(cpu, kv, seed, NULL, &q, &n, 0);
+  double* rg = nan_world_outputs(gpu, kv, seed, q, NULL, &n, num_splits);
+  double* rs = nan_world_outputs(sw, kv, seed, q, NULL, &n, num_splits);
   tu_multi_row_min_rows = 0;
   double* fc = malloc(sizeof(double) * n);
   double* fg = malloc(sizeof(double) * n);
@@ -425,10 +437,10 @@ static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows) {
   }
   const double err = tu_rel_l2(fc, fg, finite);
   print_message(
-      "NaN %s on the GPU, %s route: %zu NaN-position mismatches vs CPU; %zu outputs differ "
-      "hw vs sw; finite outputs rel_l2=%.3e\n",
+      "NaN %s on the GPU, %s route, splits %d: %zu NaN-position mismatches vs CPU; %zu outputs "
+      "differ hw vs sw; finite outputs rel_l2=%.3e\n",
       kv == QSAKV_DTYPE_E4M3 ? "codes" : "FP16 values", min_rows == 1 ? "grouped" : "decode",
-      nan_mismatch, differ, err);
+      num_splits, nan_mismatch, differ, err);
   assert_int_equal(nan_mismatch, 0);
   assert_int_equal(differ, 0);
   assert_true(err <= bound_for(QSAKV_DTYPE_FP16));
@@ -447,8 +459,9 @@ static void test_cuda_nan_codes(void** state) {
   (void)state;
   const qsakv_dtype kvs[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
   for (int k = 0; k < 2; ++k) {
-    nan_codes_on_gpu(kvs[k], -1);
-    nan_codes_on_gpu(kvs[k], 1);
+    nan_codes_on_gpu(kvs[k], -1, 0);
+    nan_codes_on_gpu(kvs[k], -1, 2);
+    nan_codes_on_gpu(kvs[k], 1, 0);
   }
 }
 

@@ -12,28 +12,55 @@ namespace cuda {
 
 namespace {
 
-template <class Act, KvKind KV, int D, Decoder DEC>
+template <class Act, KvKind KV, int D, Decoder DEC, bool kRing>
 void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
-  constexpr int smem = dynamic_smem_bytes<D>();
+  constexpr int smem = dynamic_smem_bytes<D, kRing>();
   // Raising the dynamic shared-memory limit: once per kernel (thread-safe static init).
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      decode_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(decode_attention_kernel<Act, KV, D, DEC, kRing>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   require_smem_limit(attr, smem);
-  decode_attention_kernel<Act, KV, D, DEC><<<grid, kThreads, smem, stream>>>(dp);
+  if (kRing) {  // the rings need the largest shared-memory carveout for their occupancy
+    static const cudaError_t carve = cudaFuncSetAttribute(
+        decode_attention_kernel<Act, KV, D, DEC, kRing>,
+        cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    require_smem_limit(carve, smem);
+  }
+  decode_attention_kernel<Act, KV, D, DEC, kRing><<<grid, kThreads, smem, stream>>>(dp);
+}
+
+// The ring path where it measured faster on an H200 (docs/perf.md, run 24): grids that
+// fill three CTAs per SM (large batches: 1024 rows, -12% one call with L2 flushed) and
+// small sparse splits of up to kRingMaxSplitEntries list entries (1-16 rows, -5-9%).
+// Between them (two CTAs per SM of 257-2051 entries: 32-256 rows) the register path is
+// faster by 2-8%.
+constexpr int kRingMaxSplitEntries = 192;
+bool use_ring(const DecodeParams& dp, int max_rows, int sms) {
+  if (sms == 0 || dp.slot_shift < 0) return false;
+  const int64_t ctas =
+      static_cast<int64_t>(max_rows) * dp.kv_heads * dp.head_chunks * dp.num_splits;
+  if (ctas >= static_cast<int64_t>(decode_ctas_per_sm(KvKind::kE4M3)) * sms) return true;
+  const int per_split = (dp.topk_width + dp.num_splits - 1) / dp.num_splits;
+  return !dp.dense && per_split <= kRingMaxSplitEntries;
 }
 
 }  // namespace
 
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
-                             cudaStream_t stream) {
+                             int bulk_copy_sms, cudaStream_t stream) {
   if (simt) return launch_decode_attention_simt(p, stream);  // the SM70 tier
   const KvCacheView& c = p.cache;
   const DecodeParams dp = decode_params(p);
   dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
     using S = decltype(shape);
-    launch<typename S::Act, S::kKv, S::kDim, S::kDecoder>(dp, p.meta.max_rows, stream);
+    if constexpr (ring_shape<S::kKv, S::kDim>()) {
+      if (use_ring(dp, p.meta.max_rows, bulk_copy_sms))
+        return launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, true>(dp, p.meta.max_rows,
+                                                                           stream);
+    }
+    launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, false>(dp, p.meta.max_rows, stream);
   });
 }
 

@@ -29,6 +29,7 @@
 
 #include "limits.hpp"
 #include "params.hpp"
+#include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
@@ -51,6 +52,9 @@ struct DecodeParams {
   int64_t stride_head;       // bytes
   int32_t block_size;
   int64_t num_blocks;
+  // The ring path's packed token reference, (block << slot_shift) | token in block, in 32
+  // bits (-1: the cache is too large for it; the register path runs).
+  int32_t slot_shift;
   const float* scales;      // device [k_scale, v_scale]
   const int32_t* nan_flag;  // device: an E4M3 NaN code was stored in this layer
   const void* q;            // [rows, q_heads, D]
@@ -94,16 +98,52 @@ struct alignas(16) MergeSmem {
   float o[kWarps][kHeadsPerCta][D];
 };
 
-// Static shared memory: the window's token offsets (the scan's warp totals share it).
+// The bulk-copy ring (SM90+, E4M3 at head_dim 256: the reference geometry): each warp
+// owns kRingStages stages of one 16-token tile, K rows then V rows, each row padded by 16
+// bytes so that the fragment reads below are free of bank conflicts. Its window holds
+// 32-bit packed token references (DecodeParams::slot_shift), so that three CTAs' rings
+// and windows fit one SM. (Three stages at two CTAs per SM measured slower at every row
+// count: docs/perf.md.)
+constexpr int kRingStages = 2;
+constexpr int kRingWindow = 640;
+template <int D>
+constexpr int ring_row_bytes() {
+  return D + 16;
+}
+template <int D>
+constexpr int ring_stage_bytes() {
+  return 32 * ring_row_bytes<D>();
+}
+template <KvKind KV, int D>
+constexpr bool ring_shape() {
+  return KV == KvKind::kE4M3 && D == 256;
+}
+
+// The window's entry type: byte offsets (register path) or packed references (ring).
+template <bool kRing>
+struct WindowOffset {
+  using type = int64_t;
+};
+template <>
+struct WindowOffset<true> {
+  using type = uint32_t;
+};
+
+// Static shared memory: the window's token offsets (the scan's warp totals share it):
+// byte offsets on the register path, packed references on the ring path.
+template <int W, class Offset>
 union DecodeSmem {
-  int64_t offsets[kWindow];
+  Offset offsets[W];
   int32_t warp_totals[kWarps];
 };
 
-// Dynamic shared memory: the warp merge (and the split weights of the last CTA).
-template <int D>
+// Dynamic shared memory: the warp merge (and the split weights of the last CTA); on the
+// ring path the rings too (the merge reuses them once every copy has landed).
+template <int D, bool kRing = false>
 constexpr int dynamic_smem_bytes() {
-  return static_cast<int>(sizeof(MergeSmem<D>));
+  constexpr int merge = static_cast<int>(sizeof(MergeSmem<D>));
+  constexpr int ring = kRing ? kWarps * kRingStages * ring_stage_bytes<D>() : 0;
+  return ring > merge ? ring : merge;
 }
 
 // The kernels' parameters from the backend's (host code; both kernel tiers).
@@ -123,6 +163,9 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   dp.stride_head = c.stride_head * esz;
   dp.block_size = c.block_size;
   dp.num_blocks = c.num_blocks;
+  int shift = 0;
+  while ((int64_t{1} << shift) < c.block_size) ++shift;
+  dp.slot_shift = shift < 32 && c.num_blocks <= (int64_t{1} << (32 - shift)) ? shift : -1;
   dp.scales = c.scales;
   dp.nan_flag = c.nan_flag;
   dp.q = p.q;
@@ -143,12 +186,15 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   return dp;
 }
 
-// Compacts the valid tokens of list entries [begin, end) into smem offsets (bytes of the
-// token's K row for this KV head). Returns the count; all threads agree.
-__device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* offsets,
+// Compacts the valid tokens of list entries [begin, end) (at most W) into smem offsets:
+// bytes of the token's K row for this KV head (int64_t), or the packed reference
+// (block << slot_shift) | token in block (uint32_t, the ring path). Returns the count;
+// all threads agree.
+template <int W = kWindow, class Offset = int64_t>
+__device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* offsets,
                                               int32_t* warp_totals, int row, int kvh, int pos,
                                               const int32_t* bt, int begin, int end) {
-  constexpr int kPer = kWindow / kThreads;
+  constexpr int kPer = W / kThreads;
   const int tid = threadIdx.x;
   __syncthreads();  // every warp is done with the previous window's offsets
   int64_t off[kPer];
@@ -162,8 +208,11 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* of
       if (t >= 0 && t <= pos) {
         const int32_t phys = __ldg(bt + t / p.block_size);
         if (phys >= 0 && phys < p.num_blocks) {
-          off[i] = phys * p.stride_block + static_cast<int64_t>(t % p.block_size) * p.stride_token +
-                   kvh * p.stride_head;
+          if constexpr (sizeof(Offset) == 4)
+            off[i] = (static_cast<int64_t>(phys) << p.slot_shift) | (t % p.block_size);
+          else
+            off[i] = phys * p.stride_block +
+                     static_cast<int64_t>(t % p.block_size) * p.stride_token + kvh * p.stride_head;
           valid_mask |= 1u << i;
         }
       }
@@ -190,7 +239,7 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, int64_t* of
   __syncthreads();  // warp_totals shares storage with offsets
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
-    if (valid_mask & (1u << i)) offsets[base++] = off[i];
+    if (valid_mask & (1u << i)) offsets[base++] = static_cast<Offset>(off[i]);
   __syncthreads();
   return total;
 }
@@ -206,10 +255,13 @@ struct TileRegs {
   bool kv0, kv1;
 };
 
+// The K half of a tile (tokens g and g+8) and the V half (tokens 2t4, 2t4+1, 2t4+8,
+// 2t4+9) load separately: the next tile's K is requested as soon as this tile's scores
+// are computed, its V as soon as P.V is done (run_window), so each half's latency hides
+// behind the other half's compute with no second register tile.
 template <KvKind KV, int D>
-__device__ __forceinline__ void load_tile(TileRegs<KV, D>& t, const int64_t* offsets, int n,
-                                          int tile, const uint8_t* kbase, const uint8_t* vbase,
-                                          int g, int t4) {
+__device__ __forceinline__ void load_tile_k(TileRegs<KV, D>& t, const int64_t* offsets, int n,
+                                            int tile, const uint8_t* kbase, int g, int t4) {
   using S = Shape<KV, D>;
   const int base = tile << 4;
   t.kv0 = base + g < n;
@@ -222,6 +274,13 @@ __device__ __forceinline__ void load_tile(TileRegs<KV, D>& t, const int64_t* off
     load_words(t.k1, kbase + offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
   else
     zero_words(t.k1);
+}
+
+template <KvKind KV, int D>
+__device__ __forceinline__ void load_tile_v(TileRegs<KV, D>& t, const int64_t* offsets, int n,
+                                            int tile, const uint8_t* vbase, int g, int t4) {
+  using S = Shape<KV, D>;
+  const int base = tile << 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
@@ -249,14 +308,18 @@ __device__ __forceinline__ void decode_k(uint32_t x, uint32_t& even, uint32_t& o
     decode4<DEC>(x, even, odd);
 }
 
+// S^T = K Q^T for one tile, scaled to base-2 logits, masked tokens at -inf.
 // qb: Q's B fragments in shared memory, [k-step][lane] (identical for every warp; kept
 // out of registers, which the tile and the output fragments need: 32 fewer registers).
 template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
-__device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uint2* qb,
-                                             float factor, SoftmaxState<D>& st) {
+__device__ __forceinline__ void tile_scores(const TileRegs<KV, D>& t, const uint2* qb, float factor,
+                                            float (&s)[4]) {
   using S = Shape<KV, D>;
-  // ---- S^T = K Q^T ----
-  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // E4M3: two accumulators (even and odd k-steps), so the MMAs form two dependent chains
+  // of kKSteps / 2 instead of one of kKSteps. (16-bit tiles keep one: their register
+  // budget is spent on the tile, and the split measured no faster there.)
+  constexpr int kChains = KV == KvKind::kE4M3 ? 2 : 1;
+  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
   for (int ks = 0; ks < S::kKSteps; ++ks) {
     uint32_t a[4];
@@ -270,14 +333,20 @@ __device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uin
       a[3] = t.k1[2 * ks + 1];
     }
     const uint2 b = qb[ks * 32 + (threadIdx.x & 31)];
-    mma_16816<S::kBf16Mma>(s, a, b.x, b.y);
+    mma_16816<S::kBf16Mma>(acc[ks % kChains], a, b.x, b.y);
   }
   // s[0], s[1]: token g, heads 2t4, 2t4+1; s[2], s[3]: token g+8.
-  s[0] = t.kv0 ? s[0] * factor : -CUDART_INF_F;
-  s[1] = t.kv0 ? s[1] * factor : -CUDART_INF_F;
-  s[2] = t.kv1 ? s[2] * factor : -CUDART_INF_F;
-  s[3] = t.kv1 ? s[3] * factor : -CUDART_INF_F;
+  s[0] = t.kv0 ? (acc[0][0] + acc[1][0]) * factor : -CUDART_INF_F;
+  s[1] = t.kv0 ? (acc[0][1] + acc[1][1]) * factor : -CUDART_INF_F;
+  s[2] = t.kv1 ? (acc[0][2] + acc[1][2]) * factor : -CUDART_INF_F;
+  s[3] = t.kv1 ? (acc[0][3] + acc[1][3]) * factor : -CUDART_INF_F;
+}
 
+// The online-softmax update with one tile's scores s, then O^T += V^T P^T.
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+__device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float (&s)[4],
+                                                SoftmaxState<D>& st) {
+  using S = Shape<KV, D>;
   // ---- online softmax (base 2) ----
   float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
 #pragma unroll
@@ -333,9 +402,12 @@ __device__ __forceinline__ void compute_tile(const TileRegs<KV, D>& t, const uin
   }
 }
 
-// A warp's tiles of one window: tile = warp, warp + 4, ..., each loaded straight into
-// registers and computed. (Staging tiles through shared memory with cp.async, three
-// deep per warp, was measured slower on an H200: docs/perf.md.)
+// A warp's tiles of one window: tile = warp, warp + 4, ..., straight into registers.
+// E4M3: the next tile's K is requested right after this tile's scores and its V right
+// after P.V (the registers they reuse are free by then). 16-bit tiles (twice the
+// registers) load a whole tile and compute it: the split loads measured slower there at
+// 1024 rows (docs/perf.md). Staging tiles through shared memory with cp.async, three
+// deep per warp, was measured slower on an H200 too.
 template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
 __device__ __forceinline__ void run_window(const int64_t* offsets, int n, int warp,
                                            const uint8_t* kbase, const uint8_t* vbase, int g,
@@ -343,9 +415,150 @@ __device__ __forceinline__ void run_window(const int64_t* offsets, int n, int wa
                                            SoftmaxState<D>& st) {
   const int tiles = (n + 15) >> 4;
   TileRegs<KV, D> a;
-  for (int tile = warp; tile < tiles; tile += kWarps) {
-    load_tile(a, offsets, n, tile, kbase, vbase, g, t4);
-    compute_tile<KV, D, DEC, kPatchNaN>(a, qb, factor, st);
+  if constexpr (KV != KvKind::kE4M3) {
+    for (int tile = warp; tile < tiles; tile += kWarps) {
+      load_tile_k(a, offsets, n, tile, kbase, g, t4);
+      load_tile_v(a, offsets, n, tile, vbase, g, t4);
+      float s[4];
+      tile_scores<KV, D, DEC, kPatchNaN>(a, qb, factor, s);
+      tile_softmax_pv<KV, D, DEC, kPatchNaN>(a, s, st);
+    }
+    return;
+  }
+  if (warp >= tiles) return;
+  load_tile_k(a, offsets, n, warp, kbase, g, t4);
+  load_tile_v(a, offsets, n, warp, vbase, g, t4);
+  for (int tile = warp;; tile += kWarps) {
+    float s[4];
+    tile_scores<KV, D, DEC, kPatchNaN>(a, qb, factor, s);
+    const bool more = tile + kWarps < tiles;
+    if (more) load_tile_k(a, offsets, n, tile + kWarps, kbase, g, t4);
+    tile_softmax_pv<KV, D, DEC, kPatchNaN>(a, s, st);
+    if (!more) break;
+    load_tile_v(a, offsets, n, tile + kWarps, vbase, g, t4);
+  }
+}
+
+// The ring path's fragment layout (E4M3, head_dim 256, rows of ring_row_bytes): thread
+// (g, t4) reads 16-byte chunks 2t4, 2t4+1, 2t4+8, 2t4+9 of K rows g and g+8 (its K span:
+// dims [32 t4, 32 t4 + 32) and [128 + 32 t4, ...)), and chunks g and g + 8 of the V rows
+// of its four tokens (its V span: dims [16 g, 16 g + 16) and [128 + 16 g, ...)). With a
+// row stride of 17 chunks, the 8 lanes of each shared-memory phase hit 8 distinct banks.
+template <int D>
+__device__ __forceinline__ int ring_k_chunk(int t4, int i) {
+  return 2 * t4 + (i & 1) + (D / 32) * (i >> 1);
+}
+template <int D>
+__device__ __forceinline__ int ring_v_chunk(int g, int i) {
+  return g + (D / 32) * i;
+}
+
+// One tile's K words (then V words) from a ring stage, in the register path's word
+// order, so the same tile_scores / tile_softmax_pv run on them. Tokens at or past n: K is
+// masked by kv0/kv1; V is zero (a stale row of an earlier tile might hold NaN codes).
+template <KvKind KV, int D>
+__device__ __forceinline__ void read_ring_k(TileRegs<KV, D>& t, const uint8_t* stage, int base,
+                                            int n, int g, int t4) {
+  constexpr int kRow = ring_row_bytes<D>();
+  t.kv0 = base + g < n;
+  t.kv1 = base + g + 8 < n;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = ring_k_chunk<D>(t4, i) * 16;
+    const uint4 a = *reinterpret_cast<const uint4*>(stage + g * kRow + c);
+    const uint4 b = *reinterpret_cast<const uint4*>(stage + (g + 8) * kRow + c);
+    t.k0[4 * i] = a.x, t.k0[4 * i + 1] = a.y, t.k0[4 * i + 2] = a.z, t.k0[4 * i + 3] = a.w;
+    t.k1[4 * i] = b.x, t.k1[4 * i + 1] = b.y, t.k1[4 * i + 2] = b.z, t.k1[4 * i + 3] = b.w;
+  }
+}
+
+template <KvKind KV, int D>
+__device__ __forceinline__ void read_ring_v(TileRegs<KV, D>& t, const uint8_t* stage, int base,
+                                            int n, int g, int t4) {
+  constexpr int kRow = ring_row_bytes<D>();
+  const uint8_t* vrows = stage + 16 * kRow;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = 2 * t4 + (j & 1) + (j >> 1) * 8;
+    const bool valid = base + tok < n;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (valid)
+        v = *reinterpret_cast<const uint4*>(vrows + tok * kRow + ring_v_chunk<D>(g, i) * 16);
+      t.v[j][4 * i] = v.x, t.v[j][4 * i + 1] = v.y, t.v[j][4 * i + 2] = v.z,
+                 t.v[j][4 * i + 3] = v.w;
+    }
+  }
+}
+
+// Where the ring path's packed references point: the KV head's K and V rows of block 0,
+// token 0, and the strides to the rest.
+struct RingSource {
+  const uint8_t* k;
+  const uint8_t* v;
+  int64_t stride_block;
+  int64_t stride_token;
+  int32_t shift;
+};
+
+// Requests tile `tile` of the window into a ring stage: lanes 0-15 copy the K rows of its
+// (up to 16) tokens, lanes 16-31 the V rows; lane 0 announces the bytes on the stage's
+// barrier first.
+template <int D>
+__device__ __forceinline__ void issue_ring_tile(uint8_t* stage, uint64_t* bar, const uint32_t* refs,
+                                                int n, int tile, const RingSource& src, int lane) {
+  constexpr int kRow = ring_row_bytes<D>();
+  const int base = tile << 4;
+  const int valid = min(16, n - base);
+  if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(valid * 2 * D));
+  __syncwarp();
+  const int r = lane & 15;
+  if (r < valid) {
+    const bool v = lane >= 16;
+    const uint32_t ref = refs[base + r];
+    const int64_t off = static_cast<int64_t>(ref >> src.shift) * src.stride_block +
+                        static_cast<int64_t>(ref & ((1u << src.shift) - 1u)) * src.stride_token;
+    bulk_copy_to_smem(stage + (v ? 16 + r : r) * kRow, (v ? src.v : src.k) + off, D, bar);
+  }
+}
+
+// A warp's tiles of one window through its bulk-copy ring (NS tiles in flight while it
+// computes): tile = warp, warp + 4, ... in stage k % NS. Every tile
+// requested is consumed before the window ends, so the barriers' phases (bit s of
+// `phases`) carry over to the next window.
+template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+__device__ __forceinline__ void run_window_ring(const uint32_t* refs, int n, int warp,
+                                                const RingSource& src, int g, int t4,
+                                                const uint2* qb, float factor, SoftmaxState<D>& st,
+                                                uint8_t* ring, uint64_t* bars, uint32_t& phases) {
+  constexpr int NS = kRingStages;
+  constexpr int kStage = ring_stage_bytes<D>();
+  const int lane = threadIdx.x & 31;
+  const int tiles = (n + 15) >> 4;
+#pragma unroll
+  for (int s = 0; s < NS; ++s)
+    if (warp + s * kWarps < tiles)
+      issue_ring_tile<D>(ring + s * kStage, bars + s, refs, n, warp + s * kWarps, src, lane);
+  for (int k = 0;; ++k) {
+    const int tile = warp + k * kWarps;
+    if (tile >= tiles) break;
+    const int stage = k % NS;
+    mbar_wait(bars + stage, (phases >> stage) & 1u);
+    phases ^= 1u << stage;
+    // K first (its words die in the scores), then V: one half-tile of registers at a time.
+    TileRegs<KV, D> t;
+    read_ring_k(t, ring + stage * kStage, tile << 4, n, g, t4);
+    float s[4];
+    tile_scores<KV, D, DEC, kPatchNaN>(t, qb, factor, s);
+    read_ring_v(t, ring + stage * kStage, tile << 4, n, g, t4);
+    // Every lane's reads of the stage come before the copy that refills it.
+    fence_proxy_async_shared();
+    __syncwarp();
+    const int next = tile + NS * kWarps;
+    if (next < tiles)
+      issue_ring_tile<D>(ring + stage * kStage, bars + stage, refs, n, next, src, lane);
+    tile_softmax_pv<KV, D, DEC, kPatchNaN>(t, s, st);
   }
 }
 
@@ -377,35 +590,57 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
     for (int s = 0; s < S; ++s) w[s] *= inv;
   }
   __syncthreads();
-  // Each thread owns 4 consecutive dims of a head (16-byte loads) and keeps 8 splits'
-  // loads in flight: the merge is a handful of L2 round trips, not one per split.
-  for (int idx = threadIdx.x; idx < heads * (D / 4); idx += kThreads) {
-    const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const float* w = weights + h * S;
-    const float* part = p.partial_out + (head0 + h) * S * D + d;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = 0; s0 < S; s0 += 8) {
-      float4 v[8];
+  // Each thread owns columns of 4 consecutive dims of a head (16-byte loads): all its
+  // kCols columns (8 heads x D / 4 columns over the CTA) with kBatch splits each in
+  // flight at once, so the merge is ceil(splits / kBatch) L2 round trips (3 for 17 splits
+  // at D = 256), not one per column and batch of splits.
+  constexpr int kCols = kHeadsPerCta * (D / 4) / kThreads;
+  constexpr int kBatch = kCols >= 4 ? 6 : 8;
+  static_assert(kCols >= 1 && kHeadsPerCta * (D / 4) % kThreads == 0, "whole columns");
+  const int columns = heads * (D / 4);
+  for (int c0 = threadIdx.x; c0 < columns; c0 += kCols * kThreads) {
+    float4 acc[kCols];
+    const float* part[kCols];
+    const float* w[kCols];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] =
-            s0 + j < S
-                ? __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(s0 + j) * D))
-                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float wj = s0 + j < S ? w[s0 + j] : 0.0f;
-        acc.x += wj * v[j].x;
-        acc.y += wj * v[j].y;
-        acc.z += wj * v[j].z;
-        acc.w += wj * v[j].w;
-      }
+    for (int c = 0; c < kCols; ++c) {
+      const int idx = min(c0 + c * kThreads, columns - 1);  // a spare column repeats the last
+      const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
+      acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      part[c] = p.partial_out + (head0 + h) * S * D + d;
+      w[c] = weights + h * S;
     }
-    Act* o = static_cast<Act*>(p.out) + (head0 + h) * D + d;
-    o[0] = from_float<Act>(acc.x * v_factor);
-    o[1] = from_float<Act>(acc.y * v_factor);
-    o[2] = from_float<Act>(acc.z * v_factor);
-    o[3] = from_float<Act>(acc.w * v_factor);
+    for (int s0 = 0; s0 < S; s0 += kBatch) {
+      float4 v[kCols][kBatch];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+          v[c][j] = s0 + j < S ? __ldcg(reinterpret_cast<const float4*>(
+                                     part[c] + static_cast<int64_t>(s0 + j) * D))
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const float wj = s0 + j < S ? w[c][s0 + j] : 0.0f;
+          acc[c].x += wj * v[c][j].x;
+          acc[c].y += wj * v[c][j].y;
+          acc[c].z += wj * v[c][j].z;
+          acc[c].w += wj * v[c][j].w;
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int idx = c0 + c * kThreads;
+      if (idx >= columns) break;
+      const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
+      Act* o = static_cast<Act*>(p.out) + (head0 + h) * D + d;
+      o[0] = from_float<Act>(acc[c].x * v_factor);
+      o[1] = from_float<Act>(acc[c].y * v_factor);
+      o[2] = from_float<Act>(acc[c].z * v_factor);
+      o[3] = from_float<Act>(acc[c].w * v_factor);
+    }
   }
 }
 
@@ -464,11 +699,21 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
   merge_splits<Act, D>(p, row, kvh, chunk, v_factor, weights);
 }
 
-template <class Act, KvKind KV, int D, Decoder DEC>
-__global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
+// CTAs per SM each cache type is compiled for (the register cap follows): E4M3 tiles
+// are half the registers of 16-bit ones, so three CTAs (12 warps) fit.
+constexpr int decode_ctas_per_sm(KvKind kv) { return kv == KvKind::kE4M3 ? 3 : 2; }
+
+// kRing: the bulk-copy ring path (ring_shape<KV, D>() only, launched on SM90+ when the
+// cache's references pack into 32 bits: slot_shift >= 0).
+template <class Act, KvKind KV, int D, Decoder DEC, bool kRing = false>
+__global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV))
     decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
-  __shared__ DecodeSmem smem;
+  static_assert(!kRing || ring_shape<KV, D>(), "the ring path's layout is E4M3 at head_dim 256");
+  constexpr int kWin = kRing ? kRingWindow : kWindow;
+  using Offset = typename WindowOffset<kRing>::type;
+  __shared__ DecodeSmem<kWin, Offset> smem;
+  __shared__ uint64_t ring_bars[kRing ? kWarps * kRingStages : 1];
   __shared__ uint2 q_frag[Shape<KV, D>::kKSteps * 32];
   __shared__ int last_arrival;
   extern __shared__ uint4 dynamic_smem[];  // the warp merge
@@ -495,11 +740,14 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   const int q_head = kvh * p.group + head_local;
   uint32_t qraw[S::kKSpan / 2];  // this thread's K-span dims of Q, two per word
   if (has_head) {
-    const Act* qp = static_cast<const Act*>(p.q) +
-                    (static_cast<int64_t>(row) * p.q_heads + q_head) * D + t4 * S::kKSpan;
+    const Act* qp =
+        static_cast<const Act*>(p.q) + (static_cast<int64_t>(row) * p.q_heads + q_head) * D;
 #pragma unroll
     for (int i = 0; i < S::kKSpan / 8; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp) + i);
+      // 8 dims per load: the register path's span is contiguous, the ring path's is its
+      // four K chunks (ring_k_chunk: 16 E4M3 dims each).
+      const int d = kRing ? ring_k_chunk<D>(t4, i / 2) * 16 + (i % 2) * 8 : t4 * S::kKSpan + 8 * i;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + d));
       qraw[4 * i] = v.x;
       qraw[4 * i + 1] = v.y;
       qraw[4 * i + 2] = v.z;
@@ -570,13 +818,34 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   const uint8_t* kbase = p.kv;
   const uint8_t* vbase = p.kv + p.stride_kv;
 
-  for (int win = c0; win < c1; win += kWindow) {
-    const int n = compact_window(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt, win,
-                                 min(c1, win + kWindow));
-    if (patch_nan)
-      run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st);
-    else
-      run_window<KV, D, DEC, false>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor, st);
+  uint8_t* ring = reinterpret_cast<uint8_t*>(dynamic_smem) +
+                  (kRing ? warp * kRingStages * ring_stage_bytes<D>() : 0);
+  uint64_t* bars = ring_bars + (kRing ? warp * kRingStages : 0);
+  const RingSource src{kbase + kvh * p.stride_head, vbase + kvh * p.stride_head, p.stride_block,
+                       p.stride_token, p.slot_shift};
+  uint32_t phases = 0;
+  if (kRing) {
+    if (threadIdx.x < kWarps * kRingStages) mbar_init(ring_bars + threadIdx.x, 1);
+    mbar_fence_init();  // (compact_window's first barrier publishes them to every warp)
+  }
+  for (int win = c0; win < c1; win += kWin) {
+    const int n = compact_window<kWin, Offset>(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt,
+                                               win, min(c1, win + kWin));
+    if constexpr (kRing) {
+      if (patch_nan)
+        run_window_ring<KV, D, DEC, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
+                                          ring, bars, phases);
+      else
+        run_window_ring<KV, D, DEC, false>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
+                                           ring, bars, phases);
+    } else {
+      if (patch_nan)
+        run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor,
+                                     st);
+      else
+        run_window<KV, D, DEC, false>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor,
+                                      st);
+    }
   }
 
   // ---- merge the 4 warps ----
@@ -595,7 +864,8 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   }
 #pragma unroll
   for (int i = 0; i < S::kMTiles; ++i) {
-    const int d0 = g * S::kVSpan + 2 * i;
+    // M-tile i holds span positions 2i and 2i+1 (one V chunk: consecutive dims).
+    const int d0 = kRing ? ring_v_chunk<D>(g, i / 8) * 16 + (2 * i) % 16 : g * S::kVSpan + 2 * i;
     ms.o[warp][2 * t4][d0] = st.o[i][0];
     ms.o[warp][2 * t4 + 1][d0] = st.o[i][1];
     ms.o[warp][2 * t4][d0 + 1] = st.o[i][2];

@@ -169,7 +169,7 @@ __device__ __forceinline__ void simt_tile(const int64_t* offsets, int count, con
     for (int h = 0; h < kHeadsPerCta; ++h) s[h] = -CUDART_INF_F;  // no token: weight 0
   }
 
-  // ---- online softmax (base 2), as compute_tile in decode_attention.cuh ----
+  // ---- online softmax (base 2), as tile_softmax_pv in decode_attention.cuh ----
 #pragma unroll
   for (int h = 0; h < kHeadsPerCta; ++h) {
     float mx = s[h];  // fmaxf ignores NaN: a NaN score lives on in l and o

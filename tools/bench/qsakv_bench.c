@@ -252,6 +252,9 @@ typedef struct {
   void* out;
 } plans_t;
 
+/* --splits N: the decode table's plans take N splits instead of their own choice. */
+static int g_forced_splits = 0;
+
 static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
   const int width = 2051, pos = kSeq - 1, groups = (pos + 1) / 4;
   int32_t* qs = malloc(sizeof(int32_t) * (rows + 1));
@@ -287,6 +290,7 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
     CHECK(qsakv_plan_options_init(&po));
     po.max_rows = rows;
     po.max_requests = rows;
+    po.num_splits = g_forced_splits;
     CHECK(qsakv_plan_create(&P->plan[p], b->cache, &po));
     qsakv_batch batch;
     memset(&batch, 0, sizeof batch);
@@ -669,7 +673,7 @@ static double attention_us_for(const int* rows_list, const double* us, int n, in
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
-  int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0;
+  int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0, no_store = 0;
   int case_mask = -1; /* selection cases to run (bit i: case i) */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc)
@@ -682,6 +686,12 @@ int main(int argc, char** argv) {
       multirow_only = 1;
     else if (!strcmp(argv[i], "--no-multirow"))
       no_multirow = 1;
+    else if (!strcmp(argv[i], "--decode-only")) {
+      no_multirow = 1;
+      no_store = 1;
+      case_mask = 0;
+    } else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
+      g_forced_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
@@ -694,11 +704,11 @@ int main(int argc, char** argv) {
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ","))
         rows_list[n_rows++] = atoi(t);
     } else {
-      fprintf(
-          stderr,
-          "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
-          "[--select-cases 0,4,...] [--tier auto|sm70|sm75] [--multirow-only] [--no-multirow]\n",
-          argv[0]);
+      fprintf(stderr,
+              "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
+              "[--select-cases 0,4,...] [--tier auto|sm70|sm75] [--multirow-only] [--no-multirow] "
+              "[--decode-only] [--splits N]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -854,7 +864,7 @@ int main(int argc, char** argv) {
   }
   if (js) fprintf(js, "  ],\n");
 
-  if (!select_only) {
+  if (!select_only && !no_store) {
     const int store_tokens = 65536;
     const double ts8 = time_store(&e8, store_tokens, s), ts16 = time_store(&f16, store_tokens, s);
     const double sb8 = store_tokens * 256.0 * 2 * (2 + 1),

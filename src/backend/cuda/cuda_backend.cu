@@ -137,11 +137,12 @@ class CudaBackend final : public Backend {
     check(cudaEventSynchronize(static_cast<cudaEvent_t>(fence)), "cudaEventSynchronize");
   }
 
-  // As many splits as fit in one wave of CTAs (two per multiprocessor, the kernel's
-  // occupancy) without starting a second, mostly empty one: groups * splits <= slots.
-  // Small batches split the token list, large ones do not. At most one split per 128
-  // list entries: two 16-token tiles per warp, both in flight at once, and fewer
-  // partials for the last CTA to merge.
+  // As many splits as fit in one wave of two CTAs per multiprocessor without starting a
+  // second, mostly empty one: groups * splits <= slots. Small batches split the token
+  // list, large ones do not. At most one split per 128 list entries: two 16-token tiles
+  // per warp, and fewer partials for the last CTA to merge. (E4M3 kernels fit three CTAs
+  // per SM, but filling the third slot with more splits measured slower on an H200: 16
+  // rows +14%, 64 rows +2%, 256 and 1024 rows +10-15% with 2-3 splits; docs/perf.md.)
   int choose_splits(int row_groups, int topk_width) const override {
     const int slots = kAttentionCtasPerSm * info_.multiprocessor_count;
     const int want = slots / std::max(1, row_groups);
@@ -204,7 +205,8 @@ class CudaBackend final : public Backend {
       const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
       cuda::launch_grouped_attention(p, hw, stream);
       check_launch("grouped attention kernel launch");
-      cuda::launch_decode_attention(p, hw, sm70_tier(), stream);
+      cuda::launch_decode_attention(
+          p, hw, sm70_tier(), info_.sm_version >= 90 ? info_.multiprocessor_count : 0, stream);
     } catch (const cuda::LaunchError& e) {
       fail(e.status(), "%s", e.what());
     }
