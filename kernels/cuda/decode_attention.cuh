@@ -194,6 +194,7 @@ template <int W = kWindow, class Offset = int64_t>
 __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* offsets,
                                               int32_t* warp_totals, int row, int kvh, int pos,
                                               const int32_t* bt, int begin, int end) {
+  static_assert(W % kThreads == 0, "every window entry has a thread");
   constexpr int kPer = W / kThreads;
   const int tid = threadIdx.x;
   __syncthreads();  // every warp is done with the previous window's offsets
