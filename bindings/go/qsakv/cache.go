@@ -269,9 +269,30 @@ type Plan struct {
 	blockTable *DeviceBuffer // read when select/attention run: kept reachable
 }
 
+// PlanOptions are qsakv_plan_options; each zero takes the library's default.
+type PlanOptions struct {
+	MaxRows, MaxRequests int32 // the largest batch (0: the config's maxima)
+	NumSplits            int32 // split-K of the decode route, 1..256 (0: from occupancy)
+	// Rows of one request from which they take the grouped multi-row route: 0 automatic,
+	// -1 never, n >= 1 from n rows (PlanInfo reports the rule in force).
+	MultiRowMinRows int32
+}
+
+// PlanInfo is qsakv_plan_info: the plan's limits, split count, routes and last batch.
+type PlanInfo struct {
+	MaxRows, MaxRequests, NumSplits, NumRows, NumRequests int32
+	WorkspaceBytes                                        uint64
+	RowsPerGroup, MultiRowMinRows, NumGroups, GroupedRows int32
+}
+
 // NewPlan makes a plan for batches of at most maxRows rows and maxRequests requests
-// (0: the config's maxima).
+// (0: the config's maxima), every other option its default.
 func NewPlan(cache *Cache, maxRows, maxRequests int32) (*Plan, error) {
+	return NewPlanWithOptions(cache, PlanOptions{MaxRows: maxRows, MaxRequests: maxRequests})
+}
+
+// NewPlanWithOptions makes a plan with all of qsakv_plan_options.
+func NewPlanWithOptions(cache *Cache, opts PlanOptions) (*Plan, error) {
 	if err := cache.live(); err != nil {
 		return nil, err
 	}
@@ -279,7 +300,8 @@ func NewPlan(cache *Cache, maxRows, maxRequests int32) (*Plan, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_plan_options_init(&o) }); err != nil {
 		return nil, err
 	}
-	o.max_rows, o.max_requests = C.int32_t(maxRows), C.int32_t(maxRequests)
+	o.max_rows, o.max_requests = C.int32_t(opts.MaxRows), C.int32_t(opts.MaxRequests)
+	o.num_splits, o.multi_row_min_rows = C.int32_t(opts.NumSplits), C.int32_t(opts.MultiRowMinRows)
 	p := &Plan{cache: cache}
 	if err := call(func() C.qsakv_status { return C.qsakv_plan_create(&p.ptr, cache.ptr, &o) }); err != nil {
 		return nil, err
@@ -337,14 +359,32 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 		return err
 	}
 	p.blockTable = blockTable
-	var info C.qsakv_plan_info
-	info.struct_size = C.size_t(unsafe.Sizeof(info))
-	info.version = C.QSAKV_PLAN_INFO_VERSION
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_get_info(p.ptr, &info) }); err != nil {
+	info, err := p.Info()
+	if err != nil {
 		return err
 	}
-	p.rows = int(info.num_rows)
+	p.rows = int(info.NumRows)
 	return nil
+}
+
+// Info returns the plan's qsakv_plan_info.
+func (p *Plan) Info() (PlanInfo, error) {
+	if p.ptr == nil {
+		return PlanInfo{}, &Error{Status: ErrState, Message: "plan: closed"}
+	}
+	var i C.qsakv_plan_info
+	i.struct_size = C.size_t(unsafe.Sizeof(i))
+	i.version = C.QSAKV_PLAN_INFO_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_get_info(p.ptr, &i) }); err != nil {
+		return PlanInfo{}, err
+	}
+	return PlanInfo{
+		MaxRows: int32(i.max_rows), MaxRequests: int32(i.max_requests),
+		NumSplits: int32(i.num_splits), NumRows: int32(i.num_rows),
+		NumRequests: int32(i.num_requests), WorkspaceBytes: uint64(i.workspace_bytes),
+		RowsPerGroup: int32(i.rows_per_group), MultiRowMinRows: int32(i.multi_row_min_rows),
+		NumGroups: int32(i.num_groups), GroupedRows: int32(i.grouped_rows),
+	}, nil
 }
 
 // Rows is the number of query rows of the last update.

@@ -240,6 +240,32 @@ func TestErrorsFromManyGoroutines(t *testing.T) {
 	}
 }
 
+func TestPlanOptionsReachTheLibrary(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cache := must(NewCache(ctx, smallFP16Config(t), nil, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	o := PlanOptions{MaxRows: 4, MaxRequests: 2, NumSplits: 5, MultiRowMinRows: 3}
+	plan := must(NewPlanWithOptions(cache, o))
+	info := must(plan.Info())
+	if info.MaxRows != 4 || info.MaxRequests != 2 || info.NumSplits != 5 {
+		t.Fatalf("%+v", info)
+	}
+	// The CPU backend has no grouped route: the rule in force is "never".
+	if info.MultiRowMinRows != -1 {
+		t.Fatalf("multi_row_min_rows in force: %d", info.MultiRowMinRows)
+	}
+	if err := plan.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.MultiRowMinRows = -2
+	var qe *Error
+	if _, err := NewPlanWithOptions(cache, o); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.Contains(qe.Message, "multi_row_min_rows") {
+		t.Fatalf("multi_row_min_rows -2: %v", err)
+	}
+}
+
 func TestHandlesAreFreed(t *testing.T) {
 	vmSize := func() int64 {
 		s, err := os.ReadFile("/proc/self/status")

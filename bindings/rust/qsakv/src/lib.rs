@@ -627,13 +627,32 @@ pub struct Plan<'c> {
 
 // Not Send either, for the same reason (a plan uses its cache and context).
 
+/// A plan's options (`qsakv_plan_options`); each 0 takes the library's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Rows and requests of the largest batch (0: the config's maxima).
+    pub max_rows: i32,
+    pub max_requests: i32,
+    /// Split-K factor of the decode route, 1..=256 (0: from the GPU's occupancy).
+    pub num_splits: i32,
+    /// Rows of one request from which they take the grouped multi-row route: 0
+    /// automatic, -1 never, n >= 1 from n rows (plan_info reports the rule in force).
+    pub multi_row_min_rows: i32,
+}
+
 impl<'c> Plan<'c> {
-    /// `max_rows`/`max_requests` 0: the config's maxima.
+    /// `max_rows`/`max_requests` 0: the config's maxima; every other option its default.
     pub fn new(cache: &'c Cache<'c>, max_rows: i32, max_requests: i32) -> Result<Self> {
+        Self::with_options(cache, &PlanOptions { max_rows, max_requests, ..Default::default() })
+    }
+
+    pub fn with_options(cache: &'c Cache<'c>, options: &PlanOptions) -> Result<Self> {
         let mut o: sys::qsakv_plan_options = unsafe { std::mem::zeroed() };
         check(unsafe { sys::qsakv_plan_options_init(&mut o) })?;
-        o.max_rows = max_rows;
-        o.max_requests = max_requests;
+        o.max_rows = options.max_rows;
+        o.max_requests = options.max_requests;
+        o.num_splits = options.num_splits;
+        o.multi_row_min_rows = options.multi_row_min_rows;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::qsakv_plan_create(&mut raw, cache.as_ptr(), &o) })?;
         Ok(Plan { raw: NonNull::new(raw).expect("qsakv_plan_create returned NULL"), cache, rows: 0 })

@@ -190,6 +190,29 @@ fn handles_are_freed_on_drop() {
 }
 
 #[test]
+fn plan_options_reach_the_library() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let mut cfg = ModelConfig::preset("qwen4_exp")?;
+    cfg.tp_size = 4;
+    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
+    cfg.max_batched_tokens = 8;
+    cfg.max_requests = 2;
+    cfg.max_model_len = 256;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 2;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let o = PlanOptions { max_rows: 4, max_requests: 2, num_splits: 5, multi_row_min_rows: 3 };
+    let info = Plan::with_options(&cache, &o)?.info()?;
+    assert_eq!((info.max_rows, info.max_requests, info.num_splits), (4, 2, 5));
+    // The CPU backend has no grouped route: the rule in force is "never".
+    assert_eq!(info.multi_row_min_rows, -1);
+    let err = Plan::with_options(&cache, &PlanOptions { multi_row_min_rows: -2, ..o }).err().unwrap();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().contains("multi_row_min_rows"), "{}", err.message());
+    Ok(())
+}
+
+#[test]
 fn crate_version_equals_the_library_version() {
     // The library's version is CMakeLists.txt's project(VERSION): the one place.
     assert_eq!(env!("CARGO_PKG_VERSION"), version_string(), "bindings/rust/*/Cargo.toml version");
