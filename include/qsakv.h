@@ -648,7 +648,10 @@ typedef struct qsakv_plan_options {
   uint32_t version;
   int32_t max_rows;     /* query rows per batch this plan serves (0: max_batched_tokens) */
   int32_t max_requests; /* requests per batch (0: config max_requests) */
-  int32_t num_splits;   /* split-K factor of the decode route; 0: from occupancy */
+  /* Split-K factor of the decode route; 0: from occupancy for a batch of max_rows rows
+   * (fixed for the plan's life: a plan for 1024 rows runs a 1-row batch unsplit, on a
+   * few CTAs; engines that capture graphs per batch-size bucket make a plan per bucket). */
+  int32_t num_splits;
   /* Version 2. Requests with at least this many rows in a batch (prefill chunks, verify
    * rows) take the grouped multi-row route where the backend has one (CUDA, SM75+):
    * groups of up to 16 consecutive rows read each selected K/V tile once, on tensor cores.
