@@ -21,18 +21,24 @@ fn from_half(h: u16) -> f64 {
     if h & 0x8000 != 0 { -v } else { v }
 }
 
-#[test]
-fn pipeline_matches_fp64_on_the_cpu_backend() -> Result<()> {
-    assert!(library_matches_bindings());
-    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
-    assert_eq!(ctx.info()?.backend(), Backend::QSAKV_BACKEND_CPU);
-
+/// The reference model at TP4 with an FP16 cache, sized for a few tokens.
+fn small_fp16_config() -> Result<ModelConfig> {
     let mut cfg = ModelConfig::preset("qwen4_exp")?;
     cfg.tp_size = 4;
     cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
     cfg.max_batched_tokens = 8;
     cfg.max_requests = 2;
     cfg.max_model_len = 256;
+    Ok(cfg)
+}
+
+#[test]
+fn pipeline_matches_fp64_on_the_cpu_backend() -> Result<()> {
+    assert!(library_matches_bindings());
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    assert_eq!(ctx.info()?.backend(), Backend::QSAKV_BACKEND_CPU);
+
+    let cfg = small_fp16_config()?;
     let g = cfg.rank_geometry()?;
     let (d, h, l, hot, block) = (cfg.head_dim as usize, g.q_heads as usize, 37usize, 5usize, 1i32);
     assert_eq!(g.kv_heads, 1);
@@ -158,12 +164,7 @@ fn handles_are_freed_on_drop() {
         s.lines().find(|l| l.starts_with("VmSize:")).unwrap()
             .split_whitespace().nth(1).unwrap().parse().unwrap()
     }
-    let mut cfg = ModelConfig::preset("qwen4_exp").unwrap();
-    cfg.tp_size = 4;
-    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
-    cfg.max_batched_tokens = 8;
-    cfg.max_requests = 2;
-    cfg.max_model_len = 256;
+    let cfg = small_fp16_config().unwrap();
     let cycle = || {
         let ctx = Context::new(Backend::QSAKV_BACKEND_CPU).unwrap();
         let mut opts = CacheOptions::new().unwrap();
@@ -192,12 +193,7 @@ fn handles_are_freed_on_drop() {
 #[test]
 fn plan_options_reach_the_library() -> Result<()> {
     let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
-    let mut cfg = ModelConfig::preset("qwen4_exp")?;
-    cfg.tp_size = 4;
-    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
-    cfg.max_batched_tokens = 8;
-    cfg.max_requests = 2;
-    cfg.max_model_len = 256;
+    let cfg = small_fp16_config()?;
     let mut opts = CacheOptions::new()?;
     opts.num_blocks = 2;
     let cache = Cache::new(&ctx, &cfg, None, &opts)?;
