@@ -301,14 +301,6 @@ struct SoftmaxState {
   float o[D / 16][4];
 };
 
-template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
-__device__ __forceinline__ void decode_k(uint32_t x, uint32_t& even, uint32_t& odd) {
-  if constexpr (kPatchNaN)
-    decode4_exact<DEC>(x, even, odd);
-  else
-    decode4<DEC>(x, even, odd);
-}
-
 // S^T = K Q^T for one tile, scaled to base-2 logits, masked tokens at -inf.
 // qb: Q's B fragments in shared memory, [k-step][lane] (identical for every warp; kept
 // out of registers, which the tile and the output fragments need: 32 fewer registers).
@@ -325,8 +317,10 @@ __device__ __forceinline__ void tile_scores(const TileRegs<KV, D>& t, const uint
   for (int ks = 0; ks < S::kKSteps; ++ks) {
     uint32_t a[4];
     if constexpr (KV == KvKind::kE4M3) {
-      decode_k<KV, D, DEC, kPatchNaN>(t.k0[ks], a[0], a[2]);
-      decode_k<KV, D, DEC, kPatchNaN>(t.k1[ks], a[1], a[3]);
+      // The word's two pairs fill k-columns (2t4, 2t4+1) and (2t4+8, 2t4+9); Q's B fragment is
+      // grouped to match (CodeGrouping, in the Q prologue).
+      decode_pairs<DEC, kPatchNaN>(t.k0[ks], a[0], a[2]);
+      decode_pairs<DEC, kPatchNaN>(t.k1[ks], a[1], a[3]);
     } else {
       a[0] = t.k0[2 * ks];
       a[2] = t.k0[2 * ks + 1];
@@ -359,7 +353,12 @@ __device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float 
   // All-masked so far: keep everything at zero (exp2(-inf - -inf) would be NaN).
   const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
   const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
-  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
+  // A maximum that did not move rescales by exactly 1 (the same result as exp2(0)), so
+  // the warp skips the D / 2 multiplies of its output fragments unless some lane's moved:
+  // past the first tiles of a split that is most tiles.
+  const bool moved0 = mn0 != st.m[0], moved1 = mn1 != st.m[1];
+  const float alpha0 = moved0 ? fast_exp2(st.m[0] - ref0) : 1.0f;
+  const float alpha1 = moved1 ? fast_exp2(st.m[1] - ref1) : 1.0f;
   st.m[0] = mn0;
   st.m[1] = mn1;
   s[0] = fast_exp2(s[0] - ref0);
@@ -368,12 +367,14 @@ __device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float 
   s[3] = fast_exp2(s[3] - ref1);
   st.l[0] = st.l[0] * alpha0 + s[0] + s[2];
   st.l[1] = st.l[1] * alpha1 + s[1] + s[3];
+  if (__any_sync(0xffffffffu, moved0 || moved1)) {
 #pragma unroll
-  for (int i = 0; i < S::kMTiles; ++i) {
-    st.o[i][0] *= alpha0;
-    st.o[i][1] *= alpha1;
-    st.o[i][2] *= alpha0;
-    st.o[i][3] *= alpha1;
+    for (int i = 0; i < S::kMTiles; ++i) {
+      st.o[i][0] *= alpha0;
+      st.o[i][1] *= alpha1;
+      st.o[i][2] *= alpha0;
+      st.o[i][3] *= alpha1;
+    }
   }
   // P^T as the B operand: transpose the 8x8 (token x head) fragments.
   const uint32_t pb0 = transpose_8x8(S::kBf16Mma ? pack_bf162(s[0], s[1]) : pack_half2(s[0], s[1]));
@@ -383,12 +384,14 @@ __device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float 
 #pragma unroll
   for (int j = 0; j < S::kVWords; ++j) {
     if constexpr (KV == KvKind::kE4M3) {
-      // Word j: dims 4j..4j+3 of the span = m-tiles 2j (dims 4j, 4j+1) and 2j+1.
+      // Word j: dims 4j..4j+3 of the span = m-tiles 2j (dims 4j, 4j+1) and 2j+1; one permute
+      // pairs a dim's codes of two tokens (the A fragment's k-columns).
+      using G = CodeGrouping<DEC>;
       uint32_t a[4], b[4];
-      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], 0x5410u), a[0], a[1]);
-      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], 0x5410u), a[2], a[3]);
-      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], 0x7632u), b[0], b[1]);
-      decode_k<KV, D, DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], 0x7632u), b[2], b[3]);
+      decode_pairs<DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], G::kCodesLo), a[0], a[1]);
+      decode_pairs<DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], G::kCodesLo), a[2], a[3]);
+      decode_pairs<DEC, kPatchNaN>(prmt(t.v[0][j], t.v[1][j], G::kCodesHi), b[0], b[1]);
+      decode_pairs<DEC, kPatchNaN>(prmt(t.v[2][j], t.v[3][j], G::kCodesHi), b[2], b[3]);
       mma_16816<false>(st.o[2 * j], a, pb0, pb1);
       mma_16816<false>(st.o[2 * j + 1], b, pb0, pb1);
     } else {
@@ -788,9 +791,9 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV))
     for (int s = 0; s < S::kKSteps; ++s) {
       uint2 b;
       if constexpr (KV == KvKind::kE4M3) {
-        // K word s holds dims 4s..4s+3 of the span; the decoder pairs (0,2) and (1,3).
-        b.x = prmt(qraw[2 * s], qraw[2 * s + 1], 0x5410u);
-        b.y = prmt(qraw[2 * s], qraw[2 * s + 1], 0x7632u);
+        // K word s holds dims 4s..4s+3 of the span, paired as decode_pairs pairs them.
+        b.x = prmt(qraw[2 * s], qraw[2 * s + 1], CodeGrouping<DEC>::kHalvesLo);
+        b.y = prmt(qraw[2 * s], qraw[2 * s + 1], CodeGrouping<DEC>::kHalvesHi);
       } else {
         b.x = qraw[2 * s];      // dims 4s, 4s+1
         b.y = qraw[2 * s + 1];  // dims 4s+2, 4s+3

@@ -78,5 +78,51 @@ __device__ __forceinline__ void decode4_exact(uint32_t x, uint32_t& even, uint32
   }
 }
 
+// The attention kernels' decoder: the two FP16 pairs of a word of four codes
+// [b0 b1 b2 b3] in whichever grouping the decoder produces cheapest. A dot product over
+// the four codes may take either, as long as the other operand is grouped alike
+// (CodeGrouping below):
+//   hardware: lo = (b0, b1), hi = (b2, b3)  (two conversions of the word's halves, without
+//             decode4's byte permute: a third of its instructions)
+//   software: lo = (b0, b2), hi = (b1, b3)  (decode4's even and odd)
+// kExact: the software decoder patches NaN codes (decode4_exact); the hardware one is exact.
+template <Decoder D, bool kExact>
+__device__ __forceinline__ void decode_pairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  if constexpr (D == Decoder::kHardware) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+#else
+    (void)x;  // never launched below SM89, as decode4
+    lo = hi = 0x7E007E00u;
+    __trap();
+#endif
+  } else if constexpr (kExact) {
+    decode4_exact<D>(x, lo, hi);
+  } else {
+    decode4<D>(x, lo, hi);
+  }
+}
+
+// prmt selectors that group other operands the way decode_pairs groups codes:
+// - kHalvesLo / kHalvesHi: 16-bit values of two words (d0 d1) (d2 d3) into the pair that
+//   meets decode_pairs' lo / hi (hardware (d0 d1) / (d2 d3), software (d0 d2) / (d1 d3));
+// - kCodesLo / kCodesHi: codes of two words x, y into one word whose decode_pairs gives
+//   lo = (x.b0, y.b0), hi = (x.b1, y.b1) (kCodesLo) or the same of bytes 2 and 3 (kCodesHi).
+template <Decoder D>
+struct CodeGrouping;
+template <>
+struct CodeGrouping<Decoder::kHardware> {
+  static constexpr uint32_t kHalvesLo = 0x3210u, kHalvesHi = 0x7654u;
+  static constexpr uint32_t kCodesLo = 0x5140u, kCodesHi = 0x7362u;
+};
+template <>
+struct CodeGrouping<Decoder::kSoftware> {
+  static constexpr uint32_t kHalvesLo = 0x5410u, kHalvesHi = 0x7632u;
+  static constexpr uint32_t kCodesLo = 0x5410u, kCodesHi = 0x7632u;
+};
+
 }  // namespace cuda
 }  // namespace qsakv
