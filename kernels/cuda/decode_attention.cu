@@ -12,36 +12,30 @@ namespace cuda {
 
 namespace {
 
-template <class Act, KvKind KV, int D, Decoder DEC, bool kRing>
+template <class Act, KvKind KV, int D, Decoder DEC, int NS>
 void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
-  constexpr int smem = dynamic_smem_bytes<D, kRing>();
-  // Raising the dynamic shared-memory limit: once per kernel (thread-safe static init).
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(decode_attention_kernel<Act, KV, D, DEC, kRing>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  require_smem_limit(attr, smem);
-  if (kRing) {  // the rings need the largest shared-memory carveout for their occupancy
-    static const cudaError_t carve = cudaFuncSetAttribute(
-        decode_attention_kernel<Act, KV, D, DEC, kRing>,
-        cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    require_smem_limit(carve, smem);
-  }
-  decode_attention_kernel<Act, KV, D, DEC, kRing><<<grid, kThreads, smem, stream>>>(dp);
+  constexpr int smem = dynamic_smem_bytes<D, NS>();
+  // The rings need the largest shared-memory carveout for their occupancy.
+  static std::atomic<uint64_t> ready{0};
+  prepare_kernel_smem(decode_attention_kernel<Act, KV, D, DEC, NS>, smem, NS > 0, ready);
+  decode_attention_kernel<Act, KV, D, DEC, NS><<<grid, kThreads, smem, stream>>>(dp);
 }
 
-// The ring path where it measured faster on an H200 (docs/perf.md, run 24): grids that
-// fill three CTAs per SM (large batches: 1024 rows, -12% one call with L2 flushed) and
-// small sparse splits of up to kRingMaxSplitEntries list entries (1-16 rows, -5-9%).
-// Between them (two CTAs per SM of 257-2051 entries: 32-256 rows) the register path is
-// faster by 2-8%.
+// The copy ring where it measured faster on an H200 (docs/perf.md, runs 21-22): grids
+// that fill three CTAs per SM (large batches: 1024 rows) and small sparse splits of up to
+// kRingMaxSplitEntries list entries (1-16 rows). Between them (two CTAs per SM of
+// 257-2051 entries: 32-256 rows) the register path is as fast in graphs of many calls
+// and 2-10% faster one call at a time with L2 flushed; a three-stage ring at two CTAs per
+// SM was no faster there either.
 constexpr int kRingMaxSplitEntries = 192;
 bool use_ring(const DecodeParams& dp, int max_rows, int sms) {
-  if (sms == 0 || dp.slot_shift < 0) return false;
+  if (sms == 0 || !dp.ring_offsets) return false;
   const int64_t ctas =
       static_cast<int64_t>(max_rows) * dp.kv_heads * dp.head_chunks * dp.num_splits;
-  if (ctas >= static_cast<int64_t>(decode_ctas_per_sm(KvKind::kE4M3)) * sms) return true;
+  if (ctas >= static_cast<int64_t>(decode_ctas_per_sm(KvKind::kE4M3, kRingStages)) * sms)
+    return true;
   const int per_split = (dp.topk_width + dp.num_splits - 1) / dp.num_splits;
   return !dp.dense && per_split <= kRingMaxSplitEntries;
 }
@@ -49,18 +43,19 @@ bool use_ring(const DecodeParams& dp, int max_rows, int sms) {
 }  // namespace
 
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
-                             int bulk_copy_sms, cudaStream_t stream) {
+                             int ring_sms, cudaStream_t stream) {
   if (simt) return launch_decode_attention_simt(p, stream);  // the SM70 tier
   const KvCacheView& c = p.cache;
   const DecodeParams dp = decode_params(p);
   dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
     using S = decltype(shape);
+    using Act = typename S::Act;
     if constexpr (ring_shape<S::kKv, S::kDim>()) {
-      if (use_ring(dp, p.meta.max_rows, bulk_copy_sms))
-        return launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, true>(dp, p.meta.max_rows,
-                                                                           stream);
+      if (use_ring(dp, p.meta.max_rows, ring_sms))
+        return launch<Act, S::kKv, S::kDim, S::kDecoder, kRingStages>(dp, p.meta.max_rows,
+                                                                      stream);
     }
-    launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, false>(dp, p.meta.max_rows, stream);
+    launch<Act, S::kKv, S::kDim, S::kDecoder, 0>(dp, p.meta.max_rows, stream);
   });
 }
 

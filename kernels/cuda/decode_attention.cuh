@@ -29,10 +29,10 @@
 
 #include "limits.hpp"
 #include "params.hpp"
-#include "cuda/bulk_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
+#include "cuda/smem_tile.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -52,9 +52,9 @@ struct DecodeParams {
   int64_t stride_head;       // bytes
   int32_t block_size;
   int64_t num_blocks;
-  // The ring path's packed token reference, (block << slot_shift) | token in block, in 32
-  // bits (-1: the cache is too large for it; the register path runs).
-  int32_t slot_shift;
+  // The ring path's window entries are K row offsets in 16-byte units, in 32 bits: 1 when
+  // every row of the cache has one (0: the register path runs).
+  int32_t ring_offsets;
   const float* scales;      // device [k_scale, v_scale]
   const int32_t* nan_flag;  // device: an E4M3 NaN code was stored in this layer
   const void* q;            // [rows, q_heads, D]
@@ -98,12 +98,13 @@ struct alignas(16) MergeSmem {
   float o[kWarps][kHeadsPerCta][D];
 };
 
-// The bulk-copy ring (SM90+, E4M3 at head_dim 256: the reference geometry): each warp
-// owns kRingStages stages of one 16-token tile, K rows then V rows, each row padded by 16
-// bytes so that the fragment reads below are free of bank conflicts. Its window holds
-// 32-bit packed token references (DecodeParams::slot_shift), so that three CTAs' rings
-// and windows fit one SM. (Three stages at two CTAs per SM measured slower at every row
-// count: docs/perf.md.)
+// The copy ring (cp.async, SM80+; routed on SM90+, where it was measured; E4M3 at head_dim
+// 256: the reference geometry): each warp owns NS stages of one 16-token tile in shared
+// memory, K rows then V rows, each row padded by 16 bytes so that the fragment reads
+// below are free of bank conflicts. Its window holds 32-bit row offsets in 16-byte units
+// (DecodeParams::ring_offsets), so that three CTAs' rings and windows fit one SM. (Three
+// stages at two CTAs per SM measured slower at 1024 rows and no faster at 32-256 rows:
+// docs/perf.md.)
 constexpr int kRingStages = 2;
 constexpr int kRingWindow = 640;
 template <int D>
@@ -119,7 +120,7 @@ constexpr bool ring_shape() {
   return KV == KvKind::kE4M3 && D == 256;
 }
 
-// The window's entry type: byte offsets (register path) or packed references (ring).
+// The window's entry type: byte offsets (register path) or 16-byte row offsets (ring).
 template <bool kRing>
 struct WindowOffset {
   using type = int64_t;
@@ -130,7 +131,7 @@ struct WindowOffset<true> {
 };
 
 // Static shared memory: the window's token offsets (the scan's warp totals share it):
-// byte offsets on the register path, packed references on the ring path.
+// byte offsets on the register path, 16-byte row offsets on the ring path.
 template <int W, class Offset>
 union DecodeSmem {
   Offset offsets[W];
@@ -139,10 +140,10 @@ union DecodeSmem {
 
 // Dynamic shared memory: the warp merge (and the split weights of the last CTA); on the
 // ring path the rings too (the merge reuses them once every copy has landed).
-template <int D, bool kRing = false>
+template <int D, int NS = 0>
 constexpr int dynamic_smem_bytes() {
   constexpr int merge = static_cast<int>(sizeof(MergeSmem<D>));
-  constexpr int ring = kRing ? kWarps * kRingStages * ring_stage_bytes<D>() : 0;
+  constexpr int ring = kWarps * NS * ring_stage_bytes<D>();
   return ring > merge ? ring : merge;
 }
 
@@ -163,9 +164,12 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   dp.stride_head = c.stride_head * esz;
   dp.block_size = c.block_size;
   dp.num_blocks = c.num_blocks;
-  int shift = 0;
-  while ((int64_t{1} << shift) < c.block_size) ++shift;
-  dp.slot_shift = shift < 32 && c.num_blocks <= (int64_t{1} << (32 - shift)) ? shift : -1;
+  // The ring's entries: whole 16-byte units (as the kernels' 16-byte loads need anyway),
+  // the last row's within 32 bits.
+  const int64_t last_row = (c.num_blocks - 1) * dp.stride_block +
+                           (c.block_size - 1) * dp.stride_token + (c.kv_heads - 1) * dp.stride_head;
+  dp.ring_offsets = (dp.stride_block | dp.stride_token | dp.stride_head) % 16 == 0 &&
+                    (last_row >> 4) <= int64_t{0xFFFFFFFF};
   dp.scales = c.scales;
   dp.nan_flag = c.nan_flag;
   dp.q = p.q;
@@ -188,7 +192,8 @@ inline DecodeParams decode_params(const AttentionParams& p) {
 
 // Compacts the valid tokens of list entries [begin, end) (at most W) into smem offsets:
 // bytes of the token's K row for this KV head (int64_t), or the packed reference
-// (block << slot_shift) | token in block (uint32_t, the ring path). Returns the count;
+// the offset of the token's K row from its KV head's first, in 16-byte units (uint32_t, the
+// ring path). Returns the count;
 // all threads agree.
 template <int W = kWindow, class Offset = int64_t>
 __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* offsets,
@@ -209,11 +214,11 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
       if (t >= 0 && t <= pos) {
         const int32_t phys = __ldg(bt + t / p.block_size);
         if (phys >= 0 && phys < p.num_blocks) {
+          off[i] = phys * p.stride_block + static_cast<int64_t>(t % p.block_size) * p.stride_token;
           if constexpr (sizeof(Offset) == 4)
-            off[i] = (static_cast<int64_t>(phys) << p.slot_shift) | (t % p.block_size);
+            off[i] >>= 4;
           else
-            off[i] = phys * p.stride_block +
-                     static_cast<int64_t>(t % p.block_size) * p.stride_token + kvh * p.stride_head;
+            off[i] += kvh * p.stride_head;
           valid_mask |= 1u << i;
         }
       }
@@ -496,72 +501,73 @@ __device__ __forceinline__ void read_ring_v(TileRegs<KV, D>& t, const uint8_t* s
   }
 }
 
-// Where the ring path's packed references point: the KV head's K and V rows of block 0,
-// token 0, and the strides to the rest.
+// Where the ring path's window entries count from: the KV head's K row of block 0, token
+// 0; its V rows lie v_offset bytes after the K rows.
 struct RingSource {
   const uint8_t* k;
-  const uint8_t* v;
-  int64_t stride_block;
-  int64_t stride_token;
-  int32_t shift;
+  int64_t v_offset;
 };
 
-// Requests tile `tile` of the window into a ring stage: lanes 0-15 copy the K rows of its
-// (up to 16) tokens, lanes 16-31 the V rows; lane 0 announces the bytes on the stage's
-// barrier first.
+// Requests tile `tile` of the window into a ring stage as one commit group of 16-byte
+// cp.async copies: lane (half, c) copies chunk c of the K and V rows of tokens 2i + half,
+// i < 8, so each instruction moves two whole rows. Rows past the window's end are
+// zero-filled without a read. (One cp.async.bulk per row measured slower: the bulk copy
+// takes uniform operands, so a warp's 32 row copies issue one lane at a time, nine
+// instructions each, more than the rest of the tile's work; docs/perf.md run 22.)
 template <int D>
-__device__ __forceinline__ void issue_ring_tile(uint8_t* stage, uint64_t* bar, const uint32_t* refs,
-                                                int n, int tile, const RingSource& src, int lane) {
+__device__ __forceinline__ void issue_ring_tile(uint8_t* stage, const uint32_t* refs, int n,
+                                                int tile, const RingSource& src, int lane) {
+  static_assert(D == 16 * 16, "16 lanes of 16 bytes per row");
   constexpr int kRow = ring_row_bytes<D>();
   const int base = tile << 4;
-  const int valid = min(16, n - base);
-  if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(valid * 2 * D));
-  __syncwarp();
-  const int r = lane & 15;
-  if (r < valid) {
-    const bool v = lane >= 16;
-    const uint32_t ref = refs[base + r];
-    const int64_t off = static_cast<int64_t>(ref >> src.shift) * src.stride_block +
-                        static_cast<int64_t>(ref & ((1u << src.shift) - 1u)) * src.stride_token;
-    bulk_copy_to_smem(stage + (v ? 16 + r : r) * kRow, (v ? src.v : src.k) + off, D, bar);
+  const int c = (lane & 15) * 16, half = lane >> 4;
+  const uint8_t* k = src.k + c;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 2 * i + half;
+    const bool valid = base + r < n;
+    // One wide multiply-add per row: the entry is in 16-byte units from this lane's chunk.
+    const uint8_t* row = k + (static_cast<uint64_t>(valid ? refs[base + r] : 0u) << 4);
+    copy16_async(stage + r * kRow + c, row, valid);
+    copy16_async(stage + (16 + r) * kRow + c, row + src.v_offset, valid);
   }
 }
 
-// A warp's tiles of one window through its bulk-copy ring (NS tiles in flight while it
-// computes): tile = warp, warp + 4, ... in stage k % NS. Every tile
-// requested is consumed before the window ends, so the barriers' phases (bit s of
-// `phases`) carry over to the next window.
-template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
+// A warp's tiles of one window through its ring (NS tiles in flight while it computes):
+// tile = warp, warp + 4, ... in stage k % NS. Every tile's group is committed (empty past
+// the window's last tile) and every tile requested is consumed before the window ends, so
+// the group count carries over to the next window: wait_group<NS - 1> before tile k
+// always means "tile k has landed".
+template <KvKind KV, int D, Decoder DEC, int NS, bool kPatchNaN>
 __device__ __forceinline__ void run_window_ring(const uint32_t* refs, int n, int warp,
                                                 const RingSource& src, int g, int t4,
                                                 const uint2* qb, float factor, SoftmaxState<D>& st,
-                                                uint8_t* ring, uint64_t* bars, uint32_t& phases) {
-  constexpr int NS = kRingStages;
+                                                uint8_t* ring) {
   constexpr int kStage = ring_stage_bytes<D>();
   const int lane = threadIdx.x & 31;
   const int tiles = (n + 15) >> 4;
 #pragma unroll
-  for (int s = 0; s < NS; ++s)
+  for (int s = 0; s < NS; ++s) {
     if (warp + s * kWarps < tiles)
-      issue_ring_tile<D>(ring + s * kStage, bars + s, refs, n, warp + s * kWarps, src, lane);
+      issue_ring_tile<D>(ring + s * kStage, refs, n, warp + s * kWarps, src, lane);
+    copy_commit();
+  }
   for (int k = 0;; ++k) {
     const int tile = warp + k * kWarps;
     if (tile >= tiles) break;
     const int stage = k % NS;
-    mbar_wait(bars + stage, (phases >> stage) & 1u);
-    phases ^= 1u << stage;
+    copy_wait<NS - 1>();
+    __syncwarp();  // every lane's copies of the stage are visible to the warp
     // K first (its words die in the scores), then V: one half-tile of registers at a time.
     TileRegs<KV, D> t;
     read_ring_k(t, ring + stage * kStage, tile << 4, n, g, t4);
     float s[4];
     tile_scores<KV, D, DEC, kPatchNaN>(t, qb, factor, s);
     read_ring_v(t, ring + stage * kStage, tile << 4, n, g, t4);
-    // Every lane's reads of the stage come before the copy that refills it.
-    fence_proxy_async_shared();
-    __syncwarp();
+    __syncwarp();  // every lane's reads of the stage come before the copies that refill it
     const int next = tile + NS * kWarps;
-    if (next < tiles)
-      issue_ring_tile<D>(ring + stage * kStage, bars + stage, refs, n, next, src, lane);
+    if (next < tiles) issue_ring_tile<D>(ring + stage * kStage, refs, n, next, src, lane);
+    copy_commit();
     tile_softmax_pv<KV, D, DEC, kPatchNaN>(t, s, st);
   }
 }
@@ -703,21 +709,25 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
   merge_splits<Act, D>(p, row, kvh, chunk, v_factor, weights);
 }
 
-// CTAs per SM each cache type is compiled for (the register cap follows): E4M3 tiles
-// are half the registers of 16-bit ones, so three CTAs (12 warps) fit.
-constexpr int decode_ctas_per_sm(KvKind kv) { return kv == KvKind::kE4M3 ? 3 : 2; }
+// CTAs per SM each kernel is compiled for (the register cap follows): E4M3 tiles are half
+// the registers of 16-bit ones, so three CTAs (12 warps) fit, as do three two-stage rings
+// (a deeper ring's shared memory fits two).
+constexpr int decode_ctas_per_sm(KvKind kv, int ring_stages = 0) {
+  return kv == KvKind::kE4M3 && ring_stages < 3 ? 3 : 2;
+}
 
-// kRing: the bulk-copy ring path (ring_shape<KV, D>() only, launched on SM90+ when the
-// cache's references pack into 32 bits: slot_shift >= 0).
-template <class Act, KvKind KV, int D, Decoder DEC, bool kRing = false>
-__global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV))
+// NS: 0 for the register path, else the copy ring's stages per warp (kRingStages;
+// ring_shape<KV, D>() only, launched on SM90+ when the cache's row offsets fit the ring's
+// 32-bit entries).
+template <class Act, KvKind KV, int D, Decoder DEC, int NS = 0>
+__global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
     decode_attention_kernel(const DecodeParams p) {
   using S = Shape<KV, D>;
+  constexpr bool kRing = NS > 0;
   static_assert(!kRing || ring_shape<KV, D>(), "the ring path's layout is E4M3 at head_dim 256");
   constexpr int kWin = kRing ? kRingWindow : kWindow;
   using Offset = typename WindowOffset<kRing>::type;
   __shared__ DecodeSmem<kWin, Offset> smem;
-  __shared__ uint64_t ring_bars[kRing ? kWarps * kRingStages : 1];
   __shared__ uint2 q_frag[Shape<KV, D>::kKSteps * 32];
   __shared__ int last_arrival;
   extern __shared__ uint4 dynamic_smem[];  // the warp merge
@@ -823,25 +833,18 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV))
   const uint8_t* vbase = p.kv + p.stride_kv;
 
   uint8_t* ring = reinterpret_cast<uint8_t*>(dynamic_smem) +
-                  (kRing ? warp * kRingStages * ring_stage_bytes<D>() : 0);
-  uint64_t* bars = ring_bars + (kRing ? warp * kRingStages : 0);
-  const RingSource src{kbase + kvh * p.stride_head, vbase + kvh * p.stride_head, p.stride_block,
-                       p.stride_token, p.slot_shift};
-  uint32_t phases = 0;
-  if (kRing) {
-    if (threadIdx.x < kWarps * kRingStages) mbar_init(ring_bars + threadIdx.x, 1);
-    mbar_fence_init();  // (compact_window's first barrier publishes them to every warp)
-  }
+                  warp * NS * ring_stage_bytes<D>();
+  const RingSource src{kbase + kvh * p.stride_head, p.stride_kv};
   for (int win = c0; win < c1; win += kWin) {
     const int n = compact_window<kWin, Offset>(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt,
                                                win, min(c1, win + kWin));
     if constexpr (kRing) {
       if (patch_nan)
-        run_window_ring<KV, D, DEC, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
-                                          ring, bars, phases);
+        run_window_ring<KV, D, DEC, NS, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor,
+                                              st, ring);
       else
-        run_window_ring<KV, D, DEC, false>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
-                                           ring, bars, phases);
+        run_window_ring<KV, D, DEC, NS, false>(smem.offsets, n, warp, src, g, t4, q_frag, factor,
+                                               st, ring);
     } else {
       if (patch_nan)
         run_window<KV, D, DEC, true>(smem.offsets, n, warp, kbase, vbase, g, t4, q_frag, factor,

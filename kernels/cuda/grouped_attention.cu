@@ -14,10 +14,8 @@ namespace {
 template <class Act, KvKind KV, int D, Decoder DEC>
 void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
   constexpr int smem = grouped_smem_bytes<KV, D>();
-  // Raising the dynamic shared-memory limit: once per kernel (thread-safe static init).
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      grouped_attention_kernel<Act, KV, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  require_smem_limit(attr, smem);
+  static std::atomic<uint64_t> ready{0};
+  prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC>, smem, false, ready);
   const int warps = (gp.vectors + 15) / 16;
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
                   static_cast<unsigned>(gp.d.kv_heads));

@@ -41,12 +41,12 @@ void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stre
 void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
 // the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
-// bulk_copy_sms: the GPU's SM count when it has cp.async.bulk (SM90+), else 0: E4M3 at
-// head_dim 256 then streams K/V through a shared-memory ring instead of registers where
-// that measured faster (use_ring). Throws LaunchError for a head_dim or cache type
-// without a kernel.
+// ring_sms: the GPU's SM count where the copy ring is routed (SM90+, where it was
+// measured; the kernel itself needs SM80), else 0: E4M3 at head_dim 256 then streams K/V
+// through a shared-memory ring instead of registers where that measured faster
+// (ring_stages). Throws LaunchError for a head_dim or cache type without a kernel.
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
-                             int bulk_copy_sms, cudaStream_t stream);
+                             int ring_sms, cudaStream_t stream);
 void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);
 // The grouped multi-row route (SM75+ tensor-core tier): the rows of the plan's row groups
 // (p.meta.row_group >= 0; the decode kernels skip them). No-op for a plan without groups.
