@@ -6,6 +6,7 @@
 #include <string.h>
 
 int tu_multi_row_min_rows = 0;
+int tu_plan_max_rows = 0;
 
 uint64_t tu_rng_next(tu_rng* r) {
   uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
@@ -168,7 +169,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
       ctx, w->block_table, sizeof(int32_t) * ((size_t)shape->num_requests * w->bt_stride + 1));
   qsakv_plan_options po;
   TU_OK(qsakv_plan_options_init(&po));
-  po.max_rows = w->rows > 0 ? w->rows : 1;
+  po.max_rows = tu_plan_max_rows > 0 ? tu_plan_max_rows : (w->rows > 0 ? w->rows : 1);
   po.num_splits = num_splits;
   po.multi_row_min_rows = tu_multi_row_min_rows;
   TU_OK(qsakv_plan_create(&w->plan, w->cache, &po));

@@ -35,6 +35,8 @@ typedef struct {
 
 /* The plan option multi_row_min_rows of the next worlds built (default 0: automatic). */
 extern int tu_multi_row_min_rows;
+/* The plan option max_rows of the next worlds built (default 0: their own row count). */
+extern int tu_plan_max_rows;
 
 /* Builds everything; k_scale/v_scale are used for E4M3 caches. amplitude scales K/V. */
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,

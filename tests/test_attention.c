@@ -271,8 +271,10 @@ static void test_cuda_grouped_paths(void** state) {
 /* The same world on several contexts: the CUDA backend against the CPU backend (relative
  * L2), the software and hardware decoders against each other (bit for bit), and split
  * counts 1, 16 and automatic (relative L2). On an SM90+ GPU, 16 splits of the sparse
- * lists (129 entries each) take the E4M3 kernel's bulk-copy ring path and 1 split its
- * register path (use_ring in kernels/cuda/decode_attention.cu). */
+ * lists (129 entries each) take the E4M3 kernel's copy-ring path and 1 split its
+ * register path (use_ring in kernels/cuda/decode_attention.cu); a plan for 128 rows with
+ * 4 splits (512 CTAs: three per SM on GPUs of up to 170 SMs) takes the ring too, with
+ * two windows per dense split (up to 750 entries) and the rows past the batch idle. */
 static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
   (void)state;
   qsakv_context* gpu = tu_cuda_context_or_skip();
@@ -289,12 +291,15 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     config_for(&c, &gc);
     tu_shape shape = mixed_49();
     const uint64_t seed = tu_next();
-    tu_world wc, wg, ws, w1, w16;
+    tu_world wc, wg, ws, w1, w16, w4;
     tu_world_build(&wc, cpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&wg, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&ws, sw, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&w1, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 1);
     tu_world_build(&w16, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 16);
+    tu_plan_max_rows = 128;
+    tu_world_build(&w4, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 4);
+    tu_plan_max_rows = 0;
     const size_t n = (size_t)wc.rows * wc.geo.q_heads * c.head_dim;
     uint16_t* q = random_q(&wc);
     for (int dense = 0; dense <= 1; ++dense) {
@@ -305,24 +310,28 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
       double* rs = run_attention(&ws, q, topk, stride, dense);
       double* r1 = run_attention(&w1, q, topk, stride, dense);
       double* r16 = run_attention(&w16, q, topk, stride, dense);
+      double* r4 = run_attention(&w4, q, topk, stride, dense);
       const double e_cpu = tu_rel_l2(rc, rg, n), e_split = tu_rel_l2(r1, rg, n);
-      const double e_16 = tu_rel_l2(rc, r16, n);
+      const double e_16 = tu_rel_l2(rc, r16, n), e_4 = tu_rel_l2(rc, r4, n);
       size_t differ = 0;
       for (size_t i = 0; i < n; ++i) differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0;
       print_message(
           "%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, 16 splits vs cpu "
-          "rel_l2=%.3e, hw vs sw decoder: %zu of %zu outputs differ (decoder %s)\n",
-          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, e_16, differ, n,
-          info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
+          "rel_l2=%.3e, 128-row plan with 4 splits vs cpu rel_l2=%.3e, hw vs sw decoder: %zu of "
+          "%zu outputs differ (decoder %s)\n",
+          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, e_16, e_4, differ,
+          n, info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
       assert_true(e_cpu <= bound_for(acts[a]));
       assert_true(e_split <= bound_for(acts[a]));
       assert_true(e_16 <= bound_for(acts[a]));
+      assert_true(e_4 <= bound_for(acts[a]));
       assert_int_equal(differ, 0);
       free(rc);
       free(rg);
       free(rs);
       free(r1);
       free(r16);
+      free(r4);
       free(topk);
     }
     free(q);
@@ -331,6 +340,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     tu_world_destroy(&ws);
     tu_world_destroy(&w1);
     tu_world_destroy(&w16);
+    tu_world_destroy(&w4);
   }
   qsakv_context_destroy(sw);
   qsakv_context_destroy(cpu);

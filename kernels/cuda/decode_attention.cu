@@ -52,8 +52,7 @@ void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bo
     using Act = typename S::Act;
     if constexpr (ring_shape<S::kKv, S::kDim>()) {
       if (use_ring(dp, p.meta.max_rows, ring_sms))
-        return launch<Act, S::kKv, S::kDim, S::kDecoder, kRingStages>(dp, p.meta.max_rows,
-                                                                      stream);
+        return launch<Act, S::kKv, S::kDim, S::kDecoder, kRingStages>(dp, p.meta.max_rows, stream);
     }
     launch<Act, S::kKv, S::kDim, S::kDecoder, 0>(dp, p.meta.max_rows, stream);
   });

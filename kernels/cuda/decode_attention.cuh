@@ -202,7 +202,6 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
   static_assert(W % kThreads == 0, "every window entry has a thread");
   constexpr int kPer = W / kThreads;
   const int tid = threadIdx.x;
-  __syncthreads();  // every warp is done with the previous window's offsets
   int64_t off[kPer];
   uint32_t valid_mask = 0;
 #pragma unroll
@@ -233,6 +232,10 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
     const int v = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += v;
   }
+  // Only now wait for every warp to be done with the previous window's offsets (and, for
+  // the first window, for warp 0's Q fragments): a warp that finishes its tiles early has
+  // the next window's indices and block-table entries in flight meanwhile.
+  __syncthreads();
   if (lane == 31) warp_totals[warp] = incl;
   __syncthreads();
   int base = incl - count, total = 0;
@@ -738,15 +741,22 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   bx /= p.head_chunks;
   const int kvh = bx % p.kv_heads;
   const int row = bx / p.kv_heads;
-  if (row >= p.header->num_rows) return;                // rows beyond this batch (graph replay)
-  if (p.skip_grouped && p.row_group[row] >= 0) return;  // the grouped route computes it
+  // The plan's row arrays have max_rows entries (row < max_rows by the grid), so their
+  // loads go out together with the header's, before the batch's row count is known: one
+  // dependent round trip fewer at the head of every CTA.
+  const PlanMetaHeader* h = p.header;
+  const int num_rows = h->num_rows;
+  const int req = p.row_request[row];
+  const int pos = p.row_pos[row];
+  const int grouped = p.skip_grouped ? p.row_group[row] : -1;
+  const int32_t* table = h->block_table;
+  const int64_t table_stride = h->block_table_stride;
+  if (row >= num_rows) return;  // rows beyond this batch (graph replay)
+  if (grouped >= 0) return;     // the grouped route computes it
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int req = p.row_request[row];
-  const int pos = p.row_pos[row];
-  const int32_t* bt =
-      p.header->block_table + static_cast<int64_t>(req) * p.header->block_table_stride;
+  const int32_t* bt = table + static_cast<int64_t>(req) * table_stride;
 
   // ---- Q fragments (B operand of S^T = K Q^T), permuted to this thread's K span ----
   const int head_local = chunk * kHeadsPerCta + g;
@@ -832,16 +842,15 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   const uint8_t* kbase = p.kv;
   const uint8_t* vbase = p.kv + p.stride_kv;
 
-  uint8_t* ring = reinterpret_cast<uint8_t*>(dynamic_smem) +
-                  warp * NS * ring_stage_bytes<D>();
+  uint8_t* ring = reinterpret_cast<uint8_t*>(dynamic_smem) + warp * NS * ring_stage_bytes<D>();
   const RingSource src{kbase + kvh * p.stride_head, p.stride_kv};
   for (int win = c0; win < c1; win += kWin) {
     const int n = compact_window<kWin, Offset>(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt,
                                                win, min(c1, win + kWin));
     if constexpr (kRing) {
       if (patch_nan)
-        run_window_ring<KV, D, DEC, NS, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor,
-                                              st, ring);
+        run_window_ring<KV, D, DEC, NS, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
+                                              ring);
       else
         run_window_ring<KV, D, DEC, NS, false>(smem.offsets, n, warp, src, g, t4, q_frag, factor,
                                                st, ring);
