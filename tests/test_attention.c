@@ -421,7 +421,7 @@ static void test_nan_codes_cpu(void** state) {
 /* On both routes (the grouped route reads tokens for all rows of a group at once: a NaN
  * must still reach only the rows that select it), for E4M3 codes and FP16 values.
  * num_splits 2 (256 rows planned: 512 CTAs, three per SM and more) puts E4M3 on an SM90+
- * GPU on the decode kernel's bulk-copy ring path; automatic splits (one) on its register
+ * GPU on the decode kernel's copy-ring path; automatic splits (one) on its register
  * path. */
 static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int num_splits) {
   qsakv_context* gpu = tu_cuda_context_or_skip();

@@ -418,8 +418,8 @@ __device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float 
 // E4M3: the next tile's K is requested right after this tile's scores and its V right
 // after P.V (the registers they reuse are free by then). 16-bit tiles (twice the
 // registers) load a whole tile and compute it: the split loads measured slower there at
-// 1024 rows (docs/perf.md). Staging tiles through shared memory with cp.async, three
-// deep per warp, was measured slower on an H200 too.
+// 1024 rows (docs/perf.md). (The copy ring below stages tiles in shared memory instead;
+// it is routed only where it measured faster.)
 template <KvKind KV, int D, Decoder DEC, bool kPatchNaN>
 __device__ __forceinline__ void run_window(const int64_t* offsets, int n, int warp,
                                            const uint8_t* kbase, const uint8_t* vbase, int g,
