@@ -4,6 +4,7 @@
 // input bytes), so loads are 16 bytes wide and every launch is bandwidth-shaped.
 #pragma once
 
+#include <math_constants.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -35,6 +36,19 @@ __device__ __forceinline__ float div_by_scale(float x, float scale, float recip)
   return __fmaf_rn(r, recip, q);
 }
 
+// The same quotient without the range check, for FP16 inputs when scale_in_fast_range:
+// every finite nonzero FP16 x then has |x| >= 2^-24 and a quotient within [2^-84, 2^76],
+// where div_by_scale takes this very path; zeros keep their sign (x / scale is -0 for
+// x = -0; the correction alone would give +0). Infinities and NaN never come here.
+__device__ __forceinline__ float div_by_scale_fp16(float x, float scale, float recip) {
+  const float q = __fmul_rn(x, recip);
+  const float r = __fmaf_rn(-q, scale, x);
+  return copysignf(__fmaf_rn(r, recip, q), x);
+}
+__device__ __forceinline__ bool scale_in_fast_range(float scale) {
+  return scale >= 0x1p-60f && scale <= 0x1p60f;
+}
+
 // Splits a slot into (block, offset). Slots below 2^32 (every realistic cache) take the
 // 32-bit division: a 64-bit one costs several times more on the GPU.
 __device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int64_t& block,
@@ -52,9 +66,11 @@ __device__ __forceinline__ void split_slot(int64_t slot, int32_t block_size, int
 // Quantises 8 activations (16 bytes) to 8 E4M3 codes. `any_nan` is set when an input
 // was NaN (its code keeps the input's sign: __half2float returns a canonical NaN).
 // kCvt: use the FP8 conversion instruction where the GPU has it; false (the SM70 tier)
-// always runs the integer encoder, as a V100 does.
-template <class Act, bool kCvt>
+// always runs the integer encoder, as a V100 does. kFast: FP16 inputs with
+// scale_in_fast_range (div_by_scale_fp16; non-finite inputs take the rare path).
+template <class Act, bool kCvt, bool kFast = false>
 __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float recip, bool& any_nan) {
+  static_assert(!kFast || std::is_same<Act, __half>::value, "the fast quotient is for FP16");
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
   uint32_t out[2] = {0u, 0u};
 #pragma unroll
@@ -65,7 +81,8 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
     // nearest-even with saturation: the FP8 conversion instruction where it exists,
     // else the shared integer encoder. Both match the CPU backend's IEEE division bit
     // for bit (test_store checks every FP16 input).
-    const float q0 = div_by_scale(x0, scale, recip), q1 = div_by_scale(x1, scale, recip);
+    const float q0 = kFast ? div_by_scale_fp16(x0, scale, recip) : div_by_scale(x0, scale, recip);
+    const float q1 = kFast ? div_by_scale_fp16(x1, scale, recip) : div_by_scale(x1, scale, recip);
     uint32_t pair = 0u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     if constexpr (kCvt) {
@@ -78,8 +95,11 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
 #else
     pair = e4m3::encode(q0) | (static_cast<uint32_t>(e4m3::encode(q1)) << 8);
 #endif
-    if (x0 != x0 || x1 != x1) {  // rare
-      any_nan = true;
+    // Rare: NaN (both paths), or an infinity on the fast path (whose quotient it skips).
+    const bool rare =
+        kFast ? !(fabsf(x0) < CUDART_INF_F && fabsf(x1) < CUDART_INF_F) : (x0 != x0 || x1 != x1);
+    if (rare) {
+      any_nan |= x0 != x0 || x1 != x1;
       const uint32_t s0 = (w[j / 2] >> 8) & 0x80u, s1 = (w[j / 2] >> 24) & 0x80u;
       const uint32_t b0 = x0 != x0 ? (s0 | e4m3::kNaN) : e4m3::quantize(x0, scale);
       const uint32_t b1 = x1 != x1 ? (s1 | e4m3::kNaN) : e4m3::quantize(x1, scale);
@@ -132,8 +152,21 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
     const float recip = __frcp_rn(scale);
     bool any_nan = false;
     uint2 out[kStoreChunks];
+    if constexpr (std::is_same<Act, __half>::value) {
+      if (scale_in_fast_range(scale)) {
 #pragma unroll
-    for (int q = 0; q < kStoreChunks; ++q) out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
+        for (int q = 0; q < kStoreChunks; ++q)
+          out[q] = encode8<Act, kCvt, true>(x[q], scale, recip, any_nan);
+      } else {
+#pragma unroll
+        for (int q = 0; q < kStoreChunks; ++q)
+          out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kStoreChunks; ++q)
+        out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
+    }
     if (any_nan) atomicOr(c.nan_flag, 1);
     static_assert(kStoreChunks == 4, "two 16-byte stores of codes");
     uint4* o = reinterpret_cast<uint4*>(static_cast<uint8_t*>(c.data) + dst);
