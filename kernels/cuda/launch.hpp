@@ -44,7 +44,7 @@ void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_
 // ring_sms: the GPU's SM count where the copy ring is routed (SM90+, where it was
 // measured; the kernel itself needs SM80), else 0: E4M3 at head_dim 256 then streams K/V
 // through a shared-memory ring instead of registers where that measured faster
-// (ring_stages). Throws LaunchError for a head_dim or cache type without a kernel.
+// (use_ring). Throws LaunchError for a head_dim or cache type without a kernel.
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
                              int ring_sms, cudaStream_t stream);
 void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);

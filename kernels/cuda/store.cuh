@@ -110,6 +110,14 @@ __device__ __forceinline__ uint2 encode8(const uint4& x, float scale, float reci
   return make_uint2(out[0], out[1]);
 }
 
+// encode8 over a thread's N chunks.
+template <class Act, bool kCvt, bool kFast, int N>
+__device__ __forceinline__ void encode_run(const uint4 (&x)[N], float scale, float recip,
+                                           bool& any_nan, uint2 (&out)[N]) {
+#pragma unroll
+  for (int q = 0; q < N; ++q) out[q] = encode8<Act, kCvt, kFast>(x[q], scale, recip, any_nan);
+}
+
 // One thread per (token, K or V, run of kStoreChunks * 8 elements of kv_heads *
 // head_dim): its 16-byte loads are in flight together and its writes are one contiguous
 // run; runs never straddle heads (head_dim is a multiple of 32). Measured on an H200
@@ -150,23 +158,13 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
   if constexpr (kFp8) {
     const float scale = __ldg(c.scales + kv);
     const float recip = __frcp_rn(scale);
+    constexpr bool kFastInputs = std::is_same<Act, __half>::value;  // div_by_scale_fp16
     bool any_nan = false;
     uint2 out[kStoreChunks];
-    if constexpr (std::is_same<Act, __half>::value) {
-      if (scale_in_fast_range(scale)) {
-#pragma unroll
-        for (int q = 0; q < kStoreChunks; ++q)
-          out[q] = encode8<Act, kCvt, true>(x[q], scale, recip, any_nan);
-      } else {
-#pragma unroll
-        for (int q = 0; q < kStoreChunks; ++q)
-          out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
-      }
-    } else {
-#pragma unroll
-      for (int q = 0; q < kStoreChunks; ++q)
-        out[q] = encode8<Act, kCvt>(x[q], scale, recip, any_nan);
-    }
+    if (kFastInputs && scale_in_fast_range(scale))
+      encode_run<Act, kCvt, kFastInputs>(x, scale, recip, any_nan, out);
+    else
+      encode_run<Act, kCvt, false>(x, scale, recip, any_nan, out);
     if (any_nan) atomicOr(c.nan_flag, 1);
     static_assert(kStoreChunks == 4, "two 16-byte stores of codes");
     uint4* o = reinterpret_cast<uint4*>(static_cast<uint8_t*>(c.data) + dst);

@@ -325,8 +325,8 @@ func (p *Plan) Close() error {
 // Update describes the next batch: queryStart [requests+1] (the rows of each request),
 // seqLens [requests], and the device block table (int32 [requests, stride]).
 func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, stride int32) error {
-	if p.ptr == nil {
-		return &Error{Status: ErrState, Message: "plan: closed"}
+	if err := p.live(); err != nil {
+		return err
 	}
 	n := len(seqLens)
 	if len(queryStart) != n+1 {
@@ -367,10 +367,17 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	return nil
 }
 
+func (p *Plan) live() error {
+	if p == nil || p.ptr == nil {
+		return &Error{Status: ErrState, Message: "plan: closed"}
+	}
+	return nil
+}
+
 // Info returns the plan's qsakv_plan_info.
 func (p *Plan) Info() (PlanInfo, error) {
-	if p.ptr == nil {
-		return PlanInfo{}, &Error{Status: ErrState, Message: "plan: closed"}
+	if err := p.live(); err != nil {
+		return PlanInfo{}, err
 	}
 	var i C.qsakv_plan_info
 	i.struct_size = C.size_t(unsafe.Sizeof(i))
@@ -393,8 +400,8 @@ func (p *Plan) Rows() int { return p.rows }
 // SelectTopK selects every row's top-k tokens into the layer's shared top-k buffer.
 // indexQ: FP16 [rows, index_num_heads, index_head_dim].
 func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
-	if p.ptr == nil {
-		return &Error{Status: ErrState, Message: "plan: closed"}
+	if err := p.live(); err != nil {
+		return err
 	}
 	c := p.cache
 	if err := indexQ.need("index_q", p.rows*int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
@@ -408,8 +415,8 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 // Attention runs attention for every row: q and out in the activation dtype,
 // [rows, q_heads, head_dim]; sparse mode reads the shared top-k buffer.
 func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) error {
-	if p.ptr == nil {
-		return &Error{Status: ErrState, Message: "plan: closed"}
+	if err := p.live(); err != nil {
+		return err
 	}
 	c := p.cache
 	bytes := p.rows * int(c.geo.QHeads) * int(c.cfg.head_dim) * c.actBytes()
