@@ -270,11 +270,13 @@ static void test_cuda_grouped_paths(void** state) {
 
 /* The same world on several contexts: the CUDA backend against the CPU backend (relative
  * L2), the software and hardware decoders against each other (bit for bit), and split
- * counts 1, 16 and automatic (relative L2). On an SM90+ GPU, 16 splits of the sparse
- * lists (129 entries each) take the E4M3 kernel's copy-ring path and 1 split its
- * register path (use_ring in kernels/cuda/decode_attention.cu); a plan for 128 rows with
- * 4 splits (512 CTAs: three per SM on GPUs of up to 170 SMs) takes the ring too, with
- * two windows per dense split (up to 750 entries) and the rows past the batch idle. */
+ * counts 1, 16 and automatic (relative L2). The E4M3 kernel's paths (use_ring in
+ * kernels/cuda/decode_attention.cu) on an SM90+ GPU of 132 SMs: 16 splits of the sparse
+ * lists (129 entries each) take the copy ring, 1 split and automatic splits the register
+ * path; a plan for 128 rows with 4 splits (512 CTAs: three per SM and more) the ring, with
+ * two windows per dense split (up to 750 entries) and the rows past the batch idle; the
+ * same plan with 3 splits (384 CTAs, fewer than three per SM) the register path with most
+ * SMs holding three CTAs. */
 static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
   (void)state;
   qsakv_context* gpu = tu_cuda_context_or_skip();
@@ -291,7 +293,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     config_for(&c, &gc);
     tu_shape shape = mixed_49();
     const uint64_t seed = tu_next();
-    tu_world wc, wg, ws, w1, w16, w4;
+    tu_world wc, wg, ws, w1, w16, w4, w3;
     tu_world_build(&wc, cpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&wg, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
     tu_world_build(&ws, sw, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 0);
@@ -299,6 +301,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     tu_world_build(&w16, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 16);
     tu_plan_max_rows = 128;
     tu_world_build(&w4, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 4);
+    tu_world_build(&w3, gpu, &c, &shape, seed, 2.0f, 0.01f, 0.008f, 3);
     tu_plan_max_rows = 0;
     const size_t n = (size_t)wc.rows * wc.geo.q_heads * c.head_dim;
     uint16_t* q = random_q(&wc);
@@ -311,20 +314,23 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
       double* r1 = run_attention(&w1, q, topk, stride, dense);
       double* r16 = run_attention(&w16, q, topk, stride, dense);
       double* r4 = run_attention(&w4, q, topk, stride, dense);
+      double* r3 = run_attention(&w3, q, topk, stride, dense);
       const double e_cpu = tu_rel_l2(rc, rg, n), e_split = tu_rel_l2(r1, rg, n);
       const double e_16 = tu_rel_l2(rc, r16, n), e_4 = tu_rel_l2(rc, r4, n);
+      const double e_3 = tu_rel_l2(rc, r3, n);
       size_t differ = 0;
       for (size_t i = 0; i < n; ++i) differ += memcmp(&rg[i], &rs[i], sizeof(double)) != 0;
       print_message(
           "%s %s: cuda vs cpu rel_l2=%.3e, splits 1 vs auto rel_l2=%.3e, 16 splits vs cpu "
-          "rel_l2=%.3e, 128-row plan with 4 splits vs cpu rel_l2=%.3e, hw vs sw decoder: %zu of "
-          "%zu outputs differ (decoder %s)\n",
-          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, e_16, e_4, differ,
-          n, info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
+          "rel_l2=%.3e, 128-row plan with 4 / 3 splits vs cpu rel_l2=%.3e / %.3e, hw vs sw "
+          "decoder: %zu of %zu outputs differ (decoder %s)\n",
+          qsakv_dtype_name(acts[a]), dense ? "dense" : "sparse", e_cpu, e_split, e_16, e_4, e_3,
+          differ, n, info.decoder == QSAKV_DECODER_HARDWARE ? "hw" : "sw");
       assert_true(e_cpu <= bound_for(acts[a]));
       assert_true(e_split <= bound_for(acts[a]));
       assert_true(e_16 <= bound_for(acts[a]));
       assert_true(e_4 <= bound_for(acts[a]));
+      assert_true(e_3 <= bound_for(acts[a]));
       assert_int_equal(differ, 0);
       free(rc);
       free(rg);
@@ -332,6 +338,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
       free(r1);
       free(r16);
       free(r4);
+      free(r3);
       free(topk);
     }
     free(q);
@@ -341,6 +348,7 @@ static void test_cuda_matches_cpu_and_decoders_agree(void** state) {
     tu_world_destroy(&w1);
     tu_world_destroy(&w16);
     tu_world_destroy(&w4);
+    tu_world_destroy(&w3);
   }
   qsakv_context_destroy(sw);
   qsakv_context_destroy(cpu);
@@ -419,11 +427,12 @@ static void test_nan_codes_cpu(void** state) {
 }
 
 /* On both routes (the grouped route reads tokens for all rows of a group at once: a NaN
- * must still reach only the rows that select it), for E4M3 codes and FP16 values.
- * num_splits 2 (256 rows planned: 512 CTAs, three per SM and more) puts E4M3 on an SM90+
- * GPU on the decode kernel's copy-ring path; automatic splits (one) on its register
- * path. */
-static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int num_splits) {
+ * must still reach only the rows that select it), for E4M3 codes and FP16 values, with
+ * the GPU's plan sized for plan_rows (0: the batch's 5) and num_splits (0: automatic).
+ * On an SM90+ GPU of 132 SMs the decode kernel takes for E4M3: 256 rows x 2 splits (512
+ * CTAs) the copy ring; 128 rows x 3 splits (384 CTAs) and the batch's own plan the
+ * register path, with three CTAs on most SMs and with few CTAs. */
+static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int plan_rows, int num_splits) {
   qsakv_context* gpu = tu_cuda_context_or_skip();
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   qsakv_context* sw = software_decoder_context();
@@ -432,8 +441,10 @@ static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int num_splits) {
   size_t n = 0, nan_mismatch = 0, differ = 0, finite = 0;
   tu_multi_row_min_rows = min_rows;
   double* rc = nan_world_outputs(cpu, kv, seed, NULL, &q, &n, 0);
+  tu_plan_max_rows = plan_rows;
   double* rg = nan_world_outputs(gpu, kv, seed, q, NULL, &n, num_splits);
   double* rs = nan_world_outputs(sw, kv, seed, q, NULL, &n, num_splits);
+  tu_plan_max_rows = 0;
   tu_multi_row_min_rows = 0;
   double* fc = malloc(sizeof(double) * n);
   double* fg = malloc(sizeof(double) * n);
@@ -447,10 +458,10 @@ static void nan_codes_on_gpu(qsakv_dtype kv, int min_rows, int num_splits) {
   }
   const double err = tu_rel_l2(fc, fg, finite);
   print_message(
-      "NaN %s on the GPU, %s route, splits %d: %zu NaN-position mismatches vs CPU; %zu outputs "
-      "differ hw vs sw; finite outputs rel_l2=%.3e\n",
+      "NaN %s on the GPU, %s route, plan rows %d, splits %d: %zu NaN-position mismatches vs "
+      "CPU; %zu outputs differ hw vs sw; finite outputs rel_l2=%.3e\n",
       kv == QSAKV_DTYPE_E4M3 ? "codes" : "FP16 values", min_rows == 1 ? "grouped" : "decode",
-      num_splits, nan_mismatch, differ, err);
+      plan_rows, num_splits, nan_mismatch, differ, err);
   assert_int_equal(nan_mismatch, 0);
   assert_int_equal(differ, 0);
   assert_true(err <= bound_for(QSAKV_DTYPE_FP16));
@@ -469,9 +480,10 @@ static void test_cuda_nan_codes(void** state) {
   (void)state;
   const qsakv_dtype kvs[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
   for (int k = 0; k < 2; ++k) {
-    nan_codes_on_gpu(kvs[k], -1, 0);
-    nan_codes_on_gpu(kvs[k], -1, 2);
-    nan_codes_on_gpu(kvs[k], 1, 0);
+    nan_codes_on_gpu(kvs[k], -1, 0, 0);
+    nan_codes_on_gpu(kvs[k], -1, 256, 2);
+    nan_codes_on_gpu(kvs[k], -1, 128, 3);
+    nan_codes_on_gpu(kvs[k], 1, 0, 0);
   }
 }
 

@@ -14,8 +14,9 @@
 //   O^T[D x 8 heads]        += V^T[D x 16] . P^T[16 x 8]   (A = V^T, B = P^T by movmatrix)
 // With tokens as M, the GQA group only pads 6 heads to N = 8, and each thread's A
 // fragments come straight from 16-byte global loads: the dot product's dimension order
-// is free, so each thread owns a contiguous span of K dims (and of V/output dims) and
-// Q's fragments are permuted to match (Shape::kKSpan / kVSpan and the Q prologue below).
+// is free, so each thread owns a span of K dims (and of V/output dims), laid out so that
+// the warp's loads cover whole sectors, and Q's fragments are permuted to match
+// (Shape::kKSpan / kVSpan, SpanLayout and the Q prologue below).
 //
 // Numerics (DOMAIN.md section 3): the K scale sits in the base-2 softmax factor, the V
 // scale is applied once to the normalised output (after the split merge), probabilities
@@ -264,6 +265,48 @@ struct TileRegs {
   bool kv0, kv1;
 };
 
+// Where each thread's span of head dims lies in a row (register path). A thread's span
+// is read in 16-byte units (a whole span when it is shorter), and the lanes that share a
+// row take consecutive units: K unit i of lane t4 is unit t4 + 4i of the row, V unit i of
+// lane g is unit g + 8i. So every 16-byte load of the warp covers whole 32-byte sectors
+// (a contiguous span per lane would leave each load half of every sector it touches, and
+// the no-allocate loads would fetch every sector from L2 twice). The dot product's order
+// of dims is free: Q's fragments (prologue) and the output dims (warp merge) follow the
+// same maps.
+template <KvKind KV, int D>
+struct SpanLayout {
+  using S = Shape<KV, D>;
+  static constexpr int kUnitDims = 16 / S::kBytes;
+  static constexpr int kKUnit = S::kKSpan < kUnitDims ? S::kKSpan : kUnitDims;  // dims
+  static constexpr int kVUnit = S::kVSpan < kUnitDims ? S::kVSpan : kUnitDims;
+  static_assert(S::kKSpan % kKUnit == 0 && S::kVSpan % kVUnit == 0, "whole units");
+  // The head dim at position p of the K span of lane t4 / the V span of lane g.
+  static __device__ __forceinline__ int k_dim(int t4, int p) {
+    return (t4 + 4 * (p / kKUnit)) * kKUnit + p % kKUnit;
+  }
+  static __device__ __forceinline__ int v_dim(int g, int p) {
+    return (g + 8 * (p / kVUnit)) * kVUnit + p % kVUnit;
+  }
+};
+
+// The words of one span from a row: units of kUnitBytes at p, p + kStride, ... (p: the
+// lane's first unit; the strides are compile-time, so every load is one immediate offset).
+template <int Words, int kUnitBytes, int kStride>
+__device__ __forceinline__ void load_span(uint32_t (&w)[Words], const uint8_t* p) {
+  constexpr int kUnitWords = kUnitBytes / 4;
+#pragma unroll
+  for (int u = 0; u < Words / kUnitWords; ++u) {
+    if constexpr (kUnitWords == 4) {
+      const uint4 v = ld_stream16(p + u * kStride);
+      w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
+    } else {
+      static_assert(kUnitWords == 2, "8- or 16-byte units");
+      const uint2 v = ld_stream8(p + u * kStride);
+      w[2 * u] = v.x, w[2 * u + 1] = v.y;
+    }
+  }
+}
+
 // The K half of a tile (tokens g and g+8) and the V half (tokens 2t4, 2t4+1, 2t4+8,
 // 2t4+9) load separately: the next tile's K is requested as soon as this tile's scores
 // are computed, its V as soon as P.V is done (run_window), so each half's latency hides
@@ -272,15 +315,19 @@ template <KvKind KV, int D>
 __device__ __forceinline__ void load_tile_k(TileRegs<KV, D>& t, const int64_t* offsets, int n,
                                             int tile, const uint8_t* kbase, int g, int t4) {
   using S = Shape<KV, D>;
+  using L = SpanLayout<KV, D>;
+  constexpr int kUnitBytes = L::kKUnit * S::kBytes;
+  const int lane_off = L::k_dim(t4, 0) * S::kBytes;
   const int base = tile << 4;
   t.kv0 = base + g < n;
   t.kv1 = base + g + 8 < n;
   if (t.kv0)
-    load_words(t.k0, kbase + offsets[base + g] + t4 * S::kKSpan * S::kBytes);
+    load_span<S::kKWords, kUnitBytes, 4 * kUnitBytes>(t.k0, kbase + offsets[base + g] + lane_off);
   else
     zero_words(t.k0);
   if (t.kv1)
-    load_words(t.k1, kbase + offsets[base + g + 8] + t4 * S::kKSpan * S::kBytes);
+    load_span<S::kKWords, kUnitBytes, 4 * kUnitBytes>(t.k1,
+                                                      kbase + offsets[base + g + 8] + lane_off);
   else
     zero_words(t.k1);
 }
@@ -289,12 +336,15 @@ template <KvKind KV, int D>
 __device__ __forceinline__ void load_tile_v(TileRegs<KV, D>& t, const int64_t* offsets, int n,
                                             int tile, const uint8_t* vbase, int g, int t4) {
   using S = Shape<KV, D>;
+  using L = SpanLayout<KV, D>;
+  constexpr int kUnitBytes = L::kVUnit * S::kBytes;
+  const int lane_off = L::v_dim(g, 0) * S::kBytes;
   const int base = tile << 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int tok = base + 2 * t4 + (j & 1) + (j >> 1) * 8;
     if (tok < n)
-      load_words(t.v[j], vbase + offsets[tok] + g * S::kVSpan * S::kBytes);
+      load_span<S::kVWords, kUnitBytes, 8 * kUnitBytes>(t.v[j], vbase + offsets[tok] + lane_off);
     else
       zero_words(t.v[j]);  // padding: zeros, never the bytes of another token
   }
@@ -768,9 +818,10 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
         static_cast<const Act*>(p.q) + (static_cast<int64_t>(row) * p.q_heads + q_head) * D;
 #pragma unroll
     for (int i = 0; i < S::kKSpan / 8; ++i) {
-      // 8 dims per load: the register path's span is contiguous, the ring path's is its
-      // four K chunks (ring_k_chunk: 16 E4M3 dims each).
-      const int d = kRing ? ring_k_chunk<D>(t4, i / 2) * 16 + (i % 2) * 8 : t4 * S::kKSpan + 8 * i;
+      // 8 dims per load, in the K span's order (SpanLayout; the ring path's: its four K
+      // chunks, ring_k_chunk, 16 E4M3 dims each).
+      const int d = kRing ? ring_k_chunk<D>(t4, i / 2) * 16 + (i % 2) * 8
+                          : SpanLayout<KV, D>::k_dim(t4, 8 * i);
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + d));
       qraw[4 * i] = v.x;
       qraw[4 * i + 1] = v.y;
@@ -881,7 +932,8 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
 #pragma unroll
   for (int i = 0; i < S::kMTiles; ++i) {
     // M-tile i holds span positions 2i and 2i+1 (one V chunk: consecutive dims).
-    const int d0 = kRing ? ring_v_chunk<D>(g, i / 8) * 16 + (2 * i) % 16 : g * S::kVSpan + 2 * i;
+    const int d0 =
+        kRing ? ring_v_chunk<D>(g, i / 8) * 16 + (2 * i) % 16 : SpanLayout<KV, D>::v_dim(g, 2 * i);
     ms.o[warp][2 * t4][d0] = st.o[i][0];
     ms.o[warp][2 * t4 + 1][d0] = st.o[i][1];
     ms.o[warp][2 * t4][d0 + 1] = st.o[i][2];
