@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace qsakv {
 namespace cuda {
 
@@ -91,6 +93,19 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 __device__ __forceinline__ uint32_t pack_bf162(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four activations from floats (round to nearest) in one 8-byte store; o 8-byte aligned.
+template <class Act>
+__device__ __forceinline__ void store_act4(Act* o, float a, float b, float c, float d) {
+  uint2 w;
+  if constexpr (std::is_same<Act, __half>::value) {
+    w = make_uint2(pack_half2(a, b), pack_half2(c, d));
+  } else {
+    static_assert(std::is_same<Act, __nv_bfloat16>::value, "FP16 or BF16 activations");
+    w = make_uint2(pack_bf162(a, b), pack_bf162(c, d));
+  }
+  *reinterpret_cast<uint2*>(o) = w;
 }
 
 }  // namespace cuda
