@@ -269,8 +269,8 @@ struct TileRegs {
 // is read in 16-byte units (a whole span when it is shorter), and the lanes that share a
 // row take consecutive units: K unit i of lane t4 is unit t4 + 4i of the row, V unit i of
 // lane g is unit g + 8i. So every 16-byte load of the warp covers whole 32-byte sectors
-// (a contiguous span per lane would leave each load half of every sector it touches, and
-// the no-allocate loads would fetch every sector from L2 twice). The dot product's order
+// (a contiguous span per lane leaves each load half of every sector it touches, and the
+// no-allocate loads then fetch sectors from L2 up to twice). The dot product's order
 // of dims is free: Q's fragments (prologue) and the output dims (warp merge) follow the
 // same maps.
 template <KvKind KV, int D>
