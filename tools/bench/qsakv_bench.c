@@ -118,6 +118,39 @@ static void warm_up(cudaStream_t s) {
 }
 
 cudaError_t bench_copy(const void* src, void* dst, size_t bytes, int sms, cudaStream_t s);
+cudaError_t bench_empty(cudaStream_t s);
+cudaError_t bench_read(const void* src, size_t bytes, void* sink, int sms, cudaStream_t s);
+cudaError_t bench_shrink(const void* src, void* dst, size_t dst_bytes, cudaStream_t s);
+
+/* The floor of a one-call, L2-flushed measurement, taken the same way (median of 20
+ * one-call graph replays, L2 flushed before each): FLOOR_EMPTY an empty kernel (launch and
+ * graph cost), FLOOR_READ a contiguous read of `bytes` (what an attention call must read),
+ * FLOOR_SHRINK `2 * bytes` read and `bytes` written (the E4M3 store's ratio), FLOOR_COPY
+ * `bytes` read and written (the 16-bit store). Microseconds. */
+typedef enum { FLOOR_EMPTY, FLOOR_READ, FLOOR_SHRINK, FLOOR_COPY } floor_op;
+static double floor_us(cudaStream_t s, floor_op op, size_t bytes, int sms) {
+  void *a = NULL, *b = NULL;
+  if (op != FLOOR_EMPTY) {
+    CUDA(cudaMalloc(&a, op == FLOOR_SHRINK ? 2 * bytes : bytes));
+    CUDA(cudaMalloc(&b, op == FLOOR_READ ? 16 : bytes));
+    CUDA(cudaMemset(a, 1, op == FLOOR_SHRINK ? 2 * bytes : bytes));
+  }
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  if (op == FLOOR_EMPTY) CUDA(bench_empty(s));
+  if (op == FLOOR_READ) CUDA(bench_read(a, bytes, b, sms, s));
+  if (op == FLOOR_SHRINK) CUDA(bench_shrink(a, b, bytes, s));
+  if (op == FLOOR_COPY) CUDA(bench_copy(a, b, bytes, sms, s));
+  CUDA(cudaStreamEndCapture(s, &g));
+  CUDA(cudaGraphInstantiate(&e, g, 0));
+  const double us = time_graph_ex(e, s, 20, 1) * 1e3;
+  CUDA(cudaGraphExecDestroy(e));
+  CUDA(cudaGraphDestroy(g));
+  if (a) CUDA(cudaFree(a));
+  if (b) CUDA(cudaFree(b));
+  return us;
+}
 
 /* GB/s (read + write) of a 2 GiB device-to-device copy: cudaMemcpyAsync when
  * kernel == 0, SM threads with 16-byte accesses otherwise. */
@@ -693,7 +726,8 @@ static double attention_us_for(const int* rows_list, const double* us, int n, in
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
-  int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0, no_store = 0;
+  int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0, no_store = 0,
+      store_only = 0;
   int case_mask = -1; /* selection cases to run (bit i: case i) */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc)
@@ -706,7 +740,11 @@ int main(int argc, char** argv) {
       multirow_only = 1;
     else if (!strcmp(argv[i], "--no-multirow"))
       no_multirow = 1;
-    else if (!strcmp(argv[i], "--decode-only")) {
+    else if (!strcmp(argv[i], "--store-only")) {
+      no_multirow = 1;
+      store_only = 1;
+      case_mask = 0;
+    } else if (!strcmp(argv[i], "--decode-only")) {
       no_multirow = 1;
       no_store = 1;
       case_mask = 0;
@@ -843,7 +881,7 @@ int main(int argc, char** argv) {
     if (js) fprintf(js, "\n  ],\n");
   }
 
-  if (select_only) n_rows = 0;
+  if (select_only || store_only) n_rows = 0;
   int rows_max = 1;
   for (int i = 0; i < n_rows; ++i) rows_max = rows_list[i] > rows_max ? rows_list[i] : rows_max;
   bench_cache e8, e8sw, f16;
@@ -855,9 +893,11 @@ int main(int argc, char** argv) {
   printf(
       "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
       "contexts, bs 64\n");
-  printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s %11s %11s\n", "rows", "splits",
+  printf("one-call L2-flushed floors (same method): an empty kernel %.2f us\n",
+         floor_us(s, FLOOR_EMPTY, 0, info.multiprocessor_count));
+  printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s %11s %11s %11s\n", "rows", "splits",
          "e4m3 us", "MB read", "GB/s", "%copy", "e4m3sw us", "sw/hw", "fp16 us", "fp16 GB/s",
-         "e4/f16", "e4m3 us L2f", "fp16 us L2f");
+         "e4/f16", "e4m3 us L2f", "fp16 us L2f", "read8 L2f");
   double att_us[16];
   for (int i = 0; i < n_rows; ++i) {
     const int rows = rows_list[i];
@@ -869,17 +909,22 @@ int main(int argc, char** argv) {
     const double t16 = e4m3_only ? NAN : time_attention(&f16, rows, s, &s3, &t16f);
     const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
     const double gbs8 = bytes8 / (t8 * 1e-6) / 1e9, gbs16 = bytes16 / (t16 * 1e-6) / 1e9;
-    printf("%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f %11.2f %11.2f\n",
-           rows, splits, t8, bytes8 / 1e6, gbs8, 100.0 * gbs8 / copy_gbs, t8sw, t8sw / t8, t16,
-           gbs16, t8 / t16, t8f, t16f);
+    /* A contiguous read of the E4M3 call's bytes, one call, L2 flushed: its floor there. */
+    const double read8f = floor_us(s, FLOOR_READ, (size_t)bytes8, info.multiprocessor_count);
+    printf(
+        "%6d %7d %10.2f %10.2f %8.0f %6.1f%% %10.2f %9.3f %10.2f %10.0f %7.3f %11.2f %11.2f "
+        "%11.2f\n",
+        rows, splits, t8, bytes8 / 1e6, gbs8, 100.0 * gbs8 / copy_gbs, t8sw, t8sw / t8, t16, gbs16,
+        t8 / t16, t8f, t16f, read8f);
     if (js)
       fprintf(js,
               "    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %.3f, "
               "\"fp16_us\": %.3f, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, "
               "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %.1f, \"e4m3_over_fp16\": %.4f, "
-              "\"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": %.3f}%s\n",
+              "\"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": %.3f, "
+              "\"e4m3_read_floor_us_l2_flushed\": %.3f}%s\n",
               rows, splits, t8, t8sw, t16, bytes8, gbs8, gbs16, 100.0 * gbs8 / copy_gbs,
-              100.0 * gbs16 / copy_gbs, t8 / t16, t8f, isnan(t16f) ? -1.0 : t16f,
+              100.0 * gbs16 / copy_gbs, t8 / t16, t8f, isnan(t16f) ? -1.0 : t16f, read8f,
               i + 1 < n_rows ? "," : "");
   }
   if (js) fprintf(js, "  ],\n");
@@ -897,12 +942,22 @@ int main(int argc, char** argv) {
         store_tokens, ts8, gb_per_s(sb8, ts8), 100.0 * gb_per_s(sb8, ts8) / copy_gbs, ts16,
         gb_per_s(sb16, ts16), 100.0 * gb_per_s(sb16, ts16) / copy_gbs, ts8f,
         100.0 * gb_per_s(sb8, ts8f) / copy_gbs, ts16f, 100.0 * gb_per_s(sb16, ts16f) / copy_gbs);
+    /* The same bytes moved by plain SM kernels, one call, L2 flushed: the floors of the
+     * one-call figures (E4M3: 2 bytes read per byte written; FP16: a copy). */
+    const size_t out8 = (size_t)store_tokens * 256 * 2, out16 = 2 * out8;
+    const double fl8 = floor_us(s, FLOOR_SHRINK, out8, info.multiprocessor_count),
+                 fl16 = floor_us(s, FLOOR_COPY, out16, info.multiprocessor_count);
+    printf(
+        "  the same bytes by a plain kernel, one call, L2 flushed: e4m3's (read 2 : write 1) "
+        "%.2f us -> the store at %.1f%% of it; fp16's (a copy) %.2f us -> %.1f%%\n",
+        fl8, 100.0 * fl8 / ts8f, fl16, 100.0 * fl16 / ts16f);
     if (js)
       fprintf(js,
               "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": "
               "%.1f, \"fp16_gbs\": %.1f, \"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": "
-              "%.3f},\n",
-              store_tokens, ts8, ts16, gb_per_s(sb8, ts8), gb_per_s(sb16, ts16), ts8f, ts16f);
+              "%.3f, \"e4m3_floor_us_l2_flushed\": %.3f, \"fp16_floor_us_l2_flushed\": %.3f},\n",
+              store_tokens, ts8, ts16, gb_per_s(sb8, ts8), gb_per_s(sb16, ts16), ts8f, ts16f, fl8,
+              fl16);
   }
   free_cache(&e8);
   free_cache(&e8sw);
