@@ -6,7 +6,12 @@ import sys
 
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-hdr_i = next(i for i, r in enumerate(rows) if any("Sampling" in c for c in r))
+hdr_i = next((i for i, r in enumerate(rows) if any("Sampling" in c for c in r)), None)
+if hdr_i is None:  # not a source page with stall samples: say what it is instead
+    print("no 'Warp Stall Sampling' column; the export begins:")
+    for r in rows[:4]:
+        print("  ", ",".join(r)[:300])
+    sys.exit(1)
 hdr = rows[hdr_i]
 samp = next(i for i, c in enumerate(hdr) if "Warp Stall Sampling (All" in c)
 src = next((i for i, c in enumerate(hdr) if c in ("Source", "Address Source")), 1)
