@@ -9,6 +9,9 @@ namespace qsakv {
 // tier's launch bounds. (The tensor-core decode kernel compiles E4M3 for three per SM:
 // decode_ctas_per_sm.)
 constexpr int kAttentionCtasPerSm = 2;
+// The largest split count a plan takes (options.num_splits): the last CTA's merge keeps
+// one weight per split and head in the warp-merge storage (a static_assert there).
+constexpr int kMaxSplits = 256;
 // Query heads of one GQA group per attention CTA: the plan sizes its split counters as
 // rows x KV heads x ceil(group / kAttentionHeadsPerCta).
 constexpr int kAttentionHeadsPerCta = 8;
@@ -22,22 +25,69 @@ constexpr int kSelectMaxTopkBlocks = 1024;
 // row in a token's mask).
 constexpr int kGroupedMaxVectors = 96;
 constexpr int kGroupedMaxRows = 16;
-// Entries of a group's token union the workspace holds: twice a row's list. A group whose
-// rows select more distinct tokens runs each row's own list instead (correct, slower).
-constexpr int grouped_union_cap(int topk_width) { return 2 * topk_width + 64; }
+// Which of a group's tokens are read once for all its rows (its shared list, on tensor
+// cores): those that at least grouped_share_min_rows(n, ...) of its n rows select. Each
+// row's other entries run on the decode route, and the two partial softmax states merge
+// (docs/attention.md). A shared token costs the group about what share_rows rows reading
+// it on the decode route cost, by the measured crossovers (H200, docs/perf.md run 20: an
+// E4M3 16-row group at ~8 rows, grouped 798 us over 512 groups x ~2,066 tokens against
+// decode 1,532 us over 8192 rows x 2,051; verify requests turn grouped-faster at 7 rows in
+// E4M3 and at 2-3 in FP16, whose decode route reads twice the bytes). At least half of
+// the group's rows, always: that bounds the shared list, since each shared token stands
+// for at least n / 2 of the group's n x width entries, so a group never shares more than
+// 2 x width tokens and no list outgrows the workspace. And at least 2 (one row alone is
+// the decode route's).
+constexpr int kGroupedShareRowsE4M3 = 7;
+constexpr int kGroupedShareRows16 = 3;
+constexpr int grouped_share_min_rows(int rows, int share_rows) {
+  const int half = (rows + 1) / 2, cost = rows < share_rows ? rows : share_rows;
+  const int t = half > cost ? half : cost;
+  return t > 2 ? t : 2;
+}
+// A group sharing fewer tokens than this shares none (its rows run on the decode route
+// alone): the shared part's fixed cost per group (its Q, one partial per row written and
+// merged) is about that of 64 tokens read by every row on the decode route. Random lists
+// of 8 rows at 32K share ~35 tokens by chance.
+constexpr int kGroupedMinShared = 64;
+// In a group that shares, a row left with at most this many entries of its own moves them
+// into the group's list too (only its own bit in their masks), so it needs no decode-route
+// pass: such a pass is a chain of dependent round trips per row whatever its length
+// (~30 ns per row of GPU time at 8192 rows on an H200, docs/perf.md), about what 32 extra
+// list tokens cost the group. The open group's tail (up to 3 tokens that only the group's
+// rows at those positions can select) is the common case.
+constexpr int kGroupedOwnMax = 32;
+// Entries of a group's list the workspace holds: what the sharing rule allows (2 x width)
+// plus what moved rows add.
+constexpr int grouped_union_cap(int topk_width) {
+  return 2 * topk_width + 64 + kGroupedMaxRows * kGroupedOwnMax;
+}
+// The union kernel keeps one 16-bit row mask per position of a window of this many
+// positions in shared memory (128 KB); the plan sizes the window to the model's length
+// where that is shorter (grouped_union_window), and longer contexts take several passes.
+constexpr int kGroupedUnionWindow = 65536;
+constexpr int kGroupedUnionThreads = 1024;
+constexpr int grouped_union_window(int max_model_len) {
+  // Each thread owns 8 consecutive positions or a multiple: whole 16-byte reads of masks.
+  constexpr int kStep = 8 * kGroupedUnionThreads;
+  const int rounded = (max_model_len + kStep - 1) / kStep * kStep;
+  return rounded < kGroupedUnionWindow ? rounded : kGroupedUnionWindow;
+}
+
 // Split-K of the grouped route: CTAs per KV head it aims for (x SMs) and at most.
 constexpr int kGroupedCtasPerSm = 2;
 constexpr int kGroupedMaxSplits = 16;
 // The plan's automatic routing (option multi_row_min_rows = 0): a request takes the
 // grouped route from this many rows, when the batch has at least this many such rows.
-// Measured crossovers against the decode route (H200, one call, L2 flushed; docs/perf.md,
-// run 21): 64 requests x v verify rows at 32K turn grouped-faster between 6 and 7 rows
-// in E4M3 (0.93x -> 1.46x) and at 2 rows in FP16 (1.00x; 1.51x at 3); the grouped route's
-// floor is ~100 us (union + per-tile latency with few groups), which the decode route
-// beats below ~256 E4M3 rows (0.4 us per row) and ~128 16-bit rows (0.8 us per row).
-constexpr int kGroupedAutoMinRowsE4M3 = 7;
+// Measured against the decode route (H200, one call, L2 flushed; docs/perf.md, run 25, the
+// drifting lists of 64 requests x v verify rows at 32K, after the decode route's runs
+// 21-24 made it faster): E4M3 stays decode-faster at 7 and 8 rows (138 vs 162, 153 vs
+// 164 us) and turns grouped-faster by 20 (293 vs 270); FP16 turns at 5 rows (174 vs 161;
+// at 4, 95 vs 158). Run 21 had 7 and 2. The grouped route's floor (~100-150 us: the split
+// kernel and per-tile latency with few groups) needs at least ~256 E4M3 / ~128 16-bit
+// rows to repay.
+constexpr int kGroupedAutoMinRowsE4M3 = 9;
 constexpr int kGroupedAutoMinBatchRowsE4M3 = 256;
-constexpr int kGroupedAutoMinRows16 = 2;
+constexpr int kGroupedAutoMinRows16 = 5;
 constexpr int kGroupedAutoMinBatchRows16 = 128;
 
 }  // namespace qsakv

@@ -102,22 +102,33 @@ struct SelectParams {
 };
 
 // The grouped multi-row route's shape and workspace (CUDA backend; zero when a plan has
-// no such route). Groups of up to rows_per_group consecutive rows of one request share
-// one sorted union of their selected tokens (sparse) or the causal range (dense).
+// no such route). Groups of up to rows_per_group consecutive rows of one request: in
+// dense mode a group reads the causal range once for all its rows; in sparse mode the
+// union kernel splits its rows' lists, on the device at each launch, into the tokens
+// many of its rows select (the group's list, read once for all rows) and each row's own
+// entries (computed on the decode route, which then merges the two parts).
 struct GroupedView {
   // The last update's batch has row groups: the grouped kernels are launched and the
-  // decode kernels skip those rows. Otherwise neither happens (no empty launches), so a
-  // graph captured then runs every later batch on the decode route.
+  // decode kernels treat those rows as grouped. Otherwise neither happens (no empty
+  // launches), so a graph captured then runs every later batch on the decode route.
   int32_t active;
   int32_t rows_per_group;
-  int32_t union_cap;     // entries per group
+  int32_t union_cap;     // list entries per group
+  int32_t window;        // the union kernel's positions per pass
   int32_t max_items;     // (group, split) work items the partials hold per KV head
-  int32_t* union_count;  // [max_groups]; -1: more than union_cap distinct tokens
+  int32_t* union_count;  // [max_groups] listed tokens of the group
   int64_t* union_off;    // [max_groups, union_cap] K row byte offset (KV head 0); -1 none
   uint32_t* union_mask;  // [max_groups, union_cap] bit r: row r of the group selects it
-  float* partial_out;    // [kv_heads, max_items, kGroupedMaxVectors, head_dim]
-  float* partial_lse;    // [kv_heads, max_items, kGroupedMaxVectors]
-  int32_t* counters;     // [kv_heads, max_groups], zero between runs
+  // [max_rows, topk_width]: each grouped row's own entries (the tokens not in its group's
+  // list), in list order, for the decode route.
+  int32_t* own_lists;
+  // [max_rows] per grouped row: {its own entries, its group's listed tokens}.
+  int32_t* row_split;
+  float* shared_out;   // [max_rows, q_heads, head_dim] a row's shared part, normalised
+  float* shared_lse;   // [max_rows, q_heads] its base-2 LSE
+  float* partial_out;  // [kv_heads, max_items, kGroupedMaxVectors, head_dim]
+  float* partial_lse;  // [kv_heads, max_items, kGroupedMaxVectors]
+  int32_t* counters;   // [kv_heads, max_groups], zero between runs
 };
 
 struct AttentionParams {

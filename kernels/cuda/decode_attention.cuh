@@ -30,10 +30,12 @@
 
 #include "limits.hpp"
 #include "params.hpp"
+#include "cuda/block_scan.cuh"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_tile.cuh"
+#include "cuda/split_merge.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -44,13 +46,19 @@ struct DecodeParams {
   const PlanMetaHeader* header;
   const int32_t* row_request;
   const int32_t* row_pos;
-  const int32_t* row_group;  // >= 0: the row is on the grouped route
-  int32_t skip_grouped;      // the grouped kernels run in this launch: skip their rows
-  const uint8_t* kv;         // the layer's main cache
-  int64_t stride_block;      // bytes
-  int64_t stride_kv;         // bytes
-  int64_t stride_token;      // bytes
-  int64_t stride_head;       // bytes
+  const int32_t* row_group;  // >= 0: the row is in a group of the grouped route
+  int32_t skip_grouped;      // the grouped kernels run in this launch (row_group applies)
+  // A grouped row (sparse): GroupedView::row_split's {own entries, its group's listed
+  // tokens}, its own entries, and its shared part to fold in.
+  const int2* row_split;
+  const int32_t* own_lists;
+  const float* shared_out;
+  const float* shared_lse;
+  const uint8_t* kv;     // the layer's main cache
+  int64_t stride_block;  // bytes
+  int64_t stride_kv;     // bytes
+  int64_t stride_token;  // bytes
+  int64_t stride_head;   // bytes
   int32_t block_size;
   int64_t num_blocks;
   // The ring path's window entries are K row offsets in 16-byte units, in 32 bits: 1 when
@@ -158,6 +166,10 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   dp.row_pos = p.meta.row_pos;
   dp.row_group = p.meta.row_group;
   dp.skip_grouped = p.grouped.active;
+  dp.row_split = reinterpret_cast<const int2*>(p.grouped.row_split);
+  dp.own_lists = p.grouped.own_lists;
+  dp.shared_out = p.grouped.shared_out;
+  dp.shared_lse = p.grouped.shared_lse;
   dp.kv = static_cast<const uint8_t*>(c.data);
   dp.stride_block = c.stride_block * esz;
   dp.stride_kv = c.stride_kv * esz;
@@ -192,14 +204,14 @@ inline DecodeParams decode_params(const AttentionParams& p) {
 }
 
 // Compacts the valid tokens of list entries [begin, end) (at most W) into smem offsets:
-// bytes of the token's K row for this KV head (int64_t), or the packed reference
-// the offset of the token's K row from its KV head's first, in 16-byte units (uint32_t, the
-// ring path). Returns the count;
-// all threads agree.
+// bytes of the token's K row for this KV head (int64_t), or the offset of the token's K
+// row from its KV head's first, in 16-byte units (uint32_t, the ring path). list: the
+// row's entries (sparse; dense: the entry is the token). Returns the count; all threads
+// agree.
 template <int W = kWindow, class Offset = int64_t>
 __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* offsets,
-                                              int32_t* warp_totals, int row, int kvh, int pos,
-                                              const int32_t* bt, int begin, int end) {
+                                              int32_t* warp_totals, const int32_t* list, int kvh,
+                                              int pos, const int32_t* bt, int begin, int end) {
   static_assert(W % kThreads == 0, "every window entry has a thread");
   constexpr int kPer = W / kThreads;
   const int tid = threadIdx.x;
@@ -210,7 +222,7 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
     const int col = begin + i * kThreads + tid;
     off[i] = 0;
     if (col < end) {
-      const int t = p.dense ? col : __ldg(p.topk + static_cast<int64_t>(row) * p.topk_stride + col);
+      const int t = p.dense ? col : __ldg(list + col);
       if (t >= 0 && t <= pos) {
         const int32_t phys = __ldg(bt + t / p.block_size);
         if (phys >= 0 && phys < p.num_blocks) {
@@ -224,28 +236,12 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
       }
     }
   }
-  // Block-wide exclusive scan of the per-thread counts.
-  const int count = __popc(valid_mask);
-  const int lane = tid & 31, warp = tid >> 5;
-  int incl = count;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  // Only now wait for every warp to be done with the previous window's offsets (and, for
-  // the first window, for warp 0's Q fragments): a warp that finishes its tiles early has
-  // the next window's indices and block-table entries in flight meanwhile.
-  __syncthreads();
-  if (lane == 31) warp_totals[warp] = incl;
-  __syncthreads();
-  int base = incl - count, total = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const int t = warp_totals[w];
-    if (w < warp) base += t;
-    total += t;
-  }
+  // The scan's first barrier is where every warp is done with the previous window's
+  // offsets (and, for the first window, warp 0's Q fragments are published): a warp that
+  // finishes its tiles early has the next window's indices and block-table entries in
+  // flight meanwhile.
+  int total;
+  int base = block_exclusive_scan<kWarps>(__popc(valid_mask), warp_totals, total);
   __syncthreads();  // warp_totals shares storage with offsets
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
@@ -628,30 +624,23 @@ __device__ __forceinline__ void run_window_ring(const uint32_t* refs, int n, int
 // Combines the splits of (row, KV head, chunk) once all have arrived; run by the last
 // CTA to arrive, all threads. The weights exp2(lse_s - max) / sum are computed once per
 // head into shared memory; then each output element is an independent sum over the
-// splits' partials (written by other CTAs: read through L2 with ld.cg).
+// splits' partials (written by other CTAs: read through L2 with ld.cg). shared: the row's
+// group also has a shared part (the grouped kernel's partial), one more term.
 template <class Act, int D>
 __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk, float v_factor,
-                             float* weights /* shared, [kHeadsPerCta][num_splits] */) {
+                             bool shared,
+                             float* weights /* shared, [kHeadsPerCta][num_splits + 1] */) {
   const int heads = min(kHeadsPerCta, p.group - chunk * kHeadsPerCta);
-  const int S = p.num_splits;
+  const int S = p.num_splits, SW = S + (shared ? 1 : 0);
   const int64_t head0 =
       static_cast<int64_t>(row) * p.q_heads + kvh * p.group + chunk * kHeadsPerCta;
-  for (int i = threadIdx.x; i < heads * S; i += kThreads)
-    weights[i] = __ldcg(p.partial_lse + (head0 + i / S) * S + i % S);
-  __syncthreads();
-  if (threadIdx.x < heads) {
-    float* w = weights + threadIdx.x * S;
-    float M = -CUDART_INF_F;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);  // ignores a NaN lse (a NaN score)
-    float W = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      // M == -inf: every lse is -inf (no token: weight 0) or NaN (kept, so it poisons W).
-      w[s] = M == -CUDART_INF_F ? (w[s] == -CUDART_INF_F ? 0.0f : w[s]) : fast_exp2(w[s] - M);
-      W += w[s];
-    }
-    const float inv = W != 0.0f ? 1.0f / W : 0.0f;  // no token at all: zeros; NaN stays NaN
-    for (int s = 0; s < S; ++s) w[s] *= inv;
+  for (int i = threadIdx.x; i < heads * SW; i += kThreads) {
+    const int h = i / SW, s = i - h * SW;
+    weights[i] =
+        s < S ? __ldcg(p.partial_lse + (head0 + h) * S + s) : __ldg(p.shared_lse + head0 + h);
   }
+  __syncthreads();
+  if (threadIdx.x < heads) lse_to_weights(weights + threadIdx.x * SW, SW);
   __syncthreads();
   // Each thread owns columns of 4 consecutive dims of a head (16-byte loads): all its
   // kCols columns (8 heads x D / 4 columns over the CTA) with kBatch splits each in
@@ -671,7 +660,7 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
       const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
       acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       part[c] = p.partial_out + (head0 + h) * S * D + d;
-      w[c] = weights + h * S;
+      w[c] = weights + h * SW;
     }
     for (int s0 = 0; s0 < S; s0 += kBatch) {
       float4 v[kCols][kBatch];
@@ -693,6 +682,19 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
           acc[c].w += wj * v[c][j].w;
         }
     }
+    if (shared) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int idx = min(c0 + c * kThreads, columns - 1);
+        const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p.shared_out + (head0 + h) * D + d));
+        const float wj = w[c][S];
+        acc[c].x += wj * v.x;
+        acc[c].y += wj * v.y;
+        acc[c].z += wj * v.z;
+        acc[c].w += wj * v.w;
+      }
+    }
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int idx = c0 + c * kThreads;
@@ -708,10 +710,14 @@ __device__ void merge_splits(const DecodeParams& p, int row, int kvh, int chunk,
 // states in `ms` into this split's output (one split: the final output; several: the
 // partials, and the last CTA of (row, KV head, chunk) to arrive merges them). All
 // threads; ms is complete and published. weights may alias ms (used after it is read).
+// shared: the row's group has a shared part, the grouped kernel's partial of the row
+// (p.shared_out / shared_lse, written by an earlier launch), folded into the output.
 template <class Act, int D>
 __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSmem<D>& ms, int row,
                                            int kvh, int chunk, int split, float v_factor,
-                                           int& last_arrival, float* weights) {
+                                           bool shared, int& last_arrival, float* weights) {
+  static_assert(sizeof(MergeSmem<D>) >= kHeadsPerCta * (kMaxSplits + 1) * sizeof(float),
+                "merge_splits' weights fit the warp-merge storage they reuse");
   // Each step of a thread combines 4 consecutive dims of one head (16-byte reads and
   // writes; from head_dim 128 a warp's lanes share the head), so the head's maximum, the
   // warps' factors and the normaliser are computed once per 4 dims: one element per step
@@ -741,8 +747,16 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
       acc.z += o.z * c;
       acc.w += o.w * c;
     }
-    const float inv = L != 0.0f ? 1.0f / L : 0.0f;  // 1 / NaN is NaN
     const int64_t oi = (static_cast<int64_t>(row) * p.q_heads + qh);
+    if (p.num_splits == 1 && shared) {
+      float a, b;
+      fold_factors(M, __ldg(p.shared_lse + oi), a, b);
+      const float4 o = __ldg(reinterpret_cast<const float4*>(p.shared_out + oi * D + d));
+      L = L * a + b;
+      acc = make_float4(acc.x * a + o.x * b, acc.y * a + o.y * b, acc.z * a + o.z * b,
+                        acc.w * a + o.w * b);
+    }
+    const float inv = L != 0.0f ? 1.0f / L : 0.0f;  // 1 / NaN is NaN
     if (p.num_splits == 1) {
       const float f = inv * v_factor;
       store_act4<Act>(static_cast<Act*>(p.out) + oi * D + d, acc.x * f, acc.y * f, acc.z * f,
@@ -769,7 +783,7 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
   __syncthreads();
   if (!last_arrival) return;
   __threadfence();
-  merge_splits<Act, D>(p, row, kvh, chunk, v_factor, weights);
+  merge_splits<Act, D>(p, row, kvh, chunk, v_factor, shared, weights);
 }
 
 // CTAs per SM each kernel is compiled for (the register cap follows): E4M3 tiles are half
@@ -809,10 +823,19 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   const int req = p.row_request[row];
   const int pos = p.row_pos[row];
   const int grouped = p.skip_grouped ? p.row_group[row] : -1;
+  // (Loaded beside row_group; meaningful for grouped rows only.)
+  const int2 split_info = p.skip_grouped && !p.dense ? p.row_split[row] : make_int2(0, 0);
   const int32_t* table = h->block_table;
   const int64_t table_stride = h->block_table_stride;
   if (row >= num_rows) return;  // rows beyond this batch (graph replay)
-  if (grouped >= 0) return;     // the grouped route computes it
+  // A grouped row whose every entry is its group's (dense: always): the grouped kernel
+  // wrote its output. Otherwise this CTA computes the row's own entries and folds in its
+  // group's shared part, if the group has one.
+  if (grouped >= 0 && (p.dense || (split_info.x == 0 && split_info.y > 0))) return;
+  const bool shared = grouped >= 0 && split_info.y > 0;
+  // The row's list: its own entries when grouped (sparse), else its top-k row.
+  const int32_t* list = grouped >= 0 ? p.own_lists + static_cast<int64_t>(row) * p.topk_width
+                                     : p.topk + static_cast<int64_t>(row) * p.topk_stride;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -896,7 +919,7 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
 #pragma unroll
   for (int i = 0; i < S::kMTiles; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
 
-  const int n_cols = p.dense ? pos + 1 : p.topk_width;
+  const int n_cols = p.dense ? pos + 1 : grouped >= 0 ? split_info.x : p.topk_width;
   const int per_split = (n_cols + p.num_splits - 1) / p.num_splits;
   const int c0 = split * per_split;
   const int c1 = min(n_cols, c0 + per_split);
@@ -906,8 +929,8 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   uint8_t* ring = reinterpret_cast<uint8_t*>(dynamic_smem) + warp * NS * ring_stage_bytes<D>();
   const RingSource src{kbase + kvh * p.stride_head, p.stride_kv};
   for (int win = c0; win < c1; win += kWin) {
-    const int n = compact_window<kWin, Offset>(p, smem.offsets, smem.warp_totals, row, kvh, pos, bt,
-                                               win, min(c1, win + kWin));
+    const int n = compact_window<kWin, Offset>(p, smem.offsets, smem.warp_totals, list, kvh, pos,
+                                               bt, win, min(c1, win + kWin));
     if constexpr (kRing) {
       if (patch_nan)
         run_window_ring<KV, D, DEC, NS, true>(smem.offsets, n, warp, src, g, t4, q_frag, factor, st,
@@ -951,7 +974,7 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   }
   __syncthreads();
   const float v_factor = v_scale * kUnit;
-  finish_cta<Act, D>(p, ms, row, kvh, chunk, split, v_factor, last_arrival,
+  finish_cta<Act, D>(p, ms, row, kvh, chunk, split, v_factor, shared, last_arrival,
                      reinterpret_cast<float*>(dynamic_smem));
 }
 

@@ -230,8 +230,9 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   bx /= p.head_chunks;
   const int kvh = bx % p.kv_heads;
   const int row = bx / p.kv_heads;
-  if (row >= p.header->num_rows) return;                // rows beyond this batch (graph replay)
-  if (p.skip_grouped && p.row_group[row] >= 0) return;  // the grouped route computes it
+  if (row >= p.header->num_rows) return;  // rows beyond this batch (graph replay)
+  // The SM70 tier has no grouped route (its plans make no groups): a guard, not a path.
+  if (p.skip_grouped && p.row_group[row] >= 0) return;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int req = p.row_request[row];
@@ -273,8 +274,9 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   const uint8_t* vbase = p.kv + p.stride_kv;
 
   for (int win = c0; win < c1; win += kWindow) {
-    const int n = compact_window(p, sm.win.offsets, sm.win.warp_totals, row, kvh, pos, bt, win,
-                                 min(c1, win + kWindow));
+    const int n = compact_window(p, sm.win.offsets, sm.win.warp_totals,
+                                 p.topk + static_cast<int64_t>(row) * p.topk_stride, kvh, pos, bt,
+                                 win, min(c1, win + kWindow));
     if (patch_nan)
       simt_window<KV, D, true>(sm, n, warp, kbase, vbase, factor, st);
     else
@@ -300,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
 #pragma unroll
     for (int j = 0; j < S::kVDims; ++j) ms.o[warp][h][lane * S::kVDims + j] = st.o[h][j];
   __syncthreads();
-  finish_cta<Act, D>(p, ms, row, kvh, chunk, split, v_scale * kUnit, last_arrival,
+  finish_cta<Act, D>(p, ms, row, kvh, chunk, split, v_scale * kUnit, false, last_arrival,
                      reinterpret_cast<float*>(&smem));
 }
 

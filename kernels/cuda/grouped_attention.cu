@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and launch of the grouped multi-row route: the union kernel (sparse
-// only), then the attention kernel over (group x split, KV head).
+// only: the shared lists and the rows' filters), then the attention kernel over (group x
+// split, KV head). The decode kernels, launched after, compute the rows' own entries.
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_union.cuh"
@@ -42,17 +43,26 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.topk = p.topk;
     up.topk_stride = p.topk_stride;
     up.topk_width = p.topk_width;
+    // ceil(2^32 / width): exact row numbers for entries below 2^32 / width (> 2^19).
+    up.width_inv = static_cast<uint32_t>(((uint64_t{1} << 32) + p.topk_width - 1) /
+                                         static_cast<uint64_t>(p.topk_width));
     up.block_size = c.block_size;
     up.num_blocks = c.num_blocks;
     const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
     up.stride_block = c.stride_block * esz;
     up.stride_token = c.stride_token * esz;
+    up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
+    up.window = g.window;
+    up.entry_words = (g.rows_per_group * p.topk_width + 31) / 32;
     up.union_cap = g.union_cap;
     up.union_count = g.union_count;
     up.union_off = g.union_off;
     up.union_mask = g.union_mask;
-    // The size follows the plan's union capacity: set for each launch.
-    const int smem = union_smem_bytes(g.union_cap);
+    up.own_lists = g.own_lists;
+    up.row_split = reinterpret_cast<int2*>(g.row_split);
+    // The size follows the plan's geometry: set for each launch.
+    const int smem = static_cast<int>(sizeof(uint32_t) *
+                                      union_layout(up.window, up.union_cap, up.entry_words).words);
     require_smem_limit(cudaFuncSetAttribute(grouped_union_kernel,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        smem);
@@ -62,13 +72,14 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
   gp.d = decode_params(p);
   gp.group_row0 = p.meta.group_row0;
   gp.group_rows = p.meta.group_rows;
-  gp.rows_per_group = g.rows_per_group;
   gp.vectors = g.rows_per_group * p.group_size;
   gp.union_cap = g.union_cap;
   gp.max_items = g.max_items;
   gp.union_count = g.union_count;
   gp.union_off = g.union_off;
   gp.union_mask = g.union_mask;
+  gp.shared_out = g.shared_out;
+  gp.shared_lse = g.shared_lse;
   gp.partial_out = g.partial_out;
   gp.partial_lse = g.partial_lse;
   gp.counters = g.counters;

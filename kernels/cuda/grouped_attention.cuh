@@ -5,8 +5,9 @@
 // One CTA of up to 6 warps handles (group, KV head, split). Its M = rows x GQA group
 // query vectors (<= 96; vector m is row m / group, head m % group) sit in shared memory;
 // warp w owns vectors 16w .. 16w+15. The CTA walks an entry list in tiles of 16 tokens:
-//   sparse: the group's token union (grouped_union.cuh), each entry with a row mask;
-//           or, when the union overflowed its workspace, each row's own list in turn;
+//   sparse: the group's shared list (grouped_union.cuh: the tokens many of its rows
+//           select), each entry with a row mask; a row with entries of its own as well
+//           gets a partial (normalised output and LSE) that the decode route folds in;
 //   dense:  tokens 0 .. the last row's position, masked causally per row.
 // Per tile (FlashAttention-2 layout, m16n8k16, FP32 accumulation):
 //   S[16 vectors x 16 tokens] = Q . K^T   (A = Q by ldmatrix, B = K by ldmatrix)
@@ -38,6 +39,7 @@
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_tile.cuh"
+#include "cuda/split_merge.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -47,19 +49,20 @@ constexpr int kGWarps = kGroupedMaxVectors / 16;  // 6
 constexpr int kGThreadsMax = 32 * kGWarps;        // blockDim is 32 x warps used
 constexpr int kGCopyStages = 3;                   // tiles in flight
 constexpr int kGEntrySlots = 4;                   // resolved entry lists, a ring
-enum class EntrySource { kUnion = 0, kRowLists = 1, kDense = 2 };
+enum class EntrySource { kUnion = 0, kDense = 1 };
 
 struct GroupedParams {
-  DecodeParams d;  // cache, q, out, scales, metadata, top-k lists
+  DecodeParams d;  // cache, q, out, scales, metadata, top-k lists, row splits
   const int32_t* group_row0;
   const int32_t* group_rows;
-  int32_t rows_per_group;
   int32_t vectors;  // rows_per_group x group
   int32_t union_cap;
   int32_t max_items;
   const int32_t* union_count;
   const int64_t* union_off;
   const uint32_t* union_mask;
+  float* shared_out;  // rows with entries of their own: their shared part (GroupedView)
+  float* shared_lse;
   float* partial_out;
   float* partial_lse;
   int32_t* counters;
@@ -110,9 +113,9 @@ struct GroupCta {
 
 // Tile `tile`'s 16 entries, resolved in two steps by warp 0 (lanes 0..15) so that the
 // global loads of one tile overlap the compute of the previous one: fetch_entry reads the
-// entry (union: offset and mask; row lists: the token; dense: the token is the index),
-// commit_entry looks up the page where needed and writes the slot: the byte offset of the
-// K row (-1: none, reads zeros) and the mask of rows that see the token.
+// entry (shared list: offset and mask; dense: the token is the index), commit_entry looks
+// up the page where needed and writes the slot: the byte offset of the K row (-1: none,
+// reads zeros) and the mask of rows that see the token.
 struct Entry {
   int64_t off;
   uint32_t mask;
@@ -127,11 +130,6 @@ __device__ __forceinline__ Entry fetch_entry(const GroupedParams& p, const Group
   if (c.source == EntrySource::kUnion) {
     e.off = __ldg(p.union_off + c.ubase + j);
     e.mask = __ldg(p.union_mask + c.ubase + j);
-  } else if (c.source == EntrySource::kRowLists) {
-    const int r = j / p.d.topk_width;
-    e.t = __ldg(p.d.topk + static_cast<int64_t>(c.row0 + r) * p.d.topk_stride +
-                (j - r * p.d.topk_width));
-    e.mask = e.t >= 0 && e.t <= c.pos0 + r ? 1u << r : 0u;
   } else {  // dense: rows r >= t - pos0 see token t = j
     e.t = j;
     e.mask = ((1u << c.rows) - 1u) & ~((1u << max(0, j - c.pos0)) - 1u);
@@ -143,7 +141,7 @@ __device__ __forceinline__ void commit_entry(const GroupedParams& p, const Group
                                              int64_t* off_slot, uint32_t* mask_slot) {
   const int lane = threadIdx.x & 31;
   if (lane >= kGTile) return;
-  if (c.source != EntrySource::kUnion && e.mask != 0u) {
+  if (c.source == EntrySource::kDense && e.mask != 0u) {
     const int32_t phys = __ldg(c.bt + e.t / p.d.block_size);
     if (phys >= 0 && phys < p.d.num_blocks)
       e.off =
@@ -467,35 +465,46 @@ __device__ __forceinline__ void prepare_q(uint8_t* smem, float base_factor) {
   }
 }
 
+// Where the output of the group's row r goes: its final output (v_factor applied), or,
+// for a row with entries of its own on the decode route (bit r of partial_rows), its
+// shared part as a partial: normalised, no V scale, with its base-2 LSE.
+template <class Act, int D>
+__device__ __forceinline__ void store_vector4(const GroupedParams& p, const GroupCta& c,
+                                              uint32_t partial_rows, int m, int d, float4 o,
+                                              float lse, float v_factor) {
+  const int r = m / p.d.group, h = m - r * p.d.group;
+  const int64_t oi = static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h;
+  if (partial_rows >> r & 1u) {
+    *reinterpret_cast<float4*>(p.shared_out + oi * D + d) = o;
+    if (d == 0) p.shared_lse[oi] = lse;
+  } else {
+    store_act4<Act>(static_cast<Act*>(p.d.out) + oi * D + d, o.x * v_factor, o.y * v_factor,
+                    o.z * v_factor, o.w * v_factor);
+  }
+}
+
 // The last CTA of a split group combines the splits' partials (normalised outputs and
-// base-2 LSEs, per vector) into the output; weights as in the decode merge.
+// base-2 LSEs, per vector) into the output, or into the row's shared part (see
+// store_vector4); weights as in the decode merge (lse_to_weights).
 template <class Act, int D>
 __device__ void merge_grouped_splits(const GroupedParams& p, const GroupCta& c, int64_t item0,
-                                     float v_factor, float* weights /* smem [96][splits] */) {
-  const int S = c.splits;
+                                     uint32_t partial_rows, float v_factor,
+                                     float* weights /* smem [96][splits + 1] */) {
+  const int S = c.splits, SW = S + 1;  // w[S]: the vector's combined LSE
   const int vectors = min(p.vectors, c.rows * p.d.group);
   const int64_t pbase = (static_cast<int64_t>(c.kvh) * p.max_items + item0) * kGroupedMaxVectors;
   for (int i = threadIdx.x; i < vectors * S; i += blockDim.x) {
     const int m = i / S, s = i - m * S;
-    weights[i] = __ldcg(p.partial_lse + pbase + static_cast<int64_t>(s) * kGroupedMaxVectors + m);
+    weights[m * SW + s] =
+        __ldcg(p.partial_lse + pbase + static_cast<int64_t>(s) * kGroupedMaxVectors + m);
   }
   __syncthreads();
-  for (int m = threadIdx.x; m < vectors; m += blockDim.x) {
-    float* w = weights + m * S;
-    float M = -CUDART_INF_F;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, w[s]);  // ignores a NaN lse (a NaN score)
-    float W = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      w[s] = M == -CUDART_INF_F ? (w[s] == -CUDART_INF_F ? 0.0f : w[s]) : fast_exp2(w[s] - M);
-      W += w[s];
-    }
-    const float inv = W != 0.0f ? 1.0f / W : 0.0f;  // no token: zeros; NaN stays NaN
-    for (int s = 0; s < S; ++s) w[s] *= inv;
-  }
+  for (int m = threadIdx.x; m < vectors; m += blockDim.x)
+    weights[m * SW + S] = lse_to_weights(weights + m * SW, S);
   __syncthreads();
   for (int idx = threadIdx.x; idx < vectors * (D / 4); idx += blockDim.x) {
     const int m = idx / (D / 4), d = (idx - m * (D / 4)) * 4;
-    const float* w = weights + m * S;
+    const float* w = weights + m * SW;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s = 0; s < S; ++s) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(
@@ -505,22 +514,18 @@ __device__ void merge_grouped_splits(const GroupedParams& p, const GroupCta& c, 
       acc.z += w[s] * v.z;
       acc.w += w[s] * v.w;
     }
-    const int r = m / p.d.group, h = m - r * p.d.group;
-    Act* o = static_cast<Act*>(p.d.out) +
-             (static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h) * D + d;
-    o[0] = from_float<Act>(acc.x * v_factor);
-    o[1] = from_float<Act>(acc.y * v_factor);
-    o[2] = from_float<Act>(acc.z * v_factor);
-    o[3] = from_float<Act>(acc.w * v_factor);
+    store_vector4<Act, D>(p, c, partial_rows, m, d, acc, w[S], v_factor);
   }
 }
 
 template <class Act, KvKind KV, int D, Decoder DEC>
-__global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(const GroupedParams p) {
+__global__ void __launch_bounds__(kGThreadsMax, kGroupedCtasPerSm)
+    grouped_attention_kernel(const GroupedParams p) {
   using L = GroupedSmem<KV, D>;
   extern __shared__ uint4 grouped_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(grouped_smem_raw);
   __shared__ int last_arrival;
+  __shared__ uint32_t partial_rows_smem;  // bit r: row r also has entries of its own
 
   // ---- coordinates: (group, split) from the launch's split count ----
   const int groups = p.d.header->num_groups;
@@ -540,9 +545,10 @@ __global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(cons
     c.source = EntrySource::kDense;
     c.entries = c.pos0 + c.rows;
   } else {
-    const int n = p.union_count[c.group];
-    c.source = n >= 0 ? EntrySource::kUnion : EntrySource::kRowLists;
-    c.entries = n >= 0 ? n : c.rows * p.d.topk_width;
+    c.source = EntrySource::kUnion;
+    c.entries = p.union_count[c.group];
+    // Nothing shared: the decode route computes every row of the group whole.
+    if (c.entries == 0) return;
   }
   const int tiles = (c.entries + kGTile - 1) / kGTile;
   c.tile0 = static_cast<int>(static_cast<int64_t>(tiles) * c.split / c.splits);
@@ -565,6 +571,10 @@ __global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(cons
   issue_q<Act, KV, D>(p, c, smem);
   Entry pending{-1, 0u, -1};  // warp 0: the entries of the tile kGEntrySlots ahead
   if (warp == 0) {
+    // (Read here, used after the main loop: many barriers publish it.)
+    const bool part = !p.d.dense && lane < c.rows && p.d.row_split[c.row0 + lane].x > 0;
+    const uint32_t rows_with_own = __ballot_sync(0xffffffffu, part);
+    if (lane == 0) partial_rows_smem = rows_with_own;
 #pragma unroll
     for (int i = 0; i < kGEntrySlots; ++i)
       commit_entry(p, c, fetch_entry(p, c, c.tile0 + i),
@@ -637,39 +647,68 @@ __global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(cons
   st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], 1);
   st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], 2);
   const float v_factor = v_scale * kUnit;
+  const uint32_t partial_rows = partial_rows_smem;
+  const bool part0 = rbit0 & partial_rows, part1 = rbit1 & partial_rows;
+  auto lse = [&](int i) { return st.l[i] != 0.0f ? st.m[i] + log2f(st.l[i]) : -CUDART_INF_F; };
+  // This thread's normalised outputs of vectors v0 and v1 for dims d, d + 1 of n-tile i,
+  // a non-finite V element's dims NaN (a poisoned dim stays NaN through any merge).
+  auto normalised = [&](int i, float2& a, float2& b) {
+    const int d = 8 * i + 2 * t4;
+    const float n0 = st.l[0] != 0.0f ? 1.0f / st.l[0] : 0.0f;
+    const float n1 = st.l[1] != 0.0f ? 1.0f / st.l[1] : 0.0f;
+    a = make_float2(st.o[i][0] * n0, st.o[i][1] * n0);
+    b = make_float2(st.o[i][2] * n1, st.o[i][3] * n1);
+    if (flagged) {
+      const uint32_t w0 = rbit0 ? poison[r0 * (D / 32) + (d >> 5)] : 0u;
+      const uint32_t w1 = rbit1 ? poison[r1 * (D / 32) + (d >> 5)] : 0u;
+      if (w0 & (1u << (d & 31))) a.x = CUDART_NAN_F;
+      if (w0 & (2u << (d & 31))) a.y = CUDART_NAN_F;
+      if (w1 & (1u << (d & 31))) b.x = CUDART_NAN_F;
+      if (w1 & (2u << (d & 31))) b.y = CUDART_NAN_F;
+    }
+  };
   __syncthreads();  // Q's shared memory becomes the output staging
   if (c.splits == 1) {
+    // Final outputs through shared memory (16-byte stores); a row with entries of its own
+    // gets its shared part as a partial, straight from registers.
     if (computes) {
-      const float n0 = st.l[0] != 0.0f ? v_factor / st.l[0] : 0.0f;
-      const float n1 = st.l[1] != 0.0f ? v_factor / st.l[1] : 0.0f;
+      const int64_t oi0 = static_cast<int64_t>(c.row0 + r0) * p.d.q_heads + c.kvh * p.d.group +
+                          (v0 - r0 * p.d.group);
+      const int64_t oi1 = static_cast<int64_t>(c.row0 + r1) * p.d.q_heads + c.kvh * p.d.group +
+                          (v1 - r1 * p.d.group);
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         const int d = 8 * i + 2 * t4;
-        float o00 = st.o[i][0] * n0, o01 = st.o[i][1] * n0;
-        float o10 = st.o[i][2] * n1, o11 = st.o[i][3] * n1;
-        if (flagged) {
-          const uint32_t w0 = rbit0 ? poison[r0 * (D / 32) + (d >> 5)] : 0u;
-          const uint32_t w1 = rbit1 ? poison[r1 * (D / 32) + (d >> 5)] : 0u;
-          if (w0 & (1u << (d & 31))) o00 = CUDART_NAN_F;
-          if (w0 & (2u << (d & 31))) o01 = CUDART_NAN_F;
-          if (w1 & (1u << (d & 31))) o10 = CUDART_NAN_F;
-          if (w1 & (2u << (d & 31))) o11 = CUDART_NAN_F;
+        float2 a, b;
+        normalised(i, a, b);
+        if (part0)
+          *reinterpret_cast<float2*>(p.shared_out + oi0 * D + d) = a;
+        else {
+          Act* s0 =
+              reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v0, i) * 16) +
+              2 * t4;
+          s0[0] = from_float<Act>(a.x * v_factor);
+          s0[1] = from_float<Act>(a.y * v_factor);
         }
-        Act* s0 = reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v0, i) * 16) +
-                  2 * t4;
-        Act* s1 = reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v1, i) * 16) +
-                  2 * t4;
-        s0[0] = from_float<Act>(o00);
-        s0[1] = from_float<Act>(o01);
-        s1[0] = from_float<Act>(o10);
-        s1[1] = from_float<Act>(o11);
+        if (part1)
+          *reinterpret_cast<float2*>(p.shared_out + oi1 * D + d) = b;
+        else {
+          Act* s1 =
+              reinterpret_cast<Act*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(v1, i) * 16) +
+              2 * t4;
+          s1[0] = from_float<Act>(b.x * v_factor);
+          s1[1] = from_float<Act>(b.y * v_factor);
+        }
       }
+      if (t4 == 0 && part0) p.shared_lse[oi0] = lse(0);
+      if (t4 == 0 && part1) p.shared_lse[oi1] = lse(1);
     }
     __syncthreads();
     const int vectors = min(p.vectors, c.rows * p.d.group);
     for (int idx = threadIdx.x; idx < vectors * L::kChunks16; idx += blockDim.x) {
       const int m = idx / L::kChunks16, ch = idx - m * L::kChunks16;
       const int r = m / p.d.group, h = m - r * p.d.group;
+      if (partial_rows >> r & 1u) continue;
       uint4* o = reinterpret_cast<uint4*>(
           static_cast<Act*>(p.d.out) +
           (static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h) * D);
@@ -684,27 +723,17 @@ __global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(cons
   const int64_t pbase =
       (static_cast<int64_t>(c.kvh) * p.max_items + item0 + c.split) * kGroupedMaxVectors;
   if (computes) {
-    const float n0 = st.l[0] != 0.0f ? 1.0f / st.l[0] : 0.0f;
-    const float n1 = st.l[1] != 0.0f ? 1.0f / st.l[1] : 0.0f;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       const int d = 8 * i + 2 * t4;
-      float2 a = make_float2(st.o[i][0] * n0, st.o[i][1] * n0);
-      float2 b = make_float2(st.o[i][2] * n1, st.o[i][3] * n1);
-      if (flagged) {  // a poisoned dim stays NaN through the merge (w x NaN)
-        const uint32_t w0 = rbit0 ? poison[r0 * (D / 32) + (d >> 5)] : 0u;
-        const uint32_t w1 = rbit1 ? poison[r1 * (D / 32) + (d >> 5)] : 0u;
-        if (w0 & (1u << (d & 31))) a.x = CUDART_NAN_F;
-        if (w0 & (2u << (d & 31))) a.y = CUDART_NAN_F;
-        if (w1 & (1u << (d & 31))) b.x = CUDART_NAN_F;
-        if (w1 & (2u << (d & 31))) b.y = CUDART_NAN_F;
-      }
+      float2 a, b;
+      normalised(i, a, b);
       *reinterpret_cast<float2*>(p.partial_out + (pbase + v0) * D + d) = a;
       *reinterpret_cast<float2*>(p.partial_out + (pbase + v1) * D + d) = b;
     }
     if (t4 == 0) {
-      p.partial_lse[pbase + v0] = st.l[0] != 0.0f ? st.m[0] + log2f(st.l[0]) : -CUDART_INF_F;
-      p.partial_lse[pbase + v1] = st.l[1] != 0.0f ? st.m[1] + log2f(st.l[1]) : -CUDART_INF_F;
+      p.partial_lse[pbase + v0] = lse(0);
+      p.partial_lse[pbase + v1] = lse(1);
     }
   }
   __threadfence();  // this CTA's partials are visible before it is counted
@@ -718,7 +747,8 @@ __global__ void __launch_bounds__(kGThreadsMax, 2) grouped_attention_kernel(cons
   __syncthreads();
   if (!last_arrival) return;
   __threadfence();
-  merge_grouped_splits<Act, D>(p, c, item0, v_factor, reinterpret_cast<float*>(smem + L::kQ));
+  merge_grouped_splits<Act, D>(p, c, item0, partial_rows, v_factor,
+                               reinterpret_cast<float*>(smem + L::kQ));
 }
 
 }  // namespace cuda

@@ -62,6 +62,10 @@ struct qsakv_plan {
   qsakv::DeviceBuffer grouped_partial_out;
   qsakv::DeviceBuffer grouped_partial_lse;
   qsakv::DeviceBuffer grouped_counters;
+  qsakv::DeviceBuffer own_lists;  // grouped route: the rows' own entries
+  qsakv::DeviceBuffer row_split;
+  qsakv::DeviceBuffer shared_out;  // grouped route: rows' shared parts
+  qsakv::DeviceBuffer shared_lse;
   void* fence = nullptr;
   bool fence_pending = false;
   size_t meta_bytes = 0;

@@ -112,11 +112,11 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
     if (o.max_requests < 0 || o.max_requests > c.max_requests)
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.max_requests is %d; must be in 1..%d",
            o.max_requests, c.max_requests);
-    if (o.num_splits < 0 || o.num_splits > 256)
+    if (o.num_splits < 0 || o.num_splits > kMaxSplits)
       fail(QSAKV_ERROR_INVALID_ARGUMENT,
-           "options.num_splits is %d; must be in 0..256 "
+           "options.num_splits is %d; must be in 0..%d "
            "(0: from occupancy)",
-           o.num_splits);
+           o.num_splits, kMaxSplits);
     if (o.multi_row_min_rows < -1)
       fail(QSAKV_ERROR_INVALID_ARGUMENT,
            "options.multi_row_min_rows is %d; must be -1 (never), 0 (automatic) or >= 1",
@@ -183,9 +183,25 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       // Zeroed here and reset by the last CTA of each group, so graphs replay from zero.
       plan->grouped_counters =
           DeviceBuffer(be, static_cast<size_t>(kvh * groups) * sizeof(int32_t));
+      // Each grouped row's own entries (at most its list).
+      plan->own_lists = DeviceBuffer(
+          be, require_bytes("the grouped route's own-entry lists (options.max_rows x top-k width)",
+                            static_cast<int64_t>(o.max_rows) * cache->geometry.topk_width,
+                            sizeof(int32_t)));
+      plan->row_split = DeviceBuffer(be, static_cast<size_t>(o.max_rows) * 2 * sizeof(int32_t));
+      const int64_t heads = static_cast<int64_t>(o.max_rows) * q_heads;
+      plan->shared_out = DeviceBuffer(
+          be, require_bytes("the grouped route's shared parts (options.max_rows x query heads)",
+                            heads, c.head_dim * sizeof(float)));
+      plan->shared_lse = DeviceBuffer(be, static_cast<size_t>(heads) * sizeof(float));
       GroupedView& gv = plan->grouped;
       gv.rows_per_group = rule.rows_per_group;
       gv.union_cap = cap;
+      gv.window = grouped_union_window(c.max_model_len);
+      gv.own_lists = plan->own_lists.as<int32_t>();
+      gv.row_split = plan->row_split.as<int32_t>();
+      gv.shared_out = plan->shared_out.as<float>();
+      gv.shared_lse = plan->shared_lse.as<float>();
       gv.max_items = items;
       gv.union_count = plan->union_count.as<int32_t>();
       gv.union_off = plan->union_off.as<int64_t>();
@@ -246,7 +262,9 @@ qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_info* info) 
                         plan->split_counters.bytes() + plan->select_ws.bytes() +
                         plan->union_count.bytes() + plan->union_off.bytes() +
                         plan->union_mask.bytes() + plan->grouped_partial_out.bytes() +
-                        plan->grouped_partial_lse.bytes() + plan->grouped_counters.bytes();
+                        plan->grouped_partial_lse.bytes() + plan->grouped_counters.bytes() +
+                        plan->own_lists.bytes() + plan->row_split.bytes() +
+                        plan->shared_out.bytes() + plan->shared_lse.bytes();
     i.rows_per_group = plan->grouping.rows_per_group;
     i.multi_row_min_rows = plan->options.multi_row_min_rows;
     i.num_groups = plan->num_rows < 0 ? 0 : plan->num_groups;

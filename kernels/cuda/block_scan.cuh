@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+// A block-wide exclusive prefix sum of one int per thread (the decode route's window
+// compaction and the grouped route's token union both number their survivors with it).
+#pragma once
+
+#include <stdint.h>
+
+namespace qsakv {
+namespace cuda {
+
+// Every thread of a CTA of kWarps warps calls it with its value v; returns the sum of the
+// values of the threads before it and sets total to the sum over the CTA. warp_totals:
+// shared memory of kWarps ints. Its first barrier comes after the warp-level scan, so a
+// caller's loads issued before the call overlap the shuffles; it also orders this call's
+// use of warp_totals after any earlier one's. A caller that reuses warp_totals' storage
+// for something else must add its own barrier after the call.
+template <int kWarps>
+__device__ __forceinline__ int block_exclusive_scan(int v, int32_t* warp_totals, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += x;
+  }
+  __syncthreads();
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  int before = incl - v, sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int t = warp_totals[w];
+    if (w < warp) before += t;
+    sum += t;
+  }
+  total = sum;
+  return before;
+}
+
+}  // namespace cuda
+}  // namespace qsakv
