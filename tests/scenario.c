@@ -7,6 +7,7 @@
 
 int tu_multi_row_min_rows = 0;
 int tu_plan_max_rows = 0;
+int tu_reserve_block0 = 0;
 
 uint64_t tu_rng_next(tu_rng* r) {
   uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
@@ -46,6 +47,27 @@ int tu_row_pos(const tu_world* w, int row) {
 
 static size_t act_size(void) { return 2; }
 
+/* w's plan for its whole batch (block table already on the device). */
+static void make_plan(tu_world* w, int multi_row_min_rows, int num_splits) {
+  qsakv_plan_options po;
+  TU_OK(qsakv_plan_options_init(&po));
+  po.max_rows = tu_plan_max_rows > 0 ? tu_plan_max_rows : (w->rows > 0 ? w->rows : 1);
+  po.num_splits = num_splits;
+  po.multi_row_min_rows = multi_row_min_rows;
+  TU_OK(qsakv_plan_create(&w->plan, w->cache, &po));
+  int32_t qs[TU_MAX_REQ + 1];
+  qs[0] = 0;
+  for (int r = 0; r < w->shape.num_requests; ++r) qs[r + 1] = qs[r] + w->shape.rows[r];
+  qsakv_batch b = QSAKV_BATCH_INIT;
+  b.num_requests = w->shape.num_requests;
+  b.query_start = qs;
+  b.seq_lens = w->shape.seq_lens;
+  b.block_table = w->block_table_dev;
+  b.block_table_stride = w->bt_stride;
+  TU_OK(qsakv_plan_update(w->plan, &b, NULL));
+  TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
+}
+
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,
                     const tu_shape* shape, uint64_t data_seed, float amplitude, float k_scale,
                     float v_scale, int num_splits) {
@@ -77,6 +99,13 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
     perm[i] = perm[j];
     perm[j] = t;
   }
+  /* Block 0 to a spare slot (the permutation's last: num_blocks > pages_total). */
+  if (tu_reserve_block0)
+    for (int64_t i = 0; i < pages_total; ++i)
+      if (perm[i] == 0) {
+        perm[i] = perm[num_blocks - 1];
+        perm[num_blocks - 1] = 0;
+      }
   int next = 0;
   for (int r = 0; r < shape->num_requests; ++r) {
     const int pages = (shape->seq_lens[r] + bs - 1) / bs;
@@ -167,23 +196,7 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
 
   w->block_table_dev = tu_to_device(
       ctx, w->block_table, sizeof(int32_t) * ((size_t)shape->num_requests * w->bt_stride + 1));
-  qsakv_plan_options po;
-  TU_OK(qsakv_plan_options_init(&po));
-  po.max_rows = tu_plan_max_rows > 0 ? tu_plan_max_rows : (w->rows > 0 ? w->rows : 1);
-  po.num_splits = num_splits;
-  po.multi_row_min_rows = tu_multi_row_min_rows;
-  TU_OK(qsakv_plan_create(&w->plan, w->cache, &po));
-  int32_t qs[TU_MAX_REQ + 1];
-  qs[0] = 0;
-  for (int r = 0; r < shape->num_requests; ++r) qs[r + 1] = qs[r] + shape->rows[r];
-  qsakv_batch b = QSAKV_BATCH_INIT;
-  b.num_requests = shape->num_requests;
-  b.query_start = qs;
-  b.seq_lens = shape->seq_lens;
-  b.block_table = w->block_table_dev;
-  b.block_table_stride = w->bt_stride;
-  TU_OK(qsakv_plan_update(w->plan, &b, NULL));
-  TU_OK(qsakv_stream_synchronize(ctx, NULL));
+  make_plan(w, tu_multi_row_min_rows, num_splits);
 }
 
 void tu_world_destroy(tu_world* w) {
@@ -194,6 +207,12 @@ void tu_world_destroy(tu_world* w) {
   free(w->block_table);
 }
 
+void tu_world_replan(tu_world* w, int multi_row_min_rows, int num_splits) {
+  qsakv_plan_destroy(w->plan);
+  w->plan = NULL;
+  make_plan(w, multi_row_min_rows, num_splits);
+}
+
 void* tu_world_read_kv(const tu_world* w) {
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
@@ -202,14 +221,27 @@ void* tu_world_read_kv(const tu_world* w) {
   return h;
 }
 
+/* The oracles' values of every E4M3 code and FP16 bit pattern, tabulated once (the same
+ * doubles as calling them per element, without their cost in the reference's loops). */
+static double e4m3_table[256];
+static double fp16_table[65536];
+static int tables_ready;
+
+static void build_tables(void) {
+  if (tables_ready) return;
+  for (int c = 0; c < 256; ++c) e4m3_table[c] = tu_e4m3_value((uint8_t)c);
+  for (int h = 0; h < 65536; ++h) fp16_table[h] = tu_fp16_to_f32((uint16_t)h);
+  tables_ready = 1;
+}
+
 static double kv_value(const tu_world* w, const void* kv, int64_t off) {
   switch (w->cfg.kv_dtype) {
     case QSAKV_DTYPE_E4M3:
-      return tu_e4m3_value(((const uint8_t*)kv)[off]);
+      return e4m3_table[((const uint8_t*)kv)[off]];
     case QSAKV_DTYPE_BF16:
       return tu_bf16_to_f32(((const uint16_t*)kv)[off]);
     default:
-      return tu_fp16_to_f32(((const uint16_t*)kv)[off]);
+      return fp16_table[((const uint16_t*)kv)[off]];
   }
 }
 
@@ -220,6 +252,8 @@ void tu_reference_attention(const tu_world* w, const void* kv, const uint16_t* q
   const double scale = w->geo.softmax_scale;
   int64_t* offs = malloc(sizeof(int64_t) * (size_t)(w->cfg.max_model_len + 1));
   double* logit = malloc(sizeof(double) * (size_t)(w->cfg.max_model_len + 1));
+  double* qd = malloc(sizeof(double) * (size_t)D);
+  build_tables();
   for (int row = 0; row < w->rows; ++row) {
     const int req = tu_row_request(w, row), pos = tu_row_pos(w, row);
     int n = 0;
@@ -236,12 +270,13 @@ void tu_reference_attention(const tu_world* w, const void* kv, const uint16_t* q
       double* o = out + ((size_t)row * H + h) * D;
       for (int d = 0; d < D; ++d) o[d] = 0.0;
       if (n == 0) continue;
+      for (int d = 0; d < D; ++d)
+        qd[d] = (double)tu_act_to_f32(q[((size_t)row * H + h) * D + d], w->cfg.activation_dtype);
       double m = -INFINITY;
       for (int j = 0; j < n; ++j) {
         double s = 0;
         for (int d = 0; d < D; ++d)
-          s += (double)tu_act_to_f32(q[((size_t)row * H + h) * D + d], w->cfg.activation_dtype) *
-               kv_value(w, kv, offs[j] + kvh * L->kv_stride_head + d) * w->k_scale;
+          s += qd[d] * kv_value(w, kv, offs[j] + kvh * L->kv_stride_head + d) * w->k_scale;
         logit[j] = s * scale;
         if (logit[j] > m) m = logit[j];
       }
@@ -257,4 +292,117 @@ void tu_reference_attention(const tu_world* w, const void* kv, const uint16_t* q
   }
   free(offs);
   free(logit);
+  free(qd);
+}
+
+int tu_group_rows(const tu_world* w) {
+  const int g = 96 / w->geo.group_size;
+  return g < 16 ? g : 16;
+}
+
+int tu_draw_tokens(int hi, uint8_t* taken, int count, int32_t* out) {
+  int32_t* cand = malloc(sizeof(int32_t) * (size_t)(hi + 2));
+  int n = 0;
+  for (int t = 0; t <= hi; ++t)
+    if (!taken[t]) cand[n++] = t;
+  if (count > n) count = n;
+  /* Partial Fisher-Yates over the free tokens. */
+  for (int i = 0; i < count; ++i) {
+    const int j = i + (int)(tu_next() % (uint64_t)(n - i));
+    const int32_t t = cand[i];
+    cand[i] = cand[j];
+    cand[j] = t;
+    out[i] = cand[i];
+    taken[cand[i]] = 1;
+  }
+  free(cand);
+  return count;
+}
+
+void tu_place_list(int32_t* row, int64_t stride, int width, int32_t* toks, int n) {
+  assert_true(n <= width);
+  for (int i = n - 1; i > 0; --i) {
+    const int j = (int)(tu_next() % (uint64_t)(i + 1));
+    const int32_t t = toks[i];
+    toks[i] = toks[j];
+    toks[j] = t;
+  }
+  for (int64_t j = 0; j < stride; ++j) row[j] = j < width ? -1 : 0;
+  int col = 0;
+  for (int i = 0; i < n; ++i) {
+    while (col < width - (n - i) && tu_int(0, 7) == 0) ++col;
+    row[col++] = toks[i];
+  }
+}
+
+/* First row of each request of w, into row0[num_requests + 1]. */
+static void request_rows(const tu_world* w, int* row0) {
+  row0[0] = 0;
+  for (int r = 0; r < w->shape.num_requests; ++r) row0[r + 1] = row0[r] + w->shape.rows[r];
+}
+
+int32_t* tu_overlap_topk(const tu_world* w, int64_t stride, double f, int max_len) {
+  const int width = w->geo.topk_width, rpg = tu_group_rows(w);
+  assert_true(max_len <= width && f >= 0.0 && f <= 1.0);
+  int32_t* topk = malloc(sizeof(int32_t) * ((size_t)w->rows * stride + 1));
+  int32_t* shared = malloc(sizeof(int32_t) * (size_t)width);
+  int32_t* toks = malloc(sizeof(int32_t) * (size_t)width);
+  int row0[TU_MAX_REQ + 1];
+  request_rows(w, row0);
+  for (int r = 0; r < w->shape.num_requests; ++r) {
+    const int L = w->shape.seq_lens[r];
+    uint8_t* in_shared = calloc((size_t)L + 1, 1);
+    uint8_t* taken = malloc((size_t)L + 1);
+    for (int g0 = row0[r]; g0 < row0[r + 1]; g0 += rpg) {
+      const int g1 = g0 + rpg < row0[r + 1] ? g0 + rpg : row0[r + 1];
+      const int p0 = tu_row_pos(w, g0);
+      const int S = max_len < p0 + 1 ? max_len : p0 + 1;
+      const int ns = (int)lround(S * f);
+      memset(in_shared, 0, (size_t)L + 1);
+      assert_int_equal(tu_draw_tokens(p0, in_shared, ns, shared), ns);
+      for (int row = g0; row < g1; ++row) {
+        memcpy(taken, in_shared, (size_t)L + 1);
+        memcpy(toks, shared, sizeof(int32_t) * (size_t)ns);
+        const int np = tu_draw_tokens(tu_row_pos(w, row), taken, S - ns, toks + ns);
+        assert_int_equal(np, S - ns);
+        tu_place_list(topk + (size_t)row * stride, stride, width, toks, S);
+      }
+    }
+    free(in_shared);
+    free(taken);
+  }
+  free(shared);
+  free(toks);
+  return topk;
+}
+
+int tu_max_window_union(const tu_world* w, const int32_t* topk, int64_t stride) {
+  const int rpg = tu_group_rows(w);
+  int row0[TU_MAX_REQ + 1], best = 0;
+  request_rows(w, row0);
+  for (int r = 0; r < w->shape.num_requests; ++r) {
+    uint8_t* seen = malloc((size_t)w->shape.seq_lens[r] + 1);
+    for (int g0 = row0[r]; g0 < row0[r + 1]; g0 += rpg) {
+      const int g1 = g0 + rpg < row0[r + 1] ? g0 + rpg : row0[r + 1];
+      memset(seen, 0, (size_t)w->shape.seq_lens[r] + 1);
+      int n = 0;
+      for (int row = g0; row < g1; ++row)
+        for (int j = 0; j < w->geo.topk_width; ++j) {
+          const int t = topk[(size_t)row * stride + j];
+          if (t >= 0 && t <= tu_row_pos(w, row) && !seen[t]) {
+            seen[t] = 1;
+            ++n;
+          }
+        }
+      if (n > best) best = n;
+    }
+    free(seen);
+  }
+  return best;
+}
+
+void tu_assert_block0_unmapped(const tu_world* w) {
+  for (int r = 0; r < w->shape.num_requests; ++r)
+    for (int pg = 0; pg < w->bt_stride; ++pg)
+      assert_int_not_equal(w->block_table[r * w->bt_stride + pg], 0);
 }

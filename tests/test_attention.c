@@ -4,7 +4,10 @@
  * pages no valid index reaches, -1 indices, empty requests, requests shorter than one
  * group, a 49-row mixed batch, 1 to 2051 selected tokens; sparse and dense; E4M3, FP16,
  * BF16; head_dim 64/128/256; GQA groups 1..12. On a GPU the CUDA backend is checked the
- * same way and against the CPU backend. Bounds (relative L2 vs FP64):
+ * same way and against the CPU backend. Lists of given overlaps between the rows of a
+ * group (shared by all, by exactly the grouped route's threshold of rows, by none; unions
+ * far past its old workspace; empty rows; a causal tail), with block 0 unmapped and
+ * poisoned, on every route. Bounds (relative L2 vs FP64):
  *   FP16 outputs 2e-3 (output rounding ~3e-4 RMS plus FP16 P.V operands on the GPU),
  *   BF16 outputs 1e-2 (8-bit mantissa rounding ~2.3e-3 RMS). */
 #include <math.h>
@@ -94,6 +97,36 @@ static double* run_attention(const tu_world* w, const uint16_t* q, const int32_t
   return r;
 }
 
+/* One run of w's plan over `topk` (NULL: dense) against `ref`, the FP64 reference of the
+ * same lists: every output written and none NaN, the relative L2 within the bound, and
+ * rows with no visible entry exact zeros. Prints one line; returns the error. */
+static double check_run(const tu_world* w, const char* what, const char* mode, int splits_note,
+                        const uint16_t* q, const int32_t* topk, int64_t stride, const double* ref) {
+  const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
+  double* got = run_attention(w, q, topk, stride, topk == NULL);
+  for (size_t i = 0; i < n; ++i)
+    if (isnan(got[i]))
+      fail_msg("%s %s: output %zu is NaN (unwritten or poisoned read)", what, mode, i);
+  const double err = tu_rel_l2(ref, got, n);
+  print_message("%-44s %-6s splits=%-3d rel_l2=%.3e (bound %.0e)\n", what, mode, splits_note, err,
+                bound_for(w->cfg.activation_dtype));
+  assert_true(err <= bound_for(w->cfg.activation_dtype));
+  /* Rows whose selection is empty output exact zeros. */
+  if (topk)
+    for (int row = 0; row < w->rows; ++row) {
+      int any = 0;
+      for (int j = 0; j < w->geo.topk_width; ++j) {
+        const int t = topk[row * stride + j];
+        any |= t >= 0 && t <= tu_row_pos(w, row);
+      }
+      if (!any)
+        for (int e = 0; e < w->geo.q_heads * w->cfg.head_dim; ++e)
+          assert_true(got[(size_t)row * w->geo.q_heads * w->cfg.head_dim + e] == 0.0);
+    }
+  free(got);
+  return err;
+}
+
 static void check_world(const tu_world* w, const char* what, int splits_note) {
   const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
   void* kv = tu_world_read_kv(w);
@@ -103,29 +136,8 @@ static void check_world(const tu_world* w, const char* what, int splits_note) {
     int32_t* topk = dense ? NULL : random_topk(w, stride);
     double* ref = malloc(sizeof(double) * (n + 1));
     tu_reference_attention(w, kv, q, topk, stride, dense, ref);
-    double* got = run_attention(w, q, topk, stride, dense);
-    for (size_t i = 0; i < n; ++i)
-      if (isnan(got[i]))
-        fail_msg("%s %s: output %zu is NaN (unwritten or poisoned read)", what,
-                 dense ? "dense" : "sparse", i);
-    const double err = tu_rel_l2(ref, got, n);
-    print_message("%-44s %-6s splits=%-3d rel_l2=%.3e (bound %.0e)\n", what,
-                  dense ? "dense" : "sparse", splits_note, err, bound_for(w->cfg.activation_dtype));
-    assert_true(err <= bound_for(w->cfg.activation_dtype));
-    /* Rows whose selection is empty output exact zeros. */
-    if (!dense)
-      for (int row = 0; row < w->rows; ++row) {
-        int any = 0;
-        for (int j = 0; j < w->geo.topk_width; ++j) {
-          const int t = topk[row * stride + j];
-          any |= t >= 0 && t <= tu_row_pos(w, row);
-        }
-        if (!any)
-          for (int e = 0; e < w->geo.q_heads * w->cfg.head_dim; ++e)
-            assert_true(got[(size_t)row * w->geo.q_heads * w->cfg.head_dim + e] == 0.0);
-      }
+    check_run(w, what, dense ? "dense" : "sparse", splits_note, q, topk, stride, ref);
     free(ref);
-    free(got);
     free(topk);
   }
   free((void*)q);
@@ -255,7 +267,7 @@ static void test_cuda_grouped_paths(void** state) {
     memset(&ai, 0, sizeof ai);
     ai.struct_size = sizeof ai;
     TU_OK(qsakv_plan_get_info(auto_plan, &ai));
-    assert_int_equal(ai.multi_row_min_rows, cases[i].g.kv == QSAKV_DTYPE_E4M3 ? 7 : 2);
+    assert_int_equal(ai.multi_row_min_rows, cases[i].g.kv == QSAKV_DTYPE_E4M3 ? 9 : 5);
     const int gqa = cases[i].g.q_heads / cases[i].g.kv_heads;
     assert_int_equal(ai.rows_per_group, 96 / gqa < 16 ? 96 / gqa : 16);
     qsakv_plan_destroy(auto_plan);
@@ -265,6 +277,308 @@ static void test_cuda_grouped_paths(void** state) {
     tu_world_destroy(&w);
   }
   tu_multi_row_min_rows = 0;
+  qsakv_context_destroy(ctx);
+}
+
+/* Overlapping lists (the grouped route's shared and per-row parts). Three geometries: the
+ * reference one (E4M3), a FP16 cache, a BF16 cache with 2 KV heads; rows_per_group is 16
+ * for each, so a request of up to 16 rows is one group. Block 0 is left unmapped (and
+ * NaN-poisoned) in every world here. */
+static const geometry_case overlap_geometries[3] = {
+    {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64},
+    {6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64},
+    {8, 2, 128, QSAKV_DTYPE_BF16, QSAKV_DTYPE_BF16, 16},
+};
+
+/* The old union workspace of a group (2 x topk_width + 64 entries). */
+static int old_union_cap(const tu_world* w) { return 2 * w->geo.topk_width + 64; }
+
+static const char* route_name(int min_rows) {
+  return min_rows == 1 ? "grouped" : min_rows == -1 ? "decode" : "auto";
+}
+
+/* Rows of w's requests of at least `min_rows` rows. */
+static int rows_in_requests_of(const tu_world* w, int min_rows) {
+  int n = 0;
+  for (int r = 0; r < w->shape.num_requests; ++r)
+    if (w->shape.rows[r] >= min_rows) n += w->shape.rows[r];
+  return n;
+}
+
+/* w over `topk` against one FP64 reference on each route of `routes` (re-planned; a CPU
+ * world runs once: its backend has one route). The plan routes as asked; auto_groups: the
+ * batch is past the automatic thresholds, so on the grouped route's tier auto groups
+ * every request that is long enough. */
+static void check_routes(tu_world* w, const char* what, const void* kv, const uint16_t* q,
+                         const int32_t* topk, int64_t stride, const int* routes, int num_routes,
+                         int auto_groups) {
+  const size_t n = (size_t)w->rows * w->geo.q_heads * w->cfg.head_dim;
+  double* ref = malloc(sizeof(double) * (n + 1));
+  tu_reference_attention(w, kv, q, topk, stride, 0, ref);
+  const int cuda = tu_is_cuda(w->ctx), grouped = tu_has_grouped_route(w->ctx);
+  for (int i = 0; i < (cuda ? num_routes : 1); ++i) {
+    if (cuda) tu_world_replan(w, routes[i], 0);
+    qsakv_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    TU_OK(qsakv_plan_get_info(w->plan, &pi));
+    if (!cuda || !grouped || routes[i] == -1) assert_int_equal(pi.grouped_rows, 0);
+    if (cuda && grouped && routes[i] == 1) assert_int_equal(pi.grouped_rows, w->rows);
+    if (cuda && grouped && routes[i] == 0 && auto_groups) {
+      assert_true(pi.grouped_rows > 0);
+      assert_int_equal(pi.grouped_rows, rows_in_requests_of(w, pi.multi_row_min_rows));
+    }
+    char label[256];
+    snprintf(label, sizeof label, "%s %s %s/%s kv%d: %s grouped=%d", cuda ? "cuda" : "cpu",
+             cuda ? route_name(routes[i]) : "-", qsakv_dtype_name(w->cfg.activation_dtype),
+             qsakv_dtype_name(w->cfg.kv_dtype), w->geo.kv_heads, what, pi.grouped_rows);
+    check_run(w, label, "sparse", pi.num_splits, q, topk, stride, ref);
+  }
+  free(ref);
+}
+
+/* Row `row`'s list: the n_common tokens of `common` (any position: those past the row's
+ * are listed and skipped) and n_private more of its own, visible to it and not marked in
+ * `exclude` (the request's seq_len + 1 flags, left as they were). */
+static void edge_row(const tu_world* w, int32_t* topk, int64_t stride, int row,
+                     const int32_t* common, int n_common, const uint8_t* exclude, int n_private) {
+  const int L = w->shape.seq_lens[tu_row_request(w, row)], width = w->geo.topk_width;
+  assert_true(n_common + n_private <= width);
+  uint8_t* taken = malloc((size_t)L + 1);
+  memcpy(taken, exclude, (size_t)L + 1);
+  int32_t* toks = malloc(sizeof(int32_t) * (size_t)width);
+  if (n_common) memcpy(toks, common, sizeof(int32_t) * (size_t)n_common);
+  for (int i = 0; i < n_common; ++i) taken[common[i]] = 1;
+  assert_int_equal(tu_draw_tokens(tu_row_pos(w, row), taken, n_private, toks + n_common),
+                   n_private);
+  tu_place_list(topk + (size_t)row * stride, stride, width, toks, n_common + n_private);
+  free(toks);
+  free(taken);
+}
+
+/* The edge world: one group per request (up to 16 rows), each with its own pattern. */
+static tu_shape edge_shape(void) {
+  tu_shape s = {11,
+                {16, 16, 16, 16, 7, 3, 16, 16, 16, 2, 1},
+                {33000, 9000, 6000, 9000, 5000, 4000, 8000, 5000, 5000, 3000, 7000}};
+  return s;
+}
+
+static const char* const edge_what =
+    "edge: 16 disjoint lists of 2051 (union 32816), 2 loners among 14 identical lists, "
+    "empty rows and one listing only tokens past it, shared by exactly 8 of 16 / 4 of 7 / 2 "
+    "of 3 rows against 7 / 3 / 1, a causal tail listed by every row, 64 and 63 tokens shared "
+    "by all, 2 identical rows, a decode row";
+
+static int32_t* edge_topk(const tu_world* w, int64_t stride) {
+  const int width = w->geo.topk_width;
+  int32_t* topk = malloc(sizeof(int32_t) * ((size_t)w->rows * stride + 1));
+  for (int row = 0; row < w->rows; ++row)
+    tu_place_list(topk + (size_t)row * stride, stride, width, NULL, 0);
+  int32_t* a = malloc(sizeof(int32_t) * (size_t)16 * width);
+  int32_t* b = malloc(sizeof(int32_t) * (size_t)width);
+  int g0 = 0;
+  for (int r = 0; r < w->shape.num_requests; g0 += w->shape.rows[r++]) {
+    const int n = w->shape.rows[r], L = w->shape.seq_lens[r], p0 = tu_row_pos(w, g0);
+    assert_true(n <= tu_group_rows(w)); /* one group */
+    uint8_t* mark = calloc((size_t)L + 1, 1);
+    int order[16];
+    for (int i = 0; i < n; ++i) order[i] = i;
+    for (int i = n - 1; i > 0; --i) {
+      const int j = tu_int(0, i), t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+    switch (r) {
+      case 0: /* (a) nothing shared: 16 disjoint lists of the full width */
+        assert_int_equal(tu_draw_tokens(p0, mark, 16 * width, a), 16 * width);
+        for (int i = 0; i < n; ++i)
+          edge_row(w, topk, stride, g0 + i, a + i * width, width, mark, 0);
+        break;
+      case 1: /* (b) rows 3 and 11 share nothing with the others, which share everything */
+        assert_int_equal(tu_draw_tokens(p0, mark, width, a), width);
+        for (int i = 0; i < n; ++i)
+          if (i == 3 || i == 11)
+            edge_row(w, topk, stride, g0 + i, NULL, 0, mark, width);
+          else
+            edge_row(w, topk, stride, g0 + i, a, width, mark, 0);
+        break;
+      case 2: /* (c) rows 0 and 5 empty, row 9 lists only tokens past its position, the
+               * others 90% shared */
+        assert_int_equal(tu_draw_tokens(p0, mark, 1846, a), 1846);
+        for (int i = 0; i < n; ++i)
+          if (i == 9) {
+            for (int t = 0; t < n - 1 - i; ++t) b[t] = p0 + i + 1 + t;
+            edge_row(w, topk, stride, g0 + i, b, n - 1 - i, mark, 0);
+          } else if (i != 0 && i != 5) {
+            edge_row(w, topk, stride, g0 + i, a, 1846, mark, 205);
+          }
+        break;
+      case 3: /* (d) 8 of 16 rows (the threshold) select A, 7 others B, one neither */
+      case 4: /* 4 of 7 against 3 */
+      case 5: /* 2 of 3 (the threshold's floor) against 1 */
+      {
+        const int na = r == 3 ? 1000 : r == 4 ? 800 : 1500, np = r == 5 ? 500 : 400;
+        const int in_a = r == 5 ? 2 : (n + 1) / 2, in_b = r == 5 ? 1 : (n + 1) / 2 - 1;
+        assert_int_equal(tu_draw_tokens(p0, mark, na, a), na);
+        assert_int_equal(tu_draw_tokens(p0, mark, na, b), na);
+        for (int i = 0; i < n; ++i) {
+          const int row = g0 + order[i];
+          if (i < in_a)
+            edge_row(w, topk, stride, row, a, na, mark, np);
+          else if (i < in_a + in_b)
+            edge_row(w, topk, stride, row, b, na, mark, np);
+          else
+            edge_row(w, topk, stride, row, NULL, 0, mark, na + np);
+        }
+        break;
+      }
+      case 6: /* (e) 2000 shared tokens, and the group's causal tail (p0+1 .. its last
+               * row's position) listed by every row: token p0+j is visible to n-j rows */
+        assert_int_equal(tu_draw_tokens(p0, mark, 2000, a), 2000);
+        for (int t = 1; t < n; ++t) a[2000 + t - 1] = p0 + t;
+        for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, 2000 + n - 1, mark, 0);
+        break;
+      case 7: /* 64 tokens shared by every row, 300 private each */
+      case 8: /* 63 */
+        assert_int_equal(tu_draw_tokens(p0, mark, 71 - r, a), 71 - r);
+        for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, 71 - r, mark, 300);
+        break;
+      case 9: /* two rows, one list */
+        assert_int_equal(tu_draw_tokens(p0, mark, width, a), width);
+        for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, width, mark, 0);
+        break;
+      default: /* a decode row */
+        edge_row(w, topk, stride, g0, NULL, 0, mark, width);
+        break;
+    }
+    free(mark);
+  }
+  free(a);
+  free(b);
+  return topk;
+}
+
+/* The overlap worlds of one geometry on ctx, each on routes 1 (grouped), -1 (decode) and 0
+ * (auto). full: every overlap of the main world, the automatic routing's world and (with
+ * long_context) the long one; otherwise (the CPU backend's check of the lists) overlaps
+ * 0.9 and 0 of the main world and the edge cases. */
+static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int full,
+                             int long_context) {
+  const int routes[3] = {1, -1, 0};
+  qsakv_model_config c;
+  config_for(&c, g);
+  c.max_batched_tokens = 4096;
+  const double all_fs[4] = {1.0, 0.9, 0.5, 0.0}, some_fs[2] = {0.9, 0.0};
+  const double* fs = full ? all_fs : some_fs;
+  tu_reserve_block0 = 1;
+  tu_multi_row_min_rows = 1;
+  /* A 40-row request at ~9000 tokens (groups of 16, 16, 8), a 16-row one, a decode row:
+   * lists of close to the full width. */
+  {
+    tu_shape shape = {3, {40, 16, 1}, {9000, 3000, 5000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    for (int k = 0; k < (full ? 4 : 2); ++k) {
+      const int64_t stride = w.geo.topk_width + tu_int(0, 5);
+      const int len = w.geo.topk_width - tu_int(0, 2);
+      int32_t* topk = tu_overlap_topk(&w, stride, fs[k], len);
+      const int u = tu_max_window_union(&w, topk, stride);
+      if (fs[k] == 0.0) assert_true(u > old_union_cap(&w));
+      char what[96];
+      snprintf(what, sizeof what, "40+16+1 rows, f=%.2f, len %d, union<=%d", fs[k], len, u);
+      check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
+      free(topk);
+    }
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
+  /* The edge cases. */
+  {
+    tu_shape shape = edge_shape();
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    const int64_t stride = w.geo.topk_width + 3;
+    int32_t* topk = edge_topk(&w, stride);
+    assert_int_equal(tu_max_window_union(&w, topk, stride), 16 * w.geo.topk_width);
+    print_message("%s\n", edge_what);
+    check_routes(&w, "edge cases (11 groups)", kv, q, topk, stride, routes, 3, 0);
+    free(topk);
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
+  /* Enough rows for the automatic routing to group them (docs/attention.md: 256 rows in
+   * long enough requests for E4M3, 128 for 16-bit caches), shorter lists. */
+  if (full) {
+    const int e4m3 = g->kv == QSAKV_DTYPE_E4M3;
+    tu_shape shape = {3, {e4m3 ? 200 : 100, e4m3 ? 57 : 29, 1}, {6000, 3000, 4000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    const double auto_fs[2] = {0.9, 0.0};
+    for (int k = 0; k < 2; ++k) {
+      const int64_t stride = w.geo.topk_width + tu_int(0, 5);
+      int32_t* topk = tu_overlap_topk(&w, stride, auto_fs[k], 384);
+      char what[96];
+      snprintf(what, sizeof what, "%d rows, f=%.2f, len 384, union<=%d", w.rows, auto_fs[k],
+               tu_max_window_union(&w, topk, stride));
+      check_routes(&w, what, kv, q, topk, stride, routes, 3, 1);
+      free(topk);
+    }
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
+  /* Past one union window (the union kernel's bitmap covers 131072 positions a pass). */
+  if (full && long_context) {
+    c.max_model_len = 1 << 18;
+    tu_shape shape = {2, {16, 1}, {140000, 3000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    const int64_t stride = w.geo.topk_width;
+    int32_t* topk = tu_overlap_topk(&w, stride, 0.5, w.geo.topk_width);
+    check_routes(&w, "16 rows at 140000 tokens + 1, f=0.50", kv, q, topk, stride, routes, 3, 0);
+    free(topk);
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
+  tu_reserve_block0 = 0;
+  tu_multi_row_min_rows = 0;
+}
+
+/* The lists and the reference on the CPU backend (the reference geometry: the backend
+ * computes each row on its own, so the overlap changes nothing there but the lists). */
+static void test_cpu_overlap(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  overlap_geometry(ctx, &overlap_geometries[0], 0, 0);
+  qsakv_context_destroy(ctx);
+}
+
+/* Lists of overlap f = 1, 0.9, 0.5 and 0 and the edge cases on every route against FP64:
+ * the grouped route's shared tokens (those many rows of a group select) and each row's
+ * others must give each row its own list's attention, whatever the overlap; unions far
+ * past the old workspace (2 x 2051 + 64) included. */
+static void test_cuda_overlap(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  if (!tu_has_grouped_route(ctx))
+    fprintf(stderr, "the SM70 kernel tier has no grouped route: every route is the decode one\n");
+  for (int i = 0; i < 3; ++i) overlap_geometry(ctx, &overlap_geometries[i], 1, i == 0);
   qsakv_context_destroy(ctx);
 }
 
@@ -628,6 +942,8 @@ int main(void) {
       cmocka_unit_test(test_cpu_against_fp64),
       cmocka_unit_test(test_cuda_against_fp64),
       cmocka_unit_test(test_cuda_grouped_paths),
+      cmocka_unit_test(test_cpu_overlap),
+      cmocka_unit_test(test_cuda_overlap),
       cmocka_unit_test(test_cuda_matches_cpu_and_decoders_agree),
       cmocka_unit_test(test_nan_codes_cpu),
       cmocka_unit_test(test_cuda_nan_codes),

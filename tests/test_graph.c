@@ -3,7 +3,10 @@
  * plan re-planned for other batches (fewer rows, other requests, other lengths, another
  * block table) and the graph replayed without re-capture: each replay must equal a
  * direct (uncaptured) run of the same batch bit for bit, and stay within the FP64
- * bound. Nothing in the captured calls may allocate or synchronise, or capture fails. */
+ * bound. Nothing in the captured calls may allocate or synchronise, or capture fails.
+ * Then attention alone captured over caller-provided lists: the list buffer rewritten
+ * between replays (other overlaps, unions past the grouped route's old workspace), each
+ * replay equal to a direct run bit for bit and within the FP64 bound. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,8 +185,184 @@ static void test_capture_replan_replay(void** state) {
   capture_replan_replay(0);
   capture_replan_replay(1);
 }
+
+/* w restricted to a sub-batch (its requests' rows and block-table rows), for the host-side
+ * lists and reference of that batch; the caller frees view.block_table. */
+static tu_world view_of(const tu_world* w, const sub_batch* sb) {
+  tu_world v = *w;
+  v.shape.num_requests = sb->n;
+  v.rows = 0;
+  v.block_table = malloc(sizeof(int32_t) * ((size_t)sb->n * w->bt_stride + 1));
+  for (int i = 0; i < sb->n; ++i) {
+    v.shape.rows[i] = sb->rows[i];
+    v.shape.seq_lens[i] = w->shape.seq_lens[sb->req[i]];
+    memcpy(v.block_table + i * w->bt_stride, w->block_table + sb->req[i] * w->bt_stride,
+           sizeof(int32_t) * w->bt_stride);
+    v.rows += sb->rows[i];
+  }
+  return v;
+}
+
+/* Writes `lists` (v's rows) into the captured top-k buffer, replays the graph into
+ * out_graph and runs the same call eagerly into out_direct (both NaN-poisoned first):
+ * equal bit for bit, all finite, within the FP64 bound of v's reference. */
+static void replay_and_check(const tu_world* v, const char* what, cudaGraphExec_t exec,
+                             cudaStream_t s, const void* kv, const uint16_t* hq, void* q,
+                             void* dtopk, const int32_t* lists, int64_t stride, void* out_graph,
+                             void* out_direct) {
+  const size_t n = (size_t)v->rows * v->geo.q_heads * v->cfg.head_dim;
+  /* On s: cudaMemcpy from pageable memory may return before its DMA lands, and s (a
+   * non-blocking stream) does not wait for the legacy stream. */
+  CUDA_OK(cudaMemcpyAsync(dtopk, lists, sizeof(int32_t) * (size_t)v->rows * stride,
+                          cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaMemsetAsync(out_graph, 0xFF, 2 * n, s));
+  CUDA_OK(cudaMemsetAsync(out_direct, 0xFF, 2 * n, s));
+  CUDA_OK(cudaGraphLaunch(exec, s));
+  TU_OK(qsakv_attention_run(v->plan, v->layer, QSAKV_ATTENTION_SPARSE, q, dtopk, stride, out_direct,
+                            (qsakv_stream_t)s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  uint16_t* a = malloc(2 * n);
+  uint16_t* b = malloc(2 * n);
+  tu_to_host(v->ctx, a, out_graph, 2 * n);
+  tu_to_host(v->ctx, b, out_direct, 2 * n);
+  double* ref = malloc(sizeof(double) * n);
+  double* got = malloc(sizeof(double) * n);
+  tu_reference_attention(v, kv, hq, lists, stride, 0, ref);
+  size_t nan = 0;
+  for (size_t i = 0; i < n; ++i) {
+    nan += (a[i] & 0x7C00) == 0x7C00;
+    got[i] = tu_fp16_to_f32(a[i]);
+  }
+  const double err = tu_rel_l2(ref, got, n);
+  print_message("%s: replay vs eager %s, rel_l2 vs FP64 %.3e (bound 2e-3), %zu non-finite\n", what,
+                memcmp(a, b, 2 * n) == 0 ? "identical" : "DIFFERENT", err, nan);
+  assert_int_equal(nan, 0);
+  assert_memory_equal(a, b, 2 * n);
+  assert_true(err <= 2e-3);
+  free(a);
+  free(b);
+  free(ref);
+  free(got);
+}
+
+/* Caller-provided lists under a graph that captured attention alone (a device top-k
+ * buffer and stride, mode SPARSE) on a plan with row groups: the buffer overwritten with
+ * lists of other overlaps, not re-planned, and the graph replayed; then the plan
+ * re-planned to single-row requests and the graph replayed once more. min_rows: the plan's
+ * multi_row_min_rows, 1 (every request grouped, the single rows too: groups of one row)
+ * or 2 (the decode row takes the decode route at capture; the single-row batch has no
+ * groups at all, so the captured grouped kernels must do nothing and the decode kernels
+ * every row). */
+static void caller_lists_replay(int min_rows) {
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  const int grouped = tu_has_grouped_route(ctx);
+  qsakv_model_config c;
+  tu_small_config(&c, 6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64);
+  tu_shape shape = {3, {40, 16, 1}, {9000, 3000, 5000}};
+  tu_reserve_block0 = 1; /* block 0 unmapped and NaN-poisoned */
+  tu_multi_row_min_rows = min_rows;
+  tu_world w;
+  tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+  tu_multi_row_min_rows = 0;
+  tu_reserve_block0 = 0;
+  tu_assert_block0_unmapped(&w);
+  qsakv_plan_info pi;
+  memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  TU_OK(qsakv_plan_get_info(w.plan, &pi));
+  if (grouped) {
+    assert_int_equal(pi.num_groups, min_rows == 1 ? 5 : 4); /* 16 + 16 + 8, 16 (+ 1) */
+    assert_int_equal(pi.grouped_rows, min_rows == 1 ? 57 : 56);
+  } else {
+    assert_int_equal(pi.grouped_rows, 0);
+  }
+  const int width = w.geo.topk_width;
+  const int64_t stride = width + 3;
+  const size_t qn = (size_t)w.rows * w.geo.q_heads * c.head_dim;
+  void* kv = tu_world_read_kv(&w);
+  uint16_t* hq = malloc(2 * qn);
+  for (size_t i = 0; i < qn; ++i) hq[i] = tu_f32_to_fp16((float)tu_normal());
+  void* q = tu_to_device(ctx, hq, 2 * qn);
+  void* dtopk = tu_device_filled(ctx, sizeof(int32_t) * (size_t)w.rows * stride, 0xFF);
+  void* out_graph = tu_device_filled(ctx, 2 * qn, 0xFF);
+  void* out_direct = tu_device_filled(ctx, 2 * qn, 0xFF);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  /* Lists of each overlap; the graph captures with the first. */
+  const double fs[4] = {0.9, 1.0, 0.5, 0.0};
+  int32_t* lists[4];
+  for (int k = 0; k < 4; ++k) lists[k] = tu_overlap_topk(&w, stride, fs[k], width - k % 3);
+  CUDA_OK(cudaMemcpyAsync(dtopk, lists[0], sizeof(int32_t) * (size_t)w.rows * stride,
+                          cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  TU_OK(qsakv_attention_run(w.plan, w.layer, QSAKV_ATTENTION_SPARSE, q, dtopk, stride, out_graph,
+                            (qsakv_stream_t)s));
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  /* The other overlaps, then the captured lists again. */
+  const int order[5] = {0, 1, 2, 3, 0};
+  for (int i = 0; i < 5; ++i) {
+    const int k = order[i];
+    const int u = tu_max_window_union(&w, lists[k], stride);
+    if (fs[k] <= 0.5) assert_true(u > 2 * width + 64); /* past the old union workspace */
+    char what[160];
+    snprintf(what, sizeof what, "min_rows %d, captured f=0.90, replayed f=%.2f (union<=%d)",
+             min_rows, fs[k], u);
+    replay_and_check(&w, what, exec, s, kv, hq, q, dtopk, lists[k], stride, out_graph, out_direct);
+  }
+
+  /* Re-planned to single rows of three requests, lists f=0.5 (shared by a group of one
+   * row at most). */
+  const sub_batch single = {3, {2, 0, 1}, {1, 1, 1}};
+  void* dbt = NULL;
+  update(&w, &single, &dbt, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  TU_OK(qsakv_plan_get_info(w.plan, &pi));
+  assert_int_equal(pi.num_groups, grouped && min_rows == 1 ? 3 : 0);
+  tu_world v = view_of(&w, &single);
+  int32_t* single_lists = tu_overlap_topk(&v, stride, 0.5, width);
+  char what[160];
+  snprintf(what, sizeof what, "min_rows %d, re-planned to 3 single rows (%d groups), replayed",
+           min_rows, pi.num_groups);
+  replay_and_check(&v, what, exec, s, kv, hq, q, dtopk, single_lists, stride, out_graph,
+                   out_direct);
+  free(single_lists);
+  free(v.block_table);
+  qsakv_free(ctx, dbt);
+
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(s));
+  for (int k = 0; k < 4; ++k) free(lists[k]);
+  free(hq);
+  free(kv);
+  qsakv_free(ctx, q);
+  qsakv_free(ctx, dtopk);
+  qsakv_free(ctx, out_graph);
+  qsakv_free(ctx, out_direct);
+  tu_world_destroy(&w);
+  qsakv_context_destroy(ctx);
+}
+
+static void test_capture_caller_lists_replay(void** state) {
+  (void)state;
+  caller_lists_replay(1);
+  caller_lists_replay(2);
+}
 #else
 static void test_capture_replan_replay(void** state) {
+  (void)state;
+  fprintf(stderr, "[ SKIP     ] built without the CUDA runtime: no graphs to test\n");
+  skip();
+}
+static void test_capture_caller_lists_replay(void** state) {
   (void)state;
   fprintf(stderr, "[ SKIP     ] built without the CUDA runtime: no graphs to test\n");
   skip();
@@ -191,7 +370,8 @@ static void test_capture_replan_replay(void** state) {
 #endif
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_capture_replan_replay)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_capture_replan_replay),
+                                     cmocka_unit_test(test_capture_caller_lists_replay)};
   tu_apply_filter();
   return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }
