@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
-#   tools/device-run.sh [all|test|bench|sanitize|sm70]
+#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes]
+# routes: the multi-row routes only: the GPU suites that run them (test_attention,
+# test_graph), the bench's overlap sweep and multi-row table ($BENCH_ARGS added), the
+# decode table, and compute-sanitizer on the attention and graph tests ($SAN_FILTER).
 # sm70: everything with the SM70 kernel tier forced (QSAKV_CUDA_TIER=sm70, the V100 code
 # path): every suite, compute-sanitizer, and the bench labelled as such, then the bench
 # again on the GPU's own tier for comparison. A
@@ -48,6 +51,48 @@ fi
 if [ "$stage" = all ] || [ "$stage" = sanitize ]; then
   timeout ${SANITIZE_SECONDS:-300} bash tools/sanitize-gpu.sh build-gpu > "$OUT/sanitize.log" 2>&1; echo "sanitize rc=$?"
   grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" "$OUT/sanitize.log" | head -40
+fi
+if [ "$stage" = routes ]; then
+  (cd build-gpu && for t in test_attention test_graph; do timeout 200 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; done)
+  grep -hE "FAILED|SKIP|overlap|rel_l2|replay" "$OUT"/test_attention.log "$OUT"/test_graph.log | grep -vE "^\[ +OK" | tail -40
+  timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --overlap-only --multirow-only --json "$OUT/bench-routes.json" ${BENCH_ARGS:-} \
+    > "$OUT/bench-routes.log" 2>&1; echo "bench (routes) rc=$?"
+  timeout 120 build-gpu/qsakv_bench --decode-only --json "$OUT/bench-decode.json" > "$OUT/bench-decode.log" 2>&1
+  echo "bench (decode) rc=$?"
+  if [ -n "${SAN_FILTER:-}" ]; then
+    for tool in memcheck racecheck; do
+      filter=$SAN_FILTER
+      [ $tool = racecheck ] && filter=${SAN_RACE_FILTER:-$SAN_FILTER}
+      QSAKV_TEST_FILTER="$filter" timeout ${SANITIZE_SECONDS:-200} compute-sanitizer --tool $tool \
+        --error-exitcode 9 build-gpu/tests/test_attention > "$OUT/san-$tool.log" 2>&1
+      echo "$tool test_attention ($filter) rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/san-$tool.log"
+    done
+    QSAKV_TEST_FILTER='*' timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      build-gpu/tests/test_graph > "$OUT/san-graph.log" 2>&1
+    echo "memcheck test_graph rc=$?"; grep -E "ERROR SUMMARY" "$OUT/san-graph.log"
+  fi
+  if [ -n "${SM70:-}" ]; then  # the SM70 kernel tier forced: its attention and graph suites
+    for t in test_attention test_graph; do
+      f='*cuda*'; [ $t = test_graph ] && f='*'
+      QSAKV_CUDA_TIER=sm70 QSAKV_TEST_FILTER="$f" timeout 120 build-gpu/tests/$t > "$OUT/sm70-$t.log" 2>&1
+      echo "sm70 tier $t rc=$?: $(grep -E "PASSED|FAILED" "$OUT/sm70-$t.log" | paste -sd' ')"
+    done
+  fi
+  if [ -n "${NCU_F:-}" ]; then  # kernel times of the grouped route's first call, prefill 8192 at 32K
+    for f in $NCU_F; do
+      for dt in ${NCU_DTYPES:-e4m3}; do
+        timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+          -k regex:"grouped_union|grouped_attention|decode_attention" --launch-count 3 \
+          build-gpu/qsakv_bench --overlap-only --overlap-dtype $dt --overlap-shapes ${NCU_SHAPES:-0} \
+          --overlap-f $f > "$OUT/ncu-$dt-f$f.log" 2>&1
+        echo "== ncu $dt f=$f: $(grep -E "grouped_union_kernel|grouped_attention_kernel|decode_attention_kernel|gpu__time_duration" "$OUT/ncu-$dt-f$f.log" | sed -E 's/\(.*//; s/ +/ /g' | paste -sd' ')"
+      done
+    done
+  fi
+  cat "$OUT/bench-decode.log" | grep -A12 "^sparse decode"; cat "$OUT/bench-routes.log"
+  # (At most 8 files come back from the device machine: the logs travel as one archive.)
+  (cd "$OUT" && tar czf routes-logs.tar.gz ./*.log && rm -f ./*.log)
+  exit 0
 fi
 if [ -n "${NCU:-}" ]; then  # one decode kernel of the 1024-row case, per tile path
   for st in 0 1; do

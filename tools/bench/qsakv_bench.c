@@ -399,17 +399,20 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
 }
 
 /* ---- Multi-row batches (prefill chunks, verify rows, mixed): the grouped route against
- * the decode route on the same rows. Top-k lists drift the way adjacent rows' selections
- * do: each request draws a random order of the groups its first row sees, and its row j
- * takes 512 consecutive groups of that order from offset floor(0.19 j) (8192 rows at 32K
- * then select ~2,070 distinct groups, ~8,300 tokens, as measured on the model), plus its
- * open group's tail. */
-typedef struct {
+ * the decode route on the same rows. Each case names the generator of its top-k lists
+ * (gen_drift, gen_overlap below); every list is 2051 entries, -1 padded. */
+typedef struct mr_case mr_case;
+/* Fills the case's lists: tk[rows x 2051], request r's rows from row qs[r]. */
+typedef void (*topk_gen)(const mr_case* c, const int32_t* qs, int32_t* tk);
+struct mr_case {
   const char* kind;
   int num_requests;
   int rows[64]; /* rows of each request */
   int seq;      /* tokens of each request after the step */
-} mr_case;
+  topk_gen gen; /* its lists */
+  double f;     /* gen_overlap: the fraction of each row's groups its window shares */
+  int window;   /* gen_overlap: rows per window, from the request's first (0: all its rows) */
+};
 
 typedef struct {
   double us_grouped, us_decode; /* one-call graph, L2 flushed */
@@ -418,19 +421,186 @@ typedef struct {
   double tokens_decode;         /* K/V tokens each route reads: rows x their list */
   double tokens_grouped;        /* sum over 16-row groups of their union */
   double tokens_distinct;       /* per request, its distinct selected tokens */
+  double tokens_shared;         /* sum over 16-row groups of their listed tokens */
+  double tokens_read;           /* what the grouped route reads under the share rule */
   int groups;
 } mr_timing;
 
-static int cmp_int(const void* a, const void* b) {
-  const int x = *(const int*)a, y = *(const int*)b;
-  return (x > y) - (x < y);
+/* Drift, the way adjacent rows' selections do: each request draws a random order of the
+ * groups its first row sees, and its row j takes 512 consecutive groups of that order from
+ * offset floor(0.19 j) (8192 rows at 32K then select ~2,070 distinct groups, ~8,300
+ * tokens, as measured on the model), plus its open group's tail. */
+static void gen_drift(const mr_case* c, const int32_t* qs, int32_t* tk) {
+  const int width = 2051;
+  for (int r = 0; r < c->num_requests; ++r) {
+    const int n = c->rows[r], first_pos = c->seq - n;
+    const int visible = (first_pos + 1) / 4; /* groups every row of the request sees */
+    int* order = malloc(sizeof(int) * (size_t)(visible > 0 ? visible : 1));
+    for (int i = 0; i < visible; ++i) order[i] = i;
+    for (int i = visible - 1; i > 0; --i) {
+      const int j = (int)(rnd() % (uint64_t)(i + 1)), x = order[i];
+      order[i] = order[j];
+      order[j] = x;
+    }
+    const int take = visible < 512 ? visible : 512;
+    for (int j = 0; j < n; ++j) {
+      const int pos = first_pos + j, off = (int)(0.19 * j);
+      int32_t* out = tk + (size_t)(qs[r] + j) * width;
+      int k = 0;
+      for (int i = 0; i < take; ++i) {
+        const int g = order[(off + i) % visible];
+        for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
+      }
+      for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
+      while (k < width) out[k++] = -1;
+    }
+    free(order);
+  }
 }
 
-static int distinct_count(int* v, int n) {
-  qsort(v, (size_t)n, sizeof(int), cmp_int);
-  int d = 0;
-  for (int i = 0; i < n; ++i) d += v[i] >= 0 && (i == 0 || v[i] != v[i - 1]);
-  return d;
+/* A controlled overlap: a request's rows fall into windows of c->window consecutive rows
+ * from its first (0: the whole request). Every row of a window sees the groups whose 4
+ * tokens are all at or before the window's first row; the window draws round(512 f) of
+ * them at random, and each of its rows takes those plus 512 - round(512 f) random groups
+ * of its own (distinct from the window's; other rows may pick the same ones by chance),
+ * then its open group's tail, all in a shuffled order (real lists come in score order). */
+static void gen_overlap(const mr_case* c, const int32_t* qs, int32_t* tk) {
+  const int width = 2051;
+  /* mark[g]: the stamp of the window (shared) or row (private) that took group g. */
+  int* mark = calloc((size_t)c->seq / 4 + 1, sizeof(int));
+  int shared[512];
+  int stamp = 0;
+  for (int r = 0; r < c->num_requests; ++r) {
+    const int n = c->rows[r], first_pos = c->seq - n, window = c->window > 0 ? c->window : n;
+    for (int w = 0; w < n; w += window) {
+      const int visible = (first_pos + w + 1) / 4;
+      int n_shared = (int)lround(512.0 * c->f);
+      n_shared = n_shared < visible ? n_shared : visible;
+      const int n_private =
+          512 - n_shared < visible - n_shared ? 512 - n_shared : visible - n_shared;
+      const int window_stamp = ++stamp;
+      for (int i = 0; i < n_shared;) {
+        const int g = (int)(rnd() % (uint64_t)visible);
+        if (mark[g] == window_stamp) continue;
+        mark[g] = window_stamp;
+        shared[i++] = g;
+      }
+      for (int j = w; j < n && j < w + window; ++j) {
+        const int pos = first_pos + j, row_stamp = ++stamp;
+        int32_t* out = tk + (size_t)(qs[r] + j) * width;
+        int k = 0;
+        for (int i = 0; i < n_shared; ++i)
+          for (int e = 0; e < 4; ++e) out[k++] = 4 * shared[i] + e;
+        for (int i = 0; i < n_private;) {
+          const int g = (int)(rnd() % (uint64_t)visible);
+          if (mark[g] == window_stamp || mark[g] == row_stamp) continue;
+          mark[g] = row_stamp;
+          ++i;
+          for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
+        }
+        for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
+        for (int i = k - 1; i > 0; --i) {
+          const int x = (int)(rnd() % (uint64_t)(i + 1));
+          const int32_t v = out[i];
+          out[i] = out[x];
+          out[x] = v;
+        }
+        while (k < width) out[k++] = -1;
+      }
+    }
+  }
+  free(mark);
+}
+
+/* Rows per group of the grouped route for this geometry (rows_per_group: 16 rows x 6
+ * query heads = 96 vectors per CTA, kGroupedMaxRows and kGroupedMaxVectors in
+ * kernels/limits.hpp), and the least shared tokens of a group that shares any. */
+enum { kGroupedRows = 16, kGroupedMinShared = 64, kGroupedOwnMax = 32 };
+
+/* The grouped route's share rule; mirrors kernels/limits.hpp grouped_share_min_rows (its
+ * cost term kGroupedShareRowsE4M3 = 7, kGroupedShareRows16 = 3) and kGroupedMinShared. In
+ * a group of n rows, token t, held by k_t of them (bit j of rows_of[t]: the group's row j
+ * selects it), is shared when k_t >= max(2, (n + 1) / 2, min(n, cost)), unless fewer than
+ * kGroupedMinShared of the group's nt distinct tokens qualify: then none is. Returns the
+ * least k_t that is shared (kGroupedRows + 1: none is). */
+static int share_threshold(int n, int e4m3, const uint16_t* rows_of, const int* tokens, int nt) {
+  const int cost = e4m3 ? 7 : 3, half = (n + 1) / 2, want = n < cost ? n : cost;
+  int need = half > want ? half : want;
+  if (need < 2) need = 2;
+  int qualify = 0;
+  for (int i = 0; i < nt; ++i) qualify += __builtin_popcount(rows_of[tokens[i]]) >= need;
+  return qualify >= kGroupedMinShared ? need : kGroupedRows + 1;
+}
+
+/* The case's token counts (fields tokens_* and groups of *t) from its lists: a row's valid
+ * entries are t >= 0 and t <= its position; its request's rows form groups of up to
+ * kGroupedRows consecutive rows from the first, as the library groups them. */
+static void mr_token_stats(const mr_case* c, int e4m3, const int32_t* qs, const int32_t* tk,
+                           mr_timing* t) {
+  const int width = 2051;
+  uint16_t* rows_of = calloc((size_t)c->seq, sizeof(uint16_t));
+  int* last_request = malloc(sizeof(int) * (size_t)c->seq);
+  int* tokens = malloc(sizeof(int) * kGroupedRows * width);
+  for (int i = 0; i < c->seq; ++i) last_request[i] = -1;
+  for (int r = 0; r < c->num_requests; ++r) {
+    const int n = c->rows[r], first_pos = c->seq - n;
+    for (int j0 = 0; j0 < n; j0 += kGroupedRows) {
+      const int m = n - j0 < kGroupedRows ? n - j0 : kGroupedRows;
+      int nt = 0;
+      for (int j = 0; j < m; ++j) {
+        const int pos = first_pos + j0 + j;
+        const int32_t* row = tk + (size_t)(qs[r] + j0 + j) * width;
+        for (int e = 0; e < width; ++e) {
+          const int x = row[e];
+          if (x < 0 || x > pos) continue;
+          t->tokens_decode += 1;
+          if (last_request[x] != r) {
+            last_request[x] = r;
+            t->tokens_distinct += 1;
+          }
+          if (!rows_of[x]) tokens[nt++] = x;
+          rows_of[x] |= (uint16_t)(1u << j);
+        }
+      }
+      const int need = share_threshold(m, e4m3, rows_of, tokens, nt);
+      /* Rows left with at most kGroupedOwnMax entries of their own move them into the
+       * group's list (kernels/limits.hpp; only where the group shares). */
+      unsigned moved = 0;
+      for (int j = 0; j < m && need <= kGroupedRows; ++j) {
+        const int pos = first_pos + j0 + j;
+        const int32_t* row = tk + (size_t)(qs[r] + j0 + j) * width;
+        int own = 0;
+        for (int e = 0; e < width; ++e) {
+          const int x = row[e];
+          own += x >= 0 && x <= pos && __builtin_popcount(rows_of[x]) < need;
+        }
+        if (own <= kGroupedOwnMax) moved |= 1u << j;
+      }
+      int listed = 0;
+      for (int i = 0; i < nt; ++i) {
+        const unsigned k = rows_of[tokens[i]];
+        listed += __builtin_popcount(k) >= need || (k & moved) != 0;
+      }
+      double unshared = 0;
+      for (int j = 0; j < m; ++j) {
+        const int pos = first_pos + j0 + j;
+        const int32_t* row = tk + (size_t)(qs[r] + j0 + j) * width;
+        if (moved >> j & 1) continue;
+        for (int e = 0; e < width; ++e) {
+          const int x = row[e];
+          unshared += x >= 0 && x <= pos && __builtin_popcount(rows_of[x]) < need;
+        }
+      }
+      for (int i = 0; i < nt; ++i) rows_of[tokens[i]] = 0;
+      t->tokens_grouped += nt;
+      t->tokens_shared += listed;
+      t->tokens_read += listed + unshared;
+      ++t->groups;
+    }
+  }
+  free(rows_of);
+  free(last_request);
+  free(tokens);
 }
 
 static double time_one_call(qsakv_plan* plan, int layer, void* q, int32_t* topk, void* out,
@@ -459,43 +629,10 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
     lens[r] = c->seq;
   }
   int32_t* tk = malloc(sizeof(int32_t) * (size_t)rows * width);
-  int* scratch = malloc(sizeof(int) * (size_t)16 * width);
-  int* all = malloc(sizeof(int) * (size_t)rows * width);
+  c->gen(c, qs, tk);
   mr_timing t;
   memset(&t, 0, sizeof t);
-  for (int r = 0; r < c->num_requests; ++r) {
-    const int n = c->rows[r], first_pos = c->seq - n;
-    const int visible = (first_pos + 1) / 4; /* groups every row of the request sees */
-    int* order = malloc(sizeof(int) * (size_t)(visible > 0 ? visible : 1));
-    for (int i = 0; i < visible; ++i) order[i] = i;
-    for (int i = visible - 1; i > 0; --i) {
-      const int j = (int)(rnd() % (uint64_t)(i + 1)), x = order[i];
-      order[i] = order[j];
-      order[j] = x;
-    }
-    const int take = visible < 512 ? visible : 512;
-    for (int j = 0; j < n; ++j) {
-      const int pos = first_pos + j, off = (int)(0.19 * j);
-      int32_t* out = tk + (size_t)(qs[r] + j) * width;
-      int k = 0;
-      for (int i = 0; i < take; ++i) {
-        const int g = order[(off + i) % visible];
-        for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
-      }
-      for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
-      t.tokens_decode += k;
-      while (k < width) out[k++] = -1;
-    }
-    for (int j = 0; j < n; j += 16) {
-      const int m = n - j < 16 ? n - j : 16;
-      memcpy(scratch, tk + (size_t)(qs[r] + j) * width, sizeof(int) * (size_t)m * width);
-      t.tokens_grouped += distinct_count(scratch, m * width);
-      ++t.groups;
-    }
-    memcpy(all, tk + (size_t)qs[r] * width, sizeof(int) * (size_t)n * width);
-    t.tokens_distinct += distinct_count(all, n * width);
-    free(order);
-  }
+  mr_token_stats(c, b->cfg.kv_dtype == QSAKV_DTYPE_E4M3, qs, tk, &t);
   void *bt, *topk, *q, *out;
   int32_t* bth = malloc(sizeof(int32_t) * (size_t)c->num_requests * b->pages);
   for (int r = 0; r < c->num_requests; ++r)
@@ -550,8 +687,6 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
   free(bth);
   free(hq);
   free(tk);
-  free(scratch);
-  free(all);
   return t;
 }
 
@@ -716,6 +851,19 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   return t;
 }
 
+/* A JSON number with `decimals` decimals, or null where v is not finite (--e4m3-only's
+ * columns); the text lasts until 8 more calls. */
+static const char* json_num(double v, int decimals) {
+  static char buf[8][32];
+  static int next = 0;
+  char* b = buf[next++ % 8];
+  if (isfinite(v))
+    snprintf(b, sizeof buf[0], "%.*f", decimals, v);
+  else
+    snprintf(b, sizeof buf[0], "null");
+  return b;
+}
+
 /* E4M3 attention time (us) of the main table for `rows` rows, or NAN if not measured. */
 static double attention_us_for(const int* rows_list, const double* us, int n, int rows) {
   for (int i = 0; i < n; ++i)
@@ -723,12 +871,46 @@ static double attention_us_for(const int* rows_list, const double* us, int n, in
   return NAN;
 }
 
+static void usage(FILE* f, const char* argv0) {
+  fprintf(
+      f,
+      "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--splits N] [--select-only] "
+      "[--select-cases 0,4,...] [--store-only] [--decode-only] [--multirow-only] "
+      "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
+      "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--tier auto|sm70|sm75]\n"
+      "  --json PATH          write the results as JSON to PATH\n"
+      "  --rows LIST          the decode table's row counts (default 1,8,16,20,32,64,128,256,"
+      "1024)\n"
+      "  --e4m3-only          the decode table without its software-decoder and FP16 columns\n"
+      "  --splits N           the decode table's plans take N splits\n"
+      "  --select-only        no decode table, no store\n"
+      "  --select-cases LIST  only these selection cases (indices)\n"
+      "  --store-only         only the store (no multi-row, decode or selection tables)\n"
+      "  --decode-only        only the decode table\n"
+      "  --multirow-only      only the multi-row table and the overlap sweep\n"
+      "  --no-multirow        neither the multi-row table nor the overlap sweep\n"
+      "  --overlap-only       only the overlap sweep (with --multirow-only: and the multi-row "
+      "table)\n"
+      "  --no-overlap         no overlap sweep\n"
+      "  --overlap-f LIST     the sweep's shared fractions (default 1,0.9,0.75,0.5,0.25,0)\n"
+      "  --overlap-dtype D    the sweep in one KV dtype only (e4m3 or fp16)\n"
+      "  --overlap-shapes L   the sweep's workloads by index (0: prefill 8192 at 32K, 1: prefill "
+      "2048 at 32K,\n                       2: verify 64x4, 3: verify 64x8, 4: prefill 8192 at "
+      "128K)\n"
+      "  --tier T             force the kernel tier (QSAKV_CUDA_TIER)\n",
+      argv0);
+}
+
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
   int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0, no_store = 0,
-      store_only = 0;
-  int case_mask = -1; /* selection cases to run (bit i: case i) */
+      store_only = 0, overlap_only = 0, no_overlap = 0;
+  int case_mask = -1;      /* selection cases to run (bit i: case i) */
+  int overlap_dtypes = 3;  /* the sweep's KV dtypes (bit 0: E4M3, bit 1: FP16) */
+  int overlap_shapes = -1; /* the sweep's workloads (bit i: shapes[i] below) */
+  double overlap_f[16] = {1.0, 0.9, 0.75, 0.5, 0.25, 0.0};
+  int n_overlap_f = 6;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--json") && i + 1 < argc)
       json_path = argv[++i];
@@ -740,7 +922,40 @@ int main(int argc, char** argv) {
       multirow_only = 1;
     else if (!strcmp(argv[i], "--no-multirow"))
       no_multirow = 1;
-    else if (!strcmp(argv[i], "--store-only")) {
+    else if (!strcmp(argv[i], "--overlap-only"))
+      overlap_only = 1;
+    else if (!strcmp(argv[i], "--no-overlap"))
+      no_overlap = 1;
+    else if (!strcmp(argv[i], "--overlap-f") && i + 1 < argc) {
+      n_overlap_f = 0;
+      for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+        char* end = NULL;
+        const double f = strtod(t, &end);
+        if (end == t || *end || !(f >= 0.0 && f <= 1.0) || n_overlap_f == 16) {
+          fprintf(stderr, "--overlap-f: '%s' is not a fraction in [0, 1] (at most 16)\n", t);
+          return 2;
+        }
+        overlap_f[n_overlap_f++] = f;
+      }
+      if (n_overlap_f == 0) {
+        fprintf(stderr, "--overlap-f: no fraction given\n");
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--overlap-shapes") && i + 1 < argc) {
+      overlap_shapes = 0;
+      for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ","))
+        overlap_shapes |= 1 << atoi(t);
+    } else if (!strcmp(argv[i], "--overlap-dtype") && i + 1 < argc) {
+      ++i;
+      if (!strcmp(argv[i], "e4m3"))
+        overlap_dtypes = 1;
+      else if (!strcmp(argv[i], "fp16"))
+        overlap_dtypes = 2;
+      else {
+        fprintf(stderr, "--overlap-dtype: '%s' is neither e4m3 nor fp16\n", argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--store-only")) {
       no_multirow = 1;
       store_only = 1;
       case_mask = 0;
@@ -761,12 +976,11 @@ int main(int argc, char** argv) {
       n_rows = 0;
       for (char* t = strtok(argv[++i], ","); t && n_rows < 16; t = strtok(NULL, ","))
         rows_list[n_rows++] = atoi(t);
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout, argv[0]);
+      return 0;
     } else {
-      fprintf(stderr,
-              "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--select-only] "
-              "[--select-cases 0,4,...] [--tier auto|sm70|sm75] [--multirow-only] [--no-multirow] "
-              "[--decode-only] [--splits N]\n",
-              argv[0]);
+      usage(stderr, argv[0]);
       return 2;
     }
   }
@@ -808,13 +1022,24 @@ int main(int argc, char** argv) {
     select_only = 1;
     case_mask = 0;
   }
+  /* Sections: --overlap-only drops all but the sweep, unless --multirow-only is also given
+   * (then the multi-row table runs too); --no-multirow drops both multi-row sections. */
+  const int run_multirow = !no_multirow && (!overlap_only || multirow_only) && !sm70_tier;
+  const int run_overlap = !no_overlap && (overlap_only || !no_multirow) && !sm70_tier;
+  if (sm70_tier && (overlap_only || multirow_only))
+    printf("no multi-row sections: the sm70 tier has no grouped route\n");
   FILE* js = json_path ? fopen(json_path, "w") : NULL;
+  if (!js && json_path) {
+    fprintf(stderr, "cannot write %s\n", json_path);
+    return 1;
+  }
+  /* JSON: each section starts with the comma that separates it from the one before. */
   if (js)
     fprintf(js,
             "{\n  \"device\": \"%s\",\n  \"kernel_tier\": \"%s\",\n  \"copy_gbs\": %.1f,\n"
-            "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f,\n",
+            "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f",
             info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
-  if (!no_multirow && !sm70_tier) {
+  if (run_multirow) {
     /* Grouped route against the decode route, one call alone, L2 flushed. */
     mr_case mr[16];
     int n_mr = 0;
@@ -825,6 +1050,7 @@ int main(int argc, char** argv) {
         mr[n_mr].kind = "prefill";
         mr[n_mr].num_requests = 1;
         mr[n_mr].rows[0] = prefill[i];
+        mr[n_mr].gen = gen_drift;
         mr[n_mr++].seq = si == 0 ? 32768 : 131072;
       }
     for (int i = 0; i < 9; ++i) { /* 64 requests x verify rows */
@@ -832,9 +1058,10 @@ int main(int argc, char** argv) {
       mr[n_mr].kind = "verify";
       mr[n_mr].num_requests = 64;
       for (int r = 0; r < 64; ++r) mr[n_mr].rows[r] = verify_rows[i];
+      mr[n_mr].gen = gen_drift;
       mr[n_mr++].seq = 32768;
     }
-    const mr_case mixed = {"mixed49", 5, {1, 4, 16, 1, 27}, 32768};
+    const mr_case mixed = {"mixed49", 5, {1, 4, 16, 1, 27}, 32768, gen_drift, 0.0, 0};
     mr[n_mr++] = mixed;
     printf(
         "\nmulti-row attention, one call, L2 flushed: grouped route vs decode route on the same "
@@ -844,7 +1071,7 @@ int main(int argc, char** argv) {
     printf("%8s %5s %6s %7s %6s %11s %9s %11s %8s %9s %9s %9s %9s\n", "kind", "reqs", "rows",
            "context", "dtype", "grouped us", "TFLOP/s", "decode us", "dec/grp", "auto us",
            "auto grp", "tok/row", "min/row");
-    if (js) fprintf(js, "  \"multirow\": [\n");
+    if (js) fprintf(js, ",\n  \"multirow\": [\n");
     int printed_mr = 0;
     const qsakv_dtype dts[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
     for (int di = 0; di < 2; ++di)
@@ -878,7 +1105,98 @@ int main(int argc, char** argv) {
         }
         free_cache(&mb);
       }
-    if (js) fprintf(js, "\n  ],\n");
+    if (js) fprintf(js, "\n  ]");
+  }
+
+  if (run_overlap) {
+    /* The overlap sweep: gen_overlap's lists, a fraction f of each row's 512 groups shared
+     * by its window (prefill: 16 rows, the library's groups; verify: the request). */
+    typedef struct {
+      const char* kind;
+      int requests, rows, seq, window;
+    } ov_shape;
+    const ov_shape shapes[] = {
+        {"prefill", 1, 8192, 32768, 16},  {"prefill", 1, 2048, 32768, 16},
+        {"verify", 64, 4, 32768, 0},      {"verify", 64, 8, 32768, 0},
+        {"prefill", 1, 8192, 131072, 16},
+    };
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+    printf(
+        "\nmulti-row attention, overlap sweep, one call, L2 flushed: auto routing, decode route "
+        "forced, grouped route forced\n(lists: a fraction f of each row's 512 groups shared by "
+        "its window -- prefill: 16 rows, verify: the request's rows --, the rest private and "
+        "random;\nTFLOP/s = rows x 6 heads x 2051 x 256 x 4 / auto time; auto/best = auto us / "
+        "min(decode us, grouped us);\nper 16-row group: shared/grp the tokens of its list (held by "
+        ">= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) of its n rows, none if fewer than 64; "
+        "plus the own entries of rows left with <= 32), union/grp its distinct tokens;\ntok/row: "
+        "K/V tokens per row the grouped route reads: each group's list once + each other row's "
+        "own entries)\n");
+    printf("%8s %5s %6s %7s %6s %5s %9s %11s %11s %9s %9s %9s %10s %10s %9s\n", "kind", "reqs",
+           "rows", "context", "dtype", "f", "auto us", "decode us", "grouped us", "auto/best",
+           "auto grp", "tok/row", "shared/grp", "union/grp", "TFLOP/s");
+    if (js) fprintf(js, ",\n  \"overlap\": [\n");
+    int printed_ov = 0;
+    const qsakv_dtype dts[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
+    for (int di = 0; di < 2; ++di) {
+      if (!((overlap_dtypes >> di) & 1)) continue;
+      for (int si = 0; si < 2; ++si) {
+        const int seq = si == 0 ? 32768 : 131072;
+        bench_cache mb;
+        make_cache(&mb, hw, dts[di], 8192, seq, si == 0 ? 64 : 1);
+        for (int hi = 0; hi < n_shapes; ++hi) {
+          const ov_shape* h = &shapes[hi];
+          if (h->seq != seq || !((overlap_shapes >> hi) & 1)) continue;
+          for (int fi = 0; fi < n_overlap_f; ++fi) {
+            mr_case c;
+            memset(&c, 0, sizeof c);
+            c.kind = h->kind;
+            c.num_requests = h->requests;
+            for (int r = 0; r < h->requests; ++r) c.rows[r] = h->rows;
+            c.seq = seq;
+            c.gen = gen_overlap;
+            c.f = overlap_f[fi];
+            c.window = h->window;
+            const mr_timing t = time_multirow(&mb, &c, s);
+            const int rows = h->requests * h->rows;
+            const double flops = (double)rows * 6 * 2051 * 256 * 4;
+            const double tf = flops / (t.us_auto * 1e-6) / 1e12;
+            const double best = t.us_decode < t.us_grouped ? t.us_decode : t.us_grouped;
+            const double tok_row = t.tokens_read / rows, shared_grp = t.tokens_shared / t.groups,
+                         union_grp = t.tokens_grouped / t.groups;
+            printf(
+                "%8s %5d %6d %7d %6s %5.2f %9.2f %11.2f %11.2f %9.3f %9d %9.0f %10.0f %10.0f "
+                "%9.1f\n",
+                c.kind, c.num_requests, rows, seq, qsakv_dtype_name(dts[di]), c.f, t.us_auto,
+                t.us_decode, t.us_grouped, t.us_auto / best, t.auto_rows, tok_row, shared_grp,
+                union_grp, tf);
+            if (js)
+              fprintf(js,
+                      "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"context\": "
+                      "%d, \"dtype\": \"%s\", \"f\": %.4f, \"auto_us\": %.3f, \"decode_us\": "
+                      "%.3f, \"grouped_us\": %.3f, \"auto_grouped_rows\": %d, "
+                      "\"tokens_per_row\": %.1f, \"shared_per_group\": %.1f, "
+                      "\"union_per_group\": %.1f, \"groups\": %d, \"tflops_auto\": %.2f}",
+                      printed_ov++ ? ",\n" : "", c.kind, c.num_requests, rows, seq,
+                      qsakv_dtype_name(dts[di]), c.f, t.us_auto, t.us_decode, t.us_grouped,
+                      t.auto_rows, tok_row, shared_grp, union_grp, t.groups, tf);
+            fflush(stdout);
+          }
+        }
+        free_cache(&mb);
+      }
+    }
+    if (js) fprintf(js, "\n  ]");
+  }
+
+  if (overlap_only) {
+    if (js) {
+      fprintf(js, "\n}\n");
+      fclose(js);
+    }
+    CUDA(cudaStreamDestroy(s));
+    qsakv_context_destroy(sw);
+    qsakv_context_destroy(hw);
+    return 0;
   }
 
   if (select_only || store_only) n_rows = 0;
@@ -889,7 +1207,7 @@ int main(int argc, char** argv) {
   make_cache(&e8sw, sw, QSAKV_DTYPE_E4M3, rows_max, kSeq, kRequests);
   make_cache(&f16, hw, QSAKV_DTYPE_FP16, rows_max, kSeq, kRequests);
 
-  if (js) fprintf(js, "  \"attention\": [\n");
+  if (js) fprintf(js, ",\n  \"attention\": [");
   printf(
       "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
       "contexts, bs 64\n");
@@ -918,16 +1236,16 @@ int main(int argc, char** argv) {
         t8 / t16, t8f, t16f, read8f);
     if (js)
       fprintf(js,
-              "    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %.3f, "
-              "\"fp16_us\": %.3f, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, "
-              "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %.1f, \"e4m3_over_fp16\": %.4f, "
+              "%s\n    {\"rows\": %d, \"splits\": %d, \"e4m3_us\": %.3f, \"e4m3_sw_us\": %s, "
+              "\"fp16_us\": %s, \"e4m3_bytes\": %.0f, \"e4m3_gbs\": %.1f, \"fp16_gbs\": %s, "
+              "\"e4m3_pct_copy\": %.1f, \"fp16_pct_copy\": %s, \"e4m3_over_fp16\": %s, "
               "\"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": %.3f, "
-              "\"e4m3_read_floor_us_l2_flushed\": %.3f}%s\n",
-              rows, splits, t8, t8sw, t16, bytes8, gbs8, gbs16, 100.0 * gbs8 / copy_gbs,
-              100.0 * gbs16 / copy_gbs, t8 / t16, t8f, isnan(t16f) ? -1.0 : t16f, read8f,
-              i + 1 < n_rows ? "," : "");
+              "\"e4m3_read_floor_us_l2_flushed\": %.3f}",
+              i ? "," : "", rows, splits, t8, json_num(t8sw, 3), json_num(t16, 3), bytes8, gbs8,
+              json_num(gbs16, 1), 100.0 * gbs8 / copy_gbs, json_num(100.0 * gbs16 / copy_gbs, 1),
+              json_num(t8 / t16, 4), t8f, isnan(t16f) ? -1.0 : t16f, read8f);
   }
-  if (js) fprintf(js, "  ],\n");
+  if (js) fprintf(js, "\n  ]");
 
   if (!select_only && !no_store) {
     const int store_tokens = 65536;
@@ -953,9 +1271,10 @@ int main(int argc, char** argv) {
         fl8, 100.0 * fl8 / ts8f, fl16, 100.0 * fl16 / ts16f);
     if (js)
       fprintf(js,
-              "  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, \"e4m3_gbs\": "
-              "%.1f, \"fp16_gbs\": %.1f, \"e4m3_us_l2_flushed\": %.3f, \"fp16_us_l2_flushed\": "
-              "%.3f, \"e4m3_floor_us_l2_flushed\": %.3f, \"fp16_floor_us_l2_flushed\": %.3f},\n",
+              ",\n  \"store\": {\"tokens\": %d, \"e4m3_us\": %.3f, \"fp16_us\": %.3f, "
+              "\"e4m3_gbs\": %.1f, \"fp16_gbs\": %.1f, \"e4m3_us_l2_flushed\": %.3f, "
+              "\"fp16_us_l2_flushed\": %.3f, \"e4m3_floor_us_l2_flushed\": %.3f, "
+              "\"fp16_floor_us_l2_flushed\": %.3f}",
               store_tokens, ts8, ts16, gb_per_s(sb8, ts8), gb_per_s(sb16, ts16), ts8f, ts16f, fl8,
               fl16);
   }
@@ -985,7 +1304,7 @@ int main(int argc, char** argv) {
   printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
          "context", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us",
          "sel+attn");
-  if (js) fprintf(js, "  \"select\": [\n");
+  if (js) fprintf(js, ",\n  \"select\": [\n");
   int printed = 0;
   for (int i = 0; i < n_cases; ++i) {
     if (!((case_mask >> i) & 1)) continue;
