@@ -102,6 +102,12 @@ __device__ __forceinline__ void add_bits_by_row(uint32_t x, int e0, int W, uint3
 }
 
 __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const UnionParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  // Not part of the SM70 tier (its plans make no groups), so never launched in sm_70 code,
+  // where this body spills at 64 registers (CUDA 12.9): a V100 build carries a stub.
+  (void)p;
+  __trap();
+#else
   const int group = blockIdx.x;
   if (group >= p.meta.header->num_groups) return;
   extern __shared__ uint4 union_smem_raw[];
@@ -131,7 +137,7 @@ __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const Unio
   const int last = pos0 + rows - 1;
   const int per = p.window / kUnionThreads;  // positions this thread owns, consecutive
   const int64_t base = static_cast<int64_t>(group) * p.union_cap;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   if (tid < kGroupedMaxRows) row_done[tid] = 0;
 
   // Entry e = (pass x kUnionEntries + k) x kUnionThreads + tid is row e / W, column e % W.
@@ -310,6 +316,7 @@ __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const Unio
   }
   if (tid < rows) p.row_split[row0 + tid] = make_int2(row_done[tid], count);
   if (tid == 0) p.union_count[group] = count;
+#endif
 }
 
 }  // namespace cuda
