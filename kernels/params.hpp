@@ -115,6 +115,7 @@ struct GroupedView {
   int32_t rows_per_group;
   int32_t union_cap;     // list entries per group
   int32_t window;        // the union kernel's positions per pass
+  int32_t one_window;    // max_model_len <= window: every group's positions fit one pass
   int32_t max_items;     // (group, split) work items the partials hold per KV head
   int32_t* union_count;  // [max_groups] listed tokens of the group
   int64_t* union_off;    // [max_groups, union_cap] K row byte offset (KV head 0); -1 none
@@ -122,7 +123,8 @@ struct GroupedView {
   // [max_rows, topk_width]: each grouped row's own entries (the tokens not in its group's
   // list), in list order, for the decode route.
   int32_t* own_lists;
-  // [max_rows] per grouped row: {its own entries, its group's listed tokens}.
+  // [max_rows] per grouped row: {its own entries, its group's listed tokens}; own -1
+  // (kOwnIsTopk): its group listed nothing and its own list is its top-k row.
   int32_t* row_split;
   float* shared_out;   // [max_rows, q_heads, head_dim] a row's shared part, normalised
   float* shared_lse;   // [max_rows, q_heads] its base-2 LSE

@@ -539,7 +539,7 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     free(kv);
     tu_world_destroy(&w);
   }
-  /* Past one union window (the union kernel's bitmap covers 131072 positions a pass). */
+  /* Past one union window (the union kernel's bitmap covers 65536 positions a pass). */
   if (full && long_context) {
     c.max_model_len = 1 << 18;
     tu_shape shape = {2, {16, 1}, {140000, 3000}};
@@ -555,6 +555,35 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     free(q);
     free(kv);
     tu_world_destroy(&w);
+  }
+  /* Lists wider than one pass of the union kernel's registers (2304 entries a row: each
+   * phase reloads its pass), in one window and in two. */
+  if (full && long_context) {
+    const int lens[2] = {1 << 16, 1 << 18};
+    for (int m = 0; m < 2; ++m) {
+      qsakv_model_config cw = c;
+      cw.max_model_len = lens[m];
+      cw.topk_tokens = 3072;
+      tu_shape shape = {2, {16, 1}, {m ? 70000 : 9000, 4000}};
+      tu_world w;
+      tu_world_build(&w, ctx, &cw, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+      tu_assert_block0_unmapped(&w);
+      void* kv = tu_world_read_kv(&w);
+      uint16_t* q = random_q(&w);
+      const int64_t stride = w.geo.topk_width + 1;
+      for (int k = 0; k < 2; ++k) {
+        const double f = k ? 0.5 : 1.0;
+        int32_t* topk = tu_overlap_topk(&w, stride, f, w.geo.topk_width);
+        char what[96];
+        snprintf(what, sizeof what, "16 rows of width %d at %d tokens + 1, f=%.2f",
+                 (int)w.geo.topk_width, shape.seq_lens[0], f);
+        check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
+        free(topk);
+      }
+      free(q);
+      free(kv);
+      tu_world_destroy(&w);
+    }
   }
   tu_reserve_block0 = 0;
   tu_multi_row_min_rows = 0;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A block-wide exclusive prefix sum of one int per thread (the decode route's window
+// A block-wide exclusive prefix sum of one value per thread (the decode route's window
 // compaction and the grouped route's token union both number their survivors with it).
 #pragma once
 
@@ -9,27 +9,28 @@ namespace qsakv {
 namespace cuda {
 
 // Every thread of a CTA of kWarps warps calls it with its value v; returns the sum of the
-// values of the threads before it and sets total to the sum over the CTA. warp_totals:
-// shared memory of kWarps ints. Its first barrier comes after the warp-level scan, so a
+// values of the threads before it and sets total to the sum over the CTA (T: int, or a
+// long long carrying two sums in its halves). warp_totals: shared memory of kWarps
+// values. Its first barrier comes after the warp-level scan, so a
 // caller's loads issued before the call overlap the shuffles; it also orders this call's
 // use of warp_totals after any earlier one's. A caller that reuses warp_totals' storage
 // for something else must add its own barrier after the call.
-template <int kWarps>
-__device__ __forceinline__ int block_exclusive_scan(int v, int32_t* warp_totals, int& total) {
+template <int kWarps, class T>
+__device__ __forceinline__ T block_exclusive_scan(T v, T* warp_totals, T& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
+  T incl = v;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int x = __shfl_up_sync(0xffffffffu, incl, d);
+    const T x = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += x;
   }
   __syncthreads();
   if (lane == 31) warp_totals[warp] = incl;
   __syncthreads();
-  int before = incl - v, sum = 0;
+  T before = incl - v, sum = 0;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
-    const int t = warp_totals[w];
+    const T t = warp_totals[w];
     if (w < warp) before += t;
     sum += t;
   }

@@ -48,8 +48,8 @@ struct DecodeParams {
   const int32_t* row_pos;
   const int32_t* row_group;  // >= 0: the row is in a group of the grouped route
   int32_t skip_grouped;      // the grouped kernels run in this launch (row_group applies)
-  // A grouped row (sparse): GroupedView::row_split's {own entries, its group's listed
-  // tokens}, its own entries, and its shared part to fold in.
+  // A grouped row (sparse): GroupedView::row_split's {own entries (-1: its top-k row is
+  // its own list), its group's listed tokens}, its own entries, and its shared part.
   const int2* row_split;
   const int32_t* own_lists;
   const float* shared_out;
@@ -834,8 +834,10 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   if (grouped >= 0 && (p.dense || (split_info.x == 0 && split_info.y > 0))) return;
   const bool shared = grouped >= 0 && split_info.y > 0;
   // The row's list: its own entries when grouped (sparse), else its top-k row.
-  const int32_t* list = grouped >= 0 ? p.own_lists + static_cast<int64_t>(row) * p.topk_width
-                                     : p.topk + static_cast<int64_t>(row) * p.topk_stride;
+  // (A group that listed nothing marks its rows' own lists as their top-k rows.)
+  const bool own_list = grouped >= 0 && split_info.x >= 0;
+  const int32_t* list = own_list ? p.own_lists + static_cast<int64_t>(row) * p.topk_width
+                                 : p.topk + static_cast<int64_t>(row) * p.topk_stride;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -919,7 +921,7 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
 #pragma unroll
   for (int i = 0; i < S::kMTiles; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
 
-  const int n_cols = p.dense ? pos + 1 : grouped >= 0 ? split_info.x : p.topk_width;
+  const int n_cols = p.dense ? pos + 1 : own_list ? split_info.x : p.topk_width;
   const int per_split = (n_cols + p.num_splits - 1) / p.num_splits;
   const int c0 = split * per_split;
   const int c1 = min(n_cols, c0 + per_split);

@@ -43,9 +43,6 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.topk = p.topk;
     up.topk_stride = p.topk_stride;
     up.topk_width = p.topk_width;
-    // ceil(2^32 / width): exact row numbers for entries below 2^32 / width (> 2^19).
-    up.width_inv = static_cast<uint32_t>(((uint64_t{1} << 32) + p.topk_width - 1) /
-                                         static_cast<uint64_t>(p.topk_width));
     up.block_size = c.block_size;
     up.num_blocks = c.num_blocks;
     const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
@@ -53,7 +50,7 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.stride_token = c.stride_token * esz;
     up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
     up.window = g.window;
-    up.entry_words = (g.rows_per_group * p.topk_width + 31) / 32;
+    up.entry_words = g.rows_per_group * union_row_words(p.topk_width);
     up.union_cap = g.union_cap;
     up.union_count = g.union_count;
     up.union_off = g.union_off;
@@ -63,10 +60,12 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     // The size follows the plan's geometry: set for each launch.
     const int smem = static_cast<int>(sizeof(uint32_t) *
                                       union_layout(up.window, up.union_cap, up.entry_words).words);
-    require_smem_limit(cudaFuncSetAttribute(grouped_union_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       smem);
-    grouped_union_kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
+    const bool reload = !g.one_window || union_row_words(p.topk_width) >
+                                             kUnionEntries * kUnionWarps / kGroupedMaxRows;
+    auto kernel = reload ? grouped_union_kernel<true> : grouped_union_kernel<false>;
+    require_smem_limit(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem);
+    kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
   }
   GroupedParams gp;
   gp.d = decode_params(p);

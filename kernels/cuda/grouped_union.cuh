@@ -18,18 +18,26 @@
 // kGroupedOwnMax each (grouped_union_cap). A window in which the rule shares fewer than
 // kGroupedMinShared tokens lists none (limits.hpp says why for each number).
 //
-// Per window of positions (one window up to 32K tokens):
-//   1. each thread holds up to kUnionEntries of the group's list entries in registers,
-//      loaded once (valid: t >= 0 and t <= its row's position; -1 otherwise);
+// Work: each warp takes a part of one row's list (the row warp-uniform, so a row's bit,
+// validity bound and counts need no per-entry arithmetic), and each phase touches an entry
+// with a handful of instructions; the masks are scanned only up to the group's last
+// position. Per window of positions (one window up to 64K tokens):
+//   1. each thread holds up to kUnionEntries of its row's entries in registers, loaded
+//      once (valid: t >= 0 and t <= its row's position; -1 otherwise);
 //   2. each entry ORs its row's bit into its position's 16-bit mask (shared memory);
-//   3. the positions the rule shares are counted, and each row's other entries by warp
-//      ballots (a warp's 32 consecutive entries span at most two rows of a long list);
-//   4. the listed positions are numbered (block scan, each thread owning consecutive
-//      positions) and written to the list, their K offsets resolved with four loads in
-//      flight per thread;
-//   5. each entry's own bit by warp ballot (the warp's 32 consecutive entries are one
-//      word); a block scan of the words' popcounts gives each own entry its place in its
+//   3. the positions the rule shares, and those any row selects, are counted (one scan);
+//      the entries the rule shares are marked in a per-thread bit set, once;
+//   4. each row's other entries are counted by warp ballots: rows left with at most
+//      kGroupedOwnMax move them to the list; when none or all rows move, step 3's scan
+//      already numbers the listed positions, else a second scan does;
+//   5. the listed positions are written to the list, their K offsets resolved with four
+//      loads in flight per thread;
+//   6. each entry's own bit by warp ballot (a warp's 32 entries are one word of its
+//      row); a block scan of the words' popcounts gives each own entry its place in its
 //      row's own list.
+// A group of one window that lists nothing (rows that share almost nothing, as
+// independent selections do) skips step 6: its rows' own lists are their top-k rows, and
+// row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes.
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
 #pragma once
@@ -45,24 +53,29 @@ namespace cuda {
 
 constexpr int kUnionThreads = kGroupedUnionThreads;
 constexpr int kUnionWarps = kUnionThreads / 32;
-// List entries per thread per pass, in registers: 16 rows x 2051 entries (the reference
-// geometry) fit one pass of 1024 threads. Larger groups' lists take several passes, each
-// reading its entries again.
+static_assert(kUnionWarps % kGroupedMaxRows == 0, "each row of a group takes whole warps");
+// List entries per thread per pass, in registers: a row's two warps take 64 of its
+// entries per slot, so 36 slots hold the reference geometry's 2051-entry rows in one
+// pass. Wider lists take several passes, each reading its entries again.
 constexpr int kUnionEntries = 36;
+static_assert(kUnionEntries % 2 == 0 && kUnionEntries <= 64, "slots pair up; one bit each");
+static_assert(kGroupedUnionWindow <= 65536, "a slot keeps its offset in its window in 16 bits");
+// row_split's own count of a row whose own list is its top-k row (its group listed
+// nothing): the decode kernel reads the top-k row instead.
+constexpr int kOwnIsTopk = -1;
 
 struct UnionParams {
   PlanMetaView meta;
   const int32_t* topk;
   int64_t topk_stride;
   int32_t topk_width;
-  uint32_t width_inv;  // ceil(2^32 / topk_width): entry e's row is umulhi(e, width_inv)
   int32_t block_size;
   int64_t num_blocks;
   int64_t stride_block;  // bytes
   int64_t stride_token;  // bytes
   int32_t share_rows;    // grouped_share_min_rows' cost term for this cache type
   int32_t window;        // positions per pass (grouped_union_window)
-  int32_t entry_words;   // ceil(rows_per_group x topk_width / 32)
+  int32_t entry_words;   // rows_per_group x union_row_words(topk_width)
   int32_t union_cap;
   int32_t* union_count;
   int64_t* union_off;
@@ -70,6 +83,24 @@ struct UnionParams {
   int32_t* own_lists;  // [max_rows, topk_width]
   int2* row_split;
 };
+
+// A row's entries take whole 32-entry words (a warp's ballot), so rows start on words.
+// A bit per register slot, in two words (every slot index is a compile-time constant, so
+// each test and set is one instruction on one word, with none of 64-bit shifts' cost).
+struct SlotBits {
+  uint32_t lo = 0u, hi = 0u;
+  __device__ __forceinline__ void set(int k) {
+    if (k < 32)
+      lo |= 1u << k;
+    else
+      hi |= 1u << (k - 32);
+  }
+  __device__ __forceinline__ bool test(int k) const {
+    return ((k < 32 ? lo >> k : hi >> (k - 32)) & 1u) != 0u;
+  }
+};
+
+__host__ __device__ constexpr int union_row_words(int topk_width) { return (topk_width + 31) / 32; }
 
 // Dynamic shared memory, in 32-bit words: the window's masks (two positions a word), the
 // window's listed tokens and their masks, the own-entry words and their prefixes.
@@ -86,22 +117,11 @@ __host__ __device__ inline UnionLayout union_layout(int window, int union_cap, i
   return L;
 }
 
-// Adds the set bits of a 32-entry word (entries e0 .. e0 + 31 of the group, rows of width
-// W) to counts[row]: a word can span rows.
-__device__ __forceinline__ void add_bits_by_row(uint32_t x, int e0, int W, uint32_t width_inv,
-                                                int32_t* counts) {
-  int lo = e0;
-  while (x) {
-    const int r = static_cast<int>(__umulhi(static_cast<unsigned>(lo), width_inv));
-    const int n = min(32, (r + 1) * W - e0);  // row r's entries end at bit n
-    const uint32_t sel = n >= 32 ? x : x & ((1u << n) - 1u);
-    if (sel) atomicAdd(&counts[r], __popc(sel));
-    x &= ~sel;
-    lo = e0 + n;
-  }
-}
-
-__global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const UnionParams p) {
+// kReload: the plan's context can outgrow one window, or its lists one pass (then each
+// phase reloads its pass of the window); otherwise every group is one window of one
+// pass, loaded once, and the kernel carries no reloading code (fewer live registers).
+template <bool kReload>
+__global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const UnionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
   // Not part of the SM70 tier (its plans make no groups), so never launched in sm_70 code,
   // where this body spills at 64 registers (CUDA 12.9): a V100 build carries a stub.
@@ -118,9 +138,10 @@ __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const Unio
   uint16_t* token_masks = reinterpret_cast<uint16_t*>(union_smem + L.token_masks);
   uint32_t* own = union_smem + L.own;                                           // this window's
   int32_t* own_prefix = reinterpret_cast<int32_t*>(union_smem + L.own_prefix);  // exclusive
-  __shared__ int32_t warp_totals[kUnionWarps];
-  __shared__ int32_t row_own[kGroupedMaxRows];   // this window's own entries by the rule
-  __shared__ int32_t row_done[kGroupedMaxRows];  // own entries written, earlier windows
+  __shared__ long long warp_totals[kUnionWarps];  // the position scans (two sums a value)
+  __shared__ int32_t word_totals[kUnionWarps];    // the own-word scan
+  __shared__ int32_t row_own[kGroupedMaxRows];    // this window's own entries by the rule
+  __shared__ int32_t row_done[kGroupedMaxRows];   // own entries written, earlier windows
 
   const int row0 = p.meta.group_row0[group];
   const int rows = p.meta.group_rows[group];
@@ -129,100 +150,171 @@ __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const Unio
   const int32_t* bt =
       p.meta.header->block_table + static_cast<int64_t>(req) * p.meta.header->block_table_stride;
   const int W = p.topk_width;
-  const int entries = rows * W;
-  const int used_words = (entries + 31) / 32;
-  constexpr int kPass = kUnionEntries * kUnionThreads;
-  const int passes = (entries + kPass - 1) / kPass;
+  const int row_words = union_row_words(W);
+  const int used_words = rows * row_words;
   const int T = grouped_share_min_rows(rows, p.share_rows);
   const int last = pos0 + rows - 1;
+  const bool one_window = !kReload || last < p.window;
   const int per = p.window / kUnionThreads;  // positions this thread owns, consecutive
   const int64_t base = static_cast<int64_t>(group) * p.union_cap;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid < kGroupedMaxRows) row_done[tid] = 0;
 
-  // Entry e = (pass x kUnionEntries + k) x kUnionThreads + tid is row e / W, column e % W.
-  int tok[kUnionEntries];
-  auto entry = [&](int pass, int k) { return (pass * kUnionEntries + k) * kUnionThreads + tid; };
-  auto row_of = [&](int e) {
-    return static_cast<int>(__umulhi(static_cast<unsigned>(e), p.width_inv));
-  };
-  auto load = [&](int pass) {
+  // Warps 2r and 2r + 1 take row r; slot k of warp 2r + sub holds columns
+  // ((pass x kUnionEntries + k) x 2 + sub) x 32 + lane, which is word (...) of the row.
+  // Warps past the last row idle (a group of fewer rows takes no longer per entry). (Fixed
+  // strides: compile-time offsets, which keep the slots' addresses out of registers.)
+  constexpr int wpr = kUnionWarps / kGroupedMaxRows;
+  const int r = warp / wpr, sub = warp % wpr;
+  const bool has_row = r < rows;
+  const uint32_t rbit = has_row ? 1u << r : 0u;
+  // This lane's first entry of its row and its bound (slot k is entry k x 64 on from it):
+  // kept in registers, so each slot's load is one instruction with a constant offset.
+  const int32_t* tlane =
+      p.topk + static_cast<int64_t>(row0 + (has_row ? r : 0)) * p.topk_stride + sub * 32 + lane;
+  asm volatile("" : "+l"(tlane));
+  const int tlim = has_row ? W - sub * 32 - lane : 0;  // entry k x 64 exists: k x 64 < tlim
+  const int slot_words = kUnionEntries * wpr;          // a row's words per pass
+  const int passes = kReload ? (row_words + slot_words - 1) / slot_words : 1;
+  auto word_of = [&](int pass, int k) { return (pass * kUnionEntries + k) * wpr + sub; };
+  // The slots' entries of the current window: offsets from the window's start, two a word
+  // (a window has at most 64K positions), and a bit per slot for the valid ones (t >= 0,
+  // t <= the row's position, in the window). Half the registers of whole tokens: the
+  // slots stay in registers across the phases instead of spilling.
+  uint32_t offs[kUnionEntries / 2];
+  SlotBits valid;
+  SlotBits shared_bits;  // the slots the rule shares (from step 3)
+  auto load = [&](int pass, int w0) {
+    valid = SlotBits();
 #pragma unroll
     for (int k = 0; k < kUnionEntries; ++k) {
-      const int e = entry(pass, k);
-      int t = -1;
-      if (e < entries) {
-        const int r = row_of(e);
-        const int x = __ldg(p.topk + static_cast<int64_t>(row0 + r) * p.topk_stride + (e - r * W));
-        t = x >= 0 && x <= pos0 + r ? x : -1;
+      const int c = (pass * kUnionEntries + k) * 32 * wpr;  // == word_of(pass, k) x 32 + lane
+      uint32_t x16 = 0u;
+      if (c < tlim) {
+        const int x = __ldg(tlane + c);
+        if (x >= 0 && x <= pos0 + r &&
+            static_cast<unsigned>(x - w0) < static_cast<unsigned>(p.window)) {
+          valid.set(k);
+          x16 = static_cast<uint32_t>(x - w0);
+        }
       }
-      tok[k] = t;
+      if (k % 2 == 0)
+        offs[k / 2] = x16;
+      else
+        offs[k / 2] |= x16 << 16;
     }
   };
-  auto mask_at = [&](int x) { return (pmask[x >> 1] >> ((x & 1) << 4)) & 0xFFFFu; };
-  // This thread's positions' masks, 8 at a time (16-byte reads): f(position offset, mask).
-  auto for_my_masks = [&](auto&& f) {
-    const uint4* m = reinterpret_cast<const uint4*>(pmask) + tid * (per / 8);
-    for (int i = 0; i < per / 8; ++i) {
-      const uint4 v = m[i];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  // Called at the head of each phase: the compiler must then rederive each slot's
+  // addresses from the offsets instead of keeping the previous phase's per-slot values
+  // live (36 more registers each, which spilled).
+  auto launder = [&]() {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        f(8 * i + 2 * j, w[j] & 0xFFFFu);
-        f(8 * i + 2 * j + 1, w[j] >> 16);
-      }
-    }
+    for (int i = 0; i < kUnionEntries / 2; ++i) asm volatile("" : "+r"(offs[i]));
+    asm volatile("" : "+r"(valid.lo), "+r"(valid.hi), "+r"(shared_bits.lo), "+r"(shared_bits.hi));
   };
-  if (passes == 1) load(0);
+  auto has = [&](int k) { return valid.test(k); };
+  auto off = [&](int k) { return static_cast<int>(offs[k / 2] >> (16 * (k % 2)) & 0xFFFFu); };
+  // One window and one pass (the common case): loaded once. Otherwise each phase loads its
+  // pass of the window again.
+  const bool reload = kReload && (passes > 1 || !one_window);
+  // Position x's mask (a 16-bit read: little-endian halves of the words).
+  const uint16_t* pmask16 = reinterpret_cast<const uint16_t*>(pmask);
+  auto mask_at = [&](int x) { return static_cast<uint32_t>(pmask16[x]); };
+  if (!reload) load(0, 0);
 
   int count = 0;  // listed tokens of the earlier windows
   for (int w0 = 0; w0 <= last; w0 += p.window) {
-    for (int i = tid; i < p.window / 2; i += kUnionThreads) pmask[i] = 0u;
+    // Positions past the group's last row cannot be selected: the masks are cleared and
+    // scanned only up to it (this thread's 8-position chunks below `chunks`).
+    const int span = min(p.window, last + 1 - w0);
+    const int chunks = max(0, min(per / 8, (span - tid * per + 7) / 8));
+    uint4* my_masks = reinterpret_cast<uint4*>(pmask) + tid * (per / 8);
+    // This thread's positions' masks, 8 at a time (16-byte reads): f(position offset, mask).
+    auto for_my_masks = [&](auto&& f) {
+      for (int i = 0; i < chunks; ++i) {
+        const uint4 v = my_masks[i];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          f(8 * i + 2 * j, w[j] & 0xFFFFu);
+          f(8 * i + 2 * j + 1, w[j] >> 16);
+        }
+      }
+    };
+    for (int i = 0; i < chunks; ++i) my_masks[i] = make_uint4(0u, 0u, 0u, 0u);
     if (tid < kGroupedMaxRows) row_own[tid] = 0;
     __syncthreads();
-    auto in_window = [&](int t) {
-      return t >= 0 && static_cast<unsigned>(t - w0) < static_cast<unsigned>(p.window);
-    };
     for (int pass = 0; pass < passes; ++pass) {
-      if (passes > 1) load(pass);
+      if (reload) load(pass, w0);
+      launder();
 #pragma unroll
       for (int k = 0; k < kUnionEntries; ++k)
-        if (in_window(tok[k])) {
-          const int x = tok[k] - w0;
-          atomicOr(&pmask[x >> 1], (1u << row_of(entry(pass, k))) << ((x & 1) << 4));
+        if (has(k)) {
+          const int x = off(k);
+          atomicOr(&pmask[x >> 1], rbit << ((x & 1) << 4));
         }
     }
     __syncthreads();
-    // How many positions the row rule shares.
-    int mine = 0;
-    for_my_masks([&](int, uint32_t m) { mine += __popc(m) >= T; });
-    int by_rule;
-    block_exclusive_scan<kUnionWarps>(mine, warp_totals, by_rule);
+    // The positions the rule shares (low half) and those any row selects (high half).
+    long long mine = 0;
+    for_my_masks([&](int, uint32_t m) {
+      mine += (__popc(m) >= T ? 1ll : 0ll) + (m != 0u ? 1ll << 32 : 0ll);
+    });
+    long long totals;
+    const long long before = block_exclusive_scan<kUnionWarps>(mine, warp_totals, totals);
+    const int by_rule = static_cast<int>(totals & 0xFFFFFFFFll);
     const bool sharing = by_rule >= kGroupedMinShared;  // uniform
+    // This pass's entries the rule shares, a bit per slot (single pass: kept for the window).
+    auto rule_bits = [&]() {
+      launder();
+      SlotBits b;
+#pragma unroll
+      for (int k = 0; k < kUnionEntries; ++k)
+        if (has(k) && __popc(mask_at(off(k))) >= T) b.set(k);
+      return b;
+    };
+    shared_bits = SlotBits();
+    if (sharing && !reload) shared_bits = rule_bits();
     // Each row's entries the rule does not share, counted: rows left with at most
     // kGroupedOwnMax move them to the list.
     uint32_t moved = 0u;
     if (sharing) {
+      int n = 0;
       for (int pass = 0; pass < passes; ++pass) {
-        if (passes > 1) load(pass);
-#pragma unroll
-        for (int k = 0; k < kUnionEntries; ++k) {
-          const bool mine_only = in_window(tok[k]) && __popc(mask_at(tok[k] - w0)) < T;
-          const uint32_t ballot = __ballot_sync(0xffffffffu, mine_only);
-          if (lane == 0 && ballot)
-            add_bits_by_row(ballot, entry(pass, k) - lane, W, p.width_inv, row_own);
+        if (reload) {
+          load(pass, w0);
+          shared_bits = rule_bits();
         }
+        launder();
+#pragma unroll
+        for (int k = 0; k < kUnionEntries; ++k)
+          n += __popc(__ballot_sync(0xffffffffu, has(k) && !shared_bits.test(k)));
       }
+      if (lane == 0 && has_row && n) atomicAdd(&row_own[r], n);
       __syncthreads();
-      for (int r = 0; r < rows; ++r) moved |= row_own[r] <= kGroupedOwnMax ? 1u << r : 0u;
+      for (int q = 0; q < rows; ++q) moved |= row_own[q] <= kGroupedOwnMax ? 1u << q : 0u;
     }
+    const uint32_t all_rows = rows >= 32 ? ~0u : (1u << rows) - 1u;
     // A position's mask in the list: every selecting row's where the rule shares it, else
-    // the moved rows' (0: not listed).
+    // the moved rows' (0: not listed). With no row moved that is the rule's positions, with
+    // every row moved every selected position: the first scan numbered both.
     auto listed_mask = [&](uint32_t m) { return __popc(m) >= T ? m : m & moved; };
-    mine = 0;
-    if (sharing) for_my_masks([&](int, uint32_t m) { mine += listed_mask(m) != 0u; });
-    int listed;
-    int slot = block_exclusive_scan<kUnionWarps>(mine, warp_totals, listed);
+    int listed = 0, slot = 0;
+    if (sharing) {
+      if (moved == 0u) {
+        listed = by_rule;
+        slot = static_cast<int>(before & 0xFFFFFFFFll);
+      } else if (moved == all_rows) {
+        listed = static_cast<int>(totals >> 32);
+        slot = static_cast<int>(before >> 32);
+      } else {
+        long long n = 0;
+        for_my_masks([&](int, uint32_t m) { n += listed_mask(m) != 0u; });
+        long long total;
+        slot = static_cast<int>(block_exclusive_scan<kUnionWarps>(n, warp_totals, total));
+        listed = static_cast<int>(total);
+      }
+    }
     // Uniform. (The rules keep count + listed <= union_cap; the bound is checked anyway,
     // so a broken rule costs speed, never memory safety.)
     const bool listing = sharing && count + listed <= p.union_cap;
@@ -257,64 +349,77 @@ __global__ void __launch_bounds__(kUnionThreads) grouped_union_kernel(const Unio
         }
       }
     }
+    if (listing) count += listed;
+    // A group of one window that lists nothing: its rows' own lists are their top-k rows.
+    if (one_window && !listing) break;
     // The own entries (valid, in the window, not listed for their row), a word per warp
-    // and entry slot, then their places in their rows' own lists.
-    for (int pass = 0; pass < passes; ++pass) {
-      if (passes > 1) load(pass);
-#pragma unroll
-      for (int k = 0; k < kUnionEntries; ++k) {
-        bool mine_entry = false;
-        if (in_window(tok[k])) {
-          const int r = row_of(entry(pass, k));
-          mine_entry = !listing || !(__popc(mask_at(tok[k] - w0)) >= T || (moved >> r & 1u) != 0u);
-        }
-        const uint32_t ballot = __ballot_sync(0xffffffffu, mine_entry);
-        const int word = entry(pass, k) >> 5;  // this warp's: 32 consecutive entries
-        if (lane == 0 && word < used_words) own[word] = ballot;
-      }
-    }
-    __syncthreads();
-    {
-      const int first = tid * ((used_words + kUnionThreads - 1) / kUnionThreads);
-      const int last_word =
-          min(used_words, first + (used_words + kUnionThreads - 1) / kUnionThreads);
-      int n = 0;
-      for (int j = first; j < last_word; ++j) n += __popc(own[j]);
-      int total;
-      int before = block_exclusive_scan<kUnionWarps>(n, warp_totals, total);
-      for (int j = first; j < last_word; ++j) {
-        own_prefix[j] = before;
-        before += __popc(own[j]);
-      }
-    }
-    __syncthreads();
-    // An entry's place among the own entries of all rows before it, in entry order.
-    auto own_before = [&](int e) {
-      const int j = e >> 5;
-      return own_prefix[j] + __popc(own[j] & ((1u << (e & 31)) - 1u));
+    // and slot, then their places in their rows' own lists.
+    const bool row_listed = listing && (moved & rbit) != 0u;  // all its entries listed
+    auto own_ballot = [&](int k) {
+      return __ballot_sync(0xffffffffu, has(k) && !row_listed && !(listing && shared_bits.test(k)));
     };
     for (int pass = 0; pass < passes; ++pass) {
-      if (passes > 1) load(pass);
+      if (reload) {
+        load(pass, w0);
+        if (listing) shared_bits = rule_bits();
+      }
+      launder();
 #pragma unroll
       for (int k = 0; k < kUnionEntries; ++k) {
-        const int e = entry(pass, k);
-        if (e < entries && (own[e >> 5] >> (e & 31) & 1u)) {
-          const int r = row_of(e);
-          const int place = row_done[r] + own_before(e) - own_before(r * W);
-          p.own_lists[static_cast<int64_t>(row0 + r) * W + place] = tok[k];
+        const uint32_t ballot = own_ballot(k);
+        const int word = word_of(pass, k);
+        if (lane == 0 && has_row && word < row_words) own[r * row_words + word] = ballot;
+      }
+    }
+    __syncthreads();
+    int own_total;
+    {
+      const int per_thread = (used_words + kUnionThreads - 1) / kUnionThreads;
+      const int first = tid * per_thread;
+      const int last_word = min(used_words, first + per_thread);
+      int n = 0;
+      for (int j = first; j < last_word; ++j) n += __popc(own[j]);
+      int before_words = block_exclusive_scan<kUnionWarps>(n, word_totals, own_total);
+      for (int j = first; j < last_word; ++j) {
+        own_prefix[j] = before_words;
+        before_words += __popc(own[j]);
+      }
+    }
+    __syncthreads();
+    if (has_row) {
+      // An entry's place: the own entries of its row before it, in column order.
+      const int row_base = row_done[r] - own_prefix[r * row_words];
+      const uint32_t lanes_before = (1u << lane) - 1u;
+      const int32_t* prefix = own_prefix + r * row_words + sub;  // word_of(pass, k) on
+      int32_t* own_row = p.own_lists + static_cast<int64_t>(row0 + r) * W;
+      asm volatile("" : "+l"(own_row));
+      for (int pass = 0; pass < passes; ++pass) {
+        if (reload) {
+          load(pass, w0);
+          if (listing) shared_bits = rule_bits();
+        }
+        launder();
+#pragma unroll
+        for (int k = 0; k < kUnionEntries; ++k) {
+          const uint32_t ballot = own_ballot(k);
+          if (ballot >> lane & 1u) {
+            const int place =
+                row_base + prefix[(pass * kUnionEntries + k) * wpr] + __popc(ballot & lanes_before);
+            own_row[place] = w0 + off(k);
+          }
         }
       }
     }
     __syncthreads();
     if (tid < rows) {
-      const int end = tid + 1 < rows ? own_before((tid + 1) * W)
-                                     : own_prefix[used_words - 1] + __popc(own[used_words - 1]);
-      row_done[tid] += end - own_before(tid * W);
+      const int end = tid + 1 < rows ? own_prefix[(tid + 1) * row_words] : own_total;
+      row_done[tid] += end - own_prefix[tid * row_words];
     }
-    if (listing) count += listed;
     __syncthreads();  // the next window rewrites the masks, tokens and own words
   }
-  if (tid < rows) p.row_split[row0 + tid] = make_int2(row_done[tid], count);
+  if (tid < rows)
+    p.row_split[row0 + tid] =
+        one_window && count == 0 ? make_int2(kOwnIsTopk, 0) : make_int2(row_done[tid], count);
   if (tid == 0) p.union_count[group] = count;
 #endif
 }
