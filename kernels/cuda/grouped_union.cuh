@@ -117,9 +117,10 @@ __host__ __device__ inline UnionLayout union_layout(int window, int union_cap, i
   return L;
 }
 
-// kReload: the plan's context can outgrow one window, or its lists one pass (then each
-// phase reloads its pass of the window); otherwise every group is one window of one
-// pass, loaded once, and the kernel carries no reloading code (fewer live registers).
+// kReload: the plan's context can outgrow one window (each window loads its entries), or
+// its lists one pass (then each phase reloads its pass of the window); otherwise every
+// group is one window of one pass, loaded once, and the kernel carries no reloading code
+// (fewer live registers).
 template <bool kReload>
 __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const UnionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
@@ -214,9 +215,9 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   };
   auto has = [&](int k) { return valid.test(k); };
   auto off = [&](int k) { return static_cast<int>(offs[k / 2] >> (16 * (k % 2)) & 0xFFFFu); };
-  // One window and one pass (the common case): loaded once. Otherwise each phase loads its
-  // pass of the window again.
-  const bool reload = kReload && (passes > 1 || !one_window);
+  // One pass (lists up to 2304 entries): loaded once per window (the window's offsets).
+  // Several passes: each phase loads its pass of the window again.
+  const bool reload = kReload && passes > 1;
   // Position x's mask (a 16-bit read: little-endian halves of the words).
   const uint16_t* pmask16 = reinterpret_cast<const uint16_t*>(pmask);
   auto mask_at = [&](int x) { return static_cast<uint32_t>(pmask16[x]); };
@@ -224,6 +225,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
 
   int count = 0;  // listed tokens of the earlier windows
   for (int w0 = 0; w0 <= last; w0 += p.window) {
+    if (kReload && !reload && w0 > 0) load(0, w0);
     // Positions past the group's last row cannot be selected: the masks are cleared and
     // scanned only up to it (this thread's 8-position chunks below `chunks`).
     const int span = min(p.window, last + 1 - w0);
