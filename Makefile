@@ -1,9 +1,11 @@
 SHELL := /bin/bash
 # libqsakv: `make` builds, `make demo` runs the main example, `make test` runs every
-# suite. Builds go to build/ (CPU + CUDA code for QSAKV_CUDA_ARCHS; default: a short
-# list so that a clean build on 2 cores stays within minutes).
+# suite. Builds go to build/ (CPU + CUDA code for CUDA_ARCHS: by default the GPU present,
+# so its first run needs no JIT compilation, or, on a machine without one, sm_75 alone,
+# so that a clean build on 2 cores stays within minutes).
 BUILD ?= build
-CUDA_ARCHS ?= 75
+GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -E '^[0-9]+\.[0-9]+$$' | head -1 | tr -d .)
+CUDA_ARCHS ?= $(if $(GPU_ARCH),$(GPU_ARCH),75)
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PYTHON ?= python3
@@ -15,11 +17,15 @@ PREFIX ?= /usr/local
 VENV ?= .venv
 VENV_PY = $(abspath $(VENV))/bin/python
 
-.PHONY: all build demo test deps venv install gpu-test bench sanitize fuzz clean
+.PHONY: all build build-deps demo test deps venv install gpu-test bench sanitize fuzz clean
 
 all: build
 
-# System packages for the build (and the packaging suites); see tools/install-deps.sh.
+# System packages: for the build alone (build-deps), or for the build, the tests and the
+# maintainers' suites (deps: what `make test` needs); see tools/install-deps.sh.
+build-deps:
+	@PYTHON=$(PYTHON) bash tools/install-deps.sh --build
+
 deps:
 	@PYTHON=$(PYTHON) bash tools/install-deps.sh --system
 
@@ -32,7 +38,8 @@ $(VENV)/.qsakv-deps-ok: tools/install-deps.sh
 .deps-cuda12/.qsakv-cuda12-ok: tools/install-deps.sh | $(VENV)/.qsakv-deps-ok
 	@PYTHON=$(PYTHON) QSAKV_VENV=$(abspath $(VENV)) bash tools/install-deps.sh --cuda12
 
-$(BUILD)/CMakeCache.txt: | deps
+$(BUILD)/CMakeCache.txt: | build-deps
+	@echo "qsakv: CUDA code for sm_$(CUDA_ARCHS) ($(if $(GPU_ARCH),the GPU present,no GPU found: CI's short list); CUDA_ARCHS=... overrides)"
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
 
 build: $(BUILD)/CMakeCache.txt
@@ -54,23 +61,26 @@ install: build
 # Python3_EXECUTABLE: the venv's interpreter here. System packages first (python3-venv),
 # then the venv, then the long build.
 test: deps venv build
-	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(VENV_PY) >/dev/null
+	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(VENV_PY) -DQSAKV_BUILD_TESTS=ON >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
 	$(VENV_PY) tools/check_suites.py $(BUILD)/ctest.log tests/SUITES
 
 # On a machine with a GPU: build for the GPU present and run the suites (CUDA parts
-# included), then under compute-sanitizer.
+# included; the test framework is required), list the suites skipped for a missing
+# toolchain, then run the GPU cases under compute-sanitizer.
 gpu-test:
-	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native $(CMAKE_FLAGS)
+	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native -DQSAKV_BUILD_TESTS=ON $(CMAKE_FLAGS)
 	cmake --build build-gpu -j$(JOBS)
-	cd build-gpu && ctest --output-on-failure
+	cd build-gpu && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; exit $${PIPESTATUS[0]}
+	$(PYTHON) tools/check_suites.py build-gpu/ctest.log tests/SUITES
 	bash tools/sanitize-gpu.sh build-gpu
 
 bench:
 	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native $(CMAKE_FLAGS)
 	cmake --build build-gpu -j$(JOBS) --target qsakv_bench
 	build-gpu/qsakv_bench --json bench.json
+	@echo "bench: bench.json written; figures: $(PYTHON) tools/plot_bench.py bench.json --out figures (matplotlib: the test venv has it)"
 
 # ASan + UBSan (Debug, CPU backend) of the library, the tool and every C suite. The
 # Python-driven suites load the library into an uninstrumented interpreter: they are

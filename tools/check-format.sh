@@ -9,7 +9,7 @@ command -v clang-format >/dev/null || {
   exit 1; }
 mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.hpp' 'src/*.cu' 'include/*.h' 'include/*.hpp' \
   'kernels/*.cuh' 'kernels/*.cu' 'kernels/*.hpp' 'tests/*.c' 'tests/*.cpp' 'tests/*.h' \
-  'tools/*.c' 'tools/*.cpp' 'tools/*.cu' 'examples/*.c' 'bindings/*.c' 'bindings/*.cpp')
+  'tools/*.c' 'tools/*.cpp' 'tools/*.cu' 'tools/*.h' 'tools/*.hpp' 'examples/*.c' 'bindings/*.c' 'bindings/*.cpp')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"
   exit 0

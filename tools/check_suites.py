@@ -6,8 +6,10 @@
       a whole; prints each suite's cmocka/pytest summary lines (CTest keeps test output to
       itself unless a test fails), so a skipped GPU case is visible in every run. Reads
       ctest's console log ('Test #N: name ... Passed') and its LastTest.log. Required:
-      every suite whose needs is '-'; with --sanitize only those of them that `make
-      sanitize` runs (sanitize column asan or script).
+      every suite whose needs is '-' or 'tool'; with --sanitize only those of them that
+      `make sanitize` runs (sanitize column asan or script). A 'tool' suite may be
+      skipped (its toolchain is missing: it says which and how to install it), and is
+      listed as such, unless CI=true or QSAKV_REQUIRE_ALL_SUITES=1 in the environment.
   check_suites.py list SUITES COLUMN=VALUE...
       Prints the names (one line, space-separated) of the suites whose columns have these
       values (e.g. sanitize=asan needs=-); the Makefile's lists come from here."""
@@ -22,7 +24,8 @@ SUMMARY = re.compile(
     r"\[\s+(PASSED|FAILED|SKIPPED)\s+\]|^=* ?\d+ (passed|failed|skipped)"
     r"|^test result: (ok|FAILED)\. \d+ passed|^(ok|FAIL)\s+\S+\s+[\d.]+s"
     r"|^(-- )?(abi-check|python_wheel|test_install): (PASS|FAIL)|^regen\.sh: .*(matches|stale)"
-    r"|^sm70-check: (\d+ kernels|SKIPPED|FAILED)|^  KNOWN spills|^check-layering: ")
+    r"|^sm70-check: (\d+ kernels|SKIPPED|FAILED)|^  KNOWN spills|^check-layering: "
+    r"|^SKIPPED: |: FAILED: .* not found")
 
 
 def summaries(last_test_log: str) -> dict:
@@ -61,9 +64,15 @@ def read_table(suites_path: str) -> list:
 
 
 def required(rows: list, sanitize: bool) -> list:
-    """The suites a run must see passing: needs '-' (and, under ASan, asan or script)."""
-    return [r["name"] for r in rows if r["needs"] == "-" and
+    """The suites a run must see: needs '-' or 'tool' (and, under ASan, asan or script)."""
+    return [r["name"] for r in rows if r["needs"] in ("-", "tool") and
             (not sanitize or r["sanitize"] in ("asan", "script"))]
+
+
+def all_required() -> bool:
+    """Whether a 'tool' suite must pass too (CI), instead of being allowed to skip."""
+    return (os.environ.get("CI") == "true" or
+            os.environ.get("QSAKV_REQUIRE_ALL_SUITES") == "1")
 
 
 def list_names(suites_path: str, conditions: list) -> int:
@@ -78,7 +87,10 @@ def list_names(suites_path: str, conditions: list) -> int:
 
 def main(log_path: str, suites_path: str, sanitize: bool = False) -> int:
     log = open(log_path, encoding="utf-8", errors="replace").read()
-    expected = required(read_table(suites_path), sanitize)
+    rows = read_table(suites_path)
+    expected = required(rows, sanitize)
+    tool_suites = {r["name"] for r in rows if r["needs"] == "tool"}
+    may_skip = not all_required()
     status = {}
     for m in re.finditer(r"Test\s+#\d+:\s+(\S+)\s+\.+\**\s*(\w+)", log):
         status[m.group(1)] = m.group(2)
@@ -87,17 +99,22 @@ def main(log_path: str, suites_path: str, sanitize: bool = False) -> int:
     for name in sorted(status):
         for l in lines.get(name, []):
             print(f"  {name}: {l}")
-    bad = []
+    bad, skipped = [], []
     for name in expected:
         st = status.get(name)
         if st is None:
             bad.append(f"{name}: did not run (missing from the build?)")
+        elif st == "Skipped" and name in tool_suites and may_skip:
+            why = [l for l in lines.get(name, []) if l.startswith(("SKIPPED", "sm70-check"))]
+            skipped.append(f"{name}: {why[0] if why else 'skipped'}")
         elif st != "Passed":
             bad.append(f"{name}: {st}")
+    for s in skipped:
+        print(f"check_suites: skipped (a toolchain is missing; CI requires it) {s}")
     for b in bad:
         print(f"check_suites: FAIL {b}", file=sys.stderr)
     ran = len([n for n in expected if status.get(n) == "Passed"])
-    print(f"suites: {ran} passed, {len(expected) - ran} failed")
+    print(f"suites: {ran} passed, {len(skipped)} skipped, {len(bad)} failed")
     return 1 if bad else 0
 
 

@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Installs what the build and the tests need, when missing, and says what it installs.
+# Installs what a purpose needs, when missing, and says what it installs. Never more than
+# the purpose asks for.
 #
-#   tools/install-deps.sh [--system | --python | --cuda12]     (no option: all three)
+#   tools/install-deps.sh [--build | --test | --maintainer | --system | --python | --cuda12]
+#   (no option: everything CI needs: --system, --python, --cuda12)
 #
-# --system: Debian packages for the build (cmocka, nlohmann-json, OpenSSL headers, SWIG)
-#   and for the packaging and binding suites (pkg-config, bindgen with libclang,
-#   golang-go, abigail-tools, python3-venv, and cargo only when no Rust toolchain is
-#   found; rustup's ~/.cargo/bin counts). As root it installs them with apt-get;
-#   otherwise it prints the exact command and stops. `make build` / `make demo` need
-#   only this part: the C demo needs no Python package.
+# --build: what building the library, the tool and the demo needs: a C/C++ compiler,
+#   CMake, nlohmann-json and OpenSSL's headers (Debian packages; CUDA is found by CMake
+#   where it is installed, and is optional). `make`, `make demo` and `make install` run
+#   this part only.
+# --test: the test suites' system packages: cmocka (the C test framework), pkg-config,
+#   binutils (nm), python3-venv (the Python test environment), SWIG (the SWIG module).
+# --maintainer: the maintainers' and the other languages' toolchains, each for its
+#   suite (tests/SUITES, needs `tool`): clang-format (format_check), clang-tidy
+#   (tidy_check), abigail-tools (test_abi), bindgen with libclang (rust_sys_bindings),
+#   cargo when no Rust toolchain is found (rust_qsakv; rustup's ~/.cargo/bin counts),
+#   golang-go (go_qsakv). Without them those suites report SKIPPED with the command that
+#   installs them (and fail under CI=true or QSAKV_REQUIRE_ALL_SUITES=1).
+# --system: --build, --test and --maintainer together (what `make test` and CI run).
+# As root the packages are installed with apt-get. Without root, or when apt-get cannot
+# reach a mirror, the exact command is printed instead; the run then fails only for
+# --build (nothing builds without those), and succeeds otherwise (the suites that need
+# what is missing say so when they run).
 # --python: the Python test dependencies (numpy, ml_dtypes, safetensors, pytest,
 #   pycparser, wheel, scikit-build-core) into a project-local virtual environment,
 #   $QSAKV_VENV (default: .venv at the repository root, git-ignored), made with
@@ -34,37 +47,54 @@ PY_PACKAGES=(numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_cor
 
 say() { echo "install-deps: $*"; }
 
-system_deps() {
-  local need_apt=()
-  [ -f /usr/include/cmocka.h ] || need_apt+=(libcmocka-dev)
+# Appends to need_apt the packages of a purpose that are missing.
+build_packages() {
+  command -v cmake >/dev/null || need_apt+=(cmake)
+  command -v c++ >/dev/null || command -v g++ >/dev/null || need_apt+=(g++)
   [ -f /usr/include/nlohmann/json.hpp ] || need_apt+=(nlohmann-json3-dev)
   [ -f /usr/include/openssl/evp.h ] || need_apt+=(libssl-dev)
-  command -v cmake >/dev/null || need_apt+=(cmake)
+}
+test_packages() {
+  [ -f /usr/include/cmocka.h ] || need_apt+=(libcmocka-dev)
   command -v nm >/dev/null || need_apt+=(binutils)
-  command -v swig >/dev/null || need_apt+=(swig)  # the SWIG Python module and its tests
   command -v pkg-config >/dev/null || need_apt+=(pkg-config)  # test_install, go_qsakv
-  command -v bindgen >/dev/null || need_apt+=(bindgen)  # rust_sys_bindings
-  command -v go >/dev/null || need_apt+=(golang-go)  # go_qsakv
-  command -v abidiff >/dev/null || need_apt+=(abigail-tools)  # test_abi
-  command -v clang-format >/dev/null || need_apt+=(clang-format)  # format_check
-  command -v clang-tidy >/dev/null || need_apt+=(clang-tidy)  # tidy_check
-  command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] ||
-    need_apt+=(cargo)  # rust_qsakv
+  command -v swig >/dev/null || need_apt+=(swig)  # the SWIG Python module and its tests
   # The test venv and python_wheel's venv need venv + ensurepip (Debian splits them out).
   "$PY" -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
+}
+maintainer_packages() {
+  command -v clang-format >/dev/null || need_apt+=(clang-format)  # format_check
+  command -v clang-tidy >/dev/null || need_apt+=(clang-tidy)  # tidy_check
+  command -v abidiff >/dev/null || need_apt+=(abigail-tools)  # test_abi
+  command -v bindgen >/dev/null || need_apt+=(bindgen)  # rust_sys_bindings
+  command -v go >/dev/null || need_apt+=(golang-go)  # go_qsakv
+  command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] ||
+    need_apt+=(cargo)  # rust_qsakv
+}
+
+# system_deps WHAT REQUIRED: installs need_apt (WHAT names the purpose); REQUIRED=1 fails
+# when they cannot be installed.
+system_deps() {
+  local what=$1 required=$2
   if [ ${#need_apt[@]} -eq 0 ]; then
-    say "system packages: all present"
+    say "$what packages: all present"
     return 0
   fi
+  local cmd="apt-get install -y ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then
-    echo "install-deps: missing packages; run: sudo apt-get install -y ${need_apt[*]}" >&2
-    exit 1
+    echo "install-deps: $what packages missing (${need_apt[*]}); install them with:" >&2
+    echo "  sudo $cmd" >&2
+    [ "$required" = 1 ] && exit 1
+    return 0
   fi
   export DEBIAN_FRONTEND=noninteractive
-  say "apt-get update"
-  apt-get update -q
-  say "apt-get install ${need_apt[*]}"
-  apt-get install -y "${need_apt[@]}"
+  say "apt-get update; $cmd"
+  if ! { apt-get update -q && apt-get install -y "${need_apt[@]}"; }; then
+    echo "install-deps: apt-get could not install ${need_apt[*]} (no package mirror?);" \
+         "install them with: $cmd" >&2
+    [ "$required" = 1 ] && exit 1
+    return 0
+  fi
 }
 
 python_deps() {
@@ -110,11 +140,15 @@ cuda12_deps() {
   touch "$CUDA12_ROOT/.qsakv-cuda12-ok"
 }
 
+need_apt=()
 case "${1:-all}" in
-  --system) system_deps ;;
+  --build) build_packages; system_deps build 1 ;;
+  --test) test_packages; system_deps test 0 ;;
+  --maintainer) maintainer_packages; system_deps maintainer 0 ;;
+  --system) build_packages; test_packages; maintainer_packages; system_deps system 1 ;;
   --python) python_deps ;;
   --cuda12) cuda12_deps ;;
-  all) system_deps; python_deps; cuda12_deps ;;
+  all) build_packages; test_packages; maintainer_packages; system_deps system 1; python_deps; cuda12_deps ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  *) echo "install-deps: unknown option $1 (--system, --python, --cuda12, or none for all)" >&2; exit 2 ;;
+  *) echo "install-deps: unknown option $1 (--build, --test, --maintainer, --system, --python, --cuda12, or none for all)" >&2; exit 2 ;;
 esac

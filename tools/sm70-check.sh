@@ -7,14 +7,16 @@
 #   tools/sm70-check.sh [OUT_DIR]
 #
 # Without the CUDA 12.9 packages it says so and exits 77 (CTest: skipped), unless
-# QSAKV_REQUIRE_SM70_CHECK=1 (CI sets it): then their absence is a failure.
+# QSAKV_REQUIRE_SM70_CHECK=1, CI=true or QSAKV_REQUIRE_ALL_SUITES=1: then their absence
+# is a failure.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${QSAKV_CUDA12_ROOT:-$repo/.deps-cuda12}
 out=${1:-$(mktemp -d)}
 if [ ! -f "$root/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ] || [ ! -x "$root/nvidia/cuda_nvcc/bin/ptxas" ]; then
   msg="CUDA 12.9 NVRTC/ptxas not found in $root (run: tools/install-deps.sh --cuda12)"
-  if [ "${QSAKV_REQUIRE_SM70_CHECK:-0}" = 1 ]; then
+  if [ "${QSAKV_REQUIRE_SM70_CHECK:-0}" = 1 ] || [ "${CI:-}" = true ] ||
+     [ "${QSAKV_REQUIRE_ALL_SUITES:-0}" = 1 ]; then
     echo "sm70-check: FAILED: $msg" >&2
     exit 1
   fi

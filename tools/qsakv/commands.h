@@ -13,7 +13,7 @@
 #define QSAKV_EXIT_USAGE 2   /* bad command line */
 
 /* The closing paragraph of every usage text. */
-#define QSAKV_EXIT_CODES_TEXT                                                        \
+#define QSAKV_EXIT_CODES_TEXT                                                           \
   "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n" \
   "2 bad command line.\n"
 
