@@ -110,7 +110,7 @@ def main(log_path: str, suites_path: str, sanitize: bool = False) -> int:
         elif st != "Passed":
             bad.append(f"{name}: {st}")
     for s in skipped:
-        print(f"check_suites: skipped (a toolchain is missing; CI requires it) {s}")
+        print(f"check_suites: skipped (its toolchain or Python test packages are missing; CI requires them) {s}")
     for b in bad:
         print(f"check_suites: FAIL {b}", file=sys.stderr)
     ran = len([n for n in expected if status.get(n) == "Passed"])

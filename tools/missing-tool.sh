@@ -13,6 +13,6 @@ if [ "${CI:-}" = true ] || [ "${QSAKV_REQUIRE_ALL_SUITES:-0}" = 1 ] ||
        "(CI=true or QSAKV_REQUIRE_ALL_SUITES); install: $install, then reconfigure" >&2
   exit 1
 fi
-echo "SKIPPED: $suite needs $tools, not found when the build was configured; install: $install" \
-     "(tools/install-deps.sh --maintainer installs every such tool), then reconfigure"
+echo "SKIPPED: $suite needs $tools, not found when the build was configured; install: $install," \
+     "then reconfigure"
 exit 77
