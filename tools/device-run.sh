@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
-#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes]
+#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|first-hour]
 # routes: the multi-row routes only: the GPU suites that run them (test_attention,
 # test_graph), the bench's overlap sweep and multi-row table ($BENCH_ARGS added), the
 # decode table, and compute-sanitizer on the attention and graph tests ($SAN_FILTER).
@@ -19,6 +19,36 @@ for d in .deps-device/*.deb; do dpkg -x "$d" $prefix; done
 libdir=$(dirname "$(find $prefix -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 stage=${1:-all}
+if [ "$stage" = first-hour ]; then
+  # A GPU user's first hour (issue 29): a copy of the tree without build folders, the
+  # maintainers' tools reported, `make demo` (no cmocka: the suites are not built) with its
+  # first run timed, then `make gpu-test` with cmocka from .deps-device (as a user who ran
+  # the command the build printed) under ${GPU_TEST_SECONDS:-400} s; BENCH_ARGS, when set,
+  # runs qsakv_bench with them on the gpu-test build afterwards.
+  fresh=/tmp/qsakv-fresh
+  rm -rf $fresh && mkdir -p $fresh
+  tar --exclude='./build*' --exclude=./.deps-device --exclude=./.venv --exclude=./.deps-cuda12 \
+    -cf - . | tar -xf - -C $fresh
+  for t in clang-format clang-tidy abidiff bindgen cargo go swig pkg-config; do
+    printf '%s: %s\n' "$t" "$(command -v $t || echo absent)"
+  done
+  echo "cmocka.h: $(ls /usr/include/cmocka.h 2>/dev/null || echo absent)"
+  (cd $fresh && { time make demo JOBS=16; } > "$OUT/first-demo.log" 2>&1); echo "make demo rc=$?"
+  grep -E "^qsakv:|-- qsakv:|CUDA code|backend|device|real" "$OUT/first-demo.log" | head -20
+  (cd $fresh && { time build/qsakv_demo; } > "$OUT/second-demo.log" 2>&1); echo "second run: $(grep real "$OUT/second-demo.log")"
+  inc=$prefix/usr/include
+  (cd $fresh && timeout ${GPU_TEST_SECONDS:-400} make gpu-test JOBS=16 \
+    CMAKE_FLAGS="-DCMOCKA_INCLUDE_DIR=$inc -DCMOCKA_LIBRARY=$libdir/libcmocka.so.0" \
+    > "$OUT/first-gpu-test.log" 2>&1); echo "make gpu-test rc=$?"
+  grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|^suites:|check_suites|^== |ERROR SUMMARY|RACECHECK SUMMARY" \
+    "$OUT/first-gpu-test.log" | cut -c1-160 | head -60
+  if [ -n "${BENCH_ARGS:-}" ]; then
+    timeout 150 $fresh/build-gpu/qsakv_bench $BENCH_ARGS > "$OUT/first-bench.log" 2>&1
+    echo "bench rc=$?"; tail -${BENCH_TAIL:-12} "$OUT/first-bench.log"
+  fi
+  (cd "$OUT" && tar czf first-hour-logs.tar.gz ./*.log && rm -f ./*.log)
+  exit 0
+fi
 if [ "$stage" = sm70 ]; then
   export QSAKV_CUDA_TIER=sm70
   stage=all

@@ -38,7 +38,8 @@ for act in ACTS:
             KERNELS.append(f"&qsakv::cuda::grouped_attention_kernel<{act}, "
                            f"qsakv::cuda::KvKind::{kv}, {d}, qsakv::cuda::Decoder::{dec}>")
 KERNELS += [
-    "&qsakv::cuda::grouped_union_kernel",
+    "&qsakv::cuda::grouped_union_kernel<false>",
+    "&qsakv::cuda::grouped_union_kernel<true>",
     "&qsakv::cuda::store_kv_kernel<__half, true, false>",
     "&qsakv::cuda::store_kv_kernel<__nv_bfloat16, true, false>",
     "&qsakv::cuda::store_kv_kernel<__half, false>",
