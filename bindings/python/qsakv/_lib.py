@@ -46,11 +46,17 @@ def _load():
                       + "\n".join(tried))
 
 
+def _raise_last_error(status: int, function: str) -> None:
+    """Copies the calling thread's library message, clears it (so that a later failure
+    never shows a stale one), raises the exception of `status` (git2-rs style)."""
+    message = _lib.qsakv_last_error().decode("utf-8", "replace")
+    _lib.qsakv_clear_error()
+    raise_for_status(status, message, function)
+
+
 def _errcheck(status, func, args):
     if status != 0:
-        # Copies the calling thread's message, clears it, raises (git2-rs style).
-        raise_for_status(status, _lib.qsakv_last_error().decode("utf-8", "replace"),
-                         func.__name__)
+        _raise_last_error(status, func.__name__)
     return status
 
 
@@ -106,4 +112,4 @@ def raw_function(name: str, *argtypes):
 
 def raise_status(status: int, function: str) -> None:
     """Raises the exception of a failed status, as lib's errcheck does."""
-    raise_for_status(status, _lib.qsakv_last_error().decode("utf-8", "replace"), function)
+    _raise_last_error(status, function)

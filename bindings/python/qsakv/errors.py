@@ -1,10 +1,11 @@
 """Exceptions: one class per qsakv_status, all under QsakvError.
 
 Every failing library call raises the class of its status, carrying the status and the
-library's thread-local message (copied, then cleared, in the calling thread). The
-classes for the header's status codes are declared here for readers and IDEs; a status
-added to the header later still gets its own class (named from the enum, e.g.
-QSAKV_ERROR_CALIB_NON_FINITE -> CalibNonFiniteError), so the mapping stays total.
+library's thread-local message (copied, then cleared, in the calling thread, by
+qsakv._lib; this module imports nothing of it). The classes for the header's status
+codes are declared here for readers and IDEs; a status added to the header later still
+gets its own class (named from the enum, e.g. QSAKV_ERROR_CALIB_NON_FINITE ->
+CalibNonFiniteError), so the mapping stays total.
 """
 from __future__ import annotations
 
@@ -118,11 +119,10 @@ def error_class(status: int) -> type:
 
 
 def raise_for_status(status: int, message: str, function: str = "") -> None:
-    """Raises the exception of `status` (a nonzero qsakv_status) and clears the calling
-    thread's library message, so that a later failure never shows a stale one."""
-    from ._lib import lib  # the errcheck path: the library is loaded by then
-
-    lib.qsakv_clear_error()
+    """Raises the exception of `status` (a nonzero qsakv_status) carrying `message`: a
+    pure mapping. Fetching and clearing the library's thread-local message is the
+    caller's part (qsakv._lib does both for every failing call), so that this module
+    depends on nothing but the generated declarations."""
     raise error_class(status)(message, status, function)
 
 
