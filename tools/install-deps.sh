@@ -23,7 +23,8 @@
 # --build (nothing builds without those), and succeeds otherwise (the suites that need
 # what is missing say so when they run).
 # --python: the Python test dependencies (numpy, ml_dtypes, safetensors, pytest,
-#   pycparser, wheel, scikit-build-core) into a project-local virtual environment,
+#   pycparser, wheel, scikit-build-core; matplotlib for tools/plot_bench.py) into a
+#   project-local virtual environment,
 #   $QSAKV_VENV (default: .venv at the repository root, git-ignored), made with
 #   `$PYTHON -m venv` (PYTHON defaults to python3). No system pip is used, so this works
 #   on a Debian system Python (PEP 668, "externally-managed-environment"). `make test`
@@ -43,7 +44,8 @@ VENV=${QSAKV_VENV:-$repo/.venv}
 CUDA12_ROOT=${QSAKV_CUDA12_ROOT:-$repo/.deps-cuda12}
 CUDA12_PACKAGES=(nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
                  nvidia-cuda-runtime-cu12==12.9.79)
-PY_PACKAGES=(numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_core=scikit-build-core)
+PY_PACKAGES=(numpy ml_dtypes safetensors pytest pycparser wheel scikit_build_core=scikit-build-core
+             matplotlib)
 
 say() { echo "install-deps: $*"; }
 
@@ -140,15 +142,21 @@ cuda12_deps() {
   touch "$CUDA12_ROOT/.qsakv-cuda12-ok"
 }
 
+# --system: the build's packages are required, the others are not.
+system_all() {
+  build_packages; system_deps build 1
+  need_apt=(); test_packages; maintainer_packages; system_deps "test and maintainer" 0
+}
+
 need_apt=()
 case "${1:-all}" in
   --build) build_packages; system_deps build 1 ;;
   --test) test_packages; system_deps test 0 ;;
   --maintainer) maintainer_packages; system_deps maintainer 0 ;;
-  --system) build_packages; test_packages; maintainer_packages; system_deps system 1 ;;
+  --system) system_all ;;
   --python) python_deps ;;
   --cuda12) cuda12_deps ;;
-  all) build_packages; test_packages; maintainer_packages; system_deps system 1; python_deps; cuda12_deps ;;
+  all) system_all; python_deps; cuda12_deps ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "install-deps: unknown option $1 (--build, --test, --maintainer, --system, --python, --cuda12, or none for all)" >&2; exit 2 ;;
 esac
