@@ -254,15 +254,23 @@ typedef struct qsakv_model_config {
   int32_t max_requests;         /* concurrent requests (raw index-key rings) */
   int32_t max_batched_tokens;   /* query rows per step (top-k workspace rows) */
   int32_t max_model_len;        /* tokens per request */
+  /* Appended (a caller's older, shorter struct gets the default, FP16): */
+  /* The compressed index keys: FP16 (the default), or E4M3 with one FP32 scale per key
+   * (max |x| / 448, computed when the key is stored): 132 instead of 256 bytes per key of
+   * 128 dims, selection reads half the bytes, the selection may differ slightly (see
+   * docs/selection.md). The raw index-key ring and the index queries stay FP16. */
+  qsakv_dtype index_key_dtype;
 } qsakv_model_config;
 
-/* Zeroes every field and sets struct_size/version: not valid until filled. */
+/* Zeroes every field and sets struct_size/version: not valid until filled. The one
+ * defaulted field is index_key_dtype (FP16). */
 QSAKV_API qsakv_status qsakv_model_config_init(qsakv_model_config* config);
-/* The same as an initializer (every field zero: fill it, or use a preset). */
+/* The same as an initializer (every field zero but index_key_dtype: fill it, or use a
+ * preset). */
 #define QSAKV_MODEL_CONFIG_INIT                                                                   \
   {                                                                                               \
     sizeof(qsakv_model_config), QSAKV_MODEL_CONFIG_VERSION, 0, 0, {0}, 0, 0, 0, 0.0f, 0, 0, 0, 0, \
-        0, 0, 0, QSAKV_DTYPE_INVALID, QSAKV_DTYPE_INVALID, 0, 0, 0, 0                             \
+        0, 0, 0, QSAKV_DTYPE_INVALID, QSAKV_DTYPE_INVALID, 0, 0, 0, 0, QSAKV_DTYPE_FP16           \
   }
 /* The reference model "qwen4_exp": 48 layers, QSA where i % 4 == 3, 24/2 heads,
  * head_dim 256, indexer 4 x 128, ratio 4, budget 2048; runtime: TP1 rank 0, no
@@ -440,9 +448,9 @@ typedef struct qsakv_capacity {
   uint32_t version;
   /* Per token, per rank, all QSA layers. */
   uint64_t main_bytes_per_token;       /* K + V in kv_dtype */
-  uint64_t compressed_bytes_per_token; /* compressed index keys (FP16) */
+  uint64_t compressed_bytes_per_token; /* compressed index keys (index_key_dtype) */
   uint64_t bytes_per_token;            /* the two above */
-  uint64_t fp16_bytes_per_token;       /* the same with a 16-bit main cache */
+  uint64_t fp16_bytes_per_token;       /* the same with a 16-bit main cache and FP16 keys */
   /* Fixed costs. */
   uint64_t ring_bytes; /* raw index-key rings: all requests, all QSA layers */
   uint64_t ring_bytes_per_request;
@@ -452,7 +460,7 @@ typedef struct qsakv_capacity {
   uint64_t budget_bytes;
   int64_t num_blocks;      /* whole blocks that fit after the fixed costs */
   int64_t num_tokens;      /* num_blocks * block_size */
-  int64_t fp16_num_tokens; /* same budget with a 16-bit main cache */
+  int64_t fp16_num_tokens; /* same budget with a 16-bit main cache and FP16 index keys */
   double capacity_ratio;   /* num_tokens / fp16_num_tokens */
   double ideal_ratio;      /* fp16_bytes_per_token / bytes_per_token */
   uint64_t bytes_per_block;
@@ -519,7 +527,9 @@ typedef struct qsakv_cache_layout {
   int64_t kv_stride_token;
   int64_t kv_stride_head;
   uint64_t kv_bytes_per_layer;
-  /* Compressed index keys per layer: [num_blocks, block_size / ratio, index_head_dim]. */
+  /* Compressed index keys per layer: num_blocks pages of compressed_stride_block bytes
+   * (see the fields appended below); FP16: [num_blocks, block_size / ratio,
+   * index_head_dim]. */
   uint64_t compressed_bytes_per_layer;
   /* Raw index-key ring per layer: [max_requests, ring_length, index_head_dim] FP16. */
   int32_t ring_length;
@@ -530,6 +540,19 @@ typedef struct qsakv_cache_layout {
   int32_t topk_shared; /* 1 when one buffer serves every layer */
   int32_t topk_external;
   uint64_t total_bytes; /* everything the library allocated for the cache */
+  /* Appended (a caller's older, shorter struct simply does not receive them): the
+   * compressed index-key pages. Page b (one per cache block) starts at byte
+   * b * compressed_stride_block and holds compressed_keys_per_block keys:
+   *   FP16: keys [compressed_keys_per_block, index_head_dim] FP16, nothing else
+   *         (compressed_scales_offset = -1);
+   *   E4M3: codes [compressed_keys_per_block, index_head_dim] bytes, then at
+   *         compressed_scales_offset one FP32 scale per key, then padding to 16 bytes.
+   * Key j of a page is x = scale[j] * e4m3(codes[j]). */
+  qsakv_dtype index_key_dtype;
+  int32_t index_head_dim;
+  int32_t compressed_keys_per_block; /* block_size / compress_ratio */
+  int64_t compressed_stride_block;   /* bytes per page (a multiple of 16) */
+  int64_t compressed_scales_offset;  /* bytes from the page's start; -1 for FP16 keys */
 } qsakv_cache_layout;
 /* The cache's layout (strides, bytes per layer, top-k shape). Set out->struct_size
  * first. Host only. */
@@ -545,7 +568,7 @@ typedef struct qsakv_layer_buffers {
   size_t struct_size;
   uint32_t version;
   void* kv;              /* main cache */
-  void* compressed_keys; /* FP16 */
+  void* compressed_keys; /* index_key_dtype pages (qsakv_cache_layout) */
   void* ring_keys;       /* FP16 */
   int32_t* topk;         /* this layer's top-k buffer (the shared one when shared) */
   const float* scales;   /* device float[2]: k_scale, v_scale (1, 1 for 16-bit caches) */
@@ -633,7 +656,12 @@ QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer,
 
 /* Finished compressed index keys (device FP16 [num_keys, index_head_dim]) into the
  * compressed cache: entry slot_mapping[i] / compress_ratio, where slot_mapping[i] is
- * the slot of any token of the group (-1 skips). Async; run. */
+ * the slot of any token of the group (-1 skips). With index_key_dtype E4M3 each key is
+ * quantised on its own: m = max |x_d| (in FP32); scale = m / 448 (FP32 division) and
+ * code_d = e4m3(fp32(x_d) / scale) (round-to-nearest-even, saturating), so the largest
+ * element is +-448 x scale; a key with m = 0 or with a NaN or infinite element is stored
+ * as scale 0 and all codes 0 (it scores 0, as an FP16 key with a NaN element does). The
+ * same bytes on every backend. Async; run. */
 QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer,
                                                    const void* keys, const int64_t* slot_mapping,
                                                    int64_t num_keys, qsakv_stream_t stream);
@@ -741,6 +769,10 @@ QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_in
  * and pads with -1. index_q: device FP16 [rows, index_num_heads, index_head_dim].
  * topk: device int32 [rows, topk_stride] with topk_stride >= topk_width; NULL writes the
  * layer's (shared) top-k buffer. Async; run.
+ * The score of a block is sum over heads of ReLU(q_h . k_b) / sqrt(index_head_dim); with
+ * E4M3 index keys k_b = scale_b x e4m3(codes_b), computed as (the head sum over the codes)
+ * / sqrt(index_head_dim) x scale_b (codes 0x7F/0xFF, which the store never writes, read
+ * as +-480).
  * Numerics: the CPU backend is the reference (FP32 scores). The CUDA backend scores on
  * tensor cores (FP32 accumulation in another order), so its selection equals the CPU's
  * except for blocks whose score lies within a stated tolerance of the row's k-th score

@@ -96,5 +96,29 @@ QSAKV_HD float decode(uint8_t b) {
   return bits_f32(sign | ((e + 120u) << 23) | (m << 20));
 }
 
+// ---- E4M3 index keys: one FP32 scale per key --------------------------------------
+//
+// scale = max |x| / 448 (FP32 division), code = quantize(x, scale); a key whose max is 0,
+// or which has a NaN or infinite element, is stored as scale 0 and all codes 0 (it then
+// scores 0, as an FP16 key with a NaN element does). key_scale returns that scale from
+// the key's max |x| over its finite elements and whether all were finite.
+QSAKV_HD float key_scale(float finite_amax, bool all_finite) {
+  if (!all_finite || !(finite_amax > 0.0f)) return 0.0f;
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(finite_amax, 448.0f);
+#else
+  return finite_amax / 448.0f;
+#endif
+}
+QSAKV_HD uint8_t key_code(float x, float scale) { return scale > 0.0f ? quantize(x, scale) : 0; }
+
+// The value an index-key code stands for (times the key's scale), as the tensor-core
+// scoring's bitcast conversion reads it: exact for every finite code; the NaN codes
+// 0x7F/0xFF, which the store never writes, read as +-480 on every backend.
+QSAKV_HD float key_code_value(uint8_t b) {
+  if ((b & 0x7Fu) == kNaN) return (b & 0x80u) ? -480.0f : 480.0f;
+  return decode(b);
+}
+
 }  // namespace e4m3
 }  // namespace qsakv

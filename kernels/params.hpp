@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "hd.cuh"
 #include "qsakv.h"
 
 namespace qsakv {
@@ -37,21 +38,64 @@ struct StoreKvParams {
   qsakv_dtype act_dtype;
 };
 
-// Scatter of FP16 rows: dst[index(i)] = src[i], index(i) < 0 skips.
-//   ring:       index = request_slots[i] * ring_length + positions[i] % ring_length
-//   compressed: index = slot_mapping[i] / compress_ratio
+// The compressed index keys of one layer: num_blocks pages of stride_block bytes, page
+// b holding keys_per_block keys (FP16: [keys_per_block, dim] FP16; E4M3:
+// [keys_per_block, dim] codes, then keys_per_block FP32 scales at scales_offset).
+struct CompressedKeysView {
+  void* data;
+  int64_t num_blocks;
+  int32_t keys_per_block;
+  int32_t keys_per_block_log2;  // when keys_per_block is a power of two, else -1
+  int32_t dim;
+  int64_t stride_block;   // bytes
+  int64_t scales_offset;  // bytes from a page's start; -1 for FP16 keys
+  qsakv_dtype dtype;      // FP16 or E4M3
+};
+
+// Compressed key number `entry` (= slot / compress_ratio) of a layer: its bytes, and its
+// scale (E4M3; nullptr for FP16 keys).
+struct CompressedKeyAddress {
+  char* codes;
+  float* scale;
+};
+// Key j of page `page` (the page of cache block `page`).
+QSAKV_HD CompressedKeyAddress compressed_key_in_page(const CompressedKeysView& v, int64_t page,
+                                                     int j) {
+  char* base = static_cast<char*>(v.data) + page * v.stride_block;
+  const bool fp8 = v.scales_offset >= 0;
+  CompressedKeyAddress a;
+  a.codes = base + static_cast<int64_t>(j) * v.dim * (fp8 ? 1 : 2);
+  a.scale = fp8 ? reinterpret_cast<float*>(base + v.scales_offset) + j : nullptr;
+  return a;
+}
+QSAKV_HD CompressedKeyAddress compressed_key_address(const CompressedKeysView& v, int64_t entry) {
+  return compressed_key_in_page(v, entry / v.keys_per_block,
+                                static_cast<int>(entry % v.keys_per_block));
+}
+
+// Finished compressed keys (FP16 [num_keys, dim]) into the compressed cache: key i to
+// entry slot_mapping[i] / compress_ratio (a negative slot, or an entry beyond the cache,
+// skips), quantised per key for E4M3 (qsakv_store_compressed_keys).
+struct StoreCompressedParams {
+  CompressedKeysView cache;
+  const uint16_t* src;
+  int64_t num_keys;
+  const int64_t* slot_mapping;
+  int32_t compress_ratio;
+};
+
+// Scatter of FP16 rows into the raw index-key ring: dst[index(i)] = src[i], with
+// index = request_slots[i] * ring_length + positions[i] % ring_length (< 0 skips).
 struct StoreRowsParams {
   void* dst;
   int64_t dst_rows;
   const uint16_t* src;
   int32_t row_elems;
   int64_t num_rows;
-  const int32_t* request_slots;  // ring only
-  const int64_t* positions;      // ring only
+  const int32_t* request_slots;
+  const int64_t* positions;
   int32_t ring_length;
   int32_t max_requests;
-  const int64_t* slot_mapping;  // compressed only
-  int32_t compress_ratio;
 };
 
 // Batch metadata a plan keeps in device memory, rewritten by each update.
@@ -82,8 +126,8 @@ struct PlanMetaView {
 
 struct SelectParams {
   PlanMetaView meta;
-  const uint16_t* index_q;     // [rows, index_heads, index_dim] FP16
-  const uint16_t* compressed;  // [num_blocks, block_size / ratio, index_dim] FP16
+  const uint16_t* index_q;  // [rows, index_heads, index_dim] FP16
+  CompressedKeysView keys;  // the layer's compressed index keys (FP16 or E4M3 pages)
   int64_t num_blocks;
   int32_t block_size;
   int32_t index_heads;

@@ -38,7 +38,7 @@ class LaunchError : public std::runtime_error {
 // fp8_instructions: false on the SM70 tier (the integer E4M3 encoder, as on a V100).
 void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t stream);
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
-void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
+void launch_store_compressed(const StoreCompressedParams& p, int sm_count, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
 // the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
 // ring_sms: the GPU's SM count where the copy ring is routed (SM90+, where it was

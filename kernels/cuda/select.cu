@@ -100,26 +100,74 @@ __device__ __forceinline__ WaveRow wave_row(float* ws, int wave_rows, int64_t st
 // 1. Scores
 // ---------------------------------------------------------------------------------------
 
-// Address of compressed key b of a row, or nullptr when b is not visible or its page is
-// unmapped (such a block is never read and never selected).
-__device__ __forceinline__ const uint16_t* key_address(const SelectParams& p, const int32_t* bt,
-                                                       int64_t b, int64_t n, int D) {
-  if (b >= n) return nullptr;
-  const int64_t t0 = b * p.ratio;
-  const int32_t phys = __ldg(bt + t0 / p.block_size);
-  if (phys < 0 || phys >= p.num_blocks) return nullptr;
-  const int groups_per_block = p.block_size / p.ratio;
-  return p.compressed +
-         (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * D;
+// Compressed key b of a row (codes and, for E4M3, scale), or codes == nullptr when b is
+// not visible or its page is unmapped (such a block is never read and never selected).
+__device__ __forceinline__ CompressedKeyAddress key_address(const SelectParams& p,
+                                                            const int32_t* bt, int64_t b,
+                                                            int64_t n) {
+  CompressedKeyAddress a = {nullptr, nullptr};
+  if (b >= n) return a;
+  // Key b lies on page b / keys_per_block at slot b % keys_per_block (block_size is
+  // keys_per_block * ratio). b < 2^31 (positions are int32): 32-bit arithmetic, a shift
+  // for the usual power-of-two page, instead of the 64-bit divisions that dominated this
+  // kernel's instructions.
+  const uint32_t key = static_cast<uint32_t>(b);
+  const int lg = p.keys.keys_per_block_log2;
+  const uint32_t kpb = static_cast<uint32_t>(p.keys.keys_per_block);
+  const uint32_t page = lg >= 0 ? key >> lg : key / kpb;
+  const int32_t phys = __ldg(bt + page);
+  if (phys < 0 || phys >= p.num_blocks) return a;
+  return compressed_key_in_page(p.keys, phys, static_cast<int>(key - page * kpb));
 }
 
-template <int D>
+// Tiles of 16 keys start at multiples of 16, so with pages of a power-of-two multiple of
+// 16 keys (the reference geometry: 64-token blocks, ratio 4) each tile lies in one page.
+// Then lane l of every warp looks up the page of the CTA's tile l once, before the loop
+// (tiles_per_cta <= 32), and the loop takes it by a shuffle: no block-table load, and no
+// load-to-load dependency, in front of each tile's key loads.
+struct TilePages {
+  bool active;
+  int32_t lane_phys;  // the page of tile `lane` of the CTA (-1: none)
+};
+__device__ __forceinline__ TilePages tile_pages(const SelectParams& p, const int32_t* bt,
+                                                int64_t cta0, int tiles_per_cta, int64_t n,
+                                                int lane) {
+  TilePages tp = {p.keys.keys_per_block_log2 >= 4, -1};
+  const int64_t b = cta0 + static_cast<int64_t>(lane) * kScoreTileKeys;
+  if (tp.active && lane < tiles_per_cta && b < n)
+    tp.lane_phys = __ldg(bt + (static_cast<uint32_t>(b) >> p.keys.keys_per_block_log2));
+  return tp;
+}
+// Key b of tile `tile` of the CTA: as key_address, with the tile's page from TilePages
+// when active. Every lane of the warp must call it (the shuffle), with the same tile.
+__device__ __forceinline__ void tile_key_addresses(const SelectParams& p, const int32_t* bt,
+                                                   const TilePages& tp, int tile, int64_t b,
+                                                   int64_t n, bool own, CompressedKeyAddress& lo,
+                                                   CompressedKeyAddress& hi) {
+  const int32_t phys = __shfl_sync(0xffffffffu, tp.lane_phys, tile & 31);
+  lo = hi = CompressedKeyAddress{nullptr, nullptr};
+  if (!own) return;
+  if (!tp.active) {
+    lo = key_address(p, bt, b, n);
+    hi = key_address(p, bt, b + 8, n);
+    return;
+  }
+  if (phys < 0 || phys >= p.num_blocks) return;
+  const int slot = static_cast<int>(static_cast<uint32_t>(b) & (p.keys.keys_per_block - 1));
+  if (b < n) lo = compressed_key_in_page(p.keys, phys, slot);
+  if (b + 8 < n) hi = compressed_key_in_page(p.keys, phys, slot + 8);
+}
+
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kScoreWarps * 32, 5)
     select_score_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                         int tiles_per_cta, float inv_sqrt_dim) {
   __shared__ uint32_t hist[kTopBins];
-  // Two tiles in flight per warp where registers allow (8 KB of keys per warp at D=128).
-  constexpr int kInFlight = D <= 128 ? 2 : 1;
+  // FP16: two tiles in flight per warp where registers allow (8 KB of keys per warp at
+  // D=128). E4M3: one (measured on an H200, 64 rows at 128K, scoring kernel alone: 102 us
+  // at one tile, 105 at two, 140 at three, more at four with fewer CTAs per SM; the
+  // decode's registers cost more occupancy than a second tile gains). docs/perf.md.
+  constexpr int kInFlight = kFp8 ? 1 : (D <= 128 ? 2 : 1);
   const int row = row0 + static_cast<int>(blockIdx.y);
   if (row >= p.meta.header->num_rows) return;
   const int pos = p.meta.row_pos[row];
@@ -134,35 +182,41 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
 
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32) hist[i] = 0u;
   QueryFrags<D> q;
-  load_query_frags<D>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D, p.index_heads,
-                      g, t4);
+  load_query_frags<D, kFp8>(q, p.index_q + static_cast<int64_t>(row) * p.index_heads * D,
+                            p.index_heads, g, t4);
   uint32_t* ws =
       reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
+  const TilePages pages = tile_pages(p, bt, cta0, tiles_per_cta, n, lane);
   __syncthreads();  // hist cleared
 
   for (int t = warp; t < tiles_per_cta; t += kScoreWarps * kInFlight) {
     if (cta0 + static_cast<int64_t>(t) * kScoreTileKeys >= n) break;  // warp-uniform
-    KeyFrags<D> k[kInFlight];
+    KeyFrags<D, kFp8> k[kInFlight];
     bool mapped[kInFlight][2];
+    float factor[kInFlight][2];  // key_score_factor, loaded with the keys
 #pragma unroll
     for (int j = 0; j < kInFlight; ++j) {
       // A tile past this CTA's chunk (tiles_per_cta = 4) belongs to the next CTA: its
       // keys are neither read nor written nor counted here.
       const bool own = t + j * kScoreWarps < tiles_per_cta;
       const int64_t b = cta0 + static_cast<int64_t>(t + j * kScoreWarps) * kScoreTileKeys + g;
-      const uint16_t* lo = own ? key_address(p, bt, b, n, D) : nullptr;
-      const uint16_t* hi = own ? key_address(p, bt, b + 8, n, D) : nullptr;
-      mapped[j][0] = lo != nullptr;
-      mapped[j][1] = hi != nullptr;
-      load_key_runs<D>(k[j].lo, lo, t4);
-      load_key_runs<D>(k[j].hi, hi, t4);
+      CompressedKeyAddress lo, hi;
+      tile_key_addresses(p, bt, pages, t + j * kScoreWarps, b, n, own, lo, hi);
+      mapped[j][0] = lo.codes != nullptr;
+      mapped[j][1] = hi.codes != nullptr;
+      factor[j][0] = key_score_factor<kFp8>(lo.scale);
+      factor[j][1] = key_score_factor<kFp8>(hi.scale);
+      load_key_runs<D, kFp8>(k[j].lo, lo.codes, t4);
+      load_key_runs<D, kFp8>(k[j].hi, hi.codes, t4);
     }
 #pragma unroll
     for (int j = 0; j < kInFlight; ++j) {
       float s_lo, s_hi;
-      score_tile<D>(k[j], q, inv_sqrt_dim, s_lo, s_hi);
+      score_tile<D, kFp8>(k[j], q, inv_sqrt_dim, s_lo, s_hi);
       const int64_t b = cta0 + static_cast<int64_t>(t + j * kScoreWarps) * kScoreTileKeys + g;
       if (t4 == 0 && t + j * kScoreWarps < tiles_per_cta) {
+        s_lo *= factor[j][0];
+        s_hi *= factor[j][1];
         if (b < n) {
           const uint32_t key = mapped[j][0] ? score_key(s_lo) : 0u;
           ws[b] = key;
@@ -176,22 +230,26 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
       }
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();  // the top-k kernel may start its prologue
-#endif
   __syncthreads();
   uint32_t* row_hist = reinterpret_cast<uint32_t*>(p.score_workspace) +
                        static_cast<int64_t>(wave_rows) * ws_stride +
                        static_cast<int64_t>(row - row0) * kTopBins;
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32)
     if (hist[i]) atomicAdd(row_hist + i, hist[i]);
+  // No early cudaTriggerProgrammaticLaunchCompletion: only writes made before a CTA's
+  // trigger are guaranteed visible to the top-k grid after its
+  // cudaGridDependencySynchronize, and the histogram adds above come last. (An earlier
+  // trigger before them let the top-k read partial histograms and clear a row's
+  // histogram before late adds landed, which left counts behind for the next call: still
+  // exact through the fallback, but measured 4x slower on one row at 256K.) The block's
+  // exit is the trigger; the top-k grid is still launched early and waits.
 }
 
 // Rows of one request scored together (see select_score.cuh). Grid: (key chunks, blocks of
 // kRowsPerBlock rows). A block's rows are split into runs of one request each; a run's
 // query fragments go to shared memory and every key tile is read once for the whole run.
 // No histogram here: the top-k kernel builds it (hist_ready = false).
-template <int D, int kHeadsPad>
+template <int D, int kHeadsPad, bool kFp8>
 __global__ void __launch_bounds__(kScoreWarps * 32, 4)
     select_score_rows_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                              int tiles_per_cta, float inv_sqrt_dim) {
@@ -221,38 +279,38 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
             row < n_run && head < p.index_heads
                 ? __ldg(reinterpret_cast<const uint4*>(
                       p.index_q + (static_cast<int64_t>(r_begin + row) * p.index_heads + head) * D +
-                      32 * i + 8 * (l & 3)))
+                      query_run_offset<kFp8>(i, l & 3)))
                 : make_uint4(0u, 0u, 0u, 0u);
       }
       __syncthreads();
       const int32_t* bt = p.meta.header->block_table +
                           static_cast<int64_t>(req) * p.meta.header->block_table_stride;
       const int n_tiles_used = (n_run + kRowsPerTile - 1) / kRowsPerTile;
+      const TilePages pages = tile_pages(p, bt, cta0, tiles_per_cta, n_max, lane);
       for (int t = warp; t < tiles_per_cta; t += kScoreWarps) {
         const int64_t b = cta0 + static_cast<int64_t>(t) * kScoreTileKeys + g;
         if (b - g >= n_max) break;  // warp-uniform
-        KeyFrags<D> k;
-        const uint16_t* klo = key_address(p, bt, b, n_max, D);
-        const uint16_t* khi = key_address(p, bt, b + 8, n_max, D);
-        load_key_runs<D>(k.lo, klo, t4);
-        load_key_runs<D>(k.hi, khi, t4);
+        KeyFrags<D, kFp8> k;
+        CompressedKeyAddress klo, khi;
+        tile_key_addresses(p, bt, pages, t, b, n_max, true, klo, khi);
+        load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
+        load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
         float c[kNTiles][4];
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < D / 32; ++i) {
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a[4];
+          k.a_frag(ks, a);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {word(k.lo[i], 2 * h), word(k.hi[i], 2 * h),
-                                   word(k.lo[i], 2 * h + 1), word(k.hi[i], 2 * h + 1)};
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j) {
-              if (j >= n_tiles_used) break;  // warp-uniform
-              const uint4 qv = q_frag[j][i][lane];
-              mma_16816<false>(c[j], a, word(qv, 2 * h), word(qv, 2 * h + 1));
-            }
+          for (int j = 0; j < kNTiles; ++j) {
+            if (j >= n_tiles_used) break;  // warp-uniform
+            const uint4 qv = q_frag[j][ks >> 1][lane];
+            mma_16816<false>(c[j], a, word(qv, 2 * (ks & 1)), word(qv, 2 * (ks & 1) + 1));
           }
         }
+        const float f_lo = key_score_factor<kFp8>(klo.scale);
+        const float f_hi = key_score_factor<kFp8>(khi.scale);
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
           if (j >= n_tiles_used) break;
@@ -265,8 +323,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
               min(static_cast<int64_t>((p.meta.row_pos[rr] + 1) / p.ratio), p.max_blocks);
           uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) +
                          static_cast<int64_t>(rr - row0) * ws_stride;
-          if (b < n) ws[b] = klo ? score_key(s_lo) : 0u;
-          if (b + 8 < n) ws[b + 8] = khi ? score_key(s_hi) : 0u;
+          if (b < n) ws[b] = klo.codes ? score_key(s_lo * f_lo) : 0u;
+          if (b + 8 < n) ws[b + 8] = khi.codes ? score_key(s_hi * f_hi) : 0u;
         }
       }
     }
@@ -665,6 +723,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
 // index keys with up to 8 heads, the reference geometry; 64 dims with 3-4 heads); false
 // for other shapes, which take the one-row route (same scores, more key reads).
+template <bool kFp8>
 bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
                        int64_t stride, int tiles_per_cta, float inv_sqrt_dim, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunks),
@@ -673,22 +732,43 @@ bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0
   const dim3 block(kScoreWarps * 32);
   if (p.index_dim == 128) {
     if (hp == 2)
-      select_score_rows_kernel<128, 2>
+      select_score_rows_kernel<128, 2, kFp8>
           <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     else if (hp == 4)
-      select_score_rows_kernel<128, 4>
+      select_score_rows_kernel<128, 4, kFp8>
           <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     else
-      select_score_rows_kernel<128, 8>
+      select_score_rows_kernel<128, 8, kFp8>
           <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     return true;
   }
   if (p.index_dim == 64 && hp == 4) {
-    select_score_rows_kernel<64, 4>
+    select_score_rows_kernel<64, 4, kFp8>
         <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
     return true;
   }
   return false;
+}
+
+template <bool kFp8>
+void launch_score_one_row(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
+                          int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
+                          cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
+  switch (p.index_dim) {
+    case 64:
+      select_score_kernel<64, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
+          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+      break;
+    case 128:
+      select_score_kernel<128, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
+          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+      break;
+    default:
+      select_score_kernel<256, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
+          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
+      break;
+  }
 }
 
 }  // namespace
@@ -731,29 +811,21 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     // The SM70 tier (sm_version < 75) scores on CUDA cores, one row at a time.
     const bool simt = sm_version < 75;
     // Rows sharing a request: each key tile read once for all of them (where built).
-    const bool multi_row =
-        !simt && p.rows_share_requests &&
-        launch_score_rows(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim, stream);
-    if (simt) {
+    const bool fp8 = p.keys.dtype == QSAKV_DTYPE_E4M3;
+    const bool multi_row = !simt && p.rows_share_requests &&
+                           (fp8 ? launch_score_rows<true>(p, chunks, rows, row0, wave, stride,
+                                                          tiles_per_cta, inv_sqrt_dim, stream)
+                                : launch_score_rows<false>(p, chunks, rows, row0, wave, stride,
+                                                           tiles_per_cta, inv_sqrt_dim, stream));
+    if (simt)
       launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,
                         inv_sqrt_dim, stream);
-    } else if (!multi_row) {
-      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
-      switch (p.index_dim) {
-        case 64:
-          select_score_kernel<64><<<grid, kScoreWarps * 32, 0, stream>>>(
-              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-          break;
-        case 128:
-          select_score_kernel<128><<<grid, kScoreWarps * 32, 0, stream>>>(
-              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-          break;
-        default:
-          select_score_kernel<256><<<grid, kScoreWarps * 32, 0, stream>>>(
-              p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-          break;
-      }
-    }
+    else if (!multi_row && fp8)
+      launch_score_one_row<true>(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim,
+                                 stream);
+    else if (!multi_row)
+      launch_score_one_row<false>(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim,
+                                  stream);
     // Programmatic dependent launch (SM90+): the top-k grid is scheduled while the
     // scoring grid drains; it waits in cudaGridDependencySynchronize for the scores.
     cudaLaunchConfig_t cfg = {};

@@ -7,12 +7,22 @@
 // from the CPU reference is the order of the FP32 additions (the numerics contract in
 // docs/selection.md).
 //
+// E4M3 keys (kFp8): the codes become FP16 by a bitcast (sign to bit 15, the other seven
+// bits to bits 13..7), which is exact and gives the code's value times 2^-8, so the MMA
+// computes the dot products times 2^-8 exactly as it would the true ones (a power of two
+// commutes with every rounding here); the score is then multiplied by the key's scale
+// times 2^8, which equals the CPU's (dot sum / sqrt(D)) x scale bit for bit when the dots
+// agree.
+//
 // Dimension permutation: a dot product does not care in which order its dims are
 // visited, so each thread loads a contiguous run of dims of its key with 16-byte loads
 // (the 4 threads of a key read 64 contiguous bytes per load) and the query fragments use
-// the same permutation. For k-step ks = 2i + h, thread (g, t4) holds dims
-// 32i + 8*t4 + 4h + {0,1} in MMA columns 2*t4, 2*t4+1 and dims 32i + 8*t4 + 4h + {2,3} in
-// columns 8 + 2*t4, 9 + 2*t4: every dim appears exactly once over the k-steps.
+// the same permutation. Thread (g, t4) holds in MMA columns 2*t4, 2*t4+1 and 8 + 2*t4,
+// 9 + 2*t4 of k-step ks the dims
+//   FP16: 32*(ks/2) + 8*t4 + 4*(ks%2) + {0,1} and {2,3}  (a 16-byte load: 8 dims, 2 k-steps)
+//   E4M3: 64*(ks/4) + 16*t4 + 4*(ks%4) + {0,1} and {2,3} (a 16-byte load: 16 dims, 4 k-steps)
+// so every dim appears exactly once over the k-steps, and each k-step of an E4M3 key is
+// one 32-bit word of codes.
 #pragma once
 
 #include <math_constants.h>
@@ -39,59 +49,105 @@ __device__ __forceinline__ uint32_t score_key(float f) {
 // ReLU as the CPU reference writes it (x > 0 ? x : 0): a NaN dot product counts as 0.
 __device__ __forceinline__ float relu_like_reference(float x) { return x > 0.0f ? x : 0.0f; }
 
+__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// Offset (in elements) of a thread's 8-dim query run i: word 2h / 2h+1 of run i feed
+// k-step 2i + h (the permutation above).
+template <bool kFp8>
+__device__ __forceinline__ int query_run_offset(int i, int t4) {
+  return kFp8 ? 64 * (i >> 1) + 16 * t4 + 8 * (i & 1) : 32 * i + 8 * t4;
+}
+
 // The query fragments (MMA B operand) of one row for a thread: head g (zero beyond the
-// row's heads), D/32 runs of 8 dims. Word 2h / 2h+1 of run i feed k-step 2i + h.
+// row's heads), D/32 runs of 8 dims.
 template <int D>
 struct QueryFrags {
   uint4 run[D / 32];
 };
 
-template <int D>
+template <int D, bool kFp8>
 __device__ __forceinline__ void load_query_frags(QueryFrags<D>& q, const uint16_t* row_q, int heads,
                                                  int g, int t4) {
 #pragma unroll
   for (int i = 0; i < D / 32; ++i)
-    q.run[i] = g < heads ? __ldg(reinterpret_cast<const uint4*>(row_q + g * D + 32 * i + 8 * t4))
-                         : make_uint4(0u, 0u, 0u, 0u);
+    q.run[i] =
+        g < heads
+            ? __ldg(reinterpret_cast<const uint4*>(row_q + g * D + query_run_offset<kFp8>(i, t4)))
+            : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// The two keys of a thread in one tile (keys g and g + 8), D/32 runs of 8 dims each.
-template <int D>
+// Two E4M3 codes (bytes 0, 1 or 2, 3 of w, by kPerm) as an FP16 pair of their values
+// times 2^-8 (the bitcast described above).
+template <uint32_t kPerm>
+__device__ __forceinline__ uint32_t e4m3_pair_as_half2_scaled(uint32_t w) {
+  const uint32_t v = __byte_perm(w, 0u, kPerm);  // code bytes to bits 15..8 and 31..24
+  return ((v >> 1) & 0x3F803F80u) | (v & 0x80008000u);
+}
+
+// The two keys of a thread in one tile (keys g and g + 8): FP16, D/32 16-byte runs of 8
+// dims each; E4M3, D/64 runs of 16 codes.
+template <int D, bool kFp8>
 struct KeyFrags {
-  uint4 lo[D / 32];  // key g
-  uint4 hi[D / 32];  // key g + 8
+  static constexpr int kRuns = kFp8 ? D / 64 : D / 32;
+  uint4 lo[kRuns];  // key g
+  uint4 hi[kRuns];  // key g + 8
+
+  // A fragment of k-step ks (rows g, g+8 x columns 2*t4.., 8+2*t4..).
+  __device__ __forceinline__ void a_frag(int ks, uint32_t (&a)[4]) const {
+    if constexpr (kFp8) {
+      const uint32_t l = word(lo[ks >> 2], ks & 3), h = word(hi[ks >> 2], ks & 3);
+      a[0] = e4m3_pair_as_half2_scaled<0x1404u>(l);
+      a[1] = e4m3_pair_as_half2_scaled<0x1404u>(h);
+      a[2] = e4m3_pair_as_half2_scaled<0x3424u>(l);
+      a[3] = e4m3_pair_as_half2_scaled<0x3424u>(h);
+    } else {
+      const int i = ks >> 1, w = 2 * (ks & 1);
+      a[0] = word(lo[i], w);
+      a[1] = word(hi[i], w);
+      a[2] = word(lo[i], w + 1);
+      a[3] = word(hi[i], w + 1);
+    }
+  }
 };
 
-template <int D>
-__device__ __forceinline__ void load_key_runs(uint4 (&run)[D / 32], const uint16_t* key, int t4) {
+// A thread's runs of one key (its bytes at `key`; nullptr: an unmapped or invisible key,
+// zeros): 16-byte loads, the quad's four threads reading 64 contiguous bytes each.
+template <int D, bool kFp8>
+__device__ __forceinline__ void load_key_runs(uint4 (&run)[KeyFrags<D, kFp8>::kRuns],
+                                              const char* key, int t4) {
+  constexpr int kRuns = KeyFrags<D, kFp8>::kRuns;
   if (key) {
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) run[i] = ld_stream16(key + 32 * i + 8 * t4);
+    for (int i = 0; i < kRuns; ++i) run[i] = ld_stream16(key + 64 * i + 16 * t4);
   } else {
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) run[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < kRuns; ++i) run[i] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
-  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+// The factor a key's head sum / sqrt(D) is multiplied by: FP16 keys 1 (no multiply);
+// E4M3 keys the scale times 2^8 (the bitcast's 2^-8 undone; exact).
+template <bool kFp8>
+__device__ __forceinline__ float key_score_factor(const float* scale) {
+  return kFp8 && scale ? __ldg(scale) * 256.0f : 1.0f;
 }
 
-// Scores of the tile's keys g and g + 8, complete (all heads summed, scaled) in every
-// lane of the key's quad. FP32 accumulation in a fixed order: the result depends on the
-// key and the query only, never on the batch or the grid.
-template <int D>
-__device__ __forceinline__ void score_tile(const KeyFrags<D>& k, const QueryFrags<D>& q,
+// Scores of the tile's keys g and g + 8, complete (all heads summed, scaled by 1/sqrt(D),
+// not yet by the key's scale) in every lane of the key's quad. FP32 accumulation in a
+// fixed order: the result depends on the key and the query only, never on the batch or
+// the grid.
+template <int D, bool kFp8>
+__device__ __forceinline__ void score_tile(const KeyFrags<D, kFp8>& k, const QueryFrags<D>& q,
                                            float inv_sqrt_dim, float& s_lo, float& s_hi) {
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t a[4] = {word(k.lo[i], 2 * h), word(k.hi[i], 2 * h), word(k.lo[i], 2 * h + 1),
-                             word(k.hi[i], 2 * h + 1)};
-      mma_16816<false>(c, a, word(q.run[i], 2 * h), word(q.run[i], 2 * h + 1));
-    }
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[4];
+    k.a_frag(ks, a);
+    mma_16816<false>(c, a, word(q.run[ks >> 1], 2 * (ks & 1)),
+                     word(q.run[ks >> 1], 2 * (ks & 1) + 1));
   }
   // c[0], c[1]: key g, heads 2*t4, 2*t4+1; c[2], c[3]: key g + 8. Heads beyond the row's
   // have a zero query: their dot is 0 (or NaN for a non-finite key), and ReLU gives 0.

@@ -10,11 +10,13 @@
 // heads are summed 0..7 (heads beyond the row's add +0). One thread runs this fixed
 // sequence for one (row, key), whatever the grid or batch: deterministic and
 // batch-invariant, as docs/selection.md requires (the values may differ from the tensor-
-// core tier's in the last bits: another order of FP32 additions).
+// core tier's in the last bits: another order of FP32 additions). E4M3 keys (kFp8): the
+// codes' values (e4m3::key_code_value), the score times the key's scale, as on the CPU.
 #pragma once
 
 #include <stdint.h>
 
+#include "e4m3.cuh"
 #include "params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/select_score.cuh"
@@ -26,7 +28,7 @@ constexpr int kSimtScoreThreads = 128;
 constexpr int kSimtHistBits = 11;  // select.cu's kTopBits (checked there)
 constexpr int kSimtHistBins = 1 << kSimtHistBits;
 
-template <int D>
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kSimtScoreThreads, 4)
     select_score_simt_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                              int keys_per_cta, float inv_sqrt_dim) {
@@ -53,7 +55,6 @@ __global__ void __launch_bounds__(kSimtScoreThreads, 4)
   }
   uint32_t* ws =
       reinterpret_cast<uint32_t*>(p.score_workspace) + static_cast<int64_t>(row - row0) * ws_stride;
-  const int groups_per_block = p.block_size / p.ratio;
   __syncthreads();  // hist cleared, q loaded
 
   for (int64_t b = cta0 + threadIdx.x; b < cta1; b += kSimtScoreThreads) {
@@ -62,32 +63,34 @@ __global__ void __launch_bounds__(kSimtScoreThreads, 4)
     const int32_t phys = __ldg(bt + t0 / p.block_size);
     uint32_t key = 0u;
     if (phys >= 0 && phys < p.num_blocks) {
-      const uint16_t* k =
-          p.compressed +
-          (static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio) * D;
+      const CompressedKeyAddress a =
+          compressed_key_in_page(p.keys, phys, static_cast<int>((t0 % p.block_size) / p.ratio));
+      constexpr int kPerLoad = kFp8 ? 16 : 8;  // values per 16-byte load
       float acc[kScoreMaxHeads];
 #pragma unroll
       for (int h = 0; h < kScoreMaxHeads; ++h) acc[h] = 0.0f;
 #pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
+      for (int c = 0; c < D / kPerLoad; ++c) {
         // Through L1: a thread reads its key in 16-byte pieces of 32-byte sectors.
-        const uint4 w = __ldg(reinterpret_cast<const uint4*>(k) + c);
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(a.codes) + c);
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-        float kf[8];
+        float kf[kPerLoad];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          kf[2 * j] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[j])));
-          kf[2 * j + 1] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[j] >> 16)));
-        }
+        for (int j = 0; j < kPerLoad; ++j)
+          kf[j] = kFp8 ? e4m3::key_code_value(static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4))))
+                       : __half2float(__ushort_as_half(
+                             static_cast<uint16_t>(words[j / 2] >> (16 * (j % 2)))));
 #pragma unroll
         for (int h = 0; h < kScoreMaxHeads; ++h)
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[h] = fmaf(q[h][8 * c + i], kf[i], acc[h]);
+          for (int i = 0; i < kPerLoad; ++i) acc[h] = fmaf(q[h][kPerLoad * c + i], kf[i], acc[h]);
       }
       float s = 0.0f;
 #pragma unroll
       for (int h = 0; h < kScoreMaxHeads; ++h) s += relu_like_reference(acc[h]);
-      key = score_key(s * inv_sqrt_dim);
+      s *= inv_sqrt_dim;
+      if (kFp8) s *= __ldg(a.scale);
+      key = score_key(s);
     }
     ws[b] = key;
     if (key) atomicAdd(&hist[key >> (32 - kSimtHistBits)], 1u);
@@ -102,24 +105,33 @@ __global__ void __launch_bounds__(kSimtScoreThreads, 4)
 
 #if !defined(__CUDACC_RTC__)  // host code: not in the NVRTC sm_70 build check
 // Grid (chunks, rows), each CTA the same keys_per_cta keys as the tensor-core route's.
+template <bool kFp8>
+inline void launch_score_simt_keys(const SelectParams& p, const dim3 grid, int row0, int wave,
+                                   int64_t stride, int keys_per_cta, float inv_sqrt_dim,
+                                   cudaStream_t stream) {
+  switch (p.index_dim) {
+    case 64:
+      select_score_simt_kernel<64, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
+          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      break;
+    case 128:
+      select_score_simt_kernel<128, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
+          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      break;
+    default:
+      select_score_simt_kernel<256, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
+          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      break;
+  }
+}
 inline void launch_score_simt(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
                               int64_t stride, int keys_per_cta, float inv_sqrt_dim,
                               cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
-  switch (p.index_dim) {
-    case 64:
-      select_score_simt_kernel<64><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
-      break;
-    case 128:
-      select_score_simt_kernel<128><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
-      break;
-    default:
-      select_score_simt_kernel<256><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
-      break;
-  }
+  if (p.keys.dtype == QSAKV_DTYPE_E4M3)
+    launch_score_simt_keys<true>(p, grid, row0, wave, stride, keys_per_cta, inv_sqrt_dim, stream);
+  else
+    launch_score_simt_keys<false>(p, grid, row0, wave, stride, keys_per_cta, inv_sqrt_dim, stream);
 }
 #endif
 

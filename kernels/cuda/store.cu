@@ -40,13 +40,15 @@ void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t
 }
 
 void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {
-  store_rows_kernel<true>
-      <<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
+  store_ring_kernel<<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
 }
 
-void launch_store_compressed(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {
-  store_rows_kernel<false>
-      <<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
+void launch_store_compressed(const StoreCompressedParams& p, int sm_count, cudaStream_t stream) {
+  const int grid = grid_for(p.num_keys * 32, sm_count);  // a warp per key
+  if (p.cache.dtype == QSAKV_DTYPE_E4M3)
+    store_compressed_kernel<true><<<grid, 256, 0, stream>>>(p);
+  else
+    store_compressed_kernel<false><<<grid, 256, 0, stream>>>(p);
 }
 
 }  // namespace cuda

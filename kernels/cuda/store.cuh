@@ -191,29 +191,79 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
   }
 }
 
-// Row scatter of FP16 index keys: 16 bytes per thread.
-template <bool kRing>
-__global__ void store_rows_kernel(const StoreRowsParams p) {
+// Row scatter of FP16 index keys into the raw ring: 16 bytes per thread.
+__global__ void store_ring_kernel(const StoreRowsParams p) {
   const int chunks = p.row_elems / 8;
   const int64_t total = p.num_rows * chunks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / chunks;
     const int chunk = static_cast<int>(i % chunks);
-    int64_t dst_row;
-    if constexpr (kRing) {
-      const int32_t req = __ldg(p.request_slots + r);
-      const int64_t pos = __ldg(p.positions + r);
-      if (pos < 0 || req < 0 || req >= p.max_requests) continue;
-      dst_row = static_cast<int64_t>(req) * p.ring_length + pos % p.ring_length;
-    } else {
-      const int64_t slot = __ldg(p.slot_mapping + r);
-      if (slot < 0) continue;
-      dst_row = slot / p.compress_ratio;
-      if (dst_row >= p.dst_rows) continue;
-    }
+    const int32_t req = __ldg(p.request_slots + r);
+    const int64_t pos = __ldg(p.positions + r);
+    if (pos < 0 || req < 0 || req >= p.max_requests) continue;
+    const int64_t dst_row = static_cast<int64_t>(req) * p.ring_length + pos % p.ring_length;
     const uint4 x = __ldg(reinterpret_cast<const uint4*>(p.src + r * p.row_elems) + chunk);
     reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dst) + dst_row * p.row_elems)[chunk] = x;
+  }
+}
+
+// Compressed index keys into their pages, one warp per key, 8 values (16 input bytes) per
+// lane and step. FP16: a copy. E4M3 (kFp8): the warp's max |x| gives the key's scale
+// (e4m3::key_scale), then each value is quantised with the IEEE division, exactly as the
+// CPU backend does (e4m3::key_code): these keys are 1 per compress_ratio tokens, so the
+// division's cost does not show.
+template <bool kFp8>
+__global__ void store_compressed_kernel(const StoreCompressedParams p) {
+  const CompressedKeysView& c = p.cache;
+  const int lane = threadIdx.x & 31;
+  const int chunks = c.dim / 8;
+  const int64_t entries = c.num_blocks * c.keys_per_block;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+       i < p.num_keys; i += warps) {  // warp-uniform
+    const int64_t slot = __ldg(p.slot_mapping + i);
+    if (slot < 0) continue;
+    const int64_t entry = slot / p.compress_ratio;
+    if (entry >= entries) continue;
+    const uint4* src = reinterpret_cast<const uint4*>(p.src + i * c.dim);
+    const CompressedKeyAddress a = compressed_key_address(c, entry);
+    if constexpr (!kFp8) {
+      for (int k = lane; k < chunks; k += 32) reinterpret_cast<uint4*>(a.codes)[k] = __ldg(src + k);
+    } else {
+      float amax = 0.0f;
+      bool finite = true;
+      for (int k = lane; k < chunks; k += 32) {
+        const uint4 x = __ldg(src + k);
+        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float v =
+              fabsf(act_bits_to_float<__half>(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1)))));
+          if (v <= 65504.0f)
+            amax = fmaxf(amax, v);
+          else
+            finite = false;  // NaN or infinite
+        }
+      }
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, s));
+      finite = __all_sync(0xffffffffu, finite);
+      const float scale = e4m3::key_scale(amax, finite);
+      for (int k = lane; k < chunks; k += 32) {
+        const uint4 x = __ldg(src + k);
+        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+        uint32_t out[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float v =
+              act_bits_to_float<__half>(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
+          out[j / 4] |= static_cast<uint32_t>(e4m3::key_code(v, scale)) << (8 * (j & 3));
+        }
+        reinterpret_cast<uint2*>(a.codes)[k] = make_uint2(out[0], out[1]);
+      }
+      if (lane == 0) *a.scale = scale;
+    }
   }
 }
 

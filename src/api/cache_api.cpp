@@ -122,6 +122,21 @@ qsakv::KvCacheView qsakv_cache::kv_view(int i) const {
   return v;
 }
 
+qsakv::CompressedKeysView qsakv_cache::compressed_view(int i) const {
+  CompressedKeysView v;
+  v.data = compressed_layers[static_cast<size_t>(i)];
+  v.num_blocks = layout.num_blocks;
+  v.keys_per_block = layout.compressed_keys_per_block;
+  v.keys_per_block_log2 = -1;
+  for (int s = 0; s < 31; ++s)
+    if ((1 << s) == v.keys_per_block) v.keys_per_block_log2 = s;
+  v.dim = layout.index_head_dim;
+  v.stride_block = layout.compressed_stride_block;
+  v.scales_offset = layout.compressed_scales_offset;
+  v.dtype = layout.index_key_dtype;
+  return v;
+}
+
 int32_t* qsakv_cache::topk_for(int i) const {
   if (layout.topk_shared) return topk_base;
   return topk_base + static_cast<size_t>(i) * layout.topk_rows * layout.topk_cols;

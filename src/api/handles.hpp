@@ -35,6 +35,7 @@ struct qsakv_cache {
   qsakv::DeviceBuffer nan_flags;  // int32[num_qsa_layers]: an E4M3 NaN code was stored
   int32_t* topk_base = nullptr;   // owned or external
   qsakv::KvCacheView kv_view(int qsa_index) const;
+  qsakv::CompressedKeysView compressed_view(int qsa_index) const;
   int32_t* topk_for(int qsa_index) const;
 };
 

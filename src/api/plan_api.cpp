@@ -288,8 +288,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     SelectParams p{};
     p.meta = plan->meta_view();
     p.index_q = static_cast<const uint16_t*>(index_q);
-    p.compressed =
-        reinterpret_cast<const uint16_t*>(cache->compressed_layers[static_cast<size_t>(i)]);
+    p.keys = cache->compressed_view(i);
     p.num_blocks = cache->layout.num_blocks;
     p.block_size = c.block_size;
     p.index_heads = c.index_num_heads;

@@ -32,15 +32,6 @@ int require_index_key_rows(const qsakv_cache* cache, int32_t layer, const void* 
   return i;
 }
 
-// The source half of an index-key store: n rows of index_head_dim FP16 values into dst.
-StoreRowsParams index_key_rows(const qsakv_cache* cache, void* dst, const void* keys, int64_t n) {
-  StoreRowsParams p{};
-  p.dst = dst;
-  p.src = static_cast<const uint16_t*>(keys);
-  p.row_elems = cache->config.index_head_dim;
-  p.num_rows = n;
-  return p;
-}
 }  // namespace
 
 extern "C" {
@@ -80,8 +71,11 @@ qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const voi
     if (i < 0) return;
     require_ptr(request_slots, "request_slots");
     require_ptr(positions, "positions");
-    StoreRowsParams p =
-        index_key_rows(cache, cache->ring_layers[static_cast<size_t>(i)], keys, num_tokens);
+    StoreRowsParams p{};
+    p.dst = cache->ring_layers[static_cast<size_t>(i)];
+    p.src = static_cast<const uint16_t*>(keys);
+    p.row_elems = cache->config.index_head_dim;
+    p.num_rows = num_tokens;
     p.max_requests = cache->config.max_requests;
     p.ring_length = cache->layout.ring_length;
     p.dst_rows = static_cast<int64_t>(p.max_requests) * p.ring_length;
@@ -98,12 +92,12 @@ qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t layer, cons
     const int i = require_index_key_rows(cache, layer, keys, num_keys, "num_keys");
     if (i < 0) return;
     require_ptr(slot_mapping, "slot_mapping");
-    const qsakv_cache_layout& L = cache->layout;
-    StoreRowsParams p =
-        index_key_rows(cache, cache->compressed_layers[static_cast<size_t>(i)], keys, num_keys);
-    p.compress_ratio = cache->config.compress_ratio;
-    p.dst_rows = L.num_blocks * (L.block_size / p.compress_ratio);
+    StoreCompressedParams p{};
+    p.cache = cache->compressed_view(i);
+    p.src = static_cast<const uint16_t*>(keys);
+    p.num_keys = num_keys;
     p.slot_mapping = slot_mapping;
+    p.compress_ratio = cache->config.compress_ratio;
     cache->context->backend->store_compressed(p, stream);
   });
 }

@@ -66,7 +66,7 @@ class Backend {
   // Compute: enqueue on stream (the CPU backend runs synchronously).
   virtual void store_kv(const StoreKvParams& p, qsakv_stream_t stream) = 0;
   virtual void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
-  virtual void store_compressed(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
+  virtual void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) = 0;
   virtual void select_topk(const SelectParams& p, qsakv_stream_t stream) = 0;
   virtual void attention(const AttentionParams& p, qsakv_stream_t stream) = 0;
 

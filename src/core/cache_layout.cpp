@@ -55,6 +55,23 @@ void check_external_topk(const qsakv_cache_options& o, const qsakv_model_config&
 
 }  // namespace
 
+CompressedPage compressed_page(const qsakv_model_config& c) {
+  CompressedPage p;
+  p.keys = c.block_size / c.compress_ratio;
+  const int64_t codes = static_cast<int64_t>(p.keys) * c.index_head_dim;
+  if (enum_value(c.index_key_dtype) == QSAKV_DTYPE_E4M3) {
+    // Codes then one FP32 scale per key, padded so every page starts 16-byte aligned
+    // (the kernels read codes and scales with 16-byte loads). A page is self-contained:
+    // copying a block's pages copies its keys whole.
+    p.scales_offset = codes;
+    p.stride_bytes = (codes + 4 * p.keys + 15) / 16 * 16;
+  } else {
+    p.scales_offset = -1;
+    p.stride_bytes = 2 * codes;
+  }
+  return p;
+}
+
 int64_t resolve_num_blocks(const qsakv_model_config& c, const qsakv_cache_options& o) {
   int64_t num_blocks = o.num_blocks;
   if (num_blocks < 0)
@@ -110,9 +127,14 @@ qsakv_cache_layout build_layout(const qsakv_model_config& c, const qsakv_rank_ge
   const uint64_t nb = static_cast<uint64_t>(num_blocks);
   L.kv_bytes_per_layer = checked_mul(
       nb, static_cast<uint64_t>(L.kv_stride_block) * dtype_size(c.kv_dtype), "K/V cache");
+  const CompressedPage page = compressed_page(c);
+  L.index_key_dtype = c.index_key_dtype;
+  L.index_head_dim = c.index_head_dim;
+  L.compressed_keys_per_block = page.keys;
+  L.compressed_stride_block = page.stride_bytes;
+  L.compressed_scales_offset = page.scales_offset;
   L.compressed_bytes_per_layer =
-      checked_mul(nb, static_cast<uint64_t>(c.block_size / c.compress_ratio) * c.index_head_dim * 2,
-                  "compressed index-key cache");
+      checked_mul(nb, static_cast<uint64_t>(page.stride_bytes), "compressed index-key cache");
   L.ring_length = g.ring_length;
   L.ring_bytes_per_layer =
       static_cast<uint64_t>(c.max_requests) * g.ring_length * c.index_head_dim * 2;

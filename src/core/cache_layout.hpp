@@ -10,6 +10,14 @@
 
 namespace qsakv {
 
+// One cache block's page of compressed index keys (qsakv_cache_layout's description).
+struct CompressedPage {
+  int32_t keys;           // block_size / compress_ratio
+  int64_t stride_bytes;   // bytes per page
+  int64_t scales_offset;  // E4M3: the FP32 scales' offset in the page; FP16: -1
+};
+CompressedPage compressed_page(const qsakv_model_config& c);
+
 // Blocks per layer: options.num_blocks, or as many as options.memory_budget_bytes holds.
 int64_t resolve_num_blocks(const qsakv_model_config& c, const qsakv_cache_options& o);
 

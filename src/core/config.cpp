@@ -137,6 +137,9 @@ void validate_config(const qsakv_model_config& c) {
   at_most("max_requests", c.max_requests, 1 << 20);
   at_most("max_batched_tokens", c.max_batched_tokens, 1 << 20);
   at_most("max_model_len", c.max_model_len, 1 << 30);
+  const int32_t ik = enum_value(c.index_key_dtype);
+  if (ik != QSAKV_DTYPE_FP16 && ik != QSAKV_DTYPE_E4M3)
+    bad("index_key_dtype", format("is %s (%d); must be fp16 or e4m3", dtype_name(ik), ik));
 }
 
 qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
@@ -177,7 +180,7 @@ bool same_config(const qsakv_model_config& a, const qsakv_model_config& b) {
          a.speculative_tokens == b.speculative_tokens && a.activation_dtype == b.activation_dtype &&
          a.kv_dtype == b.kv_dtype && a.block_size == b.block_size &&
          a.max_requests == b.max_requests && a.max_batched_tokens == b.max_batched_tokens &&
-         a.max_model_len == b.max_model_len;
+         a.max_model_len == b.max_model_len && a.index_key_dtype == b.index_key_dtype;
 }
 
 }  // namespace qsakv

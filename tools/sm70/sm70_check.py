@@ -26,7 +26,8 @@ for act in ACTS:
         for d in (64, 128, 256):
             KERNELS.append(f"&qsakv::cuda::decode_attention_simt_kernel<{act}, {kv}, {d}>")
 for d in (64, 128, 256):
-    KERNELS.append(f"&qsakv::cuda::select_score_simt_kernel<{d}>")
+    for fp8 in ("false", "true"):
+        KERNELS.append(f"&qsakv::cuda::select_score_simt_kernel<{d}, {fp8}>")
 # The tensor-core kernels too: never launched on SM70, but a V100 build (CUDA 12,
 # QSAKV_CUDA_ARCHS=70) compiles them, their SM75+ instructions behind __CUDA_ARCH__ guards.
 for act in ACTS:
@@ -43,8 +44,9 @@ KERNELS += [
     "&qsakv::cuda::store_kv_kernel<__half, true, false>",
     "&qsakv::cuda::store_kv_kernel<__nv_bfloat16, true, false>",
     "&qsakv::cuda::store_kv_kernel<__half, false>",
-    "&qsakv::cuda::store_rows_kernel<true>",
-    "&qsakv::cuda::store_rows_kernel<false>",
+    "&qsakv::cuda::store_ring_kernel",
+    "&qsakv::cuda::store_compressed_kernel<false>",
+    "&qsakv::cuda::store_compressed_kernel<true>",
 ]
 
 

@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
 
   void store_kv(const StoreKvParams& p, qsakv_stream_t) override { cpu::store_kv(p); }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t) override { cpu::store_ring(p); }
-  void store_compressed(const StoreRowsParams& p, qsakv_stream_t) override {
+  void store_compressed(const StoreCompressedParams& p, qsakv_stream_t) override {
     cpu::store_compressed(p);
   }
   void select_topk(const SelectParams& p, qsakv_stream_t) override { cpu::select_topk(p); }

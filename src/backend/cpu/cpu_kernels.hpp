@@ -10,7 +10,7 @@ namespace cpu {
 
 void store_kv(const StoreKvParams& p);
 void store_ring(const StoreRowsParams& p);
-void store_compressed(const StoreRowsParams& p);
+void store_compressed(const StoreCompressedParams& p);
 void select_topk(const SelectParams& p);
 void attention(const AttentionParams& p);
 void calib_observe(const CalibObserveParams& p);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_kernels.hpp"
+#include "e4m3.cuh"
 #include "half_bits.cuh"
 
 namespace qsakv {
@@ -14,6 +15,7 @@ void select_topk(const SelectParams& p) {
   const PlanMetaHeader& h = *p.meta.header;
   const int groups_per_block = p.block_size / p.ratio;
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
+  float key[1024];  // index_head_dim <= 1024 (validate_config)
   float* scores = p.score_workspace;
   int32_t* order = reinterpret_cast<int32_t*>(p.score_workspace) + p.score_workspace_elems / 2;
   for (int row = 0; row < h.num_rows; ++row) {
@@ -29,18 +31,23 @@ void select_topk(const SelectParams& p) {
       const int64_t t0 = static_cast<int64_t>(b) * p.ratio;
       const int32_t phys = bt[t0 / p.block_size];
       if (phys < 0 || phys >= p.num_blocks) continue;  // unmapped page: never read
-      const uint16_t* k = p.compressed + (static_cast<int64_t>(phys) * groups_per_block +
-                                          (t0 % p.block_size) / p.ratio) *
-                                             p.index_dim;
+      const CompressedKeyAddress a = compressed_key_address(
+          p.keys, static_cast<int64_t>(phys) * groups_per_block + (t0 % p.block_size) / p.ratio);
+      // The key's values (E4M3: the codes' values; the scale multiplies the score).
+      for (int d = 0; d < p.index_dim; ++d)
+        key[d] = a.scale ? e4m3::key_code_value(reinterpret_cast<const uint8_t*>(a.codes)[d])
+                         : halfbits::fp16_to_f32(reinterpret_cast<const uint16_t*>(a.codes)[d]);
       float s = 0.0f;
       for (int hd = 0; hd < p.index_heads; ++hd) {
         float dot = 0.0f;
         for (int d = 0; d < p.index_dim; ++d)
-          dot += halfbits::fp16_to_f32(q[hd * p.index_dim + d]) * halfbits::fp16_to_f32(k[d]);
+          dot += halfbits::fp16_to_f32(q[hd * p.index_dim + d]) * key[d];
         s += dot > 0.0f ? dot : 0.0f;
       }
+      s *= inv_sqrt_dim;
+      if (a.scale) s *= *a.scale;
       // A NaN score (a corrupt key) ranks last instead of breaking the ordering.
-      scores[b] = std::isnan(s) ? -INFINITY : s * inv_sqrt_dim;
+      scores[b] = std::isnan(s) ? -INFINITY : s;
       order[n++] = b;
     }
     const int keep = std::min(n, p.topk_blocks);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reference stores: K/V quantisation by slot mapping, index-key row scatters.
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_kernels.hpp"
@@ -57,13 +58,33 @@ void store_ring(const StoreRowsParams& p) {
   }
 }
 
-void store_compressed(const StoreRowsParams& p) {
-  for (int64_t i = 0; i < p.num_rows; ++i) {
+void store_compressed(const StoreCompressedParams& p) {
+  const CompressedKeysView& c = p.cache;
+  const int64_t entries = c.num_blocks * c.keys_per_block;
+  for (int64_t i = 0; i < p.num_keys; ++i) {
     const int64_t slot = p.slot_mapping[i];
     if (slot < 0) continue;
     const int64_t entry = slot / p.compress_ratio;
-    if (entry >= p.dst_rows) continue;
-    copy_row(p, i, entry);
+    if (entry >= entries) continue;
+    const uint16_t* x = p.src + i * c.dim;
+    const CompressedKeyAddress a = compressed_key_address(c, entry);
+    if (!a.scale) {
+      std::memcpy(a.codes, x, sizeof(uint16_t) * c.dim);
+      continue;
+    }
+    float amax = 0.0f;
+    bool finite = true;
+    for (int d = 0; d < c.dim; ++d) {
+      const float v = std::fabs(halfbits::fp16_to_f32(x[d]));
+      if (!std::isfinite(v))
+        finite = false;
+      else if (v > amax)
+        amax = v;
+    }
+    const float scale = e4m3::key_scale(amax, finite);
+    for (int d = 0; d < c.dim; ++d)
+      reinterpret_cast<uint8_t*>(a.codes)[d] = e4m3::key_code(halfbits::fp16_to_f32(x[d]), scale);
+    *a.scale = scale;
   }
 }
 

@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
     cuda::launch_store_ring(p, info_.multiprocessor_count, stream);
     check_launch("store_index_keys kernel launch");
   }
-  void store_compressed(const StoreRowsParams& p, qsakv_stream_t stream) override {
+  void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
     cuda::launch_store_compressed(p, info_.multiprocessor_count, stream);
