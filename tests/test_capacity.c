@@ -36,6 +36,58 @@ static void test_reference_tp4(void** state) {
   assert_int_equal(fp16.bytes_per_token, 13056);
 }
 
+/* E4M3 index keys: 16 keys of 128 codes and 16 FP32 scales per 64-token page (2,112
+ * bytes), 33 bytes per token and layer instead of 64; with the E4M3 main cache 6,540 bytes
+ * per token against the all-FP16 13,056: 1.996x. */
+static void test_reference_tp4_e4m3_index_keys(void** state) {
+  (void)state;
+  qsakv_model_config c;
+  TU_OK(qsakv_model_config_preset(&c, "qwen4_exp"));
+  assert_int_equal(c.index_key_dtype, QSAKV_DTYPE_FP16); /* the preset's default */
+  c.tp_size = 4;
+  c.index_key_dtype = QSAKV_DTYPE_E4M3;
+  qsakv_capacity cap = plan(&c, 1ull << 50);
+  assert_int_equal(cap.compressed_bytes_per_token, 12 * 33);
+  assert_int_equal(cap.bytes_per_token, 6144 + 12 * 33);
+  assert_int_equal(cap.fp16_bytes_per_token, 13056);
+  assert_int_equal(cap.bytes_per_block, 12ull * (64 * 512 + 2112));
+  assert_true(cap.ideal_ratio >= 1.99);
+  assert_true(cap.capacity_ratio >= 1.99);
+  /* What fits in 40 GiB, exactly: the fixed costs, then whole blocks. */
+  const uint64_t budget = 40ull << 30, fixed = cap.ring_bytes + cap.topk_bytes;
+  cap = plan(&c, budget);
+  assert_int_equal(cap.num_blocks, (int64_t)((budget - fixed) / cap.bytes_per_block));
+  assert_int_equal(cap.fp16_num_tokens, (int64_t)((budget - fixed) / (13056ull * 64)) * 64);
+  /* A 16-bit main cache with E4M3 keys: only the index keys shrink. */
+  c.kv_dtype = QSAKV_DTYPE_FP16;
+  cap = plan(&c, 1ull << 50);
+  assert_int_equal(cap.bytes_per_token, 12288 + 12 * 33);
+  /* The layout a cache of this config has. */
+  qsakv_cache_options o;
+  TU_OK(qsakv_cache_options_init(&o));
+  o.num_blocks = 10;
+  qsakv_cache_layout L = {sizeof L, QSAKV_CACHE_LAYOUT_VERSION};
+  TU_OK(qsakv_cache_layout_for(&c, &o, &L));
+  assert_int_equal(L.index_key_dtype, QSAKV_DTYPE_E4M3);
+  assert_int_equal(L.index_head_dim, 128);
+  assert_int_equal(L.compressed_keys_per_block, 16);
+  assert_int_equal(L.compressed_stride_block, 2112);
+  assert_int_equal(L.compressed_scales_offset, 2048);
+  assert_int_equal(L.compressed_bytes_per_layer, 10 * 2112);
+  c.index_key_dtype = QSAKV_DTYPE_FP16;
+  TU_OK(qsakv_cache_layout_for(&c, &o, &L));
+  assert_int_equal(L.compressed_stride_block, 16 * 128 * 2);
+  assert_int_equal(L.compressed_scales_offset, -1);
+  /* A page whose codes and scales are not a multiple of 16 bytes is padded: block size 4,
+   * ratio 4: one key, 128 + 4 bytes, a 144-byte page. */
+  c.index_key_dtype = QSAKV_DTYPE_E4M3;
+  c.block_size = 4;
+  TU_OK(qsakv_cache_layout_for(&c, &o, &L));
+  assert_int_equal(L.compressed_keys_per_block, 1);
+  assert_int_equal(L.compressed_stride_block, 144);
+  assert_int_equal(L.compressed_scales_offset, 128);
+}
+
 static void test_budget_arithmetic(void** state) {
   (void)state;
   qsakv_model_config c;
@@ -224,6 +276,7 @@ static void test_sizes_that_would_wrap_are_refused(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_tp4),
+      cmocka_unit_test(test_reference_tp4_e4m3_index_keys),
       cmocka_unit_test(test_budget_arithmetic),
       cmocka_unit_test(test_cache_create_and_layout),
       cmocka_unit_test(test_external_topk_checked),

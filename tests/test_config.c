@@ -115,6 +115,9 @@ BAD(version, c->version = 99)
 BAD(model_len_big, c->max_model_len = (1 << 30) + 1)
 BAD(index_heads_big, c->index_num_heads = 65)
 BAD(topk_big, c->topk_tokens = (1 << 20) + 4)
+BAD(index_keys, c->index_key_dtype = QSAKV_DTYPE_BF16)
+BAD(index_keys_zero, c->index_key_dtype = QSAKV_DTYPE_INVALID)
+BAD(index_keys_unknown, c->index_key_dtype = (qsakv_dtype)77)
 
 static void test_invalid_fields_are_named(void** state) {
   (void)state;
@@ -151,6 +154,9 @@ static void test_invalid_fields_are_named(void** state) {
       {"max_model_len", bad_model_len_big},
       {"index_num_heads", bad_index_heads_big},
       {"topk_tokens", bad_topk_big},
+      {"index_key_dtype is bf16", bad_index_keys},
+      {"index_key_dtype is invalid (0)", bad_index_keys_zero},
+      {"index_key_dtype is invalid (77)", bad_index_keys_unknown},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     qsakv_model_config c;

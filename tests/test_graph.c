@@ -50,12 +50,17 @@ static void enqueue(tu_world* w, void* iq, void* q, void* out, cudaStream_t s) {
 }
 
 /* min_rows: the plan's multi_row_min_rows (0: automatic, these batches stay on the decode
- * route; 1: every row on the grouped route). */
-static void capture_replan_replay(int min_rows) {
+ * route; 1: every row on the grouped route). index_keys: the compressed index keys' dtype
+ * (the selection's scoring kernels differ). */
+static void capture_replan_replay(int min_rows, qsakv_dtype index_keys) {
   qsakv_context* ctx = tu_cuda_context_or_skip();
   tu_multi_row_min_rows = min_rows;
   qsakv_model_config c;
   tu_small_config(&c, 6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64);
+  c.index_key_dtype = index_keys;
+  const char* route = index_keys == QSAKV_DTYPE_E4M3
+                          ? (min_rows == 1 ? "grouped, E4M3 keys" : "auto, E4M3 keys")
+                          : (min_rows == 1 ? "grouped" : "auto");
   tu_shape shape = {4, {1, 4, 3, 8}, {3000, 2500, 700, 90}};
   tu_world w;
   tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.01f, 0); /* max_rows 16 */
@@ -111,8 +116,7 @@ static void capture_replan_replay(int min_rows) {
     tu_to_host(ctx, b, out_direct, 2 * n);
     size_t nan = 0;
     for (size_t i = 0; i < n; ++i) nan += (a[i] & 0x7C00) == 0x7C00;
-    print_message("%s: batch %zu: %d rows, replay vs direct %s, %zu non-finite\n",
-                  min_rows == 1 ? "grouped" : "auto", k, rows,
+    print_message("%s: batch %zu: %d rows, replay vs direct %s, %zu non-finite\n", route, k, rows,
                   memcmp(a, b, 2 * n) == 0 ? "identical" : "DIFFERENT", nan);
     assert_int_equal(nan, 0);
     assert_memory_equal(a, b, 2 * n);
@@ -154,8 +158,7 @@ static void capture_replan_replay(int min_rows) {
     }
     const double err = tu_rel_l2(db, da, n);
     print_message("%s: captured empty, replayed with 11 rows: %s (rel_l2 %.3e), %zu non-finite\n",
-                  min_rows == 1 ? "grouped" : "auto",
-                  memcmp(a, b, 2 * n) == 0 ? "identical" : "different routes", err, nan);
+                  route, memcmp(a, b, 2 * n) == 0 ? "identical" : "different routes", err, nan);
     assert_int_equal(nan, 0);
     if (min_rows == 1)
       assert_true(err <= 2e-3);
@@ -182,8 +185,9 @@ static void capture_replan_replay(int min_rows) {
 
 static void test_capture_replan_replay(void** state) {
   (void)state;
-  capture_replan_replay(0);
-  capture_replan_replay(1);
+  capture_replan_replay(0, QSAKV_DTYPE_FP16);
+  capture_replan_replay(1, QSAKV_DTYPE_FP16);
+  capture_replan_replay(0, QSAKV_DTYPE_E4M3);
 }
 
 /* w restricted to a sub-batch (its requests' rows and block-table rows), for the host-side

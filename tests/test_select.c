@@ -26,7 +26,45 @@ static int by_score(const void* x, const void* y) {
   return a->b - b->b;
 }
 
-static void reference_select(const tu_world* w, const uint16_t* comp_host, const uint16_t* q,
+/* The values of key `slot` of page `phys` from the layer's bytes as the host read them,
+ * by the layout's description (FP16; or E4M3 codes, decoded by the FP64 oracle, times
+ * the key's FP32 scale). */
+static void key_values(const tu_world* w, const void* comp, int phys, int slot, double* k) {
+  const qsakv_cache_layout* L = &w->layout;
+  const uint8_t* page = (const uint8_t*)comp + (size_t)phys * L->compressed_stride_block;
+  const int D = L->index_head_dim;
+  if (L->index_key_dtype == QSAKV_DTYPE_E4M3) {
+    float s;
+    memcpy(&s, page + L->compressed_scales_offset + 4 * (size_t)slot, 4);
+    for (int d = 0; d < D; ++d) k[d] = (double)s * tu_e4m3_value(page[(size_t)slot * D + d]);
+  } else {
+    const uint16_t* h = (const uint16_t*)page + (size_t)slot * D;
+    for (int d = 0; d < D; ++d) k[d] = tu_fp16_to_f32(h[d]);
+  }
+}
+
+/* The index-key dtype of the worlds the next checks build (FP16, or E4M3 for the
+ * E4M3-key variants of the same checks). */
+static qsakv_dtype g_index_keys = QSAKV_DTYPE_FP16;
+
+/* Stores n FP16 keys ([n, index_head_dim]) at compressed slots `slots` through
+ * qsakv_store_compressed_keys (so E4M3 worlds quantise them as an engine's keys would),
+ * then returns the layer's whole compressed buffer as the host reads it. */
+static void* store_key_list(tu_world* w, const uint16_t* keys, const int64_t* slots, int64_t n) {
+  const size_t D = (size_t)w->cfg.index_head_dim;
+  void* dk = tu_to_device(w->ctx, keys, 2 * (size_t)n * D);
+  void* ds = tu_to_device(w->ctx, slots, sizeof(int64_t) * (size_t)n);
+  TU_OK(qsakv_store_compressed_keys(w->cache, w->layer, dk, ds, n, NULL));
+  qsakv_free(w->ctx, dk);
+  qsakv_free(w->ctx, ds);
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
+  void* comp = malloc(w->layout.compressed_bytes_per_layer);
+  tu_to_host(w->ctx, comp, lb.compressed_keys, w->layout.compressed_bytes_per_layer);
+  return comp;
+}
+
+static void reference_select(const tu_world* w, const void* comp_host, const uint16_t* q,
                              int32_t* out) {
   const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, H = w->cfg.index_num_heads;
   const int bs = w->cfg.block_size, width = w->geo.topk_width;
@@ -34,15 +72,16 @@ static void reference_select(const tu_world* w, const uint16_t* comp_host, const
     const int req = tu_row_request(w, row), pos = tu_row_pos(w, row);
     const int visible = (pos + 1) / ratio;
     scored* sc = malloc(sizeof(scored) * (visible + 1));
+    double k[1024];
     for (int b = 0; b < visible; ++b) {
       const int t0 = b * ratio;
       const int phys = w->block_table[req * w->bt_stride + t0 / bs];
-      const uint16_t* k = comp_host + ((size_t)phys * (bs / ratio) + (t0 % bs) / ratio) * D;
+      key_values(w, comp_host, phys, (t0 % bs) / ratio, k);
       double s = 0;
       for (int h = 0; h < H; ++h) {
         double dot = 0;
         for (int d = 0; d < D; ++d)
-          dot += (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * tu_fp16_to_f32(k[d]);
+          dot += (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * k[d];
         s += dot > 0 ? dot : 0;
       }
       sc[b].s = s / sqrt((double)D);
@@ -87,6 +126,7 @@ static int32_t* run_select(const tu_world* w, const uint16_t* q, int use_shared)
 static void check_select(qsakv_context* ctx, const char* what) {
   qsakv_model_config c;
   tu_small_config(&c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  c.index_key_dtype = g_index_keys;
   /* decode rows at long contexts (more than 512 visible groups), verify rows, a
    * request shorter than one group, one exactly at a group boundary, an empty one */
   tu_shape shape = {6, {1, 4, 2, 1, 0, 3}, {4099, 2600, 3, 8, 5, 700}};
@@ -94,7 +134,7 @@ static void check_select(qsakv_context* ctx, const char* what) {
   tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
-  uint16_t* comp = malloc(w.layout.compressed_bytes_per_layer);
+  uint8_t* comp = malloc(w.layout.compressed_bytes_per_layer);
   tu_to_host(ctx, comp, lb.compressed_keys, w.layout.compressed_bytes_per_layer);
   const size_t qn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
   uint16_t* q = malloc(2 * qn);
@@ -133,7 +173,7 @@ static void check_select(qsakv_context* ctx, const char* what) {
 
 /* FP64 score of block b of a row, and its magnitude M(b) = sum |q_hd k_d| / sqrt(D); -1
  * in *mapped when the block's page is unmapped. */
-static double score64(const tu_world* w, const uint16_t* comp, const uint16_t* q, int row, int b,
+static double score64(const tu_world* w, const void* comp, const uint16_t* q, int row, int b,
                       double* magnitude, int* mapped) {
   const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, H = w->cfg.index_num_heads;
   const int bs = w->cfg.block_size;
@@ -142,13 +182,13 @@ static double score64(const tu_world* w, const uint16_t* comp, const uint16_t* q
   *mapped = phys >= 0;
   *magnitude = 0;
   if (phys < 0) return -INFINITY;
-  const uint16_t* k = comp + ((size_t)phys * (bs / ratio) + (t0 % bs) / ratio) * D;
+  double k[1024];
+  key_values(w, comp, phys, (t0 % bs) / ratio, k);
   double s = 0, m = 0;
   for (int h = 0; h < H; ++h) {
     double dot = 0;
     for (int d = 0; d < D; ++d) {
-      const double t =
-          (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * tu_fp16_to_f32(k[d]);
+      const double t = (double)tu_fp16_to_f32(q[((size_t)row * H + h) * D + d]) * k[d];
       dot += t;
       m += fabs(t);
     }
@@ -164,7 +204,7 @@ static double contract_tol(double ma, double mb) { return 2e-5 * (ma + mb); }
 /* Checks `got` against `want` (both [rows, width]) under the contract; `want` is an
  * exact selection (the CPU backend's or an FP64 one). Returns the boundary cases: blocks
  * in one selection and not the other. */
-static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_t* q,
+static int check_contract(const tu_world* w, const void* comp, const uint16_t* q,
                           const int32_t* want, const int32_t* got, const char* what) {
   const int ratio = w->cfg.compress_ratio, width = w->geo.topk_width;
   int boundary = 0;
@@ -235,25 +275,32 @@ static int check_contract(const tu_world* w, const uint16_t* comp, const uint16_
 }
 
 /* Overwrites the visible compressed keys of every request with N(0,1) FP16 values (the
- * same on every context for the same seed); returns the layer's keys as the host sees
- * them (NaN poison elsewhere). */
-static uint16_t* randomise_keys(tu_world* w, uint64_t seed) {
-  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
-  TU_OK(qsakv_cache_get_layer_buffers(w->cache, w->layer, &lb));
-  uint16_t* comp = malloc(w->layout.compressed_bytes_per_layer);
-  tu_to_host(w->ctx, comp, lb.compressed_keys, w->layout.compressed_bytes_per_layer);
+ * same on every context for the same seed), E4M3 worlds with a magnitude per key drawn
+ * over three decades (each key's scale differs); returns the layer's keys as the host
+ * sees them (NaN poison elsewhere). */
+static void* randomise_keys(tu_world* w, uint64_t seed) {
   const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, bs = w->cfg.block_size;
+  int64_t n = 0;
+  for (int r = 0; r < w->shape.num_requests; ++r) n += w->shape.seq_lens[r] / ratio;
+  uint16_t* keys = malloc(2 * (size_t)(n + 1) * D);
+  int64_t* slots = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  int64_t m = 0;
   tu_rng rng = {seed};
   for (int r = 0; r < w->shape.num_requests; ++r)
     for (int b = 0; b < w->shape.seq_lens[r] / ratio; ++b) {
       const int t0 = b * ratio, phys = w->block_table[r * w->bt_stride + t0 / bs];
       if (phys < 0) continue;
-      uint16_t* k = comp + ((size_t)phys * (bs / ratio) + (t0 % bs) / ratio) * D;
-      for (int d = 0; d < D; ++d) k[d] = tu_f32_to_fp16((float)tu_rng_normal(&rng));
+      const double mag =
+          g_index_keys == QSAKV_DTYPE_E4M3
+              ? pow(10.0, 3.0 * (double)(tu_rng_next(&rng) >> 11) / 9007199254740992.0 - 1.5)
+              : 1.0;
+      for (int d = 0; d < D; ++d)
+        keys[(size_t)m * D + d] = tu_f32_to_fp16((float)(mag * tu_rng_normal(&rng)));
+      slots[m++] = (int64_t)phys * bs + t0 % bs;
     }
-  TU_OK(qsakv_memcpy(w->ctx, lb.compressed_keys, comp, w->layout.compressed_bytes_per_layer,
-                     QSAKV_COPY_HOST_TO_DEVICE, NULL));
-  TU_OK(qsakv_stream_synchronize(w->ctx, NULL));
+  void* comp = store_key_list(w, keys, slots, m);
+  free(keys);
+  free(slots);
   return comp;
 }
 
@@ -280,10 +327,11 @@ static const tu_shape kContractShape = {6, {1, 2, 1, 3, 1, 37}, {1, 5, 262144, 7
 
 static void contract_config(qsakv_model_config* c) {
   tu_small_config(c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64);
+  c->index_key_dtype = g_index_keys;
   c->max_model_len = 1 << 18;
 }
 
-static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed, uint16_t** comp,
+static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed, void** comp,
                                  uint16_t** q) {
   qsakv_model_config c;
   contract_config(&c);
@@ -295,7 +343,7 @@ static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed,
 
 /* The FP64 exact selection (reference_select's ordering on FP64 scores) of a world whose
  * pages may be unmapped. */
-static void reference_select_mapped(const tu_world* w, const uint16_t* comp, const uint16_t* q,
+static void reference_select_mapped(const tu_world* w, const void* comp, const uint16_t* q,
                                     int32_t* out) {
   const int ratio = w->cfg.compress_ratio, width = w->geo.topk_width;
   for (int row = 0; row < w->rows; ++row) {
@@ -328,14 +376,16 @@ static void test_select_contract_cpu(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
   tu_world w;
-  uint16_t *comp, *q;
+  void* comp;
+  uint16_t* q;
   build_contract_world(&w, ctx, tu_next(), &comp, &q);
   int32_t* exact = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
   reference_select_mapped(&w, comp, q, exact);
   int32_t* got = run_select(&w, q, 0);
   const int boundary = check_contract(&w, comp, q, exact, got, "cpu vs fp64");
-  print_message("contract, cpu vs fp64: %d rows (contexts 1..262144 tokens), %d boundary blocks\n",
-                w.rows, boundary);
+  print_message(
+      "contract, cpu vs fp64, %s keys: %d rows (contexts 1..262144 tokens), %d boundary blocks\n",
+      g_index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16", w.rows, boundary);
   free(got);
   free(exact);
   free(q);
@@ -382,7 +432,8 @@ static void test_select_contract_cuda(void** state) {
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   const uint64_t seed = tu_next();
   tu_world wc, wg;
-  uint16_t *comp, *q, *comp_g, *q_g;
+  void *comp, *comp_g;
+  uint16_t *q, *q_g;
   build_contract_world(&wc, cpu, seed, &comp, &q);
   build_contract_world(&wg, gpu, seed, &comp_g, &q_g);
   assert_memory_equal(comp, comp_g, wc.layout.compressed_bytes_per_layer);
@@ -407,9 +458,9 @@ static void test_select_contract_cuda(void** state) {
     }
   }
   print_message(
-      "contract, cuda vs cpu: %d rows (contexts 1..262144 tokens), %d boundary blocks; "
+      "contract, cuda vs cpu, %s keys: %d rows (contexts 1..262144 tokens), %d boundary blocks; "
       "deterministic; %d rows batch-invariant\n",
-      wg.rows, boundary, invariant);
+      g_index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16", wg.rows, boundary, invariant);
   free(again);
   free(got);
   free(want);
@@ -425,56 +476,88 @@ static void test_select_contract_cuda(void** state) {
 
 /* Ties everywhere and NaN keys, exactly: every key equal (all scores tie: the lowest
  * blocks win, in order), then some keys with a NaN element (a NaN dot product counts as
- * 0 under ReLU, as in the CPU reference) and some with +inf elements. */
+ * 0 under ReLU, as in the CPU reference), some with +inf elements, all-zero keys and keys
+ * of +-65504 (the FP16 limit; E4M3 codes +-448). FP16 keys: against the FP64 reference,
+ * exactly. E4M3 keys (stored dead where an element is NaN or infinite, scale 0 for the
+ * zero keys, other scores one FP32 rounding from FP64): the CPU backend against FP64
+ * under the contract, and a GPU against the CPU backend exactly (the integer keys keep
+ * every dot product exact). */
 static void check_special_keys(qsakv_context* ctx, const char* what) {
   qsakv_model_config c;
   tu_small_config(&c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  c.index_key_dtype = g_index_keys;
+  const int fp8 = g_index_keys == QSAKV_DTYPE_E4M3;
+  qsakv_context* cpu = fp8 && tu_is_cuda(ctx) ? tu_context(QSAKV_BACKEND_CPU) : NULL;
   /* 20000 tokens: 5000 tied blocks, more than the GPU keeps in shared memory (or in the
    * filter route's lists). With a 2-row request the batch takes the multi-row route, with
    * one row per request the one-row route: both run. */
   for (int shape_i = 0; shape_i < 2; ++shape_i) {
     tu_shape shape = {3, {1, 1 + (shape_i == 0), 1}, {4099, 2600, 20000}};
-    tu_world w;
-    tu_world_build(&w, ctx, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
-    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
-    TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
-    const size_t n = w.layout.compressed_bytes_per_layer / 2;
-    uint16_t* comp = malloc(2 * n);
+    const uint64_t seed = tu_next();
+    tu_world w, wc;
+    tu_world_build(&w, ctx, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+    if (cpu) tu_world_build(&wc, cpu, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+    const int64_t n = w.layout.num_blocks * w.layout.compressed_keys_per_block;
+    const int D = c.index_head_dim;
+    uint16_t* keys = malloc(2 * (size_t)n * D);
+    int64_t* slots = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t e = 0; e < n; ++e) slots[e] = e * c.compress_ratio;
     const size_t qn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
     uint16_t* q = malloc(2 * qn);
     for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
     int32_t* want = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
     for (int pass = 0; pass < 2; ++pass) {
-      for (size_t i = 0; i < n; ++i)
-        comp[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
+      for (size_t i = 0; i < (size_t)n * D; ++i)
+        keys[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
       if (pass == 1)
-        for (size_t e = 0; e < n / c.index_head_dim; e += 7) {
-          comp[e * c.index_head_dim + (e % c.index_head_dim)] = 0x7E00; /* NaN */
-          if (e % 3 == 0) comp[e * c.index_head_dim + 5] = 0x7C00;      /* +inf */
+        for (int64_t e = 0; e < n; e += 7) {
+          keys[e * D + (e % D)] = 0x7E00;           /* NaN */
+          if (e % 3 == 0) keys[e * D + 5] = 0x7C00; /* +inf */
+          for (int d = 0; d < D; ++d) {
+            if ((e + 1) % 11 == 0) keys[(e + 1) * D + d] = 0; /* all zero */
+            if ((e + 2) % 13 == 0)                            /* 0 or +-65504 */
+              keys[(e + 2) * D + d] = (uint16_t[]){0x0000, 0x7BFF, 0xFBFF}[tu_int(0, 2)];
+          }
         }
-      TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, comp, 2 * n, QSAKV_COPY_HOST_TO_DEVICE, NULL));
-      TU_OK(qsakv_stream_synchronize(ctx, NULL));
-      reference_select(&w, comp, q, want);
+      void* comp = store_key_list(&w, keys, slots, n);
       int32_t* got = run_select(&w, q, 0);
-      for (int row = 0; row < w.rows; ++row)
+      if (!fp8) {
+        reference_select(&w, comp, q, want);
+      } else if (cpu) {
+        free(store_key_list(&wc, keys, slots, n));
+        int32_t* c_got = run_select(&wc, q, 0);
+        memcpy(want, c_got, sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
+        free(c_got);
+      } else { /* the CPU backend itself: the contract against FP64 */
+        reference_select_mapped(&w, comp, q, want);
+        check_contract(&w, comp, q, want, got, "cpu vs fp64, E4M3 keys");
+      }
+      for (int row = 0; row < w.rows && (!fp8 || cpu); ++row)
         for (int j = 0; j < w.geo.topk_width; ++j) {
           const size_t i = (size_t)row * w.geo.topk_width + j;
           if (got[i] != want[i])
             fail_msg("%s %s row %d col %d: got %d want %d", what,
-                     pass ? "NaN/inf keys" : "all ties", row, j, got[i], want[i]);
+                     pass ? "NaN/inf/zero/limit keys" : "all ties", row, j, got[i], want[i]);
         }
       if (pass == 0) /* all ties: block j is the j-th choice */
         for (int j = 0; j < w.geo.topk_blocks; ++j)
           assert_int_equal(got[j * c.compress_ratio], j * c.compress_ratio);
       free(got);
+      free(comp);
     }
-    print_message("%s: all-tie and NaN/inf keys selected exactly (%d rows, %s route)\n", what,
-                  w.rows, shape_i == 0 ? "multi-row" : "one-row");
+    print_message(
+        "%s: all-tie and NaN/inf/zero/limit keys selected exactly (%d rows, %s route)%s\n", what,
+        w.rows, shape_i == 0 ? "multi-row" : "one-row",
+        fp8 ? (cpu ? ", E4M3 keys, equal to the CPU backend" : ", E4M3 keys, contract against FP64")
+            : "");
     free(want);
     free(q);
-    free(comp);
+    free(keys);
+    free(slots);
+    if (cpu) tu_world_destroy(&wc);
     tu_world_destroy(&w);
   }
+  if (cpu) qsakv_context_destroy(cpu);
 }
 
 /* A wave of more one-row requests than the GPU has SMs (and than the filter route keeps
@@ -493,7 +576,7 @@ static void test_select_many_rows_cuda(void** state) {
   const tu_shape shape = {1, {1}, {12001}};
   tu_world w;
   tu_world_build(&w, gpu, &c, &shape, tu_next(), 1.0f, 1.0f, 1.0f, 0);
-  uint16_t* comp = randomise_keys(&w, tu_next());
+  void* comp = randomise_keys(&w, tu_next());
   uint16_t* q = random_index_q(&w, tu_next());
   int32_t* alone = select_single_row(&w, 0, q, 1);
   const size_t qn = (size_t)c.index_num_heads * c.index_head_dim;
@@ -562,6 +645,79 @@ static void test_select_special_cuda(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* Calls in a row leave nothing behind for the next one: 40 selections of the same decode
+ * batches enqueued back to back, as a captured decode step replays them (one row at
+ * 256K, 8 rows at 128K: the filter route, whose histogram the scoring kernel builds and
+ * the top-k kernel clears for the next call), give identical bytes, with FP16 and with
+ * E4M3 keys. */
+static void test_select_repeated_cuda(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  const tu_shape shapes[2] = {{1, {1}, {262144}},
+                              {8,
+                               {1, 1, 1, 1, 1, 1, 1, 1},
+                               {131072, 131071, 130000, 99999, 131072, 120000, 131000, 65536}}};
+  for (int keys = 0; keys < 2; ++keys)
+    for (int si = 0; si < 2; ++si) {
+      g_index_keys = keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+      qsakv_model_config c;
+      contract_config(&c);
+      tu_world w;
+      tu_world_build(&w, gpu, &c, &shapes[si], tu_next(), 1.0f, 1.0f, 1.0f, 0);
+      void* comp = randomise_keys(&w, tu_next());
+      uint16_t* q = random_index_q(&w, tu_next());
+      const int width = w.geo.topk_width;
+      const size_t bytes = sizeof(int32_t) * (size_t)w.rows * width;
+      void* dq = tu_to_device(gpu, q, 2 * (size_t)w.rows * c.index_num_heads * c.index_head_dim);
+      void* dt = tu_device_filled(gpu, 40 * bytes, 0x7B);
+      for (int call = 0; call < 40; ++call) /* no synchronisation between the calls */
+        TU_OK(qsakv_select_topk(w.plan, w.layer, dq, (int32_t*)dt + (size_t)call * w.rows * width,
+                                width, NULL));
+      int32_t* all = malloc(40 * bytes);
+      tu_to_host(gpu, all, dt, 40 * bytes);
+      int32_t* first = malloc(bytes);
+      memcpy(first, all, bytes);
+      for (int call = 1; call < 40; ++call)
+        if (memcmp(first, all + (size_t)call * w.rows * width, bytes) != 0)
+          fail_msg("%s keys, %d rows: call %d differs from the first", keys ? "E4M3" : "FP16",
+                   w.rows, call);
+      free(all);
+      qsakv_free(gpu, dq);
+      qsakv_free(gpu, dt);
+      print_message("cuda, %s keys: 40 calls of %d decode rows identical\n", keys ? "E4M3" : "FP16",
+                    w.rows);
+      free(first);
+      free(q);
+      free(comp);
+      tu_world_destroy(&w);
+    }
+  g_index_keys = QSAKV_DTYPE_FP16;
+  qsakv_context_destroy(gpu);
+}
+
+/* The same checks with E4M3 index keys. */
+static void with_e4m3_keys(void (*test)(void**), void** state) {
+  g_index_keys = QSAKV_DTYPE_E4M3;
+  test(state);
+  g_index_keys = QSAKV_DTYPE_FP16;
+}
+static void test_select_cpu(void** state);
+static void test_select_cuda(void** state);
+static void test_select_e4m3_keys_cpu(void** state) { with_e4m3_keys(test_select_cpu, state); }
+static void test_select_e4m3_keys_cuda(void** state) { with_e4m3_keys(test_select_cuda, state); }
+static void test_select_e4m3_keys_special_cpu(void** state) {
+  with_e4m3_keys(test_select_special_cpu, state);
+}
+static void test_select_e4m3_keys_special_cuda(void** state) {
+  with_e4m3_keys(test_select_special_cuda, state);
+}
+static void test_select_e4m3_keys_contract_cpu(void** state) {
+  with_e4m3_keys(test_select_contract_cpu, state);
+}
+static void test_select_e4m3_keys_contract_cuda(void** state) {
+  with_e4m3_keys(test_select_contract_cuda, state);
+}
+
 static void test_select_cpu(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -585,6 +741,13 @@ int main(void) {
       cmocka_unit_test(test_select_contract_cpu),
       cmocka_unit_test(test_select_contract_cuda),
       cmocka_unit_test(test_select_many_rows_cuda),
+      cmocka_unit_test(test_select_repeated_cuda),
+      cmocka_unit_test(test_select_e4m3_keys_cpu),
+      cmocka_unit_test(test_select_e4m3_keys_cuda),
+      cmocka_unit_test(test_select_e4m3_keys_special_cpu),
+      cmocka_unit_test(test_select_e4m3_keys_special_cuda),
+      cmocka_unit_test(test_select_e4m3_keys_contract_cpu),
+      cmocka_unit_test(test_select_e4m3_keys_contract_cuda),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("select", tests, NULL, NULL);

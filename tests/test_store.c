@@ -309,6 +309,186 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
   qsakv_context_destroy(cpu);
 }
 
+/* ---- E4M3 compressed index keys ---------------------------------------------------- */
+
+/* Stores n FP16 keys of 128 dims with E4M3 index keys (block size 16: 4 keys per page)
+ * into layer 7 over a 0xA5-poisoned buffer; returns the buffer's bytes. */
+static uint8_t* store_e4m3_keys(qsakv_context* ctx, const uint16_t* keys, const int64_t* slots,
+                                int n, qsakv_cache_layout* L) {
+  qsakv_model_config c;
+  tu_small_config(&c, 8, 2, 128, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 16);
+  c.index_key_dtype = QSAKV_DTYPE_E4M3;
+  qsakv_cache_options o;
+  TU_OK(qsakv_cache_options_init(&o));
+  o.num_blocks = 40;
+  qsakv_cache* cache;
+  TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &o));
+  L->struct_size = sizeof *L;
+  TU_OK(qsakv_cache_get_layout(cache, L));
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
+  void* poison = tu_device_filled(ctx, L->compressed_bytes_per_layer, 0xA5);
+  TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, poison, L->compressed_bytes_per_layer,
+                     QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+  void* dk = tu_to_device(ctx, keys, 2 * (size_t)n * 128);
+  void* ds = tu_to_device(ctx, slots, 8 * (size_t)n);
+  TU_OK(qsakv_store_compressed_keys(cache, 7, dk, ds, n, NULL));
+  uint8_t* out = malloc(L->compressed_bytes_per_layer);
+  tu_to_host(ctx, out, lb.compressed_keys, L->compressed_bytes_per_layer);
+  qsakv_free(ctx, poison);
+  qsakv_free(ctx, dk);
+  qsakv_free(ctx, ds);
+  qsakv_cache_destroy(cache);
+  return out;
+}
+
+/* Keys that reach every rule of the per-key quantisation: zero and -0 keys (scale 0),
+ * a NaN, +inf and -inf element (the key stored dead: scale 0, codes 0), FP16 subnormals
+ * only, the FP16 range limits, an outlier channel, and random keys over six decades. */
+static void make_index_keys(uint16_t* keys, int n) {
+  for (int i = 0; i < n; ++i) {
+    const double mag = pow(10.0, tu_uniform(-4.0, 2.0));
+    for (int d = 0; d < 128; ++d) keys[i * 128 + d] = tu_f32_to_fp16((float)(mag * tu_normal()));
+  }
+  for (int d = 0; d < 128; ++d) {
+    keys[0 * 128 + d] = 0x0000;
+    keys[1 * 128 + d] = 0x8000;
+    keys[5 * 128 + d] = (uint16_t)(0x0001 + d % 0x3FF + (d & 1 ? 0x8000 : 0)); /* subnormals */
+  }
+  keys[2 * 128 + 5] = 0x7E00;         /* NaN */
+  keys[3 * 128 + 77] = 0x7C00;        /* +inf */
+  keys[4 * 128 + 0] = 0xFC00;         /* -inf */
+  keys[6 * 128 + 3] = 0x7BFF;         /* 65504 */
+  keys[6 * 128 + 4] = 0xFBFF;         /* -65504 */
+  keys[7 * 128 + 90] = tu_f32_to_fp16(/* an outlier channel */
+                                      100.0f * tu_fp16_to_f32(keys[7 * 128 + 90]) + 50.0f);
+}
+
+/* The oracle: the header's rule in FP64 (a correctly rounded FP32 quotient of two FP32
+ * values is the FP64 quotient rounded to FP32), codes by tu_e4m3_encode. */
+static void oracle_e4m3_key(const uint16_t* x, uint8_t* codes, float* scale) {
+  double amax = 0.0;
+  int finite = 1;
+  for (int d = 0; d < 128; ++d) {
+    const double v = fabs((double)tu_fp16_to_f32(x[d]));
+    if (!isfinite(v))
+      finite = 0;
+    else if (v > amax)
+      amax = v;
+  }
+  const float s = finite && amax > 0.0 ? (float)(amax / 448.0) : 0.0f;
+  for (int d = 0; d < 128; ++d)
+    codes[d] = s > 0.0f ? tu_e4m3_encode((float)((double)tu_fp16_to_f32(x[d]) / (double)s)) : 0;
+  *scale = s;
+}
+
+static void test_e4m3_index_key_store(void** state) {
+  (void)state;
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  const int n = 96, entries = 40 * 4;
+  uint16_t* keys = malloc(2 * (size_t)n * 128);
+  int64_t slots[96];
+  make_index_keys(keys, n);
+  /* Distinct entries in random order (the GPU writes keys in no defined order), any token
+   * of the group, two skipped keys and one beyond the cache. */
+  int perm[160];
+  for (int i = 0; i < entries; ++i) perm[i] = i;
+  for (int i = entries - 1; i > 0; --i) {
+    const int j = tu_int(0, i), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (int i = 0; i < n; ++i) slots[i] = (int64_t)perm[i] * 4 + tu_int(0, 3);
+  slots[10] = -1;
+  slots[11] = -7;
+  slots[12] = (int64_t)entries * 4 + 1;
+  qsakv_cache_layout L;
+  uint8_t* got = store_e4m3_keys(cpu, keys, slots, n, &L);
+  assert_int_equal(L.index_key_dtype, QSAKV_DTYPE_E4M3);
+  assert_int_equal(L.compressed_keys_per_block, 4);
+  assert_int_equal(L.compressed_scales_offset, 4 * 128);
+  assert_int_equal(L.compressed_stride_block, 4 * 128 + 4 * 4);
+  assert_int_equal(L.compressed_bytes_per_layer, 40 * L.compressed_stride_block);
+  uint8_t* want = malloc(L.compressed_bytes_per_layer);
+  memset(want, 0xA5, L.compressed_bytes_per_layer);
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] / 4 >= entries) continue;
+    const int64_t e = slots[i] / 4, page = e / 4, j = e % 4;
+    uint8_t* base = want + page * L.compressed_stride_block;
+    float s;
+    oracle_e4m3_key(keys + (size_t)i * 128, base + j * 128, &s);
+    memcpy(base + L.compressed_scales_offset + 4 * j, &s, 4);
+  }
+  size_t bad = 0;
+  for (size_t b = 0; b < L.compressed_bytes_per_layer; ++b)
+    if (got[b] != want[b] && bad++ < 5)
+      print_error("byte %zu (page %zu): cpu 0x%02x oracle 0x%02x\n", b,
+                  b / (size_t)L.compressed_stride_block, got[b], want[b]);
+  assert_int_equal(bad, 0);
+  /* The rules did fire: the dead and zero keys have scale 0, the range key 65504 / 448. */
+  for (int i = 0; i <= 6; ++i) {
+    const int64_t e = slots[i] / 4;
+    float s;
+    memcpy(&s, got + (e / 4) * L.compressed_stride_block + L.compressed_scales_offset + 4 * (e % 4),
+           4);
+    if (i <= 4) assert_true(s == 0.0f);
+    if (i == 6) assert_true(s == (float)(65504.0 / 448.0));
+    if (i == 5) assert_true(s > 0.0f && s < 1e-6f);
+  }
+  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  if (gpu) {
+    qsakv_cache_layout L2;
+    uint8_t* g = store_e4m3_keys(gpu, keys, slots, n, &L2);
+    bad = 0;
+    for (size_t b = 0; b < L.compressed_bytes_per_layer; ++b)
+      if (g[b] != got[b] && bad++ < 5)
+        print_error("byte %zu: gpu 0x%02x cpu 0x%02x\n", b, g[b], got[b]);
+    assert_int_equal(bad, 0);
+    free(g);
+    qsakv_context_destroy(gpu);
+  } else {
+    print_message("[ SKIP part] GPU comparison of E4M3 index-key stores: no GPU\n");
+  }
+  free(got);
+  free(want);
+  free(keys);
+  qsakv_context_destroy(cpu);
+}
+
+/* Every FP16 value (all 65536 patterns, 512 keys of 128) through the E4M3 key store on
+ * the GPU and the CPU: identical bytes. */
+static void test_cuda_e4m3_index_keys_every_fp16(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  const int n = 512;
+  uint16_t* keys = malloc(2 * 65536);
+  for (int i = 0; i < 65536; ++i) keys[i] = (uint16_t)(i * 40503u); /* a permutation */
+  /* Keys with a non-finite element are stored dead: keep most keys finite. */
+  for (int i = 0; i < 65536; ++i)
+    if ((keys[i] & 0x7C00) == 0x7C00 && (i / 128) % 8 != 0) keys[i] &= 0x3FFF;
+  int64_t* slots = malloc(8 * (size_t)n);
+  for (int i = 0; i < n; ++i) slots[i] = (int64_t)(i % 160) * 4 + (i / 160);
+  qsakv_cache_layout L;
+  /* 160 entries: store 160 keys per pass, four passes. */
+  size_t bad = 0;
+  for (int pass = 0; pass * 160 < n; ++pass) {
+    const int m = n - pass * 160 < 160 ? n - pass * 160 : 160;
+    uint8_t* a = store_e4m3_keys(cpu, keys + (size_t)pass * 160 * 128, slots + pass * 160, m, &L);
+    uint8_t* b = store_e4m3_keys(gpu, keys + (size_t)pass * 160 * 128, slots + pass * 160, m, &L);
+    for (size_t i = 0; i < L.compressed_bytes_per_layer; ++i)
+      if (a[i] != b[i] && bad++ < 5)
+        print_error("pass %d byte %zu: cpu 0x%02x gpu 0x%02x\n", pass, i, a[i], b[i]);
+    free(a);
+    free(b);
+  }
+  assert_int_equal(bad, 0);
+  free(keys);
+  free(slots);
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
+}
+
 static void test_store_errors(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -333,6 +513,8 @@ int main(void) {
       cmocka_unit_test(test_cuda_store_equals_cpu),
       cmocka_unit_test(test_cuda_store_every_fp16),
       cmocka_unit_test(test_index_key_stores_cpu_and_cuda),
+      cmocka_unit_test(test_e4m3_index_key_store),
+      cmocka_unit_test(test_cuda_e4m3_index_keys_every_fp16),
       cmocka_unit_test(test_store_errors),
   };
   tu_apply_filter();
