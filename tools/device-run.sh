@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
-#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|first-hour]
+#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|select|first-hour]
 # routes: the multi-row routes only: the GPU suites that run them (test_attention,
 # test_graph), the bench's overlap sweep and multi-row table ($BENCH_ARGS added), the
 # decode table, and compute-sanitizer on the attention and graph tests ($SAN_FILTER).
 # sm70: everything with the SM70 kernel tier forced (QSAKV_CUDA_TIER=sm70, the V100 code
 # path): every suite, compute-sanitizer, and the bench labelled as such, then the bench
 # again on the GPU's own tier for comparison. A
-# QSAKV_CUDA_TIER already in the environment is honoured by every stage.
+# QSAKV_CUDA_TIER already in the environment is honoured by every stage. BUILD_TARGETS, when
+# set, builds only those targets.
 # cmocka is not installed there: its Debian packages travel in .deps-device/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -58,7 +59,7 @@ t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=90 \
   -DCMAKE_PREFIX_PATH=$prefix/usr -DCMOCKA_INCLUDE_DIR=$prefix/usr/include \
   -DCMOCKA_LIBRARY=$libdir/libcmocka.so.0 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+cmake --build build-gpu -j16 ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 if [ "$stage" = all ] || [ "$stage" = test ]; then
@@ -122,6 +123,39 @@ if [ "$stage" = routes ]; then
   cat "$OUT/bench-decode.log" | grep -A12 "^sparse decode"; cat "$OUT/bench-routes.log"
   # (At most 8 files come back from the device machine: the logs travel as one archive.)
   (cd "$OUT" && tar czf routes-logs.tar.gz ./*.log && rm -f ./*.log)
+  exit 0
+fi
+if [ "$stage" = select ]; then
+  # The selection and its index keys (FP16 and E4M3): the selection, store, graph, config
+  # and capacity suites on the GPU's tier, the selection and store suites on the SM70 tier,
+  # compute-sanitizer memcheck and racecheck of the GPU selection and store cases
+  # ($SAN_SELECT_FILTER, default every CUDA case; racecheck $SAN_RACE_SELECT_FILTER if set), the selection table with both key dtypes
+  # ($BENCH_ARGS added), and with NCU_SELECT set the scoring kernels' times of those cases.
+  (cd build-gpu && for t in test_select test_store test_graph test_config test_capacity; do
+     timeout 200 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?: $(grep -E "PASSED|FAILED" "$OUT/$t.log" | paste -sd' ')"; done)
+  grep -hE "contract|exactly|replay|fail|FAILED" "$OUT"/test_select.log "$OUT"/test_graph.log "$OUT"/test_store.log | cut -c1-170 | head -40
+  for t in test_select test_store; do
+    QSAKV_CUDA_TIER=sm70 QSAKV_TEST_FILTER='*cuda*' timeout 200 build-gpu/tests/$t > "$OUT/sm70-$t.log" 2>&1
+    echo "sm70 tier $t rc=$?: $(grep -E "PASSED|FAILED" "$OUT/sm70-$t.log" | paste -sd' ')"
+  done
+  grep -hE "contract|exactly|fail" "$OUT"/sm70-test_select.log | cut -c1-170 | head -12
+  for tool in memcheck racecheck; do
+    for t in test_select test_store; do
+      filter='*cuda*'; [ $t = test_select ] && filter=${SAN_SELECT_FILTER:-*cuda*}
+      [ $t = test_select ] && [ $tool = racecheck ] && filter=${SAN_RACE_SELECT_FILTER:-$filter}
+      QSAKV_TEST_FILTER="$filter" timeout ${SANITIZE_SECONDS:-200} compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/$t > "$OUT/san-$tool-$t.log" 2>&1
+      echo "$tool $t rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/san-$tool-$t.log" | paste -sd' ')"
+    done
+  done
+  timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --select-only --no-multirow --json "$OUT/bench-select.json"     ${BENCH_ARGS:-} > "$OUT/bench-select.log" 2>&1; echo "bench (select) rc=$?"
+  if [ -n "${NCU_SELECT:-}" ]; then
+    for keys in fp16 e4m3; do
+      timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum         -k regex:"select_" build-gpu/qsakv_bench --select-only --no-multirow --index-keys $keys         --select-cases $NCU_SELECT > "$OUT/ncu-select-$keys.log" 2>&1
+      echo "== ncu select $keys: $(grep -E "select_[a-z_]*kernel|gpu__time_duration|dram__bytes_read" "$OUT/ncu-select-$keys.log" | sed -E 's/\(.*//; s/ +/ /g' | head -40 | paste -sd' ')"
+    done
+  fi
+  cat "$OUT/bench-select.log" | grep -A40 "^indexer selection"
+  (cd "$OUT" && tar czf select-logs.tar.gz ./*.log && rm -f ./*.log)
   exit 0
 fi
 if [ -n "${NCU:-}" ]; then  # one decode kernel of the 1024-row case, per tile path

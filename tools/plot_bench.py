@@ -149,13 +149,17 @@ def fig_decode(plt, runs):
 def fig_select(plt, runs):
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label, run in runs:
-        keys = sorted({(r["kind"], r["requests"], r["rows"]) for r in run["select"]})
-        for kind, reqs, rows in keys:
-            recs = [r for r in run["select"] if (r["kind"], r["requests"], r["rows"]) ==
-                    (kind, reqs, rows)]
+        # Runs before E4M3 index keys have no "index_keys": their keys were FP16.
+        def ikeys(r):
+            return r.get("index_keys", "fp16")
+        keys = sorted({(r["kind"], r["requests"], r["rows"], ikeys(r)) for r in run["select"]})
+        for kind, reqs, rows, ik in keys:
+            recs = [r for r in run["select"] if (r["kind"], r["requests"], r["rows"], ikeys(r)) ==
+                    (kind, reqs, rows, ik)]
             shape = f"{reqs} x {rows // reqs} rows" if kind != "decode" else f"{rows} rows"
             ax.plot(*series(recs, "tokens", "us_l2_flushed"), marker="o",
-                    label=f"{kind}, {shape}{tag(label, runs)}")
+                    linestyle="--" if ik == "e4m3" else "-",
+                    label=f"{kind}, {shape}, {ik} keys{tag(label, runs)}")
     log_ticks(ax, [r["tokens"] for _, run in runs for r in run["select"]])
     ax.set(xlabel="context length (tokens)",
            ylabel="selection time, one call, L2 flushed (us)",

@@ -114,6 +114,8 @@ def test_area_without_verb_is_a_usage_error(env):
     (["capacity", "--bogus", "1"], "unknown option --bogus"),
     (["capacity", "extra"], "unexpected argument extra"),
     (["capacity", "--preset", "qwen4_exp", "--checkpoint", "x"], "exclude each other"),
+    (["capacity", "--index-keys", "bf16"], "--index-keys must be fp16 or e4m3, not bf16"),
+    (["capacity", "--index-keys"], "--index-keys needs a value"),
 ])
 def test_unsupported_option_refused(env, args, needle):
     _, tool = env
@@ -215,7 +217,7 @@ def test_capacity_json_and_checkpoint(env):
     lib, tool = env
     preset = json.loads(run(tool, "capacity", "--tp", "4", "--budget-gib", "40", "--json").stdout)
     assert preset["bytes_per_token"] == 6912 and preset["fp16_bytes_per_token"] == 13056
-    assert preset["model"] == "qwen4_exp"
+    assert preset["model"] == "qwen4_exp" and preset["index_key_dtype"] == "fp16"
     r = run(tool, "capacity", "--checkpoint", HF / "qwen4_exp", "--tp", "4", "--budget-gib", "40",
             "--json")
     assert r.returncode == 0, r.stderr
@@ -234,6 +236,47 @@ def test_capacity_json_and_checkpoint(env):
                          "--json").stdout)
     assert doc["num_qsa_layers"] == 3
     assert doc["bytes_per_token"] == cap.bytes_per_token and doc["num_blocks"] == cap.num_blocks
+
+
+def test_capacity_e4m3_index_keys(env):
+    """--index-keys e4m3: 132 bytes per key of 128 dims (33 per token per layer), so the
+    reference model at TP4 takes 6,540 bytes per token against 13,056 (FP16 baseline)."""
+    lib, tool = env
+    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3",
+            "--budget-gib", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["index_key_dtype"] == "e4m3" and doc["kv_dtype"] == "e4m3"
+    assert doc["compressed_bytes_per_token"] == 12 * 33
+    assert doc["bytes_per_token"] == 6540 and doc["fp16_bytes_per_token"] == 13056
+    assert doc["ideal_ratio"] >= 1.99 and doc["capacity_ratio"] >= 1.99
+    # The same as the C API with config.index_key_dtype = E4M3.
+    cfg = _cdefs.qsakv_model_config()
+    assert lib.qsakv_model_config_preset(ctypes.byref(cfg), b"qwen4_exp") == 0
+    cfg.tp_size, cfg.index_key_dtype = 4, _cdefs.QSAKV_DTYPE_E4M3
+    cap = _cdefs.qsakv_capacity()
+    cap.struct_size, cap.version = ctypes.sizeof(cap), _cdefs.QSAKV_CAPACITY_VERSION
+    assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 40 << 30, ctypes.byref(cap)) == 0
+    assert doc["num_blocks"] == cap.num_blocks and doc["num_tokens"] == cap.num_tokens
+    # The default is fp16; spelled out it is the same table.
+    fp16 = json.loads(run(tool, "capacity", "--tp", "4", "--index-keys", "fp16", "--budget-gib",
+                          "40", "--json").stdout)
+    assert fp16 == json.loads(run(tool, "capacity", "--tp", "4", "--budget-gib", "40",
+                                  "--json").stdout)
+    assert fp16["bytes_per_token"] == 6912
+    # The text table says which index keys it counts and prints the same figures.
+    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3")
+    assert r.returncode == 0, r.stderr
+    assert "e4m3 index keys" in r.stdout.splitlines()[0]
+    total = next(l for l in r.stdout.splitlines() if l.strip().startswith("total"))
+    assert "6540 B" in total and "13056 B" in total
+    ratio = next(l for l in r.stdout.splitlines() if l.strip().startswith("ratio"))
+    assert float(ratio.split()[1]) >= 1.99
+    # A refused value: a usage error, nothing on stdout.
+    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "bf16")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "--index-keys must be fp16 or e4m3, not bf16" in r.stderr
+    assert "--index-keys fp16|e4m3" in run(tool, "capacity", "--help").stdout
 
 
 # calib summarize --json ---------------------------------------------------------------

@@ -747,7 +747,7 @@ typedef struct {
  * rows each (the last positions: decode 1, verify 4, a prefill chunk 8192): scores over
  * the visible compressed keys, exact top-512, expansion. */
 static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
-                                 cudaStream_t s) {
+                                 qsakv_dtype index_keys, cudaStream_t s) {
   static uint16_t* h = NULL;
   static void* d = NULL;
   const size_t chunk = 64ull << 20;
@@ -768,6 +768,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   c.max_requests = requests;
   c.max_batched_tokens = rows;
   c.max_model_len = seq;
+  c.index_key_dtype = index_keys;
   qsakv_overlay* ov = make_overlay(&c);
   const int pages = (seq + kBlock - 1) / kBlock;
   qsakv_cache_options o;
@@ -781,11 +782,30 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   CHECK(qsakv_cache_get_layout(cache, &L));
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   CHECK(qsakv_cache_get_layer_buffers(cache, 3, &lb));
-  for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
-    const size_t n =
-        L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
-    CUDA(cudaMemcpy((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice));
+  if (index_keys == QSAKV_DTYPE_FP16) {
+    for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
+      const size_t n =
+          L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
+      CUDA(cudaMemcpy((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice));
+    }
+  } else { /* the same N(0,1) keys through the store (it computes each key's scale) */
+    const int64_t keys_per_chunk = (int64_t)(chunk / (128 * 2));
+    const int64_t entries = L.num_blocks * L.compressed_keys_per_block;
+    int64_t* hs = malloc(sizeof(int64_t) * (size_t)keys_per_chunk);
+    void* ds;
+    CUDA(cudaMalloc(&ds, sizeof(int64_t) * (size_t)keys_per_chunk));
+    for (int64_t e0 = 0; e0 < entries; e0 += keys_per_chunk) {
+      const int64_t n = entries - e0 < keys_per_chunk ? entries - e0 : keys_per_chunk;
+      for (int64_t i = 0; i < n; ++i) hs[i] = (e0 + i) * c.compress_ratio;
+      CUDA(cudaMemcpy(ds, hs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice));
+      CHECK(qsakv_store_compressed_keys(cache, 3, d, ds, n, (qsakv_stream_t)s));
+    }
+    CUDA(cudaStreamSynchronize(s));
+    CUDA(cudaFree(ds));
+    free(hs);
   }
+  /* Bytes per compressed key as the pages hold them (FP16 256; E4M3 128 codes + scale). */
+  const double key_bytes = (double)L.compressed_stride_block / L.compressed_keys_per_block;
   int32_t* bt = malloc(sizeof(int32_t) * (size_t)requests * pages);
   int32_t* qs = malloc(sizeof(int32_t) * (requests + 1));
   int32_t* lens = malloc(sizeof(int32_t) * requests);
@@ -796,7 +816,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     lens[r] = seq;
     for (int i = 0; i < rows_per_request; ++i) {
       const double visible = (double)((seq - rows_per_request + i + 1) / 4);
-      t.key_bytes += visible * 128 * 2;
+      t.key_bytes += visible * key_bytes;
       t.flops += visible * 4 * 128 * 2;
     }
   }
@@ -877,7 +897,8 @@ static void usage(FILE* f, const char* argv0) {
       "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--splits N] [--select-only] "
       "[--select-cases 0,4,...] [--store-only] [--decode-only] [--multirow-only] "
       "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
-      "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--tier auto|sm70|sm75]\n"
+      "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--index-keys fp16|e4m3|both] "
+      "[--tier auto|sm70|sm75]\n"
       "  --json PATH          write the results as JSON to PATH\n"
       "  --rows LIST          the decode table's row counts (default 1,8,16,20,32,64,128,256,"
       "1024)\n"
@@ -885,6 +906,7 @@ static void usage(FILE* f, const char* argv0) {
       "  --splits N           the decode table's plans take N splits\n"
       "  --select-only        no decode table, no store\n"
       "  --select-cases LIST  only these selection cases (indices)\n"
+      "  --index-keys K       the selection table with FP16 or E4M3 index keys, or both (default)\n"
       "  --store-only         only the store (no multi-row, decode or selection tables)\n"
       "  --decode-only        only the decode table\n"
       "  --multirow-only      only the multi-row table and the overlap sweep\n"
@@ -909,6 +931,7 @@ int main(int argc, char** argv) {
   int case_mask = -1;      /* selection cases to run (bit i: case i) */
   int overlap_dtypes = 3;  /* the sweep's KV dtypes (bit 0: E4M3, bit 1: FP16) */
   int overlap_shapes = -1; /* the sweep's workloads (bit i: shapes[i] below) */
+  int select_keys = 3;     /* the selection table's index keys (bit 0: FP16, bit 1: E4M3) */
   double overlap_f[16] = {1.0, 0.9, 0.75, 0.5, 0.25, 0.0};
   int n_overlap_f = 6;
   for (int i = 1; i < argc; ++i) {
@@ -953,6 +976,18 @@ int main(int argc, char** argv) {
         overlap_dtypes = 2;
       else {
         fprintf(stderr, "--overlap-dtype: '%s' is neither e4m3 nor fp16\n", argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--index-keys") && i + 1 < argc) {
+      ++i;
+      if (!strcmp(argv[i], "fp16"))
+        select_keys = 1;
+      else if (!strcmp(argv[i], "e4m3"))
+        select_keys = 2;
+      else if (!strcmp(argv[i], "both"))
+        select_keys = 3;
+      else {
+        fprintf(stderr, "--index-keys: '%s' is none of fp16, e4m3, both\n", argv[i]);
         return 2;
       }
     } else if (!strcmp(argv[i], "--store-only")) {
@@ -1283,7 +1318,8 @@ int main(int argc, char** argv) {
   free_cache(&f16);
 
   /* Selection against the attention it feeds: decode rows at 32K/128K/256K, verify rows,
-   * prefill chunks. Key bytes: each row's visible compressed keys (64 B per token). */
+   * prefill chunks, each with FP16 and with E4M3 index keys. Key bytes: each row's visible
+   * compressed keys (64 B per token FP16, 33 B E4M3). */
   typedef struct {
     const char* kind;
     int requests, rows_per_request, seq;
@@ -1301,16 +1337,18 @@ int main(int argc, char** argv) {
       "of the\n"
       "same row count from the table above (32K contexts; nan where that row count is not in "
       "it)\n");
-  printf("%8s %5s %5s %7s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
-         "context", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s", "attn us",
-         "sel+attn");
+  printf("%8s %5s %5s %7s %5s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
+         "context", "keys", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s",
+         "attn us", "sel+attn");
   if (js) fprintf(js, ",\n  \"select\": [\n");
   int printed = 0;
-  for (int i = 0; i < n_cases; ++i) {
-    if (!((case_mask >> i) & 1)) continue;
+  for (int ci = 0; ci < 2 * n_cases; ++ci) {
+    const int i = ci / 2, fp8_keys = ci % 2;
+    if (!((case_mask >> i) & 1) || !((select_keys >> fp8_keys) & 1)) continue;
     const sel_case* c = &cases[i];
     const int rows = c->requests * c->rows_per_request;
-    const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq, s);
+    const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq,
+                                        fp8_keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16, s);
     const double gbs = t.key_bytes / (t.us * 1e-6) / 1e9,
                  gbs_f = t.key_bytes / (t.us_flushed * 1e-6) / 1e9;
     const double tflops = t.flops / (t.us_flushed * 1e-6) / 1e12;
@@ -1320,17 +1358,17 @@ int main(int argc, char** argv) {
       snprintf(att_json, sizeof att_json, "null");
     else
       snprintf(att_json, sizeof att_json, "%.3f", att);
-    printf("%8s %5d %5d %7d %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f\n", c->kind,
-           c->requests, rows, c->seq, t.key_bytes / 1e6, t.us, gbs, t.us_flushed, gbs_f,
-           100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
+    printf("%8s %5d %5d %7d %5s %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f\n",
+           c->kind, c->requests, rows, c->seq, fp8_keys ? "e4m3" : "fp16", t.key_bytes / 1e6, t.us,
+           gbs, t.us_flushed, gbs_f, 100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
     if (js)
       fprintf(js,
               "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, "
-              "\"key_bytes\": %.0f, "
+              "\"index_keys\": \"%s\", \"key_bytes\": %.0f, "
               "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
               "\"attention_us\": %s}",
-              printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq, t.key_bytes, t.us,
-              t.us_flushed, gbs_f, tflops, att_json);
+              printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq,
+              fp8_keys ? "e4m3" : "fp16", t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json);
   }
   if (js) {
     fprintf(js, "\n  ]\n}\n");

@@ -8,11 +8,15 @@
 
 const char kCapacityUsage[] =
     "usage: qsakv capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N]\n"
-    "                      [--kv e4m3|fp16|bf16] [--budget-gib X] [--json]\n"
+    "                      [--kv e4m3|fp16|bf16] [--index-keys fp16|e4m3]\n"
+    "                      [--budget-gib X] [--json]\n"
     "\n"
     "Bytes per token per rank (all QSA layers), fixed costs (index-key rings, the\n"
     "shared top-k workspace and what one buffer per layer would cost), and the blocks\n"
-    "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache.\n"
+    "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache with\n"
+    "FP16 index keys.\n"
+    "--kv: the main K/V cache (default e4m3). --index-keys: the compressed index keys\n"
+    "(index_key_dtype; default fp16; e4m3: E4M3 codes with one FP32 scale per key).\n"
     "The model: the preset (default qwen4_exp) or --checkpoint CKPT (a checkpoint\n"
     "directory or its config.json, read as by qsakv_model_config_from_checkpoint).\n"
     "--json prints one JSON object.\n"
@@ -23,7 +27,8 @@ static void print_json(const char* model, const qsakv_model_config* c, const qsa
   printf("{\"model\": ");
   tool_json_string(stdout, model);
   printf(
-      ", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", \"budget_gib\": %.17g, "
+      ", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", "
+      "\"index_key_dtype\": \"%s\", \"budget_gib\": %.17g, "
       "\"budget_bytes\": %llu, "
       "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
       "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
@@ -31,8 +36,8 @@ static void print_json(const char* model, const qsakv_model_config* c, const qsa
       "\"ring_bytes_per_request\": %llu, \"topk_bytes\": %llu, \"topk_bytes_unshared\": %llu,\n"
       " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
       "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
-      c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype), gib,
-      (unsigned long long)k->budget_bytes, c->block_size,
+      c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype),
+      qsakv_dtype_name(c->index_key_dtype), gib, (unsigned long long)k->budget_bytes, c->block_size,
       (unsigned long long)k->main_bytes_per_token,
       (unsigned long long)k->compressed_bytes_per_token, (unsigned long long)k->bytes_per_token,
       (unsigned long long)k->fp16_bytes_per_token, (unsigned long long)k->ring_bytes,
@@ -46,13 +51,14 @@ static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 static void print_text(const char* preset, const qsakv_model_config* c, const qsakv_capacity* k,
                        double gib) {
-  printf("%s, TP%d, %s KV, block size %d, budget %.3g GiB per rank\n\n", preset, c->tp_size,
-         qsakv_dtype_name(c->kv_dtype), c->block_size, gib);
+  printf("%s, TP%d, %s KV, %s index keys, block size %d, budget %.3g GiB per rank\n\n", preset,
+         c->tp_size, qsakv_dtype_name(c->kv_dtype), qsakv_dtype_name(c->index_key_dtype),
+         c->block_size, gib);
   printf("per token, per rank, all %d QSA layers\n", c->num_qsa_layers);
   printf("  main K/V                 %10llu B\n", (unsigned long long)k->main_bytes_per_token);
   printf("  compressed index keys    %10llu B\n",
          (unsigned long long)k->compressed_bytes_per_token);
-  printf("  total                    %10llu B   (16-bit cache: %llu B)\n",
+  printf("  total                    %10llu B   (16-bit cache, FP16 keys: %llu B)\n",
          (unsigned long long)k->bytes_per_token, (unsigned long long)k->fp16_bytes_per_token);
   printf("fixed costs\n");
   printf("  index-key rings          %10.1f MiB (%llu B per request)\n", mib(k->ring_bytes),
@@ -71,6 +77,7 @@ int cmd_capacity(int argc, char** argv) {
   const char* preset = NULL;
   const char* checkpoint = NULL;
   const char* kv = "e4m3";
+  const char* index_keys = "fp16";
   int tp = 1, json = 0;
   double gib = 64.0;
   for (int i = 1; i < argc; ++i) {
@@ -81,7 +88,7 @@ int cmd_capacity(int argc, char** argv) {
     }
     if (o[0] != '-') return tool_usage_error("capacity: unexpected argument %s", o);
     if (strcmp(o, "--preset") && strcmp(o, "--checkpoint") && strcmp(o, "--kv") &&
-        strcmp(o, "--tp") && strcmp(o, "--budget-gib"))
+        strcmp(o, "--index-keys") && strcmp(o, "--tp") && strcmp(o, "--budget-gib"))
       return tool_usage_error("capacity: unknown option %s", o);
     if (i + 1 >= argc) return tool_usage_error("capacity: %s needs a value", o);
     const char* v = argv[++i];
@@ -91,6 +98,8 @@ int cmd_capacity(int argc, char** argv) {
       checkpoint = v;
     else if (!strcmp(o, "--kv"))
       kv = v;
+    else if (!strcmp(o, "--index-keys"))
+      index_keys = v;
     else if (!strcmp(o, "--tp")) {
       if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
     } else if (!strcmp(o, "--budget-gib")) {
@@ -118,6 +127,12 @@ int cmd_capacity(int argc, char** argv) {
     c.kv_dtype = QSAKV_DTYPE_BF16;
   else
     return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
+  if (!strcmp(index_keys, "fp16"))
+    c.index_key_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(index_keys, "e4m3"))
+    c.index_key_dtype = QSAKV_DTYPE_E4M3;
+  else
+    return tool_usage_error("--index-keys must be fp16 or e4m3, not %s", index_keys);
   qsakv_capacity k;
   memset(&k, 0, sizeof k);
   k.struct_size = sizeof k;

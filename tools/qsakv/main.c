@@ -29,7 +29,7 @@ static const char kUsage[] =
     "        | envelope OUT STATS...\n"
     "        report, merge (TP ranks) or envelope (runs) calibration statistics\n"
     "  capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--kv e4m3|fp16|bf16]\n"
-    "        [--budget-gib X] [--json]   the capacity table\n"
+    "        [--index-keys fp16|e4m3] [--budget-gib X] [--json]   the capacity table\n"
     "\n"
     "`qsakv <area> --help` and `qsakv <area> <verb> --help` describe an area and its\n"
     "verbs. An option a verb does not take is refused. --json prints one JSON object.\n"
