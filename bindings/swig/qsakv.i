@@ -248,7 +248,15 @@ QSAKV_VERSIONED(TYPE, VERSION)
 %enddef
 
 QSAKV_VERSIONED(qsakv_context_options, QSAKV_CONTEXT_OPTIONS_VERSION)
-QSAKV_VERSIONED(qsakv_model_config, QSAKV_MODEL_CONFIG_VERSION)
+/* A config starts as qsakv_model_config_init leaves it (QSAKV_MODEL_CONFIG_INIT): zeroed
+ * but for struct_size, version and the one defaulted field, index_key_dtype (FP16). */
+%extend qsakv_model_config {
+  qsakv_model_config() {
+    qsakv_model_config* s = (qsakv_model_config*)calloc(1, sizeof(qsakv_model_config));
+    if (s) (void)qsakv_model_config_init(s); /* fails only for NULL */
+    return s;
+  }
+}
 QSAKV_VERSIONED(qsakv_overlay_write_options, QSAKV_OVERLAY_WRITE_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_cache_options, QSAKV_CACHE_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_plan_options, QSAKV_PLAN_OPTIONS_VERSION)

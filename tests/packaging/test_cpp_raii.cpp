@@ -169,11 +169,54 @@ static void test_handles_move_and_free(void** state) {
   }
 }
 
+// index_key_dtype through the C++ header: the default (initializer and preset), E4M3's
+// page in the layout and its capacity, another dtype refused naming the field.
+static void test_index_key_dtype(void** state) {
+  (void)state;
+  const qsakv_model_config init = QSAKV_MODEL_CONFIG_INIT;
+  assert_int_equal(init.index_key_dtype, QSAKV_DTYPE_FP16);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  assert_int_equal(cfg.index_key_dtype, QSAKV_DTYPE_FP16);
+  cfg.tp_size = 4;
+  cfg.index_key_dtype = QSAKV_DTYPE_E4M3;
+  qsakv::ModelConfig::validate(cfg);
+  const qsakv_capacity cap = qsakv::capacity_plan(cfg, 40ull << 30);
+  assert_int_equal(cap.bytes_per_token, 6540);
+  assert_int_equal(cap.fp16_bytes_per_token, 13056);
+  assert_true(cap.ideal_ratio >= 1.99 && cap.capacity_ratio >= 1.99);
+
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 4;
+  qsakv::Cache cache(ctx, cfg, nullptr, co);
+  const qsakv_cache_layout l = cache.layout();
+  assert_int_equal(l.index_key_dtype, QSAKV_DTYPE_E4M3);
+  assert_int_equal(l.index_head_dim, 128);
+  assert_int_equal(l.compressed_keys_per_block, 16);
+  assert_int_equal(l.compressed_stride_block, 2112);
+  assert_int_equal(l.compressed_scales_offset, 2048);
+  assert_int_equal(l.compressed_bytes_per_layer, 4 * 2112);
+
+  cfg.index_key_dtype = QSAKV_DTYPE_BF16;
+  try {
+    qsakv::ModelConfig::validate(cfg);
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_CONFIG);
+    assert_non_null(std::strstr(err.message().c_str(), "index_key_dtype"));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
       cmocka_unit_test(test_errors_carry_status_and_message),
       cmocka_unit_test(test_handles_move_and_free),
+      cmocka_unit_test(test_index_key_dtype),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
 }

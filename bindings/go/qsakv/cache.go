@@ -203,18 +203,53 @@ func (c *Cache) live() error {
 // Geometry is the cache's rank geometry.
 func (c *Cache) Geometry() RankGeometry { return c.geo }
 
-// TotalBytes is everything the cache allocated.
-func (c *Cache) TotalBytes() (uint64, error) {
+// CacheLayout is the shape of a cache (qsakv_cache_layout): the main K/V cache per
+// layer [NumBlocks, 2, BlockSize, KVHeads, HeadDim] in KVDtype, the bytes per layer of
+// each cache, and the compressed index-key pages: NumBlocks pages of
+// CompressedStrideBlock bytes, each holding CompressedKeysPerBlock keys of IndexHeadDim
+// dims; FP16 keys fill the page; E4M3 keys are codes (one byte per dim) followed, at
+// CompressedScalesOffset bytes from the page's start, by one FP32 scale per key (key =
+// scale * e4m3(code)); CompressedScalesOffset is -1 for FP16 keys.
+type CacheLayout struct {
+	KVDtype                                       Dtype
+	NumBlocks                                     int64
+	BlockSize, KVHeads, HeadDim                   int32
+	KVBytesPerLayer                               uint64
+	CompressedBytesPerLayer                       uint64
+	RingLength                                    int32
+	RingBytesPerLayer                             uint64
+	TotalBytes                                    uint64
+	IndexKeyDtype                                 Dtype
+	IndexHeadDim, CompressedKeysPerBlock          int32
+	CompressedStrideBlock, CompressedScalesOffset int64
+}
+
+// Layout describes the cache.
+func (c *Cache) Layout() (CacheLayout, error) {
 	if err := c.live(); err != nil {
-		return 0, err
+		return CacheLayout{}, err
 	}
 	var l C.qsakv_cache_layout
 	l.struct_size = C.size_t(unsafe.Sizeof(l))
 	l.version = C.QSAKV_CACHE_LAYOUT_VERSION
 	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }); err != nil {
-		return 0, err
+		return CacheLayout{}, err
 	}
-	return uint64(l.total_bytes), nil
+	return CacheLayout{
+		KVDtype: Dtype(l.kv_dtype), NumBlocks: int64(l.num_blocks), BlockSize: int32(l.block_size),
+		KVHeads: int32(l.kv_heads), HeadDim: int32(l.head_dim), KVBytesPerLayer: uint64(l.kv_bytes_per_layer),
+		CompressedBytesPerLayer: uint64(l.compressed_bytes_per_layer), RingLength: int32(l.ring_length),
+		RingBytesPerLayer: uint64(l.ring_bytes_per_layer), TotalBytes: uint64(l.total_bytes),
+		IndexKeyDtype: Dtype(l.index_key_dtype), IndexHeadDim: int32(l.index_head_dim),
+		CompressedKeysPerBlock: int32(l.compressed_keys_per_block),
+		CompressedStrideBlock:  int64(l.compressed_stride_block), CompressedScalesOffset: int64(l.compressed_scales_offset),
+	}, nil
+}
+
+// TotalBytes is everything the cache allocated.
+func (c *Cache) TotalBytes() (uint64, error) {
+	l, err := c.Layout()
+	return l.TotalBytes, err
 }
 
 func (c *Cache) actBytes() int { return int(C.qsakv_dtype_size(c.cfg.activation_dtype)) }
@@ -240,8 +275,9 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 	})
 }
 
-// StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim])
-// for the groups of the slots in slotMapping (int64 [n]).
+// StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim];
+// with IndexKeyDtype E4M3 each is quantised on its own into the layout's page) for the
+// groups of the slots in slotMapping (int64 [n]).
 func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer, numKeys int) error {
 	if err := c.live(); err != nil {
 		return err

@@ -228,6 +228,11 @@ type ModelConfig struct {
 	MaxRequests       int32
 	MaxBatchedTokens  int32
 	MaxModelLen       int32
+	// IndexKeyDtype is the compressed index keys' dtype: DtypeFP16 (the default) or
+	// DtypeE4M3 (E4M3 codes with one FP32 scale per key, max |x| / 448: 132 instead of
+	// 256 bytes per key of 128 dims). The raw index-key ring and the index queries stay
+	// FP16.
+	IndexKeyDtype Dtype
 }
 
 // Preset returns a named preset, e.g. "qwen4_exp" (the reference model).
@@ -243,6 +248,7 @@ func Preset(name string) (*ModelConfig, error) {
 	m.ActivationDtype, m.KVDtype = Dtype(b.activation_dtype), Dtype(b.kv_dtype)
 	m.BlockSize, m.MaxRequests = int32(b.block_size), int32(b.max_requests)
 	m.MaxBatchedTokens, m.MaxModelLen = int32(b.max_batched_tokens), int32(b.max_model_len)
+	m.IndexKeyDtype = Dtype(b.index_key_dtype)
 	return m, nil
 }
 
@@ -252,6 +258,7 @@ func (m *ModelConfig) c() C.qsakv_model_config {
 	b.activation_dtype, b.kv_dtype = C.qsakv_dtype(m.ActivationDtype), C.qsakv_dtype(m.KVDtype)
 	b.block_size, b.max_requests = C.int32_t(m.BlockSize), C.int32_t(m.MaxRequests)
 	b.max_batched_tokens, b.max_model_len = C.int32_t(m.MaxBatchedTokens), C.int32_t(m.MaxModelLen)
+	b.index_key_dtype = C.qsakv_dtype(m.IndexKeyDtype)
 	return b
 }
 
@@ -300,14 +307,34 @@ func (m *ModelConfig) RankGeometry() (RankGeometry, error) {
 
 // CapacityTokens is how many tokens fit in budgetBytes per rank.
 func (m *ModelConfig) CapacityTokens(budgetBytes uint64) (int64, error) {
+	cap, err := m.Capacity(budgetBytes)
+	return cap.NumTokens, err
+}
+
+// Capacity is the capacity plan of a config for a memory budget per rank: bytes per
+// token (all QSA layers), the same for the all-FP16 baseline (16-bit main cache, FP16
+// index keys), and the blocks and tokens that fit.
+type Capacity struct {
+	MainBytesPerToken, CompressedBytesPerToken, BytesPerToken, FP16BytesPerToken uint64
+	NumBlocks, NumTokens, FP16NumTokens                                          int64
+	CapacityRatio, IdealRatio                                                    float64
+}
+
+// Capacity plans budgetBytes per rank (qsakv_capacity_plan; no allocation).
+func (m *ModelConfig) Capacity(budgetBytes uint64) (Capacity, error) {
 	c := m.c()
-	var cap C.qsakv_capacity
-	cap.struct_size = C.size_t(unsafe.Sizeof(cap))
-	cap.version = C.QSAKV_CAPACITY_VERSION
-	if err := call(func() C.qsakv_status { return C.qsakv_capacity_plan(&c, C.uint64_t(budgetBytes), &cap) }); err != nil {
-		return 0, err
+	var k C.qsakv_capacity
+	k.struct_size = C.size_t(unsafe.Sizeof(k))
+	k.version = C.QSAKV_CAPACITY_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_capacity_plan(&c, C.uint64_t(budgetBytes), &k) }); err != nil {
+		return Capacity{}, err
 	}
-	return int64(cap.num_tokens), nil
+	return Capacity{
+		MainBytesPerToken: uint64(k.main_bytes_per_token), CompressedBytesPerToken: uint64(k.compressed_bytes_per_token),
+		BytesPerToken: uint64(k.bytes_per_token), FP16BytesPerToken: uint64(k.fp16_bytes_per_token),
+		NumBlocks: int64(k.num_blocks), NumTokens: int64(k.num_tokens), FP16NumTokens: int64(k.fp16_num_tokens),
+		CapacityRatio: float64(k.capacity_ratio), IdealRatio: float64(k.ideal_ratio),
+	}, nil
 }
 
 // CheckpointRevision is the revision an overlay binds to: the SHA-256 (hex) of a

@@ -54,8 +54,14 @@ func smallFP16Config(t *testing.T) *ModelConfig {
 }
 
 // The pipeline on the CPU backend (store, plan, select, sparse and dense attention)
-// against an FP64 reference.
+// against an FP64 reference, with FP16 and with E4M3 compressed index keys (keys of 0.5
+// are stored as scale 0.5 / 448 and codes 448: the same selection).
 func TestPipelineMatchesFP64(t *testing.T) {
+	t.Run("fp16_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeFP16) })
+	t.Run("e4m3_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3) })
+}
+
+func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype) {
 	if !LibraryMatchesHeader() {
 		t.Fatalf("library %s does not match the header", Version())
 	}
@@ -65,6 +71,7 @@ func TestPipelineMatchesFP64(t *testing.T) {
 		t.Fatalf("backend %d, kernel tier %d (the CPU backend has none)", info.Backend, info.KernelTier)
 	}
 	cfg := smallFP16Config(t)
+	cfg.IndexKeyDtype = indexKeyDtype
 	g := must(cfg.RankGeometry())
 	if g.KVHeads != 1 {
 		t.Fatalf("kv_heads %d", g.KVHeads)
@@ -72,6 +79,9 @@ func TestPipelineMatchesFP64(t *testing.T) {
 	d, h, l, hot, block := int(cfg.HeadDim()), int(g.QHeads), 37, 5, int32(1)
 	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
 	defer cache.Close()
+	if lay := must(cache.Layout()); lay.IndexKeyDtype != indexKeyDtype {
+		t.Fatalf("layout index_key_dtype %d, config %d", lay.IndexKeyDtype, indexKeyDtype)
+	}
 	layer := cfg.QSALayers()[0]
 
 	// K is zero except at token `hot`; q = 1/16: score 1 at `hot`, 0 elsewhere.
@@ -215,6 +225,56 @@ func TestErrorsCarryStatusAndMessage(t *testing.T) {
 		t.Fatalf("E4M3 without overlay: %v", err)
 	} else {
 		t.Logf("E4M3 cache without overlay: %v", err)
+	}
+}
+
+// index_key_dtype: FP16 by default, E4M3 validates and changes the layout's page and the
+// capacity, another dtype is refused naming the field.
+func TestIndexKeyDtype(t *testing.T) {
+	if cfg := must(Preset("qwen4_exp")); cfg.IndexKeyDtype != DtypeFP16 {
+		t.Fatalf("preset index_key_dtype %d", cfg.IndexKeyDtype)
+	}
+	cfg := smallFP16Config(t)
+	cfg.IndexKeyDtype = DtypeE4M3
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := *cfg
+	bad.IndexKeyDtype = DtypeBF16
+	var qe *Error
+	if err := bad.Validate(); !errors.As(err, &qe) || qe.Status != ErrInvalidConfig ||
+		!strings.Contains(qe.Message, "index_key_dtype") {
+		t.Fatalf("index_key_dtype bf16: %v", err)
+	}
+
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	for _, c := range []struct {
+		dtype          Dtype
+		stride, scales int64
+	}{{DtypeFP16, 4096, -1}, {DtypeE4M3, 2112, 2048}} {
+		cfg.IndexKeyDtype = c.dtype
+		cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 4}))
+		l := must(cache.Layout())
+		cache.Close()
+		if l.IndexKeyDtype != c.dtype || l.IndexHeadDim != 128 || l.CompressedKeysPerBlock != 16 ||
+			l.CompressedStrideBlock != c.stride || l.CompressedScalesOffset != c.scales ||
+			l.CompressedBytesPerLayer != uint64(4*c.stride) || l.NumBlocks != 4 {
+			t.Fatalf("dtype %d: layout %+v", c.dtype, l)
+		}
+	}
+
+	// 33 bytes per token per layer for E4M3 index keys: about 2x at TP4.
+	tp4 := must(Preset("qwen4_exp"))
+	tp4.TPSize = 4
+	tp4.IndexKeyDtype = DtypeE4M3
+	cap := must(tp4.Capacity(40 << 30))
+	if cap.BytesPerToken != 6540 || cap.FP16BytesPerToken != 13056 || cap.CompressedBytesPerToken != 12*33 ||
+		cap.IdealRatio < 1.99 || cap.CapacityRatio < 1.99 {
+		t.Fatalf("capacity %+v", cap)
+	}
+	if n := must(tp4.CapacityTokens(40 << 30)); n != cap.NumTokens {
+		t.Fatalf("CapacityTokens %d, Capacity %d", n, cap.NumTokens)
 	}
 }
 

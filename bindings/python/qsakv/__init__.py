@@ -26,7 +26,7 @@ from . import _cdefs, errors
 from ._handle import live_handles
 from ._lib import library_path, missing_functions
 from ._views import DeviceArray
-from .cache import Cache, LayerBuffers, layout_for, memory_shapes
+from .cache import Cache, CompressedKeyViews, LayerBuffers, layout_for, memory_shapes
 from .calibration import Calibration, scale_from_max
 from .config import ModelConfig, capacity_plan
 from .context import Context, built_with_cuda

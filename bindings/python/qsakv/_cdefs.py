@@ -357,6 +357,7 @@ qsakv_model_config._fields_ = [
     ('max_requests', ctypes.c_int32),
     ('max_batched_tokens', ctypes.c_int32),
     ('max_model_len', ctypes.c_int32),
+    ('index_key_dtype', qsakv_dtype),
 ]
 
 qsakv_rank_geometry._fields_ = [
@@ -454,6 +455,11 @@ qsakv_cache_layout._fields_ = [
     ('topk_shared', ctypes.c_int32),
     ('topk_external', ctypes.c_int32),
     ('total_bytes', ctypes.c_uint64),
+    ('index_key_dtype', qsakv_dtype),
+    ('index_head_dim', ctypes.c_int32),
+    ('compressed_keys_per_block', ctypes.c_int32),
+    ('compressed_stride_block', ctypes.c_int64),
+    ('compressed_scales_offset', ctypes.c_int64),
 ]
 
 qsakv_layer_buffers._fields_ = [
@@ -561,11 +567,11 @@ qsakv_calib_summary._fields_ = [
 ENUM_FIELDS = {
     'qsakv_context_options': {'backend': 'qsakv_backend', 'decoder': 'qsakv_decoder'},
     'qsakv_context_info': {'backend': 'qsakv_backend', 'decoder': 'qsakv_decoder', 'kernel_tier': 'qsakv_kernel_tier'},
-    'qsakv_model_config': {'activation_dtype': 'qsakv_dtype', 'kv_dtype': 'qsakv_dtype'},
+    'qsakv_model_config': {'activation_dtype': 'qsakv_dtype', 'kv_dtype': 'qsakv_dtype', 'index_key_dtype': 'qsakv_dtype'},
     'qsakv_overlay_info': {'contract_activation_dtype': 'qsakv_dtype'},
     'qsakv_overlay_write_options': {'contract_activation_dtype': 'qsakv_dtype'},
     'qsakv_cache_options': {'external_topk_dtype': 'qsakv_dtype'},
-    'qsakv_cache_layout': {'kv_dtype': 'qsakv_dtype'},
+    'qsakv_cache_layout': {'kv_dtype': 'qsakv_dtype', 'index_key_dtype': 'qsakv_dtype'},
     'qsakv_calib_info': {'activation_dtype': 'qsakv_dtype'},
 }
 

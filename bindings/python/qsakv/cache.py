@@ -29,12 +29,31 @@ kv: the main cache [num_blocks, 2 (K, V), block_size, kv_heads, head_dim]: uint8
     codes (torch: .view(torch.float8_e4m3fn)), float16, or bfloat16 (uint16 on the
     device: .view(torch.bfloat16)). Writing E4M3 codes yourself: call
     Cache.note_external_codes(layer) afterwards.
-compressed_keys: float16 [num_blocks, block_size // compress_ratio, index_head_dim].
+compressed_keys: the compressed index keys, num_blocks pages of the layout's
+    compressed_stride_block bytes (CacheLayout.index_key_dtype): FP16 keys: float16
+    [num_blocks, compressed_keys_per_block, index_head_dim]; E4M3 keys: the raw pages,
+    uint8 [num_blocks, compressed_stride_block] (Cache.compressed_key_views(layer) gives
+    the codes and the scales in them).
 ring_keys: float16 [max_requests, ring_length, index_head_dim].
 topk: int32 [topk_rows, topk_cols] (the shared buffer when shared).
 scales: float32 [2]: k_scale, v_scale (1, 1 for 16-bit caches)."""
 
 _KV_DTYPE_NAMES = {"E4M3": "uint8", "FP16": "float16", "BF16": "bfloat16"}
+
+CompressedKeyViews = namedtuple("CompressedKeyViews", "dtype pages keys scales")
+CompressedKeyViews.__doc__ = """Views of one QSA layer's compressed index keys, made from the
+layout (CacheLayout: index_key_dtype, compressed_keys_per_block, index_head_dim,
+compressed_stride_block, compressed_scales_offset); NumPy arrays (CPU backend) or
+DeviceArray objects (CUDA backend) over the cache's memory, no copy.
+
+dtype: the index-key dtype (DType.FP16 or DType.E4M3).
+pages: uint8 [num_blocks, compressed_stride_block]: page b (cache block b) whole.
+keys: FP16: float16 [num_blocks, compressed_keys_per_block, index_head_dim];
+    E4M3: the uint8 codes [num_blocks, compressed_keys_per_block, index_head_dim] at the
+    start of each page (torch: .view(torch.float8_e4m3fn); strided by the page).
+scales: E4M3: float32 [num_blocks, compressed_keys_per_block], one per key, at
+    compressed_scales_offset of each page (strided by the page); FP16: None.
+Key j of block b is scales[b, j] * e4m3(keys[b, j]) (E4M3) or keys[b, j] (FP16)."""
 _u = ctypes.c_void_p
 _store_kv = raw_function("qsakv_store_kv", _u, ctypes.c_int32, _u, _u, _u, ctypes.c_int64, _u)
 _store_index_keys = raw_function("qsakv_store_index_keys", _u, ctypes.c_int32, _u, _u, _u,
@@ -83,18 +102,30 @@ def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
     return _structs.record(out, "CacheLayout")
 
 
+def _compressed_shape(layout):
+    """(shape, dtype) of a layer's compressed index keys, from the layout's page fields:
+    FP16 keys [num_blocks, compressed_keys_per_block, index_head_dim] float16, E4M3 the
+    raw pages [num_blocks, compressed_stride_block] uint8."""
+    if DType(layout.index_key_dtype) == DType.FP16:
+        return ((layout.num_blocks, layout.compressed_keys_per_block, layout.index_head_dim),
+                "float16")
+    return (layout.num_blocks, layout.compressed_stride_block), "uint8"
+
+
 def memory_shapes(config: ModelConfig, layout) -> dict:
     """Shape and dtype of each per-layer buffer of a caller-owned cache of this layout
     (the same views Cache.layer_buffers returns): {"kv": (shape, dtypes), ...}; the
     first dtype is the canonical one (E4M3 codes also as torch float8_e4m3fn, BF16 also
-    as uint16)."""
+    as uint16). compressed_keys: float16 [num_blocks, compressed_keys_per_block,
+    index_head_dim] for FP16 index keys, the uint8 pages [num_blocks,
+    compressed_stride_block] for E4M3 ones."""
     kv_dtypes = {"E4M3": ("uint8", "float8_e4m3fn"), "FP16": ("float16",),
                  "BF16": ("bfloat16", "uint16")}[DType(layout.kv_dtype).name]
-    groups = layout.block_size // config.compress_ratio
+    ck_shape, ck_dtype = _compressed_shape(layout)
     return {
         "kv": ((layout.num_blocks, 2, layout.block_size, layout.kv_heads, layout.head_dim),
                kv_dtypes),
-        "compressed_keys": ((layout.num_blocks, groups, config.index_head_dim), ("float16",)),
+        "compressed_keys": (ck_shape, (ck_dtype,)),
         "ring_keys": ((config.max_requests, layout.ring_length, config.index_head_dim),
                       ("float16",)),
     }
@@ -129,6 +160,14 @@ def _layer_memory(memory, config, layout, cuda, device):
             setattr(arr[i], field, b.ptr)
             setattr(arr[i], size_field, _nbytes(shape, matched))
     return arr
+
+
+def _page_strides(layout, dtype, ndim):
+    """Element strides of a view over the compressed pages: one page per block, keys of
+    index_head_dim elements (ndim 3) or one element per key (ndim 2, the scales)."""
+    size = {"uint8": 1, "float16": 2, "float32": 4}[dtype]
+    block = layout.compressed_stride_block // size
+    return (block, layout.index_head_dim, 1) if ndim == 3 else (block, 1)
 
 
 def _nbytes(shape, dtype):
@@ -222,7 +261,11 @@ class Cache(Handle):
     def layout(self):
         """CacheLayout: kv_dtype, num_blocks, block_size, kv_heads, head_dim, strides of
         the main cache [num_blocks, 2, block_size, kv_heads, head_dim] in elements,
-        bytes per layer of each cache, ring_length, topk_rows/cols, total_bytes."""
+        bytes per layer of each cache, ring_length, topk_rows/cols, total_bytes, and the
+        compressed index-key pages: index_key_dtype, index_head_dim,
+        compressed_keys_per_block, compressed_stride_block (bytes per page, one page per
+        block) and compressed_scales_offset (bytes from the page's start to the FP32
+        scales of E4M3 keys; -1 for FP16 keys)."""
         self._p  # noqa: B018
         return self._layout
 
@@ -247,9 +290,9 @@ class Cache(Handle):
         kv = _views.view(a["kv"], (L.num_blocks, 2, L.block_size, L.kv_heads, L.head_dim),
                          kv_dtype, strides=(L.kv_stride_block, L.kv_stride_kv,
                                             L.kv_stride_token, L.kv_stride_head, 1), **kw)
-        groups = L.block_size // c.compress_ratio
-        ck = _views.view(a["compressed_keys"], (L.num_blocks, groups, c.index_head_dim),
-                         "float16", **kw)
+        ck_shape, ck_dtype = _compressed_shape(L)
+        ck = _views.view(a["compressed_keys"], ck_shape, ck_dtype,
+                         strides=_page_strides(L, ck_dtype, len(ck_shape)), **kw)
         ring = _views.view(a["ring_keys"], (c.max_requests, L.ring_length, c.index_head_dim),
                            "float16", **kw)
         topk = _views.view(a["topk"], (L.topk_rows, L.topk_cols), "int32", **kw)
@@ -261,6 +304,29 @@ class Cache(Handle):
                 raise InternalError(f"layer_buffers: {name} view of {v.nbytes} bytes, "
                                     f"layout says {want}")
         return LayerBuffers(kv, ck, ring, topk, scales)
+
+    def compressed_key_views(self, layer: int) -> CompressedKeyViews:
+        """Views (no copy) of a QSA layer's compressed index keys, made from the layout's
+        page fields: the raw pages, the keys (FP16) or codes (E4M3), and the E4M3
+        scales; see CompressedKeyViews. Valid while the Cache is open."""
+        L = self._layout
+        ptr = self._addresses(layer)["compressed_keys"]
+        kw = dict(cuda=self._cuda, device=self._device, owner=self)
+        dims = (L.num_blocks, L.compressed_keys_per_block, L.index_head_dim)
+        pages = _views.view(ptr, (L.num_blocks, L.compressed_stride_block), "uint8", **kw)
+        if pages.nbytes != L.compressed_bytes_per_layer:  # a binding bug
+            raise InternalError(f"compressed_key_views: pages of {pages.nbytes} bytes, "
+                                f"layout says {L.compressed_bytes_per_layer}")
+        dtype = DType(L.index_key_dtype)
+        if dtype == DType.FP16:
+            keys = _views.view(ptr, dims, "float16", strides=_page_strides(L, "float16", 3),
+                               **kw)
+            return CompressedKeyViews(dtype, pages, keys, None)
+        codes = _views.view(ptr, dims, "uint8", strides=_page_strides(L, "uint8", 3), **kw)
+        scales = _views.view(ptr + L.compressed_scales_offset,
+                             (L.num_blocks, L.compressed_keys_per_block), "float32",
+                             strides=_page_strides(L, "float32", 2), **kw)
+        return CompressedKeyViews(dtype, pages, codes, scales)
 
     def note_external_codes(self, layer: int, *, stream=None) -> None:
         """Tells the library that `layer`'s E4M3 codes were written outside store_kv
@@ -310,7 +376,10 @@ class Cache(Handle):
 
     def store_compressed_keys(self, layer: int, keys, slot_mapping, *, stream=None) -> None:
         """Finished compressed index keys into the compressed cache, entry
-        slot_mapping[i] // compress_ratio. keys: DEVICE float16 [n, index_head_dim];
+        slot_mapping[i] // compress_ratio. keys: DEVICE float16 [n, index_head_dim]
+        (also for E4M3 index keys: each key is quantised on its own, scale = max |x| /
+        448 in FP32 and codes e4m3(fp32(x) / scale), RNE, saturating; a key that is all
+        zero or has a NaN / infinite element is stored as scale 0 and codes 0);
         slot_mapping: DEVICE int64 [n], the slot of any token of the group (-1 skips).
         Asynchronous on `stream`; capturable."""
         a = self._addr

@@ -18,10 +18,16 @@ class ModelConfig:
         cfg = ModelConfig.preset("qwen4_exp")
         cfg.tp_size = 4
         cfg.kv_dtype = "e4m3"          # or DType.E4M3
+        cfg.index_key_dtype = "e4m3"   # compressed index keys: "fp16" (default) or "e4m3"
         cfg.qsa_layers = [3, 7, 11]    # also sets num_qsa_layers
         cfg.validate()                 # InvalidConfigError naming the field
         geo = cfg.rank_geometry()      # q_heads, kv_heads, topk_width, ...
 
+    Dtype fields (activation_dtype, kv_dtype, index_key_dtype) take a DType, an int or a
+    name and read as DType. index_key_dtype: the compressed index keys, FP16 (the
+    default) or E4M3 with one FP32 scale per key (max |x| / 448, computed when the key is
+    stored; 132 instead of 256 bytes per key of 128 dims); the raw index-key ring and the
+    index queries stay FP16.
     Plain data (no C object to free): copy with copy() or replace(**fields).
     `qsa_layers` reads as the tuple of the num_qsa_layers layer ids in use.
     """
@@ -29,7 +35,8 @@ class ModelConfig:
     __slots__ = ("_c",)
 
     def __init__(self, **fields):
-        """A zeroed config (not valid until filled), with `fields` set."""
+        """A zeroed config (not valid until filled; index_key_dtype FP16, the one
+        default), with `fields` set."""
         object.__setattr__(self, "_c", _structs.new(_cdefs.qsakv_model_config))
         lib.qsakv_model_config_init(ctypes.byref(self._c))
         for k, v in fields.items():
@@ -111,8 +118,9 @@ class ModelConfig:
 
 def capacity_plan(config: ModelConfig, memory_budget_bytes: int):
     """How many cache blocks/tokens fit in a memory budget per rank (pure arithmetic,
-    no allocation). Returns a Capacity record: bytes per token (main, compressed, and
-    FP16 for comparison), ring and top-k bytes, num_blocks, num_tokens,
+    no allocation). Returns a Capacity record: bytes per token (main, compressed index
+    keys in index_key_dtype, and fp16_bytes_per_token: a 16-bit main cache with FP16
+    index keys, for comparison), ring and top-k bytes, num_blocks, num_tokens,
     fp16_num_tokens, capacity_ratio, ideal_ratio, bytes_per_block."""
     out = _structs.new(_cdefs.qsakv_capacity)
     lib.qsakv_capacity_plan(config._ref, memory_budget_bytes, ctypes.byref(out))

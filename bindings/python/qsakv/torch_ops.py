@@ -115,7 +115,10 @@ def kv_cache(cache: Cache, layer: int) -> torch.Tensor:
 
 
 def compressed_keys(cache: Cache, layer: int) -> torch.Tensor:
-    """The compressed index-key cache of `layer` as a float16 tensor."""
+    """The compressed index-key cache of `layer` as a tensor: float16 [num_blocks,
+    compressed_keys_per_block, index_head_dim] for FP16 index keys, the raw uint8 pages
+    [num_blocks, compressed_stride_block] for E4M3 ones (Cache.compressed_key_views
+    gives the codes and scales in them)."""
     return _views(cache, layer)["compressed_keys"]
 
 

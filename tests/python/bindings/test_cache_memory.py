@@ -70,3 +70,21 @@ def test_caller_memory_refusals(cpu, small_cfg, world, overlay, checkpoint):
         qsakv.Cache(cpu, small_cfg, ov, num_blocks=world.num_blocks, memory=bad)
     with pytest.raises(qsakv.InvalidArgumentError, match="num_blocks"):
         qsakv.layout_for(small_cfg, num_blocks=0)
+
+
+def test_caller_memory_with_e4m3_index_keys(cpu, small_cfg, world):
+    """E4M3 index keys: the caller allocates the raw pages (uint8 [num_blocks,
+    compressed_stride_block]) and gets the library-allocated cache's results."""
+    cfg = small_cfg.replace(kv_dtype="fp16", index_key_dtype="e4m3")
+    layout, mem = own_memory(cfg, world.num_blocks)
+    assert mem[0]["compressed_keys"].shape == (world.num_blocks, layout.compressed_stride_block)
+    assert mem[0]["compressed_keys"].nbytes == layout.compressed_bytes_per_layer
+    want = pipeline(cpu, cfg, None, world)
+    got = pipeline(cpu, cfg, None, world, memory=mem)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    # The FP16-shaped array of the same layer is refused: E4M3 pages are bytes.
+    bad = [dict(e) for e in mem]
+    bad[0]["compressed_keys"] = np.zeros((world.num_blocks, 16, 128), np.float16)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"memory\[0\]\.compressed_keys"):
+        qsakv.Cache(cpu, cfg, num_blocks=world.num_blocks, memory=bad)

@@ -1,6 +1,8 @@
 """The demo's flow through the ctypes package on the CPU backend, against FP64 NumPy
 oracles: overlay write -> load -> validate -> E4M3 cache -> store -> plan -> select ->
 attention (sparse and dense), and the FP16 cache beside it."""
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -228,3 +230,167 @@ def test_materialize(tmp_path, checkpoint, small_cfg, overlay):
         assert ov2.scales(3)[0] == np.float32(ks)
     with pytest.raises(qsakv.InvalidArgumentError):
         qsakv.Overlay.materialize(out, checkpoint, tmp_path / "pack")  # exists
+
+
+# E4M3 compressed index keys ---------------------------------------------------------------
+
+def test_index_key_dtype_config():
+    """index_key_dtype: FP16 by default (init and preset), E4M3 validates, anything else
+    is refused naming the field."""
+    assert qsakv.ModelConfig().index_key_dtype is qsakv.DType.FP16
+    cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
+    assert cfg.index_key_dtype is qsakv.DType.FP16 and "index_key_dtype" in cfg.to_dict()
+    e4 = cfg.replace(index_key_dtype="e4m3")
+    assert e4.index_key_dtype is qsakv.DType.E4M3 and e4 != cfg
+    e4.validate()
+    assert e4.rank_geometry() == cfg.rank_geometry()
+    assert qsakv.ModelConfig.preset("qwen4_exp", index_key_dtype=qsakv.DType.E4M3) \
+        .index_key_dtype is qsakv.DType.E4M3
+    for bad in ("bf16", qsakv.DType.FP32, qsakv.DType.INVALID):
+        with pytest.raises(qsakv.InvalidConfigError, match="index_key_dtype"):
+            cfg.replace(index_key_dtype=bad).validate()
+    raw = cfg.copy()
+    raw._c.index_key_dtype = 99  # not a DType at all: read back as the int
+    assert raw.index_key_dtype == 99
+    with pytest.raises(qsakv.InvalidConfigError, match="index_key_dtype"):
+        raw.validate()
+    with pytest.raises(ValueError, match="dtype"):
+        cfg.index_key_dtype = "fp8e5"
+
+
+def test_layout_reports_the_e4m3_page():
+    """The reference preset's page: 16 keys of 128 dims; E4M3 2048 code bytes, then 16
+    FP32 scales at 2048, 2112 bytes a page (FP16: 4096, no scales)."""
+    cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4, max_batched_tokens=64,
+                                   max_requests=8, max_model_len=8192)
+    f = qsakv.layout_for(cfg, num_blocks=8)
+    assert f.index_key_dtype is qsakv.DType.FP16
+    assert (f.index_head_dim, f.compressed_keys_per_block) == (128, 16)
+    assert (f.compressed_stride_block, f.compressed_scales_offset) == (4096, -1)
+    assert f.compressed_bytes_per_layer == 8 * 4096
+    e = qsakv.layout_for(cfg.replace(index_key_dtype="e4m3"), num_blocks=8)
+    assert e.index_key_dtype is qsakv.DType.E4M3
+    assert (e.index_head_dim, e.compressed_keys_per_block) == (128, 16)
+    assert (e.compressed_stride_block, e.compressed_scales_offset) == (2112, 2048)
+    assert e.compressed_stride_block % 16 == 0
+    assert e.compressed_bytes_per_layer == 8 * 2112
+    assert e.kv_bytes_per_layer == f.kv_bytes_per_layer
+    shapes = qsakv.memory_shapes(cfg, e)
+    assert shapes["compressed_keys"] == ((8, 2112), ("uint8",))
+    assert qsakv.memory_shapes(cfg, f)["compressed_keys"] == ((8, 16, 128), ("float16",))
+
+
+def test_capacity_with_e4m3_index_keys():
+    """132 / 4 = 33 bytes per token per layer for the index keys: the reference model at
+    TP4 takes 6,540 bytes per token against the all-FP16 13,056 (about 2x)."""
+    cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
+    f = qsakv.capacity_plan(cfg, 40 << 30)
+    e = qsakv.capacity_plan(cfg.replace(index_key_dtype="e4m3"), 40 << 30)
+    assert f.bytes_per_token == 6912 and f.compressed_bytes_per_token == 12 * 64
+    assert e.compressed_bytes_per_token == 12 * 33
+    assert e.bytes_per_token == 6540 and e.fp16_bytes_per_token == 13056
+    assert e.fp16_num_tokens == f.fp16_num_tokens and e.num_tokens > f.num_tokens
+    assert e.ideal_ratio >= 1.99 and e.capacity_ratio >= 1.99
+    assert e.ideal_ratio == pytest.approx(13056 / 6540)
+
+
+def quantise_keys_e4m3(keys):
+    """The store's per-key quantisation: scale = max |x| / 448 (FP32), codes
+    e4m3(fp32(x) / scale)."""
+    x = keys.astype(np.float32)
+    scale = (np.abs(x).max(axis=1) / np.float32(448.0)).astype(np.float32)
+    codes = (x / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return codes, scale
+
+
+def test_pipeline_with_e4m3_index_keys(cpu, small_cfg, world):
+    """Store compressed keys as E4M3 pages and select: codes and scales bit for bit what
+    ml_dtypes makes of them at each key's page, and the selection the FP64 reference
+    makes over the decoded keys."""
+    cfg = small_cfg.replace(kv_dtype="fp16", index_key_dtype="e4m3")
+    w, geo = world, cfg.rank_geometry()
+    # Every key's max |x| is 3: one scale for all, so the ordering of the scores is that
+    # of the exact (integer) code sums and the selection is unambiguous.
+    ck = w.ck.copy()
+    ck[:, 0] = 3
+    w = replace(w, ck=ck)
+    codes, scale = quantise_keys_e4m3(ck)
+    layer = cfg.qsa_layers[0]
+    with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache, \
+            qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+        L = cache.layout
+        assert (L.index_key_dtype, L.compressed_stride_block) == (qsakv.DType.E4M3, 2112)
+        b = cache.layer_buffers(layer)
+        assert (b.compressed_keys.dtype, b.compressed_keys.shape) == \
+            (np.uint8, (L.num_blocks, 2112))
+        views = cache.compressed_key_views(layer)
+        assert views.dtype is qsakv.DType.E4M3
+        assert views.keys.shape == (L.num_blocks, 16, 128) and views.keys.dtype == np.uint8
+        assert views.scales.shape == (L.num_blocks, 16) and views.scales.dtype == np.float32
+        ptr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+        assert ptr(views.pages) == ptr(b.compressed_keys) == ptr(views.keys)
+        assert ptr(views.scales) == ptr(views.pages) + 2048
+        assert views.keys.strides == (2112, 128, 1) and views.scales.strides == (2112, 4)
+
+        cache.store_compressed_keys(layer, ck, w.cslots)
+        entry = w.cslots // cfg.compress_ratio
+        blk, j = entry // L.compressed_keys_per_block, entry % L.compressed_keys_per_block
+        np.testing.assert_array_equal(views.keys[blk, j], codes)
+        np.testing.assert_array_equal(views.scales[blk, j], scale)
+        page = views.pages[blk[0]]
+        np.testing.assert_array_equal(page[j[0] * 128:(j[0] + 1) * 128], codes[0])
+        assert page[2048 + 4 * j[0]:2048 + 4 * j[0] + 4].view(np.float32)[0] == scale[0]
+
+        plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+        topk = np.full((w.num_rows, geo.topk_width), -7, np.int32)
+        plan.select_topk(layer, w.iq, topk)
+    decoded = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * scale[:, None]
+    np.testing.assert_array_equal(topk, select_reference(replace(w, ck=decoded), cfg, geo))
+    # The decode row (3001 tokens, 750 visible blocks) chose: the budget plus the open
+    # group's one token.
+    assert (topk[0] >= 0).sum() == geo.topk_blocks * cfg.compress_ratio + 1
+
+
+def test_compressed_key_views_fp16(cpu, small_cfg, world):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    layer = cfg.qsa_layers[0]
+    with qsakv.Cache(cpu, cfg, num_blocks=world.num_blocks) as cache:
+        views = cache.compressed_key_views(layer)
+        L = cache.layout
+        assert views.dtype is qsakv.DType.FP16 and views.scales is None
+        assert views.pages.shape == (L.num_blocks, 4096) and views.pages.dtype == np.uint8
+        assert views.keys.shape == (L.num_blocks, 16, 128) and views.keys.dtype == np.float16
+        cache.store_compressed_keys(layer, world.ck, world.cslots)
+        c = world.cslots // cfg.compress_ratio
+        np.testing.assert_array_equal(views.keys.reshape(-1, 128)[c], world.ck)
+        np.testing.assert_array_equal(cache.layer_buffers(layer).compressed_keys, views.keys)
+
+
+def test_e4m3_index_key_store_matches_ml_dtypes(cpu, small_cfg):
+    """Keys of every magnitude (E4M3 subnormal codes included), bit for bit the header's
+    quantisation; an all-zero key and keys with a NaN or an infinite element are stored as
+    scale 0 and codes 0."""
+    cfg = small_cfg.replace(kv_dtype="fp16", index_key_dtype="e4m3")
+    rng = np.random.default_rng(7)
+    n = 64
+    x = rng.standard_normal((n, 128)) * 10.0 ** rng.integers(-6, 5, (n, 1))
+    x[:, 5] *= 200  # wide dynamic range: the small elements become subnormal codes
+    keys = np.clip(x, -60000, 60000).astype(np.float16)
+    keys[0] = 0
+    keys[1, 3] = np.nan
+    keys[2, 7] = np.inf
+    keys[3, 9] = -np.inf
+    slots = np.arange(n, dtype=np.int64) * cfg.compress_ratio
+    with qsakv.Cache(cpu, cfg, num_blocks=n // 16) as cache:
+        cache.store_compressed_keys(cfg.qsa_layers[0], keys, slots)
+        v = cache.compressed_key_views(cfg.qsa_layers[0])
+        got_codes = v.keys.reshape(n, 128).copy()
+        got_scales = v.scales.reshape(n).copy()
+    codes, scale = quantise_keys_e4m3(keys[4:])
+    np.testing.assert_array_equal(got_scales[4:], scale)
+    np.testing.assert_array_equal(got_codes[4:], codes)
+    assert (got_scales[:4] == 0).all() and (got_codes[:4] == 0).all()
+    assert (np.abs(got_codes[4:].view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+            .max(axis=1) == 448).all()
+    assert (got_codes[4:] & 0x7F != 0x7F).all()  # never a NaN code
+    assert ((got_codes[4:] & 0x78 == 0) & (got_codes[4:] & 0x07 != 0)).any()  # subnormals

@@ -132,6 +132,41 @@ def test_status_mapping():
         q.qsakv_stream_synchronize(cpu_context(), "default")
 
 
+def test_index_key_dtype_and_the_compressed_page():
+    """index_key_dtype is reachable (default FP16, also for a config constructed here,
+    as qsakv_model_config_init leaves it), E4M3 validates and changes the layout's page
+    and the capacity; another dtype is refused naming the field."""
+    assert q.qsakv_model_config().index_key_dtype == q.QSAKV_DTYPE_FP16
+    assert config().index_key_dtype == q.QSAKV_DTYPE_FP16
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16, index_key_dtype=q.QSAKV_DTYPE_E4M3)
+    q.qsakv_model_config_validate(cfg)
+    with pytest.raises(q.InvalidConfigError, match="index_key_dtype"):
+        q.qsakv_model_config_validate(config(index_key_dtype=q.QSAKV_DTYPE_BF16))
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 4
+    cache = q.qsakv_cache_create(cpu_context(), cfg, None, co)
+    L = q.qsakv_cache_get_layout(cache)
+    assert L.index_key_dtype == q.QSAKV_DTYPE_E4M3 and L.index_head_dim == 128
+    assert (L.compressed_keys_per_block, L.compressed_stride_block,
+            L.compressed_scales_offset) == (16, 2112, 2048)
+    assert L.compressed_bytes_per_layer == 4 * 2112
+    keys = np.zeros((1, 128), np.float16)
+    keys[0, :4] = [1, -2, 0.5, 4]
+    q.qsakv_store_compressed_keys(cache, 3, keys, np.array([64 + 7], np.int64), 1, None)
+    pages = np.empty(4 * 2112, np.uint8)
+    buf = q.qsakv_cache_get_layer_buffers(cache, 3)
+    q.qsakv_memcpy(cache._context, pages, buf.compressed_keys, pages.nbytes,
+                   q.QSAKV_COPY_DEVICE_TO_HOST, None)
+    page = pages.reshape(4, 2112)[1]  # slot 71: block 1, key 71 % 64 // 4 = 1
+    assert page[2048 + 4:2048 + 8].view(np.float32)[0] == np.float32(4) / np.float32(448)
+    assert page[128:132].view(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist() == \
+        [112, -224, 56, 448]
+    cap = q.qsakv_capacity_plan(config(index_key_dtype=q.QSAKV_DTYPE_E4M3), 40 << 30)
+    assert (cap.bytes_per_token, cap.fp16_bytes_per_token) == (6540, 13056)
+    assert cap.ideal_ratio >= 1.99
+
+
 def test_ownership_no_leak_no_double_free():
     from test_ownership import heap_in_use
 

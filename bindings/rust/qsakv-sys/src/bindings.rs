@@ -583,12 +583,13 @@ pub struct qsakv_model_config {
     pub max_requests: i32,
     pub max_batched_tokens: i32,
     pub max_model_len: i32,
+    pub index_key_dtype: qsakv_dtype,
 }
 #[test]
 fn bindgen_test_layout_qsakv_model_config() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_model_config>(),
-        2136usize,
+        2144usize,
         concat!("Size of: ", stringify!(qsakv_model_config))
     );
     assert_eq!(
@@ -970,6 +971,23 @@ fn bindgen_test_layout_qsakv_model_config() {
         );
     }
     test_field_max_model_len();
+    fn test_field_index_key_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_model_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_key_dtype) as usize - ptr as usize
+            },
+            2136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_model_config),
+                "::",
+                stringify!(index_key_dtype)
+            )
+        );
+    }
+    test_field_index_key_dtype();
 }
 extern "C" {
     #[must_use]
@@ -2250,12 +2268,17 @@ pub struct qsakv_cache_layout {
     pub topk_shared: i32,
     pub topk_external: i32,
     pub total_bytes: u64,
+    pub index_key_dtype: qsakv_dtype,
+    pub index_head_dim: i32,
+    pub compressed_keys_per_block: i32,
+    pub compressed_stride_block: i64,
+    pub compressed_scales_offset: i64,
 }
 #[test]
 fn bindgen_test_layout_qsakv_cache_layout() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_cache_layout>(),
-        136usize,
+        168usize,
         concat!("Size of: ", stringify!(qsakv_cache_layout))
     );
     assert_eq!(
@@ -2620,6 +2643,91 @@ fn bindgen_test_layout_qsakv_cache_layout() {
         );
     }
     test_field_total_bytes();
+    fn test_field_index_key_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_layout>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_key_dtype) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_layout),
+                "::",
+                stringify!(index_key_dtype)
+            )
+        );
+    }
+    test_field_index_key_dtype();
+    fn test_field_index_head_dim() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_layout>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_head_dim) as usize - ptr as usize
+            },
+            140usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_layout),
+                "::",
+                stringify!(index_head_dim)
+            )
+        );
+    }
+    test_field_index_head_dim();
+    fn test_field_compressed_keys_per_block() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_layout>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_keys_per_block) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_layout),
+                "::",
+                stringify!(compressed_keys_per_block)
+            )
+        );
+    }
+    test_field_compressed_keys_per_block();
+    fn test_field_compressed_stride_block() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_layout>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_stride_block) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_layout),
+                "::",
+                stringify!(compressed_stride_block)
+            )
+        );
+    }
+    test_field_compressed_stride_block();
+    fn test_field_compressed_scales_offset() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_layout>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_scales_offset) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_layout),
+                "::",
+                stringify!(compressed_scales_offset)
+            )
+        );
+    }
+    test_field_compressed_scales_offset();
 }
 extern "C" {
     #[must_use]

@@ -210,7 +210,12 @@ impl ContextInfo {
 // Model config, capacity, revisions
 // ------------------------------------------------------------------------------------
 
-/// A `qsakv_model_config` (fields reachable through `Deref`/`DerefMut`).
+/// A `qsakv_model_config` (fields reachable through `Deref`/`DerefMut`), e.g.
+/// `cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16` or
+/// `cfg.index_key_dtype = Dtype::QSAKV_DTYPE_E4M3`: the compressed index keys, FP16 (the
+/// default of every preset) or E4M3 with one FP32 scale per key (`max |x| / 448`; 132
+/// instead of 256 bytes per key of 128 dims); the raw index-key ring and the index
+/// queries stay FP16.
 #[derive(Clone, Copy)]
 pub struct ModelConfig(pub sys::qsakv_model_config);
 
@@ -538,6 +543,9 @@ impl<'c> Cache<'c> {
         &self.geometry
     }
 
+    /// Strides, bytes per layer, top-k shape and the compressed index-key pages
+    /// (`index_key_dtype`, `compressed_keys_per_block`, `compressed_stride_block`,
+    /// `compressed_scales_offset`).
     pub fn layout(&self) -> Result<sys::qsakv_cache_layout> {
         let mut l = versioned!(sys::qsakv_cache_layout, sys::QSAKV_CACHE_LAYOUT_VERSION);
         check(unsafe { sys::qsakv_cache_get_layout(self.as_ptr(), &mut l) })?;
@@ -583,8 +591,9 @@ impl<'c> Cache<'c> {
         check(sys::qsakv_store_kv(self.as_ptr(), layer, k, v, slot_mapping, num_tokens, stream))
     }
 
-    /// Stores finished compressed index keys (FP16 [n, index_head_dim]) for the groups
-    /// of the slots in `slot_mapping` (int64 [n]).
+    /// Stores finished compressed index keys (FP16 [n, index_head_dim]; with
+    /// `index_key_dtype` E4M3 each is quantised on its own into the layout's page) for
+    /// the groups of the slots in `slot_mapping` (int64 [n]).
     pub fn store_compressed_keys(
         &self,
         layer: i32,

@@ -34,11 +34,23 @@ fn small_fp16_config() -> Result<ModelConfig> {
 
 #[test]
 fn pipeline_matches_fp64_on_the_cpu_backend() -> Result<()> {
+    pipeline(Dtype::QSAKV_DTYPE_FP16)
+}
+
+/// The same with E4M3 compressed index keys: keys of 0.5 are stored as scale 0.5 / 448
+/// and codes 448, which select exactly as the FP16 keys do.
+#[test]
+fn pipeline_with_e4m3_index_keys() -> Result<()> {
+    pipeline(Dtype::QSAKV_DTYPE_E4M3)
+}
+
+fn pipeline(index_key_dtype: Dtype) -> Result<()> {
     assert!(library_matches_bindings());
     let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
     assert_eq!(ctx.info()?.backend(), Backend::QSAKV_BACKEND_CPU);
 
-    let cfg = small_fp16_config()?;
+    let mut cfg = small_fp16_config()?;
+    cfg.index_key_dtype = index_key_dtype;
     let g = cfg.rank_geometry()?;
     let (d, h, l, hot, block) = (cfg.head_dim as usize, g.q_heads as usize, 37usize, 5usize, 1i32);
     assert_eq!(g.kv_heads, 1);
@@ -47,6 +59,7 @@ fn pipeline_matches_fp64_on_the_cpu_backend() -> Result<()> {
     opts.num_blocks = 2;
     let cache = Cache::new(&ctx, &cfg, None, &opts)?;
     let layer = cfg.qsa_layers()[0];
+    assert_eq!(cache.layout()?.index_key_dtype, index_key_dtype);
 
     // K is zero except at token `hot`; q = 1/16: score 1 at `hot`, 0 elsewhere.
     let mut k = vec![0u16; l * d];
@@ -205,6 +218,42 @@ fn plan_options_reach_the_library() -> Result<()> {
     let err = Plan::with_options(&cache, &PlanOptions { multi_row_min_rows: -2, ..o }).err().unwrap();
     assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
     assert!(err.message().contains("multi_row_min_rows"), "{}", err.message());
+    Ok(())
+}
+
+#[test]
+fn index_key_dtype_config_layout_and_capacity() -> Result<()> {
+    let cfg = ModelConfig::preset("qwen4_exp")?;
+    assert_eq!(cfg.index_key_dtype, Dtype::QSAKV_DTYPE_FP16); // the default
+    let mut e4 = small_fp16_config()?;
+    e4.index_key_dtype = Dtype::QSAKV_DTYPE_E4M3;
+    e4.validate()?;
+    let mut bad = e4;
+    bad.index_key_dtype = Dtype::QSAKV_DTYPE_BF16;
+    let err = bad.validate().unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_CONFIG);
+    assert!(err.message().contains("index_key_dtype"), "{err}");
+
+    // The reference preset's E4M3 page: 16 keys x 128 codes, then 16 FP32 scales.
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 4;
+    let l = Cache::new(&ctx, &e4, None, &opts)?.layout()?;
+    assert_eq!(l.index_key_dtype, Dtype::QSAKV_DTYPE_E4M3);
+    assert_eq!((l.index_head_dim, l.compressed_keys_per_block), (128, 16));
+    assert_eq!((l.compressed_stride_block, l.compressed_scales_offset), (2112, 2048));
+    assert_eq!(l.compressed_bytes_per_layer, 4 * 2112);
+    let f = Cache::new(&ctx, &small_fp16_config()?, None, &opts)?.layout()?;
+    assert_eq!((f.compressed_stride_block, f.compressed_scales_offset), (4096, -1));
+
+    // Capacity: 33 bytes per token per layer for the index keys; about 2x at TP4.
+    let mut tp4 = ModelConfig::preset("qwen4_exp")?;
+    tp4.tp_size = 4;
+    tp4.index_key_dtype = Dtype::QSAKV_DTYPE_E4M3;
+    let c = tp4.capacity_plan(40 << 30)?;
+    assert_eq!((c.bytes_per_token, c.fp16_bytes_per_token), (6540, 13056));
+    assert!(c.ideal_ratio >= 1.99, "ideal ratio {}", c.ideal_ratio);
+    assert!(c.capacity_ratio >= 1.99, "capacity ratio {}", c.capacity_ratio);
     Ok(())
 }
 
