@@ -150,8 +150,8 @@ if [ "$stage" = select ]; then
   timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --select-only --no-multirow --json "$OUT/bench-select.json"     ${BENCH_ARGS:-} > "$OUT/bench-select.log" 2>&1; echo "bench (select) rc=$?"
   if [ -n "${NCU_SELECT:-}" ]; then
     for keys in fp16 e4m3; do
-      timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum         -k regex:"select_" build-gpu/qsakv_bench --select-only --no-multirow --index-keys $keys         --select-cases $NCU_SELECT > "$OUT/ncu-select-$keys.log" 2>&1
-      echo "== ncu select $keys: $(grep -E "select_[a-z_]*kernel|gpu__time_duration|dram__bytes_read" "$OUT/ncu-select-$keys.log" | sed -E 's/\(.*//; s/ +/ /g' | head -40 | paste -sd' ')"
+      timeout 150 ncu --clock-control none --launch-count 6 --metrics gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active         -k regex:"select_" build-gpu/qsakv_bench --select-only --no-multirow --index-keys $keys         --select-cases $NCU_SELECT > "$OUT/ncu-select-$keys.log" 2>&1
+      echo "== ncu select $keys: $(grep -E "select_[a-z_]*kernel|gpu__time_duration|dram__bytes_read|inst_executed|warps_active" "$OUT/ncu-select-$keys.log" | sed -E 's/\(.*//; s/ +/ /g' | head -40 | paste -sd' ')"
     done
   fi
   cat "$OUT/bench-select.log" | grep -A40 "^indexer selection"

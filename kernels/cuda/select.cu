@@ -236,13 +236,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
                        static_cast<int64_t>(row - row0) * kTopBins;
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32)
     if (hist[i]) atomicAdd(row_hist + i, hist[i]);
-  // No early cudaTriggerProgrammaticLaunchCompletion: only writes made before a CTA's
-  // trigger are guaranteed visible to the top-k grid after its
-  // cudaGridDependencySynchronize, and the histogram adds above come last. (An earlier
-  // trigger before them let the top-k read partial histograms and clear a row's
-  // histogram before late adds landed, which left counts behind for the next call: still
-  // exact through the fallback, but measured 4x slower on one row at 256K.) The block's
-  // exit is the trigger; the top-k grid is still launched early and waits.
+  // No explicit cudaTriggerProgrammaticLaunchCompletion: each CTA's exit is its trigger,
+  // so the top-k grid is scheduled as the scoring grid drains, and its
+  // cudaGridDependencySynchronize waits for this whole grid and its writes in any case.
 }
 
 // Rows of one request scored together (see select_score.cuh). Grid: (key chunks, blocks of

@@ -39,6 +39,16 @@
     }                                                                                        \
   } while (0)
 
+/* Every copy of the bench's setup completes before anything else runs: the timed work
+ * runs on a non-blocking stream, which does not wait for the legacy stream, and a
+ * cudaMemcpy from pageable memory may return before its DMA lands. (A store that read
+ * slot mappings still in flight once left every E4M3 index key unwritten, and the
+ * selection then timed a row of all-equal scores.) */
+static void copy_and_wait(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
+  CUDA(cudaMemcpy(dst, src, bytes, kind));
+  CUDA(cudaDeviceSynchronize());
+}
+
 enum { kLayers = 4, kPlans = 16, kCalls = 64, kRequests = 64, kSeq = 32767, kBlock = 64 };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -246,13 +256,13 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
   }
   void* d;
   CUDA(cudaMalloc(&d, chunk));
-  CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
+  copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
   for (int l = 0; l < kLayers; ++l) {
     qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
     CHECK(qsakv_cache_get_layer_buffers(b->cache, c->qsa_layers[l], &lb));
     for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk) {
       const size_t n = L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk;
-      CUDA(cudaMemcpy((char*)lb.kv + off, d, n, cudaMemcpyDeviceToDevice));
+      copy_and_wait((char*)lb.kv + off, d, n, cudaMemcpyDeviceToDevice);
     }
   }
   CUDA(cudaFree(d));
@@ -302,7 +312,7 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
       memcpy(bt + i * b->pages, b->block_table_host + ((i + 4 * p) % kRequests) * b->pages,
              sizeof(int32_t) * b->pages);
     CUDA(cudaMalloc(&P->bt[p], sizeof(int32_t) * rows * b->pages));
-    CUDA(cudaMemcpy(P->bt[p], bt, sizeof(int32_t) * rows * b->pages, cudaMemcpyHostToDevice));
+    copy_and_wait(P->bt[p], bt, sizeof(int32_t) * rows * b->pages, cudaMemcpyHostToDevice);
     /* 512 distinct random groups, then the open group's 3-token tail: 2051 tokens. */
     for (int i = 0; i < rows; ++i) {
       memset(seen, 0, groups);
@@ -318,7 +328,7 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
       while (j < width) t[j++] = -1;
     }
     CUDA(cudaMalloc((void**)&P->topk[p], sizeof(int32_t) * rows * width));
-    CUDA(cudaMemcpy(P->topk[p], tk, sizeof(int32_t) * rows * width, cudaMemcpyHostToDevice));
+    copy_and_wait(P->topk[p], tk, sizeof(int32_t) * rows * width, cudaMemcpyHostToDevice);
     qsakv_plan_options po;
     CHECK(qsakv_plan_options_init(&po));
     po.max_rows = rows;
@@ -341,7 +351,7 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
   for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
   CUDA(cudaMalloc(&P->q, 2 * qn));
   CUDA(cudaMalloc(&P->out, 2 * qn));
-  CUDA(cudaMemcpy(P->q, hq, 2 * qn, cudaMemcpyHostToDevice));
+  copy_and_wait(P->q, hq, 2 * qn, cudaMemcpyHostToDevice);
   CUDA(cudaStreamSynchronize(s));
   free(hq);
   free(qs);
@@ -639,16 +649,16 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
     memcpy(bth + (size_t)r * b->pages, b->block_table_host + (size_t)r * b->pages,
            sizeof(int32_t) * b->pages);
   CUDA(cudaMalloc(&bt, sizeof(int32_t) * (size_t)c->num_requests * b->pages));
-  CUDA(cudaMemcpy(bt, bth, sizeof(int32_t) * (size_t)c->num_requests * b->pages,
-                  cudaMemcpyHostToDevice));
+  copy_and_wait(bt, bth, sizeof(int32_t) * (size_t)c->num_requests * b->pages,
+                cudaMemcpyHostToDevice);
   CUDA(cudaMalloc(&topk, sizeof(int32_t) * (size_t)rows * width));
-  CUDA(cudaMemcpy(topk, tk, sizeof(int32_t) * (size_t)rows * width, cudaMemcpyHostToDevice));
+  copy_and_wait(topk, tk, sizeof(int32_t) * (size_t)rows * width, cudaMemcpyHostToDevice);
   const size_t qn = (size_t)rows * 6 * 256;
   uint16_t* hq = malloc(2 * qn);
   for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
   CUDA(cudaMalloc(&q, 2 * qn));
   CUDA(cudaMalloc(&out, 2 * qn));
-  CUDA(cudaMemcpy(q, hq, 2 * qn, cudaMemcpyHostToDevice));
+  copy_and_wait(q, hq, 2 * qn, cudaMemcpyHostToDevice);
   for (int route = 0; route < 3; ++route) {
     qsakv_plan_options po;
     CHECK(qsakv_plan_options_init(&po));
@@ -707,11 +717,11 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s, double* us_
   for (int l = 0; l < kLayers; ++l) {
     CUDA(cudaMalloc(&k[l], 2 * n));
     CUDA(cudaMalloc(&v[l], 2 * n));
-    CUDA(cudaMemcpy(k[l], h, 2 * n, cudaMemcpyHostToDevice));
-    CUDA(cudaMemcpy(v[l], h, 2 * n, cudaMemcpyHostToDevice));
+    copy_and_wait(k[l], h, 2 * n, cudaMemcpyHostToDevice);
+    copy_and_wait(v[l], h, 2 * n, cudaMemcpyHostToDevice);
   }
   CUDA(cudaMalloc(&sl, sizeof(int64_t) * tokens));
-  CUDA(cudaMemcpy(sl, slots, sizeof(int64_t) * tokens, cudaMemcpyHostToDevice));
+  copy_and_wait(sl, slots, sizeof(int64_t) * tokens, cudaMemcpyHostToDevice);
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int l = 0; l < kLayers; ++l)
     CHECK(
@@ -755,7 +765,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     h = malloc(chunk);
     for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
     CUDA(cudaMalloc(&d, chunk));
-    CUDA(cudaMemcpy(d, h, chunk, cudaMemcpyHostToDevice));
+    copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
   }
   const int rows = requests * rows_per_request;
   qsakv_model_config c;
@@ -786,7 +796,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
       const size_t n =
           L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
-      CUDA(cudaMemcpy((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice));
+      copy_and_wait((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice);
     }
   } else { /* the same N(0,1) keys through the store (it computes each key's scale) */
     const int64_t keys_per_chunk = (int64_t)(chunk / (128 * 2));
@@ -797,7 +807,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     for (int64_t e0 = 0; e0 < entries; e0 += keys_per_chunk) {
       const int64_t n = entries - e0 < keys_per_chunk ? entries - e0 : keys_per_chunk;
       for (int64_t i = 0; i < n; ++i) hs[i] = (e0 + i) * c.compress_ratio;
-      CUDA(cudaMemcpy(ds, hs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice));
+      copy_and_wait(ds, hs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
       CHECK(qsakv_store_compressed_keys(cache, 3, d, ds, n, (qsakv_stream_t)s));
     }
     CUDA(cudaStreamSynchronize(s));
@@ -823,7 +833,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   qs[requests] = rows;
   void* dbt;
   CUDA(cudaMalloc(&dbt, sizeof(int32_t) * (size_t)requests * pages));
-  CUDA(cudaMemcpy(dbt, bt, sizeof(int32_t) * (size_t)requests * pages, cudaMemcpyHostToDevice));
+  copy_and_wait(dbt, bt, sizeof(int32_t) * (size_t)requests * pages, cudaMemcpyHostToDevice);
   qsakv_plan_options po;
   CHECK(qsakv_plan_options_init(&po));
   po.max_rows = rows;
@@ -843,8 +853,8 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   const size_t iq_bytes = (size_t)rows * 4 * 128 * 2;
   CUDA(cudaMalloc(&iq, iq_bytes));
   for (size_t off = 0; off < iq_bytes; off += chunk)
-    CUDA(cudaMemcpy((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk,
-                    cudaMemcpyDeviceToDevice));
+    copy_and_wait((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk,
+                  cudaMemcpyDeviceToDevice);
   enum { kSelectCalls = 8 };
   const int reps = t.key_bytes > 4e9 ? 5 : 10;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));

@@ -16,13 +16,13 @@
 
 #include "qsakv.h"
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    const qsakv_status st_ = (x);                                                         \
-    if (st_ != QSAKV_SUCCESS) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, qsakv_last_error());     \
-      exit(1);                                                                            \
-    }                                                                                     \
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    const qsakv_status st_ = (x);                                                     \
+    if (st_ != QSAKV_SUCCESS) {                                                       \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, qsakv_last_error()); \
+      exit(1);                                                                        \
+    }                                                                                 \
   } while (0)
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -110,8 +110,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
       rng = strtoull(argv[++i], NULL, 0) | 1u;
     else {
-      fprintf(stderr,
-              "usage: %s [--contexts 32768,131072] [--requests N] [--rows N] [--seed S]\n",
+      fprintf(stderr, "usage: %s [--contexts 32768,131072] [--requests N] [--rows N] [--seed S]\n",
               argv[0]);
       return 2;
     }
@@ -134,7 +133,8 @@ int main(int argc, char** argv) {
   printf("%-18s %8s %12s %12s %12s %12s %14s %14s\n", "keys", "context", "recall mean",
          "recall worst", "lost rank", "best lost", "attn rel L2", "attn worst row");
   for (int ci = 0; ci < n_contexts; ++ci) {
-    const int L = contexts[ci], pages = (L + kBlock - 1) / kBlock, rows = requests * rows_per_request;
+    const int L = contexts[ci], pages = (L + kBlock - 1) / kBlock,
+              rows = requests * rows_per_request;
     qsakv_model_config c;
     CHECK(qsakv_model_config_preset(&c, "qwen4_exp"));
     c.tp_size = 4; /* 6 query heads, 1 KV head on this rank */
