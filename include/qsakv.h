@@ -37,6 +37,20 @@
  *   on the context's device and stays valid until the enqueued work ran (docs/safety.md).
  * - Every handle's section repeats one shape on purpose (create, *_destroy, a versioned
  *   struct), so the sections read alike; the duplicates tool lists some of them.
+ *
+ * Stability
+ * - Before 1.0 there is no ABI promise (the SONAME stays libqsakv.so.0), but every change
+ *   to what this header declares is recorded in CHANGELOG.md and checked against the ABI
+ *   baseline (abi/README.md), and the design intends it to hold. Not so what is marked
+ *   [experimental]: the tuning knobs and diagnostics of the kernel routes, which follow
+ *   the kernels and may change meaning or go away in any release:
+ *   qsakv_plan_options.num_splits and .multi_row_min_rows, the route fields of
+ *   qsakv_plan_info (rows_per_group, multi_row_min_rows, num_groups, grouped_rows) and
+ *   qsakv_context_info.kernel_tier. They are struct fields, so a macro cannot fence them
+ *   the way zstd fences whole declarations (ZSTD_STATIC_LINKING_ONLY) without changing
+ *   the structs' layout; leave them at their defaults unless you have measured.
+ * - Environment variables (QSAKV_CUDA_TIER) exist for the library's own tests: not an
+ *   interface, covered by no promise.
  */
 #ifndef QSAKV_H
 #define QSAKV_H
@@ -159,11 +173,12 @@ typedef enum qsakv_decoder {
   QSAKV_DECODER_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
 } qsakv_decoder;
 
-/* The CUDA kernel tier a context launches (qsakv_context_info.kernel_tier). Chosen from
- * the GPU's compute capability: SM75 and newer get the tensor-core kernels (SM75), SM70
- * (V100) gets CUDA-core kernels with the software E4M3 decoder (SM70). For tests, the
- * environment variable QSAKV_CUDA_TIER (auto, sm70, sm75; read at context creation)
- * forces a tier; an invalid value, or a tier the GPU cannot run, fails the creation. */
+/* [experimental] The CUDA kernel tier a context launches (qsakv_context_info.kernel_tier).
+ * Chosen from the GPU's compute capability: SM75 and newer get the tensor-core kernels
+ * (SM75), SM70 (V100) gets CUDA-core kernels with the software E4M3 decoder (SM70).
+ * Testing only: the environment variable QSAKV_CUDA_TIER (auto, sm70, sm75; read at
+ * context creation) forces a tier; an invalid value, or a tier the GPU cannot run, fails
+ * the creation. Not an interface for engines. */
 typedef enum qsakv_kernel_tier {
   QSAKV_KERNEL_TIER_NONE = 0, /* the CPU backend: no CUDA kernels */
   QSAKV_KERNEL_TIER_SM70 = 70,
@@ -213,7 +228,7 @@ typedef struct qsakv_context_info {
   char device_name[128];
   char fallback_reason[256]; /* why AUTO chose the CPU backend; "" otherwise */
   /* Appended (a caller's older, shorter struct simply does not receive it): */
-  qsakv_kernel_tier kernel_tier; /* the CUDA kernels launched; NONE on the CPU backend */
+  qsakv_kernel_tier kernel_tier; /* [experimental] the CUDA kernels launched; NONE on CPU */
 } qsakv_context_info;
 
 /* Fills *info (set info->struct_size and version first, or call with a zeroed struct
@@ -676,16 +691,18 @@ typedef struct qsakv_plan_options {
   uint32_t version;
   int32_t max_rows;     /* query rows per batch this plan serves (0: max_batched_tokens) */
   int32_t max_requests; /* requests per batch (0: config max_requests) */
-  /* Split-K factor of the decode route; 0: from occupancy for a batch of max_rows rows
-   * (fixed for the plan's life: a plan for 1024 rows runs a 1-row batch unsplit, on a
-   * few CTAs; engines that capture graphs per batch-size bucket make a plan per bucket). */
+  /* [experimental] Split-K factor of the decode route; 0: from occupancy for a batch of
+   * max_rows rows (fixed for the plan's life: a plan for 1024 rows runs a 1-row batch
+   * unsplit, on a few CTAs; engines that capture graphs per batch-size bucket make a plan
+   * per bucket). */
   int32_t num_splits;
-  /* Version 2. Requests with at least this many rows in a batch (prefill chunks, verify
-   * rows) take the grouped multi-row route where the backend has one (CUDA, SM75+):
-   * groups of up to 16 consecutive rows read each selected K/V tile once, on tensor cores.
-   * 0: the library's measured crossover (docs/attention.md); -1: never (every row on the
-   * decode route); n >= 1: from n rows. Results agree with the decode route within the
-   * attention tolerances. The plan's workspace grows with the route (plan_info). */
+  /* [experimental] Version 2. Requests with at least this many rows in a batch (prefill
+   * chunks, verify rows) take the grouped multi-row route where the backend has one (CUDA,
+   * SM75+): groups of up to 16 consecutive rows read each selected K/V tile once, on
+   * tensor cores. 0: the library's measured crossover (docs/attention.md); -1: never
+   * (every row on the decode route); n >= 1: from n rows. Results agree with the decode
+   * route within the attention tolerances. The plan's workspace grows with the route
+   * (plan_info). */
   int32_t multi_row_min_rows;
 } qsakv_plan_options;
 /* Fills defaults: max_rows and max_requests from the config, splits from occupancy. */
@@ -749,7 +766,7 @@ typedef struct qsakv_plan_info {
   int32_t num_rows;         /* of the last update */
   int32_t num_requests;     /* of the last update */
   uint64_t workspace_bytes; /* device memory the plan holds */
-  /* Version 2: the grouped multi-row route. */
+  /* [experimental] Version 2: the grouped multi-row route. */
   int32_t rows_per_group;     /* 0: the plan has no grouped route */
   int32_t multi_row_min_rows; /* requests with at least this many rows take it */
   int32_t num_groups;         /* row groups of the last update */

@@ -67,20 +67,24 @@ def act_dtype(config: ModelConfig) -> str:
     return ARRAY_DTYPE_NAMES[DType(config.activation_dtype).name]
 
 
-def _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk, geometry,
-                   cuda, device):
+def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, external_topk=None):
+    """The qsakv_cache_options of a cache, filled in one place for layout_for and Cache.
+    external_topk: (address, rows, cols) of an external top-k buffer, or None."""
     opts = _structs.new(_cdefs.qsakv_cache_options)
     lib.qsakv_cache_options_init(ctypes.byref(opts))
     opts.num_blocks = num_blocks
     opts.memory_budget_bytes = memory_budget_bytes
     opts.share_topk = int(bool(share_topk))
     if external_topk is not None:
-        b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
-                  backend_cuda=cuda, device_id=device)
-        opts.external_topk = b.ptr
+        opts.external_topk, opts.external_topk_rows, opts.external_topk_cols = external_topk
         opts.external_topk_dtype = DType.INT32
-        opts.external_topk_rows, opts.external_topk_cols = b.shape
     return opts
+
+
+def _layout_of(config: ModelConfig, opts):
+    out = _structs.new(_cdefs.qsakv_cache_layout)
+    lib.qsakv_cache_layout_for(config._ref, ctypes.byref(opts), ctypes.byref(out))
+    return _structs.record(out, "CacheLayout")
 
 
 def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
@@ -88,18 +92,12 @@ def layout_for(config: ModelConfig, *, num_blocks: int, share_topk: bool = True,
     """The CacheLayout (shapes, strides, bytes per layer) of a cache of `num_blocks` blocks
     per layer, without creating one: what to allocate for Cache(..., memory=...). Host
     only. external_topk is only read for its shape."""
-    opts = _structs.new(_cdefs.qsakv_cache_options)
-    lib.qsakv_cache_options_init(ctypes.byref(opts))
-    opts.num_blocks = num_blocks
-    opts.share_topk = int(bool(share_topk))
+    topk = None
     if external_topk is not None:
         rows, cols = tuple(getattr(external_topk, "shape", (0, 0)))[:2]
-        opts.external_topk = 16  # any non-NULL address: only the shape is read here
-        opts.external_topk_dtype = DType.INT32
-        opts.external_topk_rows, opts.external_topk_cols = rows, cols
-    out = _structs.new(_cdefs.qsakv_cache_layout)
-    lib.qsakv_cache_layout_for(config._ref, ctypes.byref(opts), ctypes.byref(out))
-    return _structs.record(out, "CacheLayout")
+        topk = (16, rows, cols)  # any non-NULL address: only the shape is read here
+    return _layout_of(config, _cache_options(num_blocks, share_topk=share_topk,
+                                             external_topk=topk))
 
 
 def _compressed_shape(layout):
@@ -208,18 +206,20 @@ class Cache(Handle):
                  share_topk: bool = True, external_topk=None, memory=None):
         geometry = config.rank_geometry()
         cuda, device = context.is_cuda, context.info.device
-        opts = _cache_options(num_blocks, memory_budget_bytes, share_topk, external_topk,
-                              geometry, cuda, device)
+        topk = None
+        if external_topk is not None:
+            b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
+                      backend_cuda=cuda, device_id=device)
+            topk = (b.ptr,) + tuple(b.shape)
+        opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
+                              share_topk=share_topk, external_topk=topk)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
         ov = overlay._p if overlay is not None else None
         if memory is None:
             lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
                                    ctypes.byref(opts))
         else:
-            layers = _layer_memory(memory, config, layout_for(config, num_blocks=num_blocks,
-                                                              share_topk=share_topk,
-                                                              external_topk=external_topk),
-                                   cuda, device)
+            layers = _layer_memory(memory, config, _layout_of(config, opts), cuda, device)
             m = _structs.new(_cdefs.qsakv_cache_memory)
             m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
             m.num_layers = len(layers)
