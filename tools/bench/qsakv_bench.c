@@ -734,6 +734,38 @@ typedef struct {
   double flops;      /* 2 * heads * dim per row and visible key */
 } select_timing;
 
+/* 64 MiB of N(0,1) FP16 values on the device, made once (the selection and step tables
+ * fill keys, queries and activations from it). */
+enum { kRandomChunk = 64 << 20 };
+static const void* random_fp16_chunk(void) {
+  static void* d = NULL;
+  if (!d) {
+    uint16_t* h = malloc(kRandomChunk);
+    for (size_t i = 0; i < kRandomChunk / 2; ++i) h[i] = fp16((float)normal());
+    CUDA(cudaMalloc(&d, kRandomChunk));
+    copy_and_wait(d, h, kRandomChunk, cudaMemcpyHostToDevice);
+    free(h);
+  }
+  return d;
+}
+
+/* The reference model at TP4 reduced to one QSA layer (layer 3 of 4), for `requests`
+ * requests, `rows` query rows and contexts of `seq` tokens. */
+static void one_layer_config(qsakv_model_config* c, qsakv_dtype kv, qsakv_dtype index_keys,
+                             int requests, int rows, int seq) {
+  CHECK(qsakv_model_config_preset(c, "qwen4_exp"));
+  c->tp_size = 4;
+  c->num_layers = 4;
+  c->num_qsa_layers = 1;
+  c->qsa_layers[0] = 3;
+  c->kv_dtype = kv;
+  c->index_key_dtype = index_keys;
+  c->block_size = kBlock;
+  c->max_requests = requests;
+  c->max_batched_tokens = rows;
+  c->max_model_len = seq;
+}
+
 /* Fills a layer's compressed index keys with the N(0,1) FP16 keys of the device buffer
  * `d` (`chunk` bytes, repeated): copied for FP16 index keys, stored (the store computes
  * each key's scale) for E4M3 ones. */
@@ -770,27 +802,11 @@ static void fill_compressed_keys(qsakv_cache* cache, int layer, const qsakv_cach
  * the visible compressed keys, exact top-512, expansion. */
 static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
                                  qsakv_dtype index_keys, cudaStream_t s) {
-  static uint16_t* h = NULL;
-  static void* d = NULL;
-  const size_t chunk = 64ull << 20;
-  if (!h) { /* random FP16 N(0,1) data, made once */
-    h = malloc(chunk);
-    for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
-    CUDA(cudaMalloc(&d, chunk));
-    copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
-  }
+  const size_t chunk = kRandomChunk;
+  const void* d = random_fp16_chunk();
   const int rows = requests * rows_per_request;
   qsakv_model_config c;
-  CHECK(qsakv_model_config_preset(&c, "qwen4_exp"));
-  c.tp_size = 4;
-  c.num_layers = 4;
-  c.num_qsa_layers = 1;
-  c.qsa_layers[0] = 3;
-  c.block_size = kBlock;
-  c.max_requests = requests;
-  c.max_batched_tokens = rows;
-  c.max_model_len = seq;
-  c.index_key_dtype = index_keys;
+  one_layer_config(&c, QSAKV_DTYPE_E4M3, index_keys, requests, rows, seq);
   qsakv_overlay* ov = make_overlay(&c);
   const int pages = (seq + kBlock - 1) / kBlock;
   qsakv_cache_options o;
@@ -913,27 +929,10 @@ static void step_stage(const step_args* a, int stage, cudaStream_t s) {
 
 static step_timing time_decode_step(qsakv_context* ctx, qsakv_dtype kv, qsakv_dtype index_keys,
                                     int rows, int seq, cudaStream_t s) {
-  static uint16_t* h = NULL;
-  static void* d = NULL;
-  const size_t chunk = 64ull << 20;
-  if (!h) { /* random FP16 N(0,1) data, made once */
-    h = malloc(chunk);
-    for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
-    CUDA(cudaMalloc(&d, chunk));
-    copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
-  }
+  const size_t chunk = kRandomChunk;
+  const void* d = random_fp16_chunk();
   qsakv_model_config c;
-  CHECK(qsakv_model_config_preset(&c, "qwen4_exp"));
-  c.tp_size = 4;
-  c.num_layers = 4;
-  c.num_qsa_layers = 1;
-  c.qsa_layers[0] = 3;
-  c.kv_dtype = kv;
-  c.index_key_dtype = index_keys;
-  c.block_size = kBlock;
-  c.max_requests = rows;
-  c.max_batched_tokens = rows;
-  c.max_model_len = seq;
+  one_layer_config(&c, kv, index_keys, rows, rows, seq);
   qsakv_rank_geometry geo;
   memset(&geo, 0, sizeof geo);
   geo.struct_size = sizeof geo;
