@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
-#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|select|first-hour]
+#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|select|step|first-hour]
 # routes: the multi-row routes only: the GPU suites that run them (test_attention,
 # test_graph), the bench's overlap sweep and multi-row table ($BENCH_ARGS added), the
 # decode table, and compute-sanitizer on the attention and graph tests ($SAN_FILTER).
@@ -123,6 +123,13 @@ if [ "$stage" = routes ]; then
   cat "$OUT/bench-decode.log" | grep -A12 "^sparse decode"; cat "$OUT/bench-routes.log"
   # (At most 8 files come back from the device machine: the logs travel as one archive.)
   (cd "$OUT" && tar czf routes-logs.tar.gz ./*.log && rm -f ./*.log)
+  exit 0
+fi
+if [ "$stage" = step ]; then
+  # The decode step of one QSA layer (issue 28): qsakv_bench --step-only ($BENCH_ARGS added).
+  timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --step-only --json "$OUT/bench-step.json" ${BENCH_ARGS:-} \
+    > "$OUT/bench-step.log" 2>&1; echo "bench (step) rc=$?"
+  grep -A40 "^decode step" "$OUT/bench-step.log"
   exit 0
 fi
 if [ "$stage" = select ]; then

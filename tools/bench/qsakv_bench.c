@@ -103,16 +103,22 @@ static float time_graph_ex(cudaGraphExec_t exec, cudaStream_t s, int reps, int f
   return m;
 }
 
-/* Ends the capture begun on `s`, then times the graph (median ms of `reps` replays). */
-static float end_capture_and_time(cudaStream_t s, int reps) {
+/* Ends the capture begun on `s` and times the graph: median ms of `reps` replays, each
+ * after an L2 flush when flush_l2 (one call as peers are measured), else back to back. */
+static float end_capture_and_time_ex(cudaStream_t s, int reps, int flush_l2) {
   cudaGraph_t g;
   cudaGraphExec_t e;
   CUDA(cudaStreamEndCapture(s, &g));
   CUDA(cudaGraphInstantiate(&e, g, 0));
-  const float ms = time_graph_ex(e, s, reps, 0);
+  const float ms = time_graph_ex(e, s, reps, flush_l2);
   CUDA(cudaGraphExecDestroy(e));
   CUDA(cudaGraphDestroy(g));
   return ms;
+}
+
+/* Ends the capture begun on `s`, then times the graph (median ms of `reps` replays). */
+static float end_capture_and_time(cudaStream_t s, int reps) {
+  return end_capture_and_time_ex(s, reps, 0);
 }
 
 /* Keeps the GPU busy for ~0.5 s so clocks are up before anything is timed. */
@@ -145,18 +151,12 @@ static double floor_us(cudaStream_t s, floor_op op, size_t bytes, int sms) {
     CUDA(cudaMalloc(&b, op == FLOOR_READ ? 16 : bytes));
     CUDA(cudaMemset(a, 1, op == FLOOR_SHRINK ? 2 * bytes : bytes));
   }
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   if (op == FLOOR_EMPTY) CUDA(bench_empty(s));
   if (op == FLOOR_READ) CUDA(bench_read(a, bytes, b, sms, s));
   if (op == FLOOR_SHRINK) CUDA(bench_shrink(a, b, bytes, s));
   if (op == FLOOR_COPY) CUDA(bench_copy(a, b, bytes, sms, s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  const double us = time_graph_ex(e, s, 20, 1) * 1e3;
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  const double us = end_capture_and_time_ex(s, 20, 1) * 1e3;
   if (a) CUDA(cudaFree(a));
   if (b) CUDA(cudaFree(b));
   return us;
@@ -393,16 +393,10 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
   const int reps = rows >= 256 ? 10 : 30;
   const float ms = end_capture_and_time(s, reps);
   if (us_flushed) {
-    cudaGraph_t g;
-    cudaGraphExec_t e;
     CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CHECK(qsakv_attention_run(P.plan[0], b->cfg.qsa_layers[0], QSAKV_ATTENTION_SPARSE, P.q,
                               P.topk[0], 2051, P.out, (qsakv_stream_t)s));
-    CUDA(cudaStreamEndCapture(s, &g));
-    CUDA(cudaGraphInstantiate(&e, g, 0));
-    *us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
-    CUDA(cudaGraphExecDestroy(e));
-    CUDA(cudaGraphDestroy(g));
+    *us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
   }
   free_plans(&P);
   return ms * 1e3 / kCalls;
@@ -615,17 +609,10 @@ static void mr_token_stats(const mr_case* c, int e4m3, const int32_t* qs, const 
 
 static double time_one_call(qsakv_plan* plan, int layer, void* q, int32_t* topk, void* out,
                             cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(qsakv_attention_run(plan, layer, QSAKV_ATTENTION_SPARSE, q, topk, 2051, out,
                             (qsakv_stream_t)s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  const double us = time_graph_ex(e, s, 15, 1) * 1e3;
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
-  return us;
+  return end_capture_and_time_ex(s, 15, 1) * 1e3;
 }
 
 static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s) {
@@ -729,13 +716,7 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s, double* us_
   const float ms = end_capture_and_time(s, 20);
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(qsakv_store_kv(b->cache, b->cfg.qsa_layers[0], k[0], v[0], sl, tokens, (qsakv_stream_t)s));
-  cudaGraph_t g;
-  cudaGraphExec_t e;
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  *us_flushed = time_graph_ex(e, s, 20, 1) * 1e3;
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  *us_flushed = end_capture_and_time_ex(s, 20, 1) * 1e3;
   for (int l = 0; l < kLayers; ++l) {
     CUDA(cudaFree(k[l]));
     CUDA(cudaFree(v[l]));
@@ -753,32 +734,79 @@ typedef struct {
   double flops;      /* 2 * heads * dim per row and visible key */
 } select_timing;
 
+/* 64 MiB of N(0,1) FP16 values on the device, made once (the selection and step tables
+ * fill keys, queries and activations from it). */
+enum { kRandomChunk = 64 << 20 };
+static const void* random_fp16_chunk(void) {
+  static void* d = NULL;
+  if (!d) {
+    uint16_t* h = malloc(kRandomChunk);
+    for (size_t i = 0; i < kRandomChunk / 2; ++i) h[i] = fp16((float)normal());
+    CUDA(cudaMalloc(&d, kRandomChunk));
+    copy_and_wait(d, h, kRandomChunk, cudaMemcpyHostToDevice);
+    free(h);
+  }
+  return d;
+}
+
+/* The reference model at TP4 reduced to one QSA layer (layer 3 of 4), for `requests`
+ * requests, `rows` query rows and contexts of `seq` tokens. */
+static void one_layer_config(qsakv_model_config* c, qsakv_dtype kv, qsakv_dtype index_keys,
+                             int requests, int rows, int seq) {
+  CHECK(qsakv_model_config_preset(c, "qwen4_exp"));
+  c->tp_size = 4;
+  c->num_layers = 4;
+  c->num_qsa_layers = 1;
+  c->qsa_layers[0] = 3;
+  c->kv_dtype = kv;
+  c->index_key_dtype = index_keys;
+  c->block_size = kBlock;
+  c->max_requests = requests;
+  c->max_batched_tokens = rows;
+  c->max_model_len = seq;
+}
+
+/* Fills a layer's compressed index keys with the N(0,1) FP16 keys of the device buffer
+ * `d` (`chunk` bytes, repeated): copied for FP16 index keys, stored (the store computes
+ * each key's scale) for E4M3 ones. */
+static void fill_compressed_keys(qsakv_cache* cache, int layer, const qsakv_cache_layout* L,
+                                 int ratio, const void* d, size_t chunk, cudaStream_t s) {
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  CHECK(qsakv_cache_get_layer_buffers(cache, layer, &lb));
+  if (L->index_key_dtype == QSAKV_DTYPE_FP16) {
+    for (size_t off = 0; off < L->compressed_bytes_per_layer; off += chunk) {
+      const size_t n =
+          L->compressed_bytes_per_layer - off < chunk ? L->compressed_bytes_per_layer - off : chunk;
+      copy_and_wait((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice);
+    }
+  } else { /* the same N(0,1) keys through the store (it computes each key's scale) */
+    const int64_t keys_per_chunk = (int64_t)(chunk / ((size_t)L->index_head_dim * 2));
+    const int64_t entries = L->num_blocks * L->compressed_keys_per_block;
+    int64_t* hs = malloc(sizeof(int64_t) * (size_t)keys_per_chunk);
+    void* ds;
+    CUDA(cudaMalloc(&ds, sizeof(int64_t) * (size_t)keys_per_chunk));
+    for (int64_t e0 = 0; e0 < entries; e0 += keys_per_chunk) {
+      const int64_t n = entries - e0 < keys_per_chunk ? entries - e0 : keys_per_chunk;
+      for (int64_t i = 0; i < n; ++i) hs[i] = (e0 + i) * ratio;
+      copy_and_wait(ds, hs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
+      CHECK(qsakv_store_compressed_keys(cache, layer, d, ds, n, (qsakv_stream_t)s));
+    }
+    CUDA(cudaStreamSynchronize(s));
+    CUDA(cudaFree(ds));
+    free(hs);
+  }
+}
+
 /* Indexer selection for `requests` requests of `seq` tokens with `rows_per_request` query
  * rows each (the last positions: decode 1, verify 4, a prefill chunk 8192): scores over
  * the visible compressed keys, exact top-512, expansion. */
 static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
                                  qsakv_dtype index_keys, cudaStream_t s) {
-  static uint16_t* h = NULL;
-  static void* d = NULL;
-  const size_t chunk = 64ull << 20;
-  if (!h) { /* random FP16 N(0,1) data, made once */
-    h = malloc(chunk);
-    for (size_t i = 0; i < chunk / 2; ++i) h[i] = fp16((float)normal());
-    CUDA(cudaMalloc(&d, chunk));
-    copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
-  }
+  const size_t chunk = kRandomChunk;
+  const void* d = random_fp16_chunk();
   const int rows = requests * rows_per_request;
   qsakv_model_config c;
-  CHECK(qsakv_model_config_preset(&c, "qwen4_exp"));
-  c.tp_size = 4;
-  c.num_layers = 4;
-  c.num_qsa_layers = 1;
-  c.qsa_layers[0] = 3;
-  c.block_size = kBlock;
-  c.max_requests = requests;
-  c.max_batched_tokens = rows;
-  c.max_model_len = seq;
-  c.index_key_dtype = index_keys;
+  one_layer_config(&c, QSAKV_DTYPE_E4M3, index_keys, requests, rows, seq);
   qsakv_overlay* ov = make_overlay(&c);
   const int pages = (seq + kBlock - 1) / kBlock;
   qsakv_cache_options o;
@@ -790,30 +818,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   memset(&L, 0, sizeof L);
   L.struct_size = sizeof L;
   CHECK(qsakv_cache_get_layout(cache, &L));
-  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
-  CHECK(qsakv_cache_get_layer_buffers(cache, 3, &lb));
-  if (index_keys == QSAKV_DTYPE_FP16) {
-    for (size_t off = 0; off < L.compressed_bytes_per_layer; off += chunk) {
-      const size_t n =
-          L.compressed_bytes_per_layer - off < chunk ? L.compressed_bytes_per_layer - off : chunk;
-      copy_and_wait((char*)lb.compressed_keys + off, d, n, cudaMemcpyDeviceToDevice);
-    }
-  } else { /* the same N(0,1) keys through the store (it computes each key's scale) */
-    const int64_t keys_per_chunk = (int64_t)(chunk / (128 * 2));
-    const int64_t entries = L.num_blocks * L.compressed_keys_per_block;
-    int64_t* hs = malloc(sizeof(int64_t) * (size_t)keys_per_chunk);
-    void* ds;
-    CUDA(cudaMalloc(&ds, sizeof(int64_t) * (size_t)keys_per_chunk));
-    for (int64_t e0 = 0; e0 < entries; e0 += keys_per_chunk) {
-      const int64_t n = entries - e0 < keys_per_chunk ? entries - e0 : keys_per_chunk;
-      for (int64_t i = 0; i < n; ++i) hs[i] = (e0 + i) * c.compress_ratio;
-      copy_and_wait(ds, hs, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
-      CHECK(qsakv_store_compressed_keys(cache, 3, d, ds, n, (qsakv_stream_t)s));
-    }
-    CUDA(cudaStreamSynchronize(s));
-    CUDA(cudaFree(ds));
-    free(hs);
-  }
+  fill_compressed_keys(cache, 3, &L, c.compress_ratio, d, chunk, s);
   /* Bytes per compressed key as the pages hold them (FP16 256; E4M3 128 codes + scale). */
   const double key_bytes = (double)L.compressed_stride_block / L.compressed_keys_per_block;
   int32_t* bt = malloc(sizeof(int32_t) * (size_t)requests * pages);
@@ -861,15 +866,9 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   for (int k = 0; k < kSelectCalls; ++k)
     CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
   t.us = end_capture_and_time(s, reps) * 1e3 / kSelectCalls;
-  cudaGraph_t g;
-  cudaGraphExec_t e;
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
-  CUDA(cudaStreamEndCapture(s, &g));
-  CUDA(cudaGraphInstantiate(&e, g, 0));
-  t.us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
-  CUDA(cudaGraphExecDestroy(e));
-  CUDA(cudaGraphDestroy(g));
+  t.us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
   qsakv_plan_destroy(plan);
   qsakv_cache_destroy(cache);
   qsakv_overlay_destroy(ov);
@@ -879,6 +878,221 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   free(qs);
   free(lens);
   return t;
+}
+
+/* ---- One decode step of one QSA layer (issue 28): for `rows` requests of one new token
+ * each at position seq - 1 (seq a multiple of the compress ratio, so every row completes
+ * a group): store its K/V, its raw index key and the group's compressed key, select,
+ * attend. Each stage is timed alone (one call per graph, L2 flushed) next to the whole
+ * step (one graph of the five calls: one call L2 flushed, and a graph of kStepCalls steps
+ * back to back, per step). */
+enum { kStepStages = 5, kStepCalls = 8 };
+static const char* const kStepStageNames[kStepStages] = {"store_kv", "store_ring", "store_ckey",
+                                                         "select", "attention"};
+typedef struct {
+  double stage_us[kStepStages]; /* each alone, one call, L2 flushed */
+  double step_us;               /* the whole step, one call, L2 flushed */
+  double step_graph_us;         /* per step, a graph of kStepCalls steps */
+} step_timing;
+
+typedef struct {
+  qsakv_cache* cache;
+  qsakv_plan* plan;
+  int layer, rows;
+  void *k, *v, *ring_keys, *ckeys, *index_q, *q, *out;
+  int64_t* slots;
+  int32_t* request_slots;
+  int64_t* positions;
+} step_args;
+
+static void step_stage(const step_args* a, int stage, cudaStream_t s) {
+  const qsakv_stream_t st = (qsakv_stream_t)s;
+  switch (stage) {
+    case 0:
+      CHECK(qsakv_store_kv(a->cache, a->layer, a->k, a->v, a->slots, a->rows, st));
+      break;
+    case 1:
+      CHECK(qsakv_store_index_keys(a->cache, a->layer, a->ring_keys, a->request_slots, a->positions,
+                                   a->rows, st));
+      break;
+    case 2:
+      CHECK(qsakv_store_compressed_keys(a->cache, a->layer, a->ckeys, a->slots, a->rows, st));
+      break;
+    case 3:
+      CHECK(qsakv_select_topk(a->plan, a->layer, a->index_q, NULL, 0, st));
+      break;
+    default:
+      CHECK(qsakv_attention_run(a->plan, a->layer, QSAKV_ATTENTION_SPARSE, a->q, NULL, 0, a->out,
+                                st));
+  }
+}
+
+static step_timing time_decode_step(qsakv_context* ctx, qsakv_dtype kv, qsakv_dtype index_keys,
+                                    int rows, int seq, cudaStream_t s) {
+  const size_t chunk = kRandomChunk;
+  const void* d = random_fp16_chunk();
+  qsakv_model_config c;
+  one_layer_config(&c, kv, index_keys, rows, rows, seq);
+  qsakv_rank_geometry geo;
+  memset(&geo, 0, sizeof geo);
+  geo.struct_size = sizeof geo;
+  CHECK(qsakv_model_config_rank_geometry(&c, &geo));
+  qsakv_overlay* ov = kv == QSAKV_DTYPE_E4M3 ? make_overlay(&c) : NULL;
+  const int pages = (seq + kBlock - 1) / kBlock;
+  qsakv_cache_options o;
+  CHECK(qsakv_cache_options_init(&o));
+  o.num_blocks = (int64_t)rows * pages;
+  step_args a;
+  memset(&a, 0, sizeof a);
+  a.layer = c.qsa_layers[0];
+  a.rows = rows;
+  CHECK(qsakv_cache_create(&a.cache, ctx, &c, ov, &o));
+  qsakv_cache_layout L;
+  memset(&L, 0, sizeof L);
+  L.struct_size = sizeof L;
+  CHECK(qsakv_cache_get_layout(a.cache, &L));
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  CHECK(qsakv_cache_get_layer_buffers(a.cache, a.layer, &lb));
+  /* K/V: finite random bytes (E4M3 codes without NaN; FP16 N(0,1) values). */
+  if (kv == QSAKV_DTYPE_E4M3) {
+    uint8_t* h8 = malloc(chunk);
+    for (size_t i = 0; i < chunk; ++i) {
+      uint8_t x = (uint8_t)rnd();
+      h8[i] = (x & 0x7F) == 0x7F ? (uint8_t)(x ^ 1) : x;
+    }
+    void* d8;
+    CUDA(cudaMalloc(&d8, chunk));
+    copy_and_wait(d8, h8, chunk, cudaMemcpyHostToDevice);
+    for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk)
+      copy_and_wait((char*)lb.kv + off, d8,
+                    L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk,
+                    cudaMemcpyDeviceToDevice);
+    CUDA(cudaFree(d8));
+    free(h8);
+  } else {
+    for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk)
+      copy_and_wait((char*)lb.kv + off, d,
+                    L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk,
+                    cudaMemcpyDeviceToDevice);
+  }
+  fill_compressed_keys(a.cache, a.layer, &L, c.compress_ratio, d, chunk, s);
+  /* Request r owns blocks r * pages ..; its new token sits at position seq - 1. */
+  int32_t* bt = malloc(sizeof(int32_t) * (size_t)rows * pages);
+  int32_t* qs = malloc(sizeof(int32_t) * (size_t)(rows + 1));
+  int32_t* lens = malloc(sizeof(int32_t) * (size_t)rows);
+  int64_t* slots = malloc(sizeof(int64_t) * (size_t)rows);
+  int64_t* pos = malloc(sizeof(int64_t) * (size_t)rows);
+  int32_t* rs = malloc(sizeof(int32_t) * (size_t)rows);
+  for (int r = 0; r < rows; ++r) {
+    for (int p = 0; p < pages; ++p) bt[(size_t)r * pages + p] = r * pages + p;
+    qs[r] = r;
+    lens[r] = seq;
+    pos[r] = seq - 1;
+    rs[r] = r;
+    slots[r] = (int64_t)bt[(size_t)r * pages + (seq - 1) / kBlock] * kBlock + (seq - 1) % kBlock;
+  }
+  qs[rows] = rows;
+  void* dbt;
+  CUDA(cudaMalloc(&dbt, sizeof(int32_t) * (size_t)rows * pages));
+  copy_and_wait(dbt, bt, sizeof(int32_t) * (size_t)rows * pages, cudaMemcpyHostToDevice);
+  CUDA(cudaMalloc((void**)&a.slots, sizeof(int64_t) * (size_t)rows));
+  copy_and_wait(a.slots, slots, sizeof(int64_t) * (size_t)rows, cudaMemcpyHostToDevice);
+  CUDA(cudaMalloc((void**)&a.positions, sizeof(int64_t) * (size_t)rows));
+  copy_and_wait(a.positions, pos, sizeof(int64_t) * (size_t)rows, cudaMemcpyHostToDevice);
+  CUDA(cudaMalloc((void**)&a.request_slots, sizeof(int32_t) * (size_t)rows));
+  copy_and_wait(a.request_slots, rs, sizeof(int32_t) * (size_t)rows, cudaMemcpyHostToDevice);
+  /* Activations: slices of the random FP16 buffer (each a few MB at most). */
+  const size_t kv_bytes = (size_t)rows * geo.kv_heads * c.head_dim * 2;
+  const size_t key_bytes = (size_t)rows * c.index_head_dim * 2;
+  const size_t iq_bytes = key_bytes * c.index_num_heads;
+  const size_t q_bytes = (size_t)rows * geo.q_heads * c.head_dim * 2;
+  void** bufs[6] = {&a.k, &a.v, &a.ring_keys, &a.ckeys, &a.index_q, &a.q};
+  const size_t sizes[6] = {kv_bytes, kv_bytes, key_bytes, key_bytes, iq_bytes, q_bytes};
+  for (int i = 0; i < 6; ++i) {
+    CUDA(cudaMalloc(bufs[i], sizes[i]));
+    copy_and_wait(*bufs[i], (const char*)d + (size_t)i * 4096, sizes[i], cudaMemcpyDeviceToDevice);
+  }
+  CUDA(cudaMalloc(&a.out, q_bytes));
+  qsakv_plan_options po;
+  CHECK(qsakv_plan_options_init(&po));
+  po.max_rows = rows;
+  CHECK(qsakv_plan_create(&a.plan, a.cache, &po));
+  qsakv_batch batch = QSAKV_BATCH_INIT;
+  batch.num_requests = rows;
+  batch.query_start = qs;
+  batch.seq_lens = lens;
+  batch.block_table = dbt;
+  batch.block_table_stride = pages;
+  CHECK(qsakv_plan_update(a.plan, &batch, (qsakv_stream_t)s));
+  CUDA(cudaStreamSynchronize(s));
+
+  step_timing t;
+  const int reps = 20;
+  for (int st = 0; st < kStepStages; ++st) {
+    CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    step_stage(&a, st, s);
+    t.stage_us[st] = end_capture_and_time_ex(s, reps, 1) * 1e3;
+  }
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int st = 0; st < kStepStages; ++st) step_stage(&a, st, s);
+  t.step_us = end_capture_and_time_ex(s, reps, 1) * 1e3;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int k = 0; k < kStepCalls; ++k)
+    for (int st = 0; st < kStepStages; ++st) step_stage(&a, st, s);
+  t.step_graph_us = end_capture_and_time_ex(s, reps, 0) * 1e3 / kStepCalls;
+
+  qsakv_plan_destroy(a.plan);
+  qsakv_cache_destroy(a.cache);
+  qsakv_overlay_destroy(ov);
+  for (int i = 0; i < 6; ++i) CUDA(cudaFree(*bufs[i]));
+  CUDA(cudaFree(a.out));
+  CUDA(cudaFree(a.slots));
+  CUDA(cudaFree(a.positions));
+  CUDA(cudaFree(a.request_slots));
+  CUDA(cudaFree(dbt));
+  free(bt);
+  free(qs);
+  free(lens);
+  free(slots);
+  free(pos);
+  free(rs);
+  return t;
+}
+
+/* The decode-step table: 1..64 rows at 32K and 128K, E4M3 (K/V and index keys) and FP16. */
+static void run_decode_step_table(qsakv_context* ctx, cudaStream_t s, FILE* js) {
+  const int rows_list[6] = {1, 2, 4, 8, 16, 64}, seqs[2] = {32768, 131072};
+  printf(
+      "\ndecode step of one QSA layer (store K/V, raw index key and compressed key of one new "
+      "token per row,\nselect, attend; the reference geometry at TP4), us; stages alone and the "
+      "whole step one call L2 flushed,\n'graph/step' a graph of %d steps back to back, per "
+      "step\n",
+      kStepCalls);
+  printf("%5s %5s %7s", "cache", "rows", "context");
+  for (int st = 0; st < kStepStages; ++st) printf(" %10s", kStepStageNames[st]);
+  printf(" %10s %10s %10s\n", "stage sum", "step", "graph/step");
+  if (js) fprintf(js, ",\n  \"decode_step\": [");
+  int printed = 0;
+  for (int dt = 0; dt < 2; ++dt)
+    for (int si = 0; si < 2; ++si)
+      for (int ri = 0; ri < 6; ++ri) {
+        const qsakv_dtype kv = dt == 0 ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+        const step_timing t = time_decode_step(ctx, kv, kv, rows_list[ri], seqs[si], s);
+        double sum = 0.0;
+        for (int st = 0; st < kStepStages; ++st) sum += t.stage_us[st];
+        printf("%5s %5d %7d", dt == 0 ? "e4m3" : "fp16", rows_list[ri], seqs[si]);
+        for (int st = 0; st < kStepStages; ++st) printf(" %10.2f", t.stage_us[st]);
+        printf(" %10.2f %10.2f %10.2f\n", sum, t.step_us, t.step_graph_us);
+        if (js) {
+          fprintf(js, "%s\n    {\"cache\": \"%s\", \"rows\": %d, \"tokens\": %d",
+                  printed++ ? "," : "", dt == 0 ? "e4m3" : "fp16", rows_list[ri], seqs[si]);
+          for (int st = 0; st < kStepStages; ++st)
+            fprintf(js, ", \"%s_us_l2_flushed\": %.3f", kStepStageNames[st], t.stage_us[st]);
+          fprintf(js, ", \"step_us_l2_flushed\": %.3f, \"step_us_graph\": %.3f}", t.step_us,
+                  t.step_graph_us);
+        }
+      }
+  if (js) fprintf(js, "\n  ]");
 }
 
 /* A JSON number with `decimals` decimals, or null where v is not finite (--e4m3-only's
@@ -908,7 +1122,7 @@ static void usage(FILE* f, const char* argv0) {
       "[--select-cases 0,4,...] [--store-only] [--decode-only] [--multirow-only] "
       "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
       "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--index-keys fp16|e4m3|both] "
-      "[--tier auto|sm70|sm75]\n"
+      "[--step-only] [--tier auto|sm70|sm75]\n"
       "  --json PATH          write the results as JSON to PATH\n"
       "  --rows LIST          the decode table's row counts (default 1,8,16,20,32,64,128,256,"
       "1024)\n"
@@ -919,6 +1133,7 @@ static void usage(FILE* f, const char* argv0) {
       "  --index-keys K       the selection table with FP16 or E4M3 index keys, or both (default)\n"
       "  --store-only         only the store (no multi-row, decode or selection tables)\n"
       "  --decode-only        only the decode table\n"
+      "  --step-only          only the decode-step table (store, select, attend per layer)\n"
       "  --multirow-only      only the multi-row table and the overlap sweep\n"
       "  --no-multirow        neither the multi-row table nor the overlap sweep\n"
       "  --overlap-only       only the overlap sweep (with --multirow-only: and the multi-row "
@@ -937,7 +1152,7 @@ int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
   int n_rows = 9, e4m3_only = 0, select_only = 0, multirow_only = 0, no_multirow = 0, no_store = 0,
-      store_only = 0, overlap_only = 0, no_overlap = 0;
+      store_only = 0, overlap_only = 0, no_overlap = 0, step_only = 0;
   int case_mask = -1;      /* selection cases to run (bit i: case i) */
   int overlap_dtypes = 3;  /* the sweep's KV dtypes (bit 0: E4M3, bit 1: FP16) */
   int overlap_shapes = -1; /* the sweep's workloads (bit i: shapes[i] below) */
@@ -1004,6 +1219,8 @@ int main(int argc, char** argv) {
       no_multirow = 1;
       store_only = 1;
       case_mask = 0;
+    } else if (!strcmp(argv[i], "--step-only")) {
+      step_only = 1;
     } else if (!strcmp(argv[i], "--decode-only")) {
       no_multirow = 1;
       no_store = 1;
@@ -1084,6 +1301,17 @@ int main(int argc, char** argv) {
             "{\n  \"device\": \"%s\",\n  \"kernel_tier\": \"%s\",\n  \"copy_gbs\": %.1f,\n"
             "  \"memcpy_gbs\": %.1f,\n  \"kernel_copy_gbs\": %.1f",
             info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
+  if (step_only) {
+    run_decode_step_table(hw, s, js);
+    if (js) {
+      fprintf(js, "\n}\n");
+      fclose(js);
+    }
+    CUDA(cudaStreamDestroy(s));
+    qsakv_context_destroy(sw);
+    qsakv_context_destroy(hw);
+    return 0;
+  }
   if (run_multirow) {
     /* Grouped route against the decode route, one call alone, L2 flushed. */
     mr_case mr[16];
