@@ -35,9 +35,13 @@
 //   6. each entry's own bit by warp ballot (a warp's 32 entries are one word of its
 //      row); a block scan of the words' popcounts gives each own entry its place in its
 //      row's own list.
-// A group of one window that lists nothing (rows that share almost nothing, as
-// independent selections do) skips step 6: its rows' own lists are their top-k rows, and
-// row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes.
+// A group of one window lists only where grouped_list_pays (enough of its entries are
+// in the list to repay the shared part); one that lists nothing (rows that share little,
+// as independent selections do) skips step 6: its rows' own lists are their top-k rows,
+// and row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes. Past
+// one window the rule is decided before this kernel, from an estimate over the whole
+// context (grouped_share_estimate.cuh): a group marked kGroupDecodeOnly costs nothing
+// here but its rows' kOwnIsTopk.
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
 #pragma once
@@ -47,6 +51,7 @@
 #include "limits.hpp"
 #include "params.hpp"
 #include "cuda/block_scan.cuh"
+#include "cuda/grouped_share_estimate.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -63,6 +68,15 @@ static_assert(kGroupedUnionWindow <= 65536, "a slot keeps its offset in its wind
 // row_split's own count of a row whose own list is its top-k row (its group listed
 // nothing): the decode kernel reads the top-k row instead.
 constexpr int kOwnIsTopk = -1;
+// Step 3's scan carries three sums in one 64-bit value: the positions the rule shares,
+// those any row selects (each at most a window, 2^16) and the window's entries (at most
+// kGroupedMaxRows x a window, 2^20).
+constexpr int kScanUnionShift = 21, kScanEntriesShift = 42;
+constexpr long long kScanField = (1ll << kScanUnionShift) - 1;
+static_assert(kGroupedUnionWindow < kScanField &&
+                  static_cast<long long>(kGroupedMaxRows) * kGroupedUnionWindow <
+                      (1ll << (63 - kScanEntriesShift)),
+              "step 3's sums fit their fields");
 
 struct UnionParams {
   PlanMetaView meta;
@@ -159,6 +173,15 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   const int per = p.window / kUnionThreads;  // positions this thread owns, consecutive
   const int64_t base = static_cast<int64_t>(group) * p.union_cap;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (kReload && !one_window) {
+    const int verdict = p.union_count[group];
+    __syncthreads();  // every thread has read it before it is overwritten
+    if (verdict == kGroupDecodeOnly) {
+      if (tid < rows) p.row_split[row0 + tid] = make_int2(kOwnIsTopk, 0);
+      if (tid == 0) p.union_count[group] = 0;
+      return;
+    }
+  }
   if (tid < kGroupedMaxRows) row_done[tid] = 0;
 
   // Warps 2r and 2r + 1 take row r; slot k of warp 2r + sub holds columns
@@ -257,15 +280,21 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
         }
     }
     __syncthreads();
-    // The positions the rule shares (low half) and those any row selects (high half).
+    // The positions the rule shares, those any row selects and the entries (kScan*).
     long long mine = 0;
     for_my_masks([&](int, uint32_t m) {
-      mine += (__popc(m) >= T ? 1ll : 0ll) + (m != 0u ? 1ll << 32 : 0ll);
+      const int k = __popc(m);
+      mine += (k >= T ? 1ll : 0ll) + (m != 0u ? 1ll << kScanUnionShift : 0ll) +
+              (static_cast<long long>(k) << kScanEntriesShift);
     });
     long long totals;
     const long long before = block_exclusive_scan<kUnionWarps>(mine, warp_totals, totals);
-    const int by_rule = static_cast<int>(totals & 0xFFFFFFFFll);
-    const bool sharing = by_rule >= kGroupedMinShared;  // uniform
+    const int by_rule = static_cast<int>(totals & kScanField);
+    // Uniform. One window: the exact rule. Past one, the estimate passed the group as a
+    // whole, and each window lists what its part shares.
+    const bool sharing = one_window
+                             ? grouped_list_pays(by_rule, totals >> kScanEntriesShift, rows)
+                             : by_rule >= kGroupedMinShared;
     // This pass's entries the rule shares, a bit per slot (single pass: kept for the window).
     auto rule_bits = [&]() {
       launder();
@@ -305,10 +334,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     if (sharing) {
       if (moved == 0u) {
         listed = by_rule;
-        slot = static_cast<int>(before & 0xFFFFFFFFll);
+        slot = static_cast<int>(before & kScanField);
       } else if (moved == all_rows) {
-        listed = static_cast<int>(totals >> 32);
-        slot = static_cast<int>(before >> 32);
+        listed = static_cast<int>(totals >> kScanUnionShift & kScanField);
+        slot = static_cast<int>(before >> kScanUnionShift & kScanField);
       } else {
         long long n = 0;
         for_my_masks([&](int, uint32_t m) { n += listed_mask(m) != 0u; });
