@@ -547,8 +547,8 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     tu_world_destroy(&w);
   }
   /* Past one union window (the union kernel's bitmap covers 65536 positions a pass): the
-   * share estimate decides for the whole group (grouped_share_estimate.cuh); at f = 0.5 it
-   * lists, at 0.25 and 0 (a list of 1/4 of a row's entries and none) it does not. */
+   * share estimate decides for the whole context (grouped_share_estimate.cuh); at f = 0.5
+   * the group lists, at 0.25 and 0 (a list of 1/4 of a row's entries, and none) not. */
   if (full && long_context) {
     c.max_model_len = 1 << 18;
     tu_shape shape = {2, {16, 1}, {140000, 3000}};

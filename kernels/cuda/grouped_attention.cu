@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and launch of the grouped multi-row route: the union kernel (sparse
-// only: the shared lists and the rows' filters; past one union window of context, the
-// share estimate first), then the attention kernel over (group x split, KV head). The
+// only: the share estimate, then the shared lists and the rows' filters), then the attention kernel over (group x split, KV head). The
 // decode kernels, launched after, compute the rows' own entries.
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
@@ -51,21 +50,15 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.stride_block = c.stride_block * esz;
     up.stride_token = c.stride_token * esz;
     up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
-    if (!g.one_window) {  // groups past one window: decided here (union_count's verdict)
+    {  // every group's first decision (union_count's verdict)
       ShareEstimateParams ep;
       ep.meta = p.meta;
       ep.topk = p.topk;
       ep.topk_stride = p.topk_stride;
       ep.topk_width = p.topk_width;
       ep.share_rows = up.share_rows;
-      ep.window = g.window;
-      ep.slot_bits = estimate_slot_bits(p.topk_width);
       ep.union_count = g.union_count;
-      const int esmem = estimate_smem_bytes(ep.slot_bits);
-      require_smem_limit(cudaFuncSetAttribute(grouped_share_estimate_kernel,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, esmem),
-                         esmem);
-      grouped_share_estimate_kernel<<<max_groups, kEstimateThreads, esmem, stream>>>(ep);
+      grouped_share_estimate_kernel<<<max_groups, kEstimateThreads, 0, stream>>>(ep);
     }
     up.window = g.window;
     up.entry_words = g.rows_per_group * union_row_words(p.topk_width);

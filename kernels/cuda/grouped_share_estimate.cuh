@@ -1,23 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// The grouped route's decision for groups whose positions span several union windows
-// (contexts past 64K tokens), made before the union kernel and far cheaper than it.
+// The grouped route's first decision, made for every group before the union kernel and
+// far cheaper than it: does the group's list pay (grouped_list_pays)?
 //
-// The union kernel decides whether a group lists anything from the exact counts of its
-// window (grouped_list_pays); past one window it learns them only window by window, after
-// it has written the earlier windows' own lists, so a group that shares almost nothing
-// (independent selections) paid the whole kernel, twice the reads, and its rows then
-// read their own lists instead of their top-k rows: 13-16% over the decode route at 128K
-// (docs/perf.md run 27). This kernel estimates the rule over the whole context at once
-// from two of the group's rows: the tokens the last and the middle row select go into a
-// hash table in shared memory, every other row's entries mark the rows that select them,
-// and the estimate is the number of those tokens that grouped_share_min_rows of the rows
-// select, against grouped_list_pays with all rows' entries. (A token the rule lists is
-// selected by at least half the rows, so the two sample rows miss few of them.) A group
-// that does not pay is marked kGroupDecodeOnly in union_count, and the union kernel only
-// says so to its rows (kOwnIsTopk); every other group is kUnionDecides and runs as before.
-// Work: every row's list read once (coalesced), two rows' inserted and the others' probed
-// in a table of <= 2/3 load; 256 threads and a table of 6 B a slot, so several groups
-// share an SM.
+// The union kernel counts exactly, but with one CTA of 1,024 threads per SM and about ten
+// barriers it costs ~60-70 us for 8192 prefill rows at 32K on an H200 even where the rows
+// share nothing, and past one window (contexts over 64K positions) it learns the counts
+// window by window, after writing the earlier windows' own lists: groups that share little
+// paid 4.7-16% over the decode route (docs/perf.md runs 26-29). This kernel estimates the
+// rule's count over the whole context at once: every valid entry of the group's rows adds
+// one to a 16-bit counter of a hash table in shared memory (the position's hash), and the
+// estimate is the number of counters that reach grouped_share_min_rows. A shared token
+// lands its count in its counter; tokens that collide add up, which overestimates by a
+// few counters (the union, up to 16 x 2051 positions, over 16K counters: ~20 at most in
+// random lists, against a rule of at least 64), and two shared tokens in one counter
+// count once. A row listing a token twice counts it twice (the selection's lists never
+// do). A group the estimate says does not pay is marked kGroupDecodeOnly in union_count:
+// the union kernel only marks its rows kOwnIsTopk and their decode-route pass reads their
+// top-k rows. Every other group is kUnionDecides, and the union kernel's exact rule
+// decides as before.
+// Work: each list read once, 16 loads in flight per thread; 256 threads and 32 KB of
+// shared memory a CTA, so every group of a 8192-row chunk is resident at once.
 #pragma once
 
 #include <stdint.h>
@@ -30,24 +32,17 @@ namespace cuda {
 
 // union_count's value between the estimate and the union kernel, which then overwrites it
 // with the group's listed tokens.
-constexpr int kUnionDecides = 0;      // the union kernel applies the rule window by window
+constexpr int kUnionDecides = 0;      // the union kernel applies the rule
 constexpr int kGroupDecodeOnly = -1;  // lists nothing: every row reads its top-k row
 
 constexpr int kEstimateThreads = 256;
-// The largest table (96 KB of shared memory: top-k widths up to 5461); wider lists are
+constexpr int kEstimateSlotBits = 14;  // 16K counters, two a 32-bit word: 32 KB
+constexpr int kEstimateSlots = 1 << kEstimateSlotBits;
+constexpr int kEstimateLoads = 16;  // list loads in flight per thread
+// A counter's 16 bits hold a group's entries when rows x width < 2^16; wider lists are
 // left to the union kernel (kUnionDecides).
-constexpr int kEstimateMaxSlotBits = 14;
-
-// Slots for two rows of topk_width entries at load <= 2/3 (a power of two of at least
-// 3 x topk_width); 0: too wide.
-__host__ __device__ constexpr int estimate_slot_bits(int topk_width) {
-  int bits = 6;
-  while ((1 << bits) < 3 * topk_width && bits <= kEstimateMaxSlotBits) ++bits;
-  return bits > kEstimateMaxSlotBits ? 0 : bits;
-}
-// A slot's key (int32, -1 empty) and its 16-bit row mask (two a word).
-__host__ __device__ constexpr int estimate_smem_bytes(int slot_bits) {
-  return slot_bits == 0 ? 0 : (1 << slot_bits) * 6;
+__host__ __device__ constexpr bool estimate_fits(int topk_width) {
+  return static_cast<long long>(kGroupedMaxRows) * topk_width < 65536;
 }
 
 struct ShareEstimateParams {
@@ -56,8 +51,6 @@ struct ShareEstimateParams {
   int64_t topk_stride;
   int32_t topk_width;
   int32_t share_rows;  // grouped_share_min_rows' cost term for this cache type
-  int32_t window;      // the union kernel's positions per pass
-  int32_t slot_bits;   // estimate_slot_bits(topk_width); 0: every group kUnionDecides
   int32_t* union_count;
 };
 
@@ -69,62 +62,44 @@ __global__ void __launch_bounds__(kEstimateThreads) grouped_share_estimate_kerne
   const int row0 = p.meta.group_row0[group];
   const int rows = p.meta.group_rows[group];
   const int pos0 = p.meta.row_pos[row0];  // the group's rows sit at pos0 .. pos0 + rows - 1
-  if (pos0 + rows - 1 < p.window || p.slot_bits == 0 || rows < 2) {
-    // One window: the union kernel's own counts are exact. One row: nothing to share.
+  if (rows < 2 || !estimate_fits(p.topk_width)) {  // one row shares with none
     if (tid == 0) p.union_count[group] = rows < 2 ? kGroupDecodeOnly : kUnionDecides;
     return;
   }
-  extern __shared__ int32_t estimate_smem[];
-  const int slots = 1 << p.slot_bits, wrap = slots - 1;
-  int32_t* keys = estimate_smem;
-  uint32_t* masks = reinterpret_cast<uint32_t*>(estimate_smem + slots);  // two slots a word
+  __shared__ uint32_t counters[kEstimateSlots / 2];  // slot s: bits 16 (s & 1) .. of word s / 2
   __shared__ int listed_sum, entries_sum;
-  for (int s = tid; s < slots; s += kEstimateThreads) keys[s] = -1;
-  for (int s = tid; s < slots / 2; s += kEstimateThreads) masks[s] = 0u;
+  for (int s = tid; s < kEstimateSlots / 2; s += kEstimateThreads) counters[s] = 0u;
   if (tid == 0) listed_sum = entries_sum = 0;
   __syncthreads();
-  const int W = p.topk_width;
-  // Fibonacci hashing: consecutive positions (a selected block's tokens) spread out.
-  auto hash = [&](int t) { return (static_cast<uint32_t>(t) * 0x9E3779B1u) >> (32 - p.slot_bits); };
-  auto mark = [&](uint32_t h, int r) { atomicOr(&masks[h >> 1], (1u << r) << ((h & 1u) << 4)); };
-  auto row_entry = [&](int r, int j) {
-    const int t = __ldg(p.topk + static_cast<int64_t>(row0 + r) * p.topk_stride + j);
-    return t >= 0 && t <= pos0 + r ? t : -1;  // the row's valid entries only
-  };
-  const int sample_a = rows - 1, sample_b = (rows - 1) / 2;
+  const int W = p.topk_width, total = rows * W;
   int entries = 0;
-  for (int i = tid; i < 2 * W; i += kEstimateThreads) {
-    const int r = i < W ? sample_a : sample_b;
-    const int t = row_entry(r, i < W ? i : i - W);
-    if (t < 0) continue;
-    ++entries;
-    for (uint32_t h = hash(t);; h = (h + 1u) & wrap) {  // never full: <= 2W keys, >= 3W slots
-      const int k = atomicCAS(&keys[h], -1, t);
-      if (k == -1 || k == t) {
-        mark(h, r);
-        break;
-      }
+  // The group's entries as one flat range (row r, column j at r x W + j), kEstimateLoads
+  // independent loads a thread, then their counts.
+  for (int i0 = tid; i0 < total; i0 += kEstimateLoads * kEstimateThreads) {
+    int t[kEstimateLoads];
+#pragma unroll
+    for (int u = 0; u < kEstimateLoads; ++u) {
+      const int i = i0 + u * kEstimateThreads, r = i / W;
+      t[u] = i < total ? __ldg(p.topk + static_cast<int64_t>(row0 + r) * p.topk_stride + (i - r * W))
+                       : -1;
+      if (t[u] > pos0 + r) t[u] = -1;  // only the row's valid entries
     }
+#pragma unroll
+    for (int u = 0; u < kEstimateLoads; ++u)
+      if (t[u] >= 0) {
+        ++entries;
+        // Fibonacci hashing: consecutive positions (a selected block's tokens) spread out.
+        const uint32_t s = (static_cast<uint32_t>(t[u]) * 0x9E3779B1u) >> (32 - kEstimateSlotBits);
+        atomicAdd(&counters[s >> 1], 1u << ((s & 1u) << 4));
+      }
   }
   __syncthreads();
-  for (int r = 0; r < rows; ++r) {
-    if (r == sample_a || r == sample_b) continue;
-    for (int j = tid; j < W; j += kEstimateThreads) {
-      const int t = row_entry(r, j);
-      if (t < 0) continue;
-      ++entries;
-      for (uint32_t h = hash(t);; h = (h + 1u) & wrap) {
-        const int k = keys[h];
-        if (k == t) mark(h, r);
-        if (k == t || k == -1) break;
-      }
-    }
-  }
-  __syncthreads();
-  const int need = grouped_share_min_rows(rows, p.share_rows);
+  const uint32_t need = static_cast<uint32_t>(grouped_share_min_rows(rows, p.share_rows));
   int listed = 0;
-  for (int s = tid; s < slots; s += kEstimateThreads)
-    listed += keys[s] >= 0 && __popc((masks[s >> 1] >> ((s & 1) << 4)) & 0xFFFFu) >= need;
+  for (int s = tid; s < kEstimateSlots / 2; s += kEstimateThreads) {
+    const uint32_t w = counters[s];
+    listed += ((w & 0xFFFFu) >= need) + ((w >> 16) >= need);
+  }
   for (int d = 16; d > 0; d >>= 1) {
     listed += __shfl_xor_sync(0xffffffffu, listed, d);
     entries += __shfl_xor_sync(0xffffffffu, entries, d);

@@ -35,13 +35,14 @@
 //   6. each entry's own bit by warp ballot (a warp's 32 entries are one word of its
 //      row); a block scan of the words' popcounts gives each own entry its place in its
 //      row's own list.
-// A group of one window lists only where grouped_list_pays (enough of its entries are
-// in the list to repay the shared part); one that lists nothing (rows that share little,
-// as independent selections do) skips step 6: its rows' own lists are their top-k rows,
-// and row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes. Past
-// one window the rule is decided before this kernel, from an estimate over the whole
-// context (grouped_share_estimate.cuh): a group marked kGroupDecodeOnly costs nothing
-// here but its rows' kOwnIsTopk.
+// A group lists only where grouped_list_pays (enough of its entries are in the list to
+// repay the shared part). The share estimate, launched before this kernel
+// (grouped_share_estimate.cuh), decides that first for the whole context at a fraction of
+// this kernel's cost: a group it marks kGroupDecodeOnly costs nothing here but its rows'
+// kOwnIsTopk (their own lists are their top-k rows). A group of one window that it passes
+// is decided again here, exactly; one that then lists nothing skips step 6 (kOwnIsTopk
+// too), so it costs steps 1-3 and no writes. Past one window, each window lists what
+// its part shares.
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
 #pragma once
@@ -145,6 +146,16 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
 #else
   const int group = blockIdx.x;
   if (group >= p.meta.header->num_groups) return;
+  {
+    const int verdict = p.union_count[group];  // the share estimate's
+    __syncthreads();  // every thread has read it before it is overwritten
+    if (verdict == kGroupDecodeOnly) {
+      const int row0 = p.meta.group_row0[group], rows = p.meta.group_rows[group];
+      if (threadIdx.x < rows) p.row_split[row0 + threadIdx.x] = make_int2(kOwnIsTopk, 0);
+      if (threadIdx.x == 0) p.union_count[group] = 0;
+      return;
+    }
+  }
   extern __shared__ uint4 union_smem_raw[];
   uint32_t* union_smem = reinterpret_cast<uint32_t*>(union_smem_raw);
   const UnionLayout L = union_layout(p.window, p.union_cap, p.entry_words);
@@ -173,15 +184,6 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   const int per = p.window / kUnionThreads;  // positions this thread owns, consecutive
   const int64_t base = static_cast<int64_t>(group) * p.union_cap;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (kReload && !one_window) {
-    const int verdict = p.union_count[group];
-    __syncthreads();  // every thread has read it before it is overwritten
-    if (verdict == kGroupDecodeOnly) {
-      if (tid < rows) p.row_split[row0 + tid] = make_int2(kOwnIsTopk, 0);
-      if (tid == 0) p.union_count[group] = 0;
-      return;
-    }
-  }
   if (tid < kGroupedMaxRows) row_done[tid] = 0;
 
   // Warps 2r and 2r + 1 take row r; slot k of warp 2r + sub holds columns
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     const long long before = block_exclusive_scan<kUnionWarps>(mine, warp_totals, totals);
     const int by_rule = static_cast<int>(totals & kScanField);
     // Uniform. One window: the exact rule. Past one, the estimate passed the group as a
-    // whole, and each window lists what its part shares.
+    // whole, and each window lists what its part shares (at least kGroupedMinShared).
     const bool sharing = one_window
                              ? grouped_list_pays(by_rule, totals >> kScanEntriesShift, rows)
                              : by_rule >= kGroupedMinShared;
