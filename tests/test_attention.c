@@ -358,10 +358,10 @@ static void edge_row(const tu_world* w, int32_t* topk, int64_t stride, int row,
 
 /* The edge world: one group per request (up to 16 rows), each with its own pattern. */
 static tu_shape edge_shape(void) {
-  tu_shape s = {13,
-                {16, 16, 16, 16, 7, 3, 16, 16, 16, 2, 16, 16, 1},
-                {33000, 9000, 6000, 9000, 5000, 4000, 8000, 20000, 20000, 3000, 20000, 20000,
-                 7000}};
+  tu_shape s = {
+      13,
+      {16, 16, 16, 16, 7, 3, 16, 16, 16, 2, 16, 16, 1},
+      {33000, 9000, 6000, 9000, 5000, 4000, 8000, 20000, 20000, 3000, 20000, 20000, 7000}};
   return s;
 }
 

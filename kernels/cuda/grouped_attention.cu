@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and launch of the grouped multi-row route: the union kernel (sparse
-// only: the share estimate, then the shared lists and the rows' filters), then the attention kernel over (group x split, KV head). The
-// decode kernels, launched after, compute the rows' own entries.
+// only: the share estimate, then the shared lists and the rows' filters), then the attention kernel
+// over (group x split, KV head). The decode kernels, launched after, compute the rows' own entries.
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_share_estimate.cuh"

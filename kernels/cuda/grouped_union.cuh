@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   if (group >= p.meta.header->num_groups) return;
   {
     const int verdict = p.union_count[group];  // the share estimate's
-    __syncthreads();  // every thread has read it before it is overwritten
+    __syncthreads();                           // every thread has read it before it is overwritten
     if (verdict == kGroupDecodeOnly) {
       const int row0 = p.meta.group_row0[group], rows = p.meta.group_rows[group];
       if (threadIdx.x < rows) p.row_split[row0 + threadIdx.x] = make_int2(kOwnIsTopk, 0);
@@ -294,9 +294,8 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     const int by_rule = static_cast<int>(totals & kScanField);
     // Uniform. One window: the exact rule. Past one, the estimate passed the group as a
     // whole, and each window lists what its part shares (at least kGroupedMinShared).
-    const bool sharing = one_window
-                             ? grouped_list_pays(by_rule, totals >> kScanEntriesShift, rows)
-                             : by_rule >= kGroupedMinShared;
+    const bool sharing = one_window ? grouped_list_pays(by_rule, totals >> kScanEntriesShift, rows)
+                                    : by_rule >= kGroupedMinShared;
     // This pass's entries the rule shares, a bit per slot (single pass: kept for the window).
     auto rule_bits = [&]() {
       launder();

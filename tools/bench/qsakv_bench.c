@@ -1408,7 +1408,8 @@ int main(int argc, char** argv) {
         "random;\nTFLOP/s = rows x 6 heads x 2051 x 256 x 4 / auto time; auto/best = auto us / "
         "min(decode us, grouped us);\nper 16-row group: shared/grp the tokens of its list (held by "
         ">= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) of its n rows, none if fewer than 64 "
-        "or than 3/8 of a row's mean entries; plus the own entries of rows left with <= 32), union/grp its distinct tokens;\ntok/row: "
+        "or than 3/8 of a row's mean entries; plus the own entries of rows left with <= 32), "
+        "union/grp its distinct tokens;\ntok/row: "
         "K/V tokens per row the grouped route reads: each group's list once + each other row's "
         "own entries)\n");
     printf("%8s %5s %6s %7s %6s %5s %9s %11s %11s %9s %9s %9s %10s %10s %9s\n", "kind", "reqs",
