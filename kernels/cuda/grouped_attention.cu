@@ -5,7 +5,6 @@
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_share_estimate.cuh"
-#include "cuda/grouped_union.cuh"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
@@ -50,16 +49,6 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.stride_block = c.stride_block * esz;
     up.stride_token = c.stride_token * esz;
     up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
-    {  // every group's first decision (union_count's verdict)
-      ShareEstimateParams ep;
-      ep.meta = p.meta;
-      ep.topk = p.topk;
-      ep.topk_stride = p.topk_stride;
-      ep.topk_width = p.topk_width;
-      ep.share_rows = up.share_rows;
-      ep.union_count = g.union_count;
-      grouped_share_estimate_kernel<<<max_groups, kEstimateThreads, 0, stream>>>(ep);
-    }
     up.window = g.window;
     up.entry_words = g.rows_per_group * union_row_words(p.topk_width);
     up.union_cap = g.union_cap;
@@ -68,6 +57,8 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.union_mask = g.union_mask;
     up.own_lists = g.own_lists;
     up.row_split = reinterpret_cast<int2*>(g.row_split);
+    // Every group's first decision (union_count's verdict), then its split.
+    grouped_share_estimate_kernel<<<max_groups, kEstimateThreads, 0, stream>>>(up);
     // The size follows the plan's geometry: set for each launch.
     const int smem = static_cast<int>(sizeof(uint32_t) *
                                       union_layout(up.window, up.union_cap, up.entry_words).words);

@@ -25,15 +25,10 @@
 #include <stdint.h>
 
 #include "limits.hpp"
-#include "params.hpp"
+#include "cuda/grouped_union.cuh"
 
 namespace qsakv {
 namespace cuda {
-
-// union_count's value between the estimate and the union kernel, which then overwrites it
-// with the group's listed tokens.
-constexpr int kUnionDecides = 0;      // the union kernel applies the rule
-constexpr int kGroupDecodeOnly = -1;  // lists nothing: every row reads its top-k row
 
 constexpr int kEstimateThreads = 256;
 constexpr int kEstimateSlotBits = 14;  // 16K counters, two a 32-bit word: 32 KB
@@ -45,17 +40,8 @@ __host__ __device__ constexpr bool estimate_fits(int topk_width) {
   return static_cast<long long>(kGroupedMaxRows) * topk_width < 65536;
 }
 
-struct ShareEstimateParams {
-  PlanMetaView meta;
-  const int32_t* topk;
-  int64_t topk_stride;
-  int32_t topk_width;
-  int32_t share_rows;  // grouped_share_min_rows' cost term for this cache type
-  int32_t* union_count;
-};
-
 __global__ void __launch_bounds__(kEstimateThreads)
-    grouped_share_estimate_kernel(const ShareEstimateParams p) {
+    grouped_share_estimate_kernel(const UnionParams p) {
   const int group = blockIdx.x;
   if (group >= p.meta.header->num_groups) return;
   const int tid = threadIdx.x;

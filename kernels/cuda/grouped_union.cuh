@@ -52,7 +52,6 @@
 #include "limits.hpp"
 #include "params.hpp"
 #include "cuda/block_scan.cuh"
-#include "cuda/grouped_share_estimate.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -69,6 +68,10 @@ static_assert(kGroupedUnionWindow <= 65536, "a slot keeps its offset in its wind
 // row_split's own count of a row whose own list is its top-k row (its group listed
 // nothing): the decode kernel reads the top-k row instead.
 constexpr int kOwnIsTopk = -1;
+// union_count's value between the share estimate (grouped_share_estimate.cuh, launched
+// first) and this kernel, which then overwrites it with the group's listed tokens.
+constexpr int kUnionDecides = 0;      // this kernel applies the rule
+constexpr int kGroupDecodeOnly = -1;  // lists nothing: every row reads its top-k row
 // Step 3's scan carries three sums in one 64-bit value: the positions the rule shares,
 // those any row selects (each at most a window, 2^16) and the window's entries (at most
 // kGroupedMaxRows x a window, 2^20).
@@ -89,6 +92,7 @@ struct UnionParams {
   int64_t stride_block;  // bytes
   int64_t stride_token;  // bytes
   int32_t share_rows;    // grouped_share_min_rows' cost term for this cache type
+                         // (the share estimate reads these fields and union_count)
   int32_t window;        // positions per pass (grouped_union_window)
   int32_t entry_words;   // rows_per_group x union_row_words(topk_width)
   int32_t union_cap;
