@@ -1155,6 +1155,19 @@ static void usage(FILE* f, const char* argv0) {
       argv0);
 }
 
+/* The end of a run that stops after one table: closes the JSON object and releases what
+ * main made. */
+static int finish_early(FILE* js, cudaStream_t s, qsakv_context* sw, qsakv_context* hw) {
+  if (js) {
+    fprintf(js, "\n}\n");
+    fclose(js);
+  }
+  CUDA(cudaStreamDestroy(s));
+  qsakv_context_destroy(sw);
+  qsakv_context_destroy(hw);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* json_path = NULL;
   int rows_list[16] = {1, 8, 16, 20, 32, 64, 128, 256, 1024};
@@ -1310,14 +1323,7 @@ int main(int argc, char** argv) {
             info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
   if (step_only) {
     run_decode_step_table(hw, s, js);
-    if (js) {
-      fprintf(js, "\n}\n");
-      fclose(js);
-    }
-    CUDA(cudaStreamDestroy(s));
-    qsakv_context_destroy(sw);
-    qsakv_context_destroy(hw);
-    return 0;
+    return finish_early(js, s, sw, hw);
   }
   if (run_multirow) {
     /* Grouped route against the decode route, one call alone, L2 flushed. */
@@ -1469,16 +1475,7 @@ int main(int argc, char** argv) {
     if (js) fprintf(js, "\n  ]");
   }
 
-  if (overlap_only) {
-    if (js) {
-      fprintf(js, "\n}\n");
-      fclose(js);
-    }
-    CUDA(cudaStreamDestroy(s));
-    qsakv_context_destroy(sw);
-    qsakv_context_destroy(hw);
-    return 0;
-  }
+  if (overlap_only) return finish_early(js, s, sw, hw);
 
   if (select_only || store_only) n_rows = 0;
   int rows_max = 1;
