@@ -49,19 +49,6 @@ constexpr int grouped_share_min_rows(int rows, int share_rows) {
 // merged) is about that of 64 tokens read by every row on the decode route. Random lists
 // of 8 rows at 32K share ~35 tokens by chance.
 constexpr int kGroupedMinShared = 64;
-// And a group lists only when its list holds at least 3/8 of its rows' mean entries
-// (listed x 8 x rows >= 3 x entries): below that the list's savings do not repay the
-// grouped route's fixed costs (the shared part written and merged for every row, and a
-// decode-route pass each row pays anyway). Measured on an H200 (docs/perf.md runs 26-27,
-// the overlap sweep, E4M3): 16-row prefill groups whose list is 1/4 of each row's were
-// decode-faster by 1.4% (8192 rows at 32K), 8.7% (2048 at 32K) and 13.5% (8192 at 128K);
-// at 1/2 grouped-faster by 12% and 4.5%, and 1.2% slower at 128K; FP16 verify groups of 8
-// rows broke even at 1/2 and were 11% decode-faster at 1/4.
-constexpr int kGroupedMinListedEighths = 3;
-constexpr bool grouped_list_pays(long long listed, long long entries, int rows) {
-  return listed >= kGroupedMinShared &&
-         8ll * rows * listed >= static_cast<long long>(kGroupedMinListedEighths) * entries;
-}
 // In a group that shares, a row left with at most this many entries of its own moves them
 // into the group's list too (only its own bit in their masks), so it needs no decode-route
 // pass: such a pass is a chain of dependent round trips per row whatever its length

@@ -358,19 +358,17 @@ static void edge_row(const tu_world* w, int32_t* topk, int64_t stride, int row,
 
 /* The edge world: one group per request (up to 16 rows), each with its own pattern. */
 static tu_shape edge_shape(void) {
-  tu_shape s = {
-      13,
-      {16, 16, 16, 16, 7, 3, 16, 16, 16, 2, 16, 16, 1},
-      {33000, 9000, 6000, 9000, 5000, 4000, 8000, 20000, 20000, 3000, 20000, 20000, 7000}};
+  tu_shape s = {11,
+                {16, 16, 16, 16, 7, 3, 16, 16, 16, 2, 1},
+                {33000, 9000, 6000, 9000, 5000, 4000, 8000, 5000, 5000, 3000, 7000}};
   return s;
 }
 
 static const char* const edge_what =
     "edge: 16 disjoint lists of 2051 (union 32816), 2 loners among 14 identical lists, "
     "empty rows and one listing only tokens past it, shared by exactly 8 of 16 / 4 of 7 / 2 "
-    "of 3 rows against 7 / 3 / 1, a causal tail listed by every row, 300 and 299 tokens "
-    "shared by all with 500 private (the list's 3/8 edge), 2 identical rows, 64 and 63 "
-    "shared by all with 100 private (the 64-token edge), a decode row";
+    "of 3 rows against 7 / 3 / 1, a causal tail listed by every row, 64 and 63 tokens shared "
+    "by all, 2 identical rows, a decode row";
 
 static int32_t* edge_topk(const tu_world* w, int64_t stride) {
   const int width = w->geo.topk_width;
@@ -441,16 +439,11 @@ static int32_t* edge_topk(const tu_world* w, int64_t stride) {
         for (int t = 1; t < n; ++t) a[2000 + t - 1] = p0 + t;
         for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, 2000 + n - 1, mark, 0);
         break;
-      case 7:  /* 300 tokens shared by every row, 500 private each: the list holds exactly */
-      case 8:  /* 3/8 of each row's entries (grouped_list_pays), and 299: just under */
-      case 10: /* 64 tokens shared by every row, 100 private each (kGroupedMinShared) */
-      case 11: /* 63 */
-      {
-        const int na = r == 7 ? 300 : r == 8 ? 299 : r == 10 ? 64 : 63, np = r < 10 ? 500 : 100;
-        assert_int_equal(tu_draw_tokens(p0, mark, na, a), na);
-        for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, na, mark, np);
+      case 7: /* 64 tokens shared by every row, 300 private each */
+      case 8: /* 63 */
+        assert_int_equal(tu_draw_tokens(p0, mark, 71 - r, a), 71 - r);
+        for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, 71 - r, mark, 300);
         break;
-      }
       case 9: /* two rows, one list */
         assert_int_equal(tu_draw_tokens(p0, mark, width, a), width);
         for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a, width, mark, 0);
@@ -516,7 +509,7 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     int32_t* topk = edge_topk(&w, stride);
     assert_int_equal(tu_max_window_union(&w, topk, stride), 16 * w.geo.topk_width);
     print_message("%s\n", edge_what);
-    check_routes(&w, "edge cases (13 groups)", kv, q, topk, stride, routes, 3, 0);
+    check_routes(&w, "edge cases (11 groups)", kv, q, topk, stride, routes, 3, 0);
     free(topk);
     free(q);
     free(kv);
@@ -546,9 +539,7 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     free(kv);
     tu_world_destroy(&w);
   }
-  /* Past one union window (the union kernel's bitmap covers 65536 positions a pass): the
-   * share estimate decides for the whole context (grouped_share_estimate.cuh); at f = 0.5
-   * the group lists, at 0.25 and 0 (a list of 1/4 of a row's entries, and none) not. */
+  /* Past one union window (the union kernel's bitmap covers 65536 positions a pass). */
   if (full && long_context) {
     c.max_model_len = 1 << 18;
     tu_shape shape = {2, {16, 1}, {140000, 3000}};
@@ -558,14 +549,9 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     void* kv = tu_world_read_kv(&w);
     uint16_t* q = random_q(&w);
     const int64_t stride = w.geo.topk_width;
-    const double long_fs[3] = {0.5, 0.25, 0.0};
-    for (int k = 0; k < 3; ++k) {
-      int32_t* topk = tu_overlap_topk(&w, stride, long_fs[k], w.geo.topk_width);
-      char what[96];
-      snprintf(what, sizeof what, "16 rows at 140000 tokens + 1, f=%.2f", long_fs[k]);
-      check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
-      free(topk);
-    }
+    int32_t* topk = tu_overlap_topk(&w, stride, 0.5, w.geo.topk_width);
+    check_routes(&w, "16 rows at 140000 tokens + 1, f=0.50", kv, q, topk, stride, routes, 3, 0);
+    free(topk);
     free(q);
     free(kv);
     tu_world_destroy(&w);

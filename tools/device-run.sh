@@ -113,10 +113,10 @@ if [ "$stage" = routes ]; then
     for f in $NCU_F; do
       for dt in ${NCU_DTYPES:-e4m3}; do
         timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
-          -k regex:"grouped_share_estimate|grouped_union|grouped_attention|decode_attention" --launch-count 4 \
+          -k regex:"grouped_union|grouped_attention|decode_attention" --launch-count 3 \
           build-gpu/qsakv_bench --overlap-only --overlap-dtype $dt --overlap-shapes ${NCU_SHAPES:-0} \
           --overlap-f $f > "$OUT/ncu-$dt-f$f.log" 2>&1
-        echo "== ncu $dt f=$f: $(grep -E "grouped_share_estimate_kernel|grouped_union_kernel|grouped_attention_kernel|decode_attention_kernel|gpu__time_duration" "$OUT/ncu-$dt-f$f.log" | sed -E 's/\(.*//; s/ +/ /g' | paste -sd' ')"
+        echo "== ncu $dt f=$f: $(grep -E "grouped_union_kernel|grouped_attention_kernel|decode_attention_kernel|gpu__time_duration" "$OUT/ncu-$dt-f$f.log" | sed -E 's/\(.*//; s/ +/ /g' | paste -sd' ')"
       done
     done
   fi

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Instantiation and launch of the grouped multi-row route: the union kernel (sparse
-// only: the share estimate, then the shared lists and the rows' filters), then the attention kernel
-// over (group x split, KV head). The decode kernels, launched after, compute the rows' own entries.
+// only: the shared lists and the rows' filters), then the attention kernel over (group x
+// split, KV head). The decode kernels, launched after, compute the rows' own entries.
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/grouped_attention.cuh"
-#include "cuda/grouped_share_estimate.cuh"
+#include "cuda/grouped_union.cuh"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
@@ -57,8 +57,6 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
     up.union_mask = g.union_mask;
     up.own_lists = g.own_lists;
     up.row_split = reinterpret_cast<int2*>(g.row_split);
-    // Every group's first decision (union_count's verdict), then its split.
-    grouped_share_estimate_kernel<<<max_groups, kEstimateThreads, 0, stream>>>(up);
     // The size follows the plan's geometry: set for each launch.
     const int smem = static_cast<int>(sizeof(uint32_t) *
                                       union_layout(up.window, up.union_cap, up.entry_words).words);

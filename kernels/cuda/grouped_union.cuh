@@ -35,14 +35,9 @@
 //   6. each entry's own bit by warp ballot (a warp's 32 entries are one word of its
 //      row); a block scan of the words' popcounts gives each own entry its place in its
 //      row's own list.
-// A group lists only where grouped_list_pays (enough of its entries are in the list to
-// repay the shared part). The share estimate, launched before this kernel
-// (grouped_share_estimate.cuh), decides that first for the whole context at a fraction of
-// this kernel's cost: a group it marks kGroupDecodeOnly costs nothing here but its rows'
-// kOwnIsTopk (their own lists are their top-k rows). A group of one window that it passes
-// is decided again here, exactly; one that then lists nothing skips step 6 (kOwnIsTopk
-// too), so it costs steps 1-3 and no writes. Past one window, each window lists what
-// its part shares.
+// A group of one window that lists nothing (rows that share almost nothing, as
+// independent selections do) skips step 6: its rows' own lists are their top-k rows, and
+// row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes.
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
 #pragma once
@@ -68,19 +63,6 @@ static_assert(kGroupedUnionWindow <= 65536, "a slot keeps its offset in its wind
 // row_split's own count of a row whose own list is its top-k row (its group listed
 // nothing): the decode kernel reads the top-k row instead.
 constexpr int kOwnIsTopk = -1;
-// union_count's value between the share estimate (grouped_share_estimate.cuh, launched
-// first) and this kernel, which then overwrites it with the group's listed tokens.
-constexpr int kUnionDecides = 0;      // this kernel applies the rule
-constexpr int kGroupDecodeOnly = -1;  // lists nothing: every row reads its top-k row
-// Step 3's scan carries three sums in one 64-bit value: the positions the rule shares,
-// those any row selects (each at most a window, 2^16) and the window's entries (at most
-// kGroupedMaxRows x a window, 2^20).
-constexpr int kScanUnionShift = 21, kScanEntriesShift = 42;
-constexpr long long kScanField = (1ll << kScanUnionShift) - 1;
-static_assert(kGroupedUnionWindow < kScanField &&
-                  static_cast<long long>(kGroupedMaxRows) * kGroupedUnionWindow <
-                      (1ll << (63 - kScanEntriesShift)),
-              "step 3's sums fit their fields");
 
 struct UnionParams {
   PlanMetaView meta;
@@ -92,7 +74,6 @@ struct UnionParams {
   int64_t stride_block;  // bytes
   int64_t stride_token;  // bytes
   int32_t share_rows;    // grouped_share_min_rows' cost term for this cache type
-                         // (the share estimate reads these fields and union_count)
   int32_t window;        // positions per pass (grouped_union_window)
   int32_t entry_words;   // rows_per_group x union_row_words(topk_width)
   int32_t union_cap;
@@ -150,16 +131,6 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
 #else
   const int group = blockIdx.x;
   if (group >= p.meta.header->num_groups) return;
-  {
-    const int verdict = p.union_count[group];  // the share estimate's
-    __syncthreads();                           // every thread has read it before it is overwritten
-    if (verdict == kGroupDecodeOnly) {
-      const int row0 = p.meta.group_row0[group], rows = p.meta.group_rows[group];
-      if (threadIdx.x < rows) p.row_split[row0 + threadIdx.x] = make_int2(kOwnIsTopk, 0);
-      if (threadIdx.x == 0) p.union_count[group] = 0;
-      return;
-    }
-  }
   extern __shared__ uint4 union_smem_raw[];
   uint32_t* union_smem = reinterpret_cast<uint32_t*>(union_smem_raw);
   const UnionLayout L = union_layout(p.window, p.union_cap, p.entry_words);
@@ -286,20 +257,15 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
         }
     }
     __syncthreads();
-    // The positions the rule shares, those any row selects and the entries (kScan*).
+    // The positions the rule shares (low half) and those any row selects (high half).
     long long mine = 0;
     for_my_masks([&](int, uint32_t m) {
-      const int k = __popc(m);
-      mine += (k >= T ? 1ll : 0ll) + (m != 0u ? 1ll << kScanUnionShift : 0ll) +
-              (static_cast<long long>(k) << kScanEntriesShift);
+      mine += (__popc(m) >= T ? 1ll : 0ll) + (m != 0u ? 1ll << 32 : 0ll);
     });
     long long totals;
     const long long before = block_exclusive_scan<kUnionWarps>(mine, warp_totals, totals);
-    const int by_rule = static_cast<int>(totals & kScanField);
-    // Uniform. One window: the exact rule. Past one, the estimate passed the group as a
-    // whole, and each window lists what its part shares (at least kGroupedMinShared).
-    const bool sharing = one_window ? grouped_list_pays(by_rule, totals >> kScanEntriesShift, rows)
-                                    : by_rule >= kGroupedMinShared;
+    const int by_rule = static_cast<int>(totals & 0xFFFFFFFFll);
+    const bool sharing = by_rule >= kGroupedMinShared;  // uniform
     // This pass's entries the rule shares, a bit per slot (single pass: kept for the window).
     auto rule_bits = [&]() {
       launder();
@@ -339,10 +305,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     if (sharing) {
       if (moved == 0u) {
         listed = by_rule;
-        slot = static_cast<int>(before & kScanField);
+        slot = static_cast<int>(before & 0xFFFFFFFFll);
       } else if (moved == all_rows) {
-        listed = static_cast<int>(totals >> kScanUnionShift & kScanField);
-        slot = static_cast<int>(before >> kScanUnionShift & kScanField);
+        listed = static_cast<int>(totals >> 32);
+        slot = static_cast<int>(before >> 32);
       } else {
         long long n = 0;
         for_my_masks([&](int, uint32_t m) { n += listed_mask(m) != 0u; });

@@ -522,25 +522,18 @@ static void gen_overlap(const mr_case* c, const int32_t* qs, int32_t* tk) {
 enum { kGroupedRows = 16, kGroupedMinShared = 64, kGroupedOwnMax = 32 };
 
 /* The grouped route's share rule; mirrors kernels/limits.hpp grouped_share_min_rows (its
- * cost term kGroupedShareRowsE4M3 = 7, kGroupedShareRows16 = 3) and grouped_list_pays. In
+ * cost term kGroupedShareRowsE4M3 = 7, kGroupedShareRows16 = 3) and kGroupedMinShared. In
  * a group of n rows, token t, held by k_t of them (bit j of rows_of[t]: the group's row j
  * selects it), is shared when k_t >= max(2, (n + 1) / 2, min(n, cost)), unless fewer than
- * kGroupedMinShared of the group's nt distinct tokens qualify, or fewer than 3/8 of its
- * rows' mean entries: then none is. (The exact rule: past one union window of context the
- * device estimates it from two of the group's rows, kernels/cuda/grouped_share_estimate.cuh.)
- * Returns the least k_t that is shared (kGroupedRows + 1: none is). */
+ * kGroupedMinShared of the group's nt distinct tokens qualify: then none is. Returns the
+ * least k_t that is shared (kGroupedRows + 1: none is). */
 static int share_threshold(int n, int e4m3, const uint16_t* rows_of, const int* tokens, int nt) {
   const int cost = e4m3 ? 7 : 3, half = (n + 1) / 2, want = n < cost ? n : cost;
   int need = half > want ? half : want;
   if (need < 2) need = 2;
-  long long qualify = 0, entries = 0;
-  for (int i = 0; i < nt; ++i) {
-    const int k = __builtin_popcount(rows_of[tokens[i]]);
-    qualify += k >= need;
-    entries += k;
-  }
-  const int pays = qualify >= kGroupedMinShared && 8ll * n * qualify >= 3ll * entries;
-  return pays ? need : kGroupedRows + 1;
+  int qualify = 0;
+  for (int i = 0; i < nt; ++i) qualify += __builtin_popcount(rows_of[tokens[i]]) >= need;
+  return qualify >= kGroupedMinShared ? need : kGroupedRows + 1;
 }
 
 /* The case's token counts (fields tokens_* and groups of *t) from its lists: a row's valid
@@ -1413,9 +1406,8 @@ int main(int argc, char** argv) {
         "its window -- prefill: 16 rows, verify: the request's rows --, the rest private and "
         "random;\nTFLOP/s = rows x 6 heads x 2051 x 256 x 4 / auto time; auto/best = auto us / "
         "min(decode us, grouped us);\nper 16-row group: shared/grp the tokens of its list (held by "
-        ">= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) of its n rows, none if fewer than 64 "
-        "or than 3/8 of a row's mean entries; plus the own entries of rows left with <= 32), "
-        "union/grp its distinct tokens;\ntok/row: "
+        ">= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) of its n rows, none if fewer than 64; "
+        "plus the own entries of rows left with <= 32), union/grp its distinct tokens;\ntok/row: "
         "K/V tokens per row the grouped route reads: each group's list once + each other row's "
         "own entries)\n");
     printf("%8s %5s %6s %7s %6s %5s %9s %11s %11s %9s %9s %9s %10s %10s %9s\n", "kind", "reqs",

@@ -7,7 +7,6 @@
 #include "cuda/decode_attention_simt.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/grouped_attention.cuh"
-#include "cuda/grouped_share_estimate.cuh"
 #include "cuda/grouped_union.cuh"
 #include "cuda/select_score_simt.cuh"
 #include "cuda/store.cuh"
