@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The plan's row routing (compiled in from src/core: the host side of the grouped
-// multi-row route, which the GPU suites exercise end to end): which requests take the
-// grouped route, how their rows are cut into groups, and the bound on the group count a
-// plan allocates for.
+// multi-row route, which the GPU suites exercise end to end): the rule a plan's options
+// make, which requests take the grouped route, how their rows are cut into groups, what
+// the fill reports, and the bound on the group count a plan allocates for.
 #include <vector>
 
 #include "core/plan_meta.hpp"
+#include "limits.hpp"
 #include "testutil.h"
 
 namespace {
@@ -31,6 +32,7 @@ struct Filled {
   qsakv::PlanMetaShape shape;
   std::vector<char> buf;
   qsakv::PlanMetaView v;
+  qsakv::PlanRouting routed;
   int groups;
 };
 
@@ -39,7 +41,8 @@ Filled fill(const Batch& b, const qsakv::GroupingRule& rule, int max_rows, int m
   f.shape = {max_rows, max_requests, qsakv::max_groups_for(max_rows, max_requests, rule)};
   f.buf.assign(qsakv::plan_meta_bytes(f.shape), '\x5a');
   f.v = qsakv::plan_meta_view(f.buf.data(), f.shape);
-  f.groups = qsakv::fill_plan_meta(f.buf.data(), b.b, b.rows(), f.shape, rule);
+  f.routed = qsakv::fill_plan_meta(f.buf.data(), b.b, b.rows(), f.shape, rule);
+  f.groups = f.routed.num_groups;
   return f;
 }
 
@@ -72,6 +75,8 @@ void test_requests_from_min_rows_are_grouped(void** state) {
   const Filled f = fill(b, rule, 128, 8);
   // 4 -> 1 group, 16 -> 1, 27 -> 2 (16 + 11), 40 -> 3 (16 + 16 + 8)
   assert_int_equal(f.groups, 7);
+  assert_int_equal(f.routed.grouped_rows, 4 + 16 + 27 + 40);
+  assert_int_equal(f.routed.max_request_rows, 40);
   assert_int_equal(f.v.group_rows[3], 11);
   assert_int_equal(f.v.group_rows[6], 8);
   check_groups(f, b, rule);
@@ -83,9 +88,13 @@ void test_batch_minimum(void** state) {
   const Batch few(std::vector<int>(30, 8));         // 240 rows of 8-row requests: below 256
   const Batch enough(std::vector<int>(40, 7));      // 280 rows of 7-row requests
   const Batch short_rows(std::vector<int>(64, 6));  // 384 rows, every request below 7
-  assert_int_equal(fill(few, rule, 512, 64).groups, 0);
+  const Filled f = fill(few, rule, 512, 64);
+  assert_int_equal(f.groups, 0);
+  assert_int_equal(f.routed.grouped_rows, 0);  // long enough, but too few in the batch
+  assert_int_equal(f.routed.max_request_rows, 8);
   const Filled e = fill(enough, rule, 512, 64);
   assert_int_equal(e.groups, 40);
+  assert_int_equal(e.routed.grouped_rows, 280);
   check_groups(e, enough, rule);
   const Filled s = fill(short_rows, rule, 512, 64);
   assert_int_equal(s.groups, 0);
@@ -127,6 +136,32 @@ void test_group_bound(void** state) {
     }
 }
 
+// The rule from a plan's option and the backend's rows per group, and what the plan
+// reports for it.
+void test_rule_from_options(void** state) {
+  (void)state;
+  auto same = [](const qsakv::GroupingRule& a, const qsakv::GroupingRule& b) {
+    assert_int_equal(a.min_rows, b.min_rows);
+    assert_int_equal(a.min_batch_rows, b.min_batch_rows);
+    assert_int_equal(a.rows_per_group, b.rows_per_group);
+  };
+  const qsakv::GroupingRule none{0, 0, 0};
+  same(qsakv::grouping_rule(16, QSAKV_DTYPE_E4M3, -1), none);  // the caller said never
+  same(qsakv::grouping_rule(0, QSAKV_DTYPE_E4M3, 0), none);    // no route on this backend
+  same(qsakv::grouping_rule(0, QSAKV_DTYPE_FP16, 4), none);
+  same(qsakv::grouping_rule(16, QSAKV_DTYPE_E4M3, 0),
+       {qsakv::kGroupedAutoMinRowsE4M3, qsakv::kGroupedAutoMinBatchRowsE4M3, 16});
+  same(qsakv::grouping_rule(8, QSAKV_DTYPE_FP16, 0),
+       {qsakv::kGroupedAutoMinRows16, qsakv::kGroupedAutoMinBatchRows16, 8});
+  same(qsakv::grouping_rule(8, QSAKV_DTYPE_BF16, 0),
+       {qsakv::kGroupedAutoMinRows16, qsakv::kGroupedAutoMinBatchRows16, 8});
+  same(qsakv::grouping_rule(16, QSAKV_DTYPE_E4M3, 3), {3, 0, 16});  // no batch minimum
+  assert_int_equal(qsakv::reported_min_rows(none), -1);
+  assert_int_equal(qsakv::reported_min_rows(qsakv::grouping_rule(16, QSAKV_DTYPE_FP16, 0)),
+                   qsakv::kGroupedAutoMinRows16);
+  assert_int_equal(qsakv::reported_min_rows({3, 0, 16}), 3);
+}
+
 }  // namespace
 
 int main(void) {
@@ -135,6 +170,7 @@ int main(void) {
       cmocka_unit_test(test_batch_minimum),
       cmocka_unit_test(test_no_route),
       cmocka_unit_test(test_group_bound),
+      cmocka_unit_test(test_rule_from_options),
   };
   return cmocka_run_group_tests_name("plan_routing", tests, NULL, NULL);
 }

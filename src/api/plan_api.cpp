@@ -134,19 +134,10 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
     auto plan = std::make_unique<qsakv_plan>();
     plan->cache = cache;
     // The grouped multi-row route: off when the backend has none for this geometry.
-    GroupingRule& rule = plan->grouping;
-    rule.rows_per_group = be->grouped_rows_per_group(cache->geometry.group_size, c.head_dim);
-    const bool e4m3 = c.kv_dtype == QSAKV_DTYPE_E4M3;
-    const bool automatic = o.multi_row_min_rows == 0;
-    rule.min_rows = o.multi_row_min_rows == -1 || rule.rows_per_group == 0 ? 0
-                    : automatic ? (e4m3 ? kGroupedAutoMinRowsE4M3 : kGroupedAutoMinRows16)
-                                : o.multi_row_min_rows;
-    // A caller's own threshold applies to every batch; the automatic one also needs
-    // enough such rows in the batch to pay for the route's fixed cost.
-    rule.min_batch_rows =
-        automatic ? (e4m3 ? kGroupedAutoMinBatchRowsE4M3 : kGroupedAutoMinBatchRows16) : 0;
-    if (rule.min_rows == 0) rule.rows_per_group = 0;
-    o.multi_row_min_rows = rule.min_rows == 0 ? -1 : rule.min_rows;
+    const GroupingRule& rule = plan->grouping =
+        grouping_rule(be->grouped_rows_per_group(cache->geometry.group_size, c.head_dim),
+                      c.kv_dtype, o.multi_row_min_rows);
+    o.multi_row_min_rows = reported_min_rows(rule);
     plan->options = o;
     plan->shape = {o.max_rows, o.max_requests, max_groups_for(o.max_rows, o.max_requests, rule)};
     plan->meta_bytes = plan_meta_bytes(plan->shape);
@@ -232,21 +223,17 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
       be->wait_fence(plan->fence);
       plan->fence_pending = false;
     }
-    plan->num_groups = fill_plan_meta(plan->staging.get(), b, rows, plan->shape, plan->grouping);
+    const PlanRouting routed =
+        fill_plan_meta(plan->staging.get(), b, rows, plan->shape, plan->grouping);
     be->copy(plan->meta.get(), plan->staging.get(), plan->meta_bytes, QSAKV_COPY_HOST_TO_DEVICE,
              stream);
     be->record_fence(plan->fence, stream);
     plan->fence_pending = true;
     plan->num_rows = rows;
     plan->num_requests = b.num_requests;
-    int most = 0, grouped = 0;
-    for (int r = 0; r < b.num_requests; ++r) {
-      const int n = b.query_start[r + 1] - b.query_start[r];
-      most = std::max(most, n);
-      if (plan->num_groups > 0 && n >= plan->grouping.min_rows) grouped += n;
-    }
-    plan->max_request_rows = most;
-    plan->grouped_rows = grouped;
+    plan->num_groups = routed.num_groups;
+    plan->max_request_rows = routed.max_request_rows;
+    plan->grouped_rows = routed.grouped_rows;
   });
 }
 

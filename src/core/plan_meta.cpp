@@ -5,8 +5,20 @@
 #include <cstdint>
 
 #include "core/error.hpp"
+#include "limits.hpp"
 
 namespace qsakv {
+
+GroupingRule grouping_rule(int rows_per_group, qsakv_dtype kv_dtype, int multi_row_min_rows) {
+  if (multi_row_min_rows == -1 || rows_per_group <= 0) return GroupingRule{0, 0, 0};
+  const bool e4m3 = kv_dtype == QSAKV_DTYPE_E4M3;
+  if (multi_row_min_rows > 0) return GroupingRule{multi_row_min_rows, 0, rows_per_group};
+  // Automatic: a request needs enough rows, and the batch enough such rows, to pay for the
+  // route's fixed cost (docs/perf.md says on which workloads these were measured).
+  return GroupingRule{e4m3 ? kGroupedAutoMinRowsE4M3 : kGroupedAutoMinRows16,
+                      e4m3 ? kGroupedAutoMinBatchRowsE4M3 : kGroupedAutoMinBatchRows16,
+                      rows_per_group};
+}
 
 int max_groups_for(int max_rows, int max_requests, const GroupingRule& rule) {
   if (rule.min_rows <= 0 || rule.rows_per_group <= 0 || max_rows < rule.min_rows ||
@@ -39,8 +51,8 @@ PlanMetaView plan_meta_view(void* base_ptr, const PlanMetaShape& s) {
   return v;
 }
 
-int fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const PlanMetaShape& shape,
-                   const GroupingRule& rule) {
+PlanRouting fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const PlanMetaShape& shape,
+                           const GroupingRule& rule) {
   const PlanMetaView v = plan_meta_view(dst, shape);
   auto* h = const_cast<PlanMetaHeader*>(v.header);
   auto* row_request = const_cast<int32_t*>(v.row_request);
@@ -58,11 +70,12 @@ int fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const PlanMetaShap
       if (n >= rule.min_rows) eligible += n;
     }
   const bool route = eligible > 0 && eligible >= rule.min_batch_rows;
-  int groups = 0;
+  int groups = 0, most = 0;
   for (int r = 0; r < b.num_requests; ++r) {
     const int first = b.query_start[r];
     const int n = b.query_start[r + 1] - first;
     const bool grouped = route && n >= rule.min_rows;
+    most = std::max(most, n);
     for (int j = 0; j < n; ++j) {
       row_request[first + j] = r;
       row_pos[first + j] = b.seq_lens[r] - n + j;
@@ -87,7 +100,7 @@ int fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const PlanMetaShap
   h->block_table_stride = b.block_table_stride;
   h->num_groups = groups;
   h->block_table = b.block_table;
-  return groups;
+  return PlanRouting{groups, route ? eligible : 0, most};
 }
 
 int validate_batch(const qsakv_batch& b, const qsakv_model_config& c, int max_rows,
