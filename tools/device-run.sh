@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the device machine: build for the local GPU, run every suite,
 # the GPU cases under compute-sanitizer, and the benchmark. Logs go to $OUT.
-#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|select|step|first-hour]
+#   tools/device-run.sh [all|test|bench|sanitize|sm70|routes|attention|select|step|first-hour]
 # routes: the multi-row routes only: the GPU suites that run them (test_attention,
 # test_graph), the bench's overlap sweep and multi-row table ($BENCH_ARGS added), the
 # decode table, and compute-sanitizer on the attention and graph tests ($SAN_FILTER).
@@ -82,6 +82,10 @@ fi
 if [ "$stage" = all ] || [ "$stage" = sanitize ]; then
   timeout ${SANITIZE_SECONDS:-300} bash tools/sanitize-gpu.sh build-gpu > "$OUT/sanitize.log" 2>&1; echo "sanitize rc=$?"
   grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" "$OUT/sanitize.log" | head -40
+fi
+if [ "$stage" = attention ]; then  # the attention and graph suites alone (a refactor's check)
+  (cd build-gpu && for t in test_attention test_graph; do timeout 150 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?: $(grep -E "PASSED|FAILED" "$OUT/$t.log" | paste -sd' ')"; done)
+  exit 0
 fi
 if [ "$stage" = routes ]; then
   (cd build-gpu && for t in test_attention test_graph; do timeout 200 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; done)

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/element.hpp"
+#include "paged_address.cuh"
 
 namespace qsakv {
 namespace cpu {
@@ -27,8 +28,8 @@ void gather_tokens(const AttentionParams& p, int row, std::vector<int64_t>& offs
     const int t = p.mode == QSAKV_ATTENTION_SPARSE ? p.topk[row * p.topk_stride + j] : j;
     if (t < 0 || t > pos) continue;  // padding, or not causal: never dereferenced
     const int32_t phys = bt[t / c.block_size];
-    if (phys < 0 || phys >= c.num_blocks) continue;
-    offs.push_back(phys * c.stride_block + static_cast<int64_t>(t % c.block_size) * c.stride_token);
+    if (!page_mapped(phys, c.num_blocks)) continue;
+    offs.push_back(paged_row_offset(phys, t, c.block_size, c.stride_block, c.stride_token));
   }
 }
 }  // namespace
