@@ -29,7 +29,6 @@
 #include <type_traits>
 
 #include "limits.hpp"
-#include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/block_scan.cuh"
 #include "cuda/common.cuh"
@@ -226,8 +225,8 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
       const int t = p.dense ? col : __ldg(list + col);
       if (t >= 0 && t <= pos) {
         const int32_t phys = __ldg(bt + t / p.block_size);
-        if (page_mapped(phys, p.num_blocks)) {
-          off[i] = paged_row_offset(phys, t, p.block_size, p.stride_block, p.stride_token);
+        if (phys >= 0 && phys < p.num_blocks) {
+          off[i] = phys * p.stride_block + static_cast<int64_t>(t % p.block_size) * p.stride_token;
           if constexpr (sizeof(Offset) == 4)
             off[i] >>= 4;
           else

@@ -33,7 +33,6 @@
 #include <type_traits>
 
 #include "limits.hpp"
-#include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/common.cuh"
 #include "cuda/decode_attention.cuh"
@@ -144,8 +143,9 @@ __device__ __forceinline__ void commit_entry(const GroupedParams& p, const Group
   if (lane >= kGTile) return;
   if (c.source == EntrySource::kDense && e.mask != 0u) {
     const int32_t phys = __ldg(c.bt + e.t / p.d.block_size);
-    if (page_mapped(phys, p.d.num_blocks))
-      e.off = paged_row_offset(phys, e.t, p.d.block_size, p.d.stride_block, p.d.stride_token);
+    if (phys >= 0 && phys < p.d.num_blocks)
+      e.off =
+          phys * p.d.stride_block + static_cast<int64_t>(e.t % p.d.block_size) * p.d.stride_token;
   }
   off_slot[lane] = e.off;
   mask_slot[lane] = e.off >= 0 ? e.mask : 0u;
