@@ -33,7 +33,6 @@ struct Filled {
   std::vector<char> buf;
   qsakv::PlanMetaView v;
   qsakv::PlanRouting routed;
-  int groups;
 };
 
 Filled fill(const Batch& b, const qsakv::GroupingRule& rule, int max_rows, int max_requests) {
@@ -42,15 +41,14 @@ Filled fill(const Batch& b, const qsakv::GroupingRule& rule, int max_rows, int m
   f.buf.assign(qsakv::plan_meta_bytes(f.shape), '\x5a');
   f.v = qsakv::plan_meta_view(f.buf.data(), f.shape);
   f.routed = qsakv::fill_plan_meta(f.buf.data(), b.b, b.rows(), f.shape, rule);
-  f.groups = f.routed.num_groups;
   return f;
 }
 
 // Groups cover exactly the grouped rows, in order, each within one request and at most
 // rows_per_group long; row_group names the group holding the row.
 void check_groups(const Filled& f, const Batch& b, const qsakv::GroupingRule& rule) {
-  assert_int_equal(f.v.header->num_groups, f.groups);
-  for (int g = 0; g < f.groups; ++g) {
+  assert_int_equal(f.v.header->num_groups, f.routed.num_groups);
+  for (int g = 0; g < f.routed.num_groups; ++g) {
     const int r0 = f.v.group_row0[g], n = f.v.group_rows[g];
     assert_true(n >= 1 && n <= rule.rows_per_group);
     for (int j = 0; j < n; ++j) {
@@ -63,7 +61,7 @@ void check_groups(const Filled& f, const Batch& b, const qsakv::GroupingRule& ru
     const int n = b.query_start[r + 1] - b.query_start[r];
     for (int j = 0; j < n; ++j) {
       const bool grouped = f.v.row_group[b.query_start[r] + j] >= 0;
-      assert_int_equal(grouped, f.groups > 0 && n >= rule.min_rows);
+      assert_int_equal(grouped, f.routed.num_groups > 0 && n >= rule.min_rows);
     }
   }
 }
@@ -74,7 +72,7 @@ void test_requests_from_min_rows_are_grouped(void** state) {
   const Batch b({1, 4, 16, 1, 0, 27, 3, 40});
   const Filled f = fill(b, rule, 128, 8);
   // 4 -> 1 group, 16 -> 1, 27 -> 2 (16 + 11), 40 -> 3 (16 + 16 + 8)
-  assert_int_equal(f.groups, 7);
+  assert_int_equal(f.routed.num_groups, 7);
   assert_int_equal(f.routed.grouped_rows, 4 + 16 + 27 + 40);
   assert_int_equal(f.routed.max_request_rows, 40);
   assert_int_equal(f.v.group_rows[3], 11);
@@ -89,15 +87,15 @@ void test_batch_minimum(void** state) {
   const Batch enough(std::vector<int>(40, 7));      // 280 rows of 7-row requests
   const Batch short_rows(std::vector<int>(64, 6));  // 384 rows, every request below 7
   const Filled f = fill(few, rule, 512, 64);
-  assert_int_equal(f.groups, 0);
+  assert_int_equal(f.routed.num_groups, 0);
   assert_int_equal(f.routed.grouped_rows, 0);  // long enough, but too few in the batch
   assert_int_equal(f.routed.max_request_rows, 8);
   const Filled e = fill(enough, rule, 512, 64);
-  assert_int_equal(e.groups, 40);
+  assert_int_equal(e.routed.num_groups, 40);
   assert_int_equal(e.routed.grouped_rows, 280);
   check_groups(e, enough, rule);
   const Filled s = fill(short_rows, rule, 512, 64);
-  assert_int_equal(s.groups, 0);
+  assert_int_equal(s.routed.num_groups, 0);
   check_groups(s, short_rows, rule);
 }
 
@@ -108,7 +106,7 @@ void test_no_route(void** state) {
   const qsakv::GroupingRule never{0, 0, 0};
   const Filled f = fill(b, never, 64, 4);
   assert_int_equal(f.shape.max_groups, 0);
-  assert_int_equal(f.groups, 0);
+  assert_int_equal(f.routed.num_groups, 0);
   for (int r = 0; r < b.rows(); ++r) assert_int_equal(f.v.row_group[r], -1);
   // A plan too small for the batch minimum allocates no groups either.
   assert_int_equal(qsakv::max_groups_for(200, 64, {7, 256, 16}), 0);
@@ -131,7 +129,7 @@ void test_group_bound(void** state) {
       }
       const Batch b(rows);
       const Filled f = fill(b, rule, max_rows, max_requests);
-      assert_true(f.groups <= f.shape.max_groups);
+      assert_true(f.routed.num_groups <= f.shape.max_groups);
       check_groups(f, b, rule);
     }
 }

@@ -1148,9 +1148,9 @@ static void usage(FILE* f, const char* argv0) {
       argv0);
 }
 
-/* The end of a run that stops after one table: closes the JSON object and releases what
- * main made. */
-static int finish_early(FILE* js, cudaStream_t s, qsakv_context* sw, qsakv_context* hw) {
+/* The end of a run (after every table, or after the one it was asked for): closes the
+ * JSON object and releases what main made. */
+static int finish_run(FILE* js, cudaStream_t s, qsakv_context* sw, qsakv_context* hw) {
   if (js) {
     fprintf(js, "\n}\n");
     fclose(js);
@@ -1316,7 +1316,7 @@ int main(int argc, char** argv) {
             info.device_name, sm70_tier ? "sm70" : "sm75", copy_gbs, memcpy_gbs, kcopy_gbs);
   if (step_only) {
     run_decode_step_table(hw, s, js);
-    return finish_early(js, s, sw, hw);
+    return finish_run(js, s, sw, hw);
   }
   if (run_multirow) {
     /* Grouped route against the decode route, one call alone, L2 flushed. */
@@ -1467,7 +1467,7 @@ int main(int argc, char** argv) {
     if (js) fprintf(js, "\n  ]");
   }
 
-  if (overlap_only) return finish_early(js, s, sw, hw);
+  if (overlap_only) return finish_run(js, s, sw, hw);
 
   if (select_only || store_only) n_rows = 0;
   int rows_max = 1;
@@ -1605,12 +1605,6 @@ int main(int argc, char** argv) {
               printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq,
               fp8_keys ? "e4m3" : "fp16", t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json);
   }
-  if (js) {
-    fprintf(js, "\n  ]\n}\n");
-    fclose(js);
-  }
-  CUDA(cudaStreamDestroy(s));
-  qsakv_context_destroy(sw);
-  qsakv_context_destroy(hw);
-  return 0;
+  if (js) fprintf(js, "\n  ]");
+  return finish_run(js, s, sw, hw);
 }
