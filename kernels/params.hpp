@@ -156,6 +156,7 @@ struct GroupedView {
   // decode kernels treat those rows as grouped. Otherwise neither happens (no empty
   // launches), so a graph captured then runs every later batch on the decode route.
   int32_t active;
+  int32_t num_groups;  // the last update's row groups (the backend's choice of kernel)
   int32_t rows_per_group;
   int32_t union_cap;     // list entries per group
   int32_t window;        // the union kernel's positions per pass

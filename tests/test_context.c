@@ -69,6 +69,54 @@ static void test_cuda_tier_variable(void** state) {
   }
 }
 
+/* QSAKV_GROUPED_MMA (the grouped kernel's MMA, a test and benchmark hook) likewise: read at
+ * context creation, checked on every backend; on a GPU, "wgmma" is honoured only where the
+ * GPU and the build have the warpgroup-MMA kernel, and refused by name elsewhere. */
+static void test_grouped_mma_variable(void** state) {
+  (void)state;
+  const char* saved = getenv("QSAKV_GROUPED_MMA");
+  char* keep = saved ? strdup(saved) : NULL;
+  const char* bad[] = {"bogus", "WGMMA", "mma", " sync"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    setenv("QSAKV_GROUPED_MMA", bad[i], 1);
+    qsakv_context* ctx = NULL;
+    assert_int_equal(qsakv_context_create(&ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(qsakv_last_error(), "QSAKV_GROUPED_MMA"));
+    assert_non_null(strstr(qsakv_last_error(), "wgmma"));
+  }
+  const char* good[] = {"", "auto", "sync", "wgmma"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
+    setenv("QSAKV_GROUPED_MMA", good[i], 1);
+    qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+    assert_non_null(ctx);
+    qsakv_context_destroy(ctx);
+  }
+  setenv("QSAKV_GROUPED_MMA", "wgmma", 1);
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* gpu = NULL;
+  const qsakv_status s = qsakv_context_create(&gpu, &o);
+  if (s == QSAKV_ERROR_NO_DEVICE) {
+    print_message("[ SKIP     ] QSAKV_GROUPED_MMA=wgmma on a GPU: no usable GPU\n");
+  } else if (s == QSAKV_ERROR_UNSUPPORTED) { /* not SM 9.0, or no sm_90a code */
+    assert_null(gpu);
+    assert_non_null(strstr(qsakv_last_error(), "QSAKV_GROUPED_MMA"));
+    assert_non_null(strstr(qsakv_last_error(), "SM 9.0"));
+  } else {
+    TU_OK(s);
+    assert_int_equal(info_of(gpu).sm_version, 90);
+    qsakv_context_destroy(gpu);
+  }
+  if (keep) {
+    setenv("QSAKV_GROUPED_MMA", keep, 1);
+    free(keep);
+  } else {
+    unsetenv("QSAKV_GROUPED_MMA");
+  }
+}
+
 static void test_auto_chooses_and_says_why(void** state) {
   (void)state;
   qsakv_context* ctx = NULL;
@@ -173,9 +221,10 @@ static void test_memory_helpers(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cpu_backend),    cmocka_unit_test(test_auto_chooses_and_says_why),
-      cmocka_unit_test(test_cuda_explicit),  cmocka_unit_test(test_bad_options),
-      cmocka_unit_test(test_memory_helpers), cmocka_unit_test(test_cuda_tier_variable),
+      cmocka_unit_test(test_cpu_backend),          cmocka_unit_test(test_auto_chooses_and_says_why),
+      cmocka_unit_test(test_cuda_explicit),        cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_memory_helpers),       cmocka_unit_test(test_cuda_tier_variable),
+      cmocka_unit_test(test_grouped_mma_variable),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

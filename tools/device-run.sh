@@ -88,10 +88,17 @@ if [ "$stage" = attention ]; then  # the attention and graph suites alone (a ref
   exit 0
 fi
 if [ "$stage" = routes ]; then
-  (cd build-gpu && for t in test_attention test_graph; do timeout 200 ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; done)
-  grep -hE "FAILED|SKIP|overlap|rel_l2|replay" "$OUT"/test_attention.log "$OUT"/test_graph.log | grep -vE "^\[ +OK" | tail -40
-  timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --overlap-only --multirow-only --json "$OUT/bench-routes.json" ${BENCH_ARGS:-} \
-    > "$OUT/bench-routes.log" 2>&1; echo "bench (routes) rc=$?"
+  # ROUTES_MMA: the grouped kernel's MMA for each pass of the tests and the sweep (auto, sync,
+  # wgmma: QSAKV_GROUPED_MMA; "auto sync" compares the SM90 kernel with mma.sync in one run).
+  for mma in ${ROUTES_MMA:-auto}; do
+    sfx=; [ "$mma" = auto ] || sfx=-$mma
+    (export QSAKV_GROUPED_MMA=$mma; cd build-gpu && for t in test_attention test_graph; do
+       timeout 200 ./tests/$t > "$OUT/$t$sfx.log" 2>&1; echo "$t ($mma) rc=$?"; done)
+    grep -hE "FAILED|SKIP|overlap|rel_l2|replay" "$OUT"/test_attention$sfx.log "$OUT"/test_graph$sfx.log | grep -vE "^\[ +OK" | tail -40
+    QSAKV_GROUPED_MMA=$mma timeout ${BENCH_SECONDS:-300} build-gpu/qsakv_bench --overlap-only --multirow-only \
+      --json "$OUT/bench-routes$sfx.json" ${BENCH_ARGS:-} > "$OUT/bench-routes$sfx.log" 2>&1
+    echo "bench (routes, $mma) rc=$?"
+  done
   timeout 120 build-gpu/qsakv_bench --decode-only --json "$OUT/bench-decode.json" > "$OUT/bench-decode.log" 2>&1
   echo "bench (decode) rc=$?"
   if [ -n "${SAN_FILTER:-}" ]; then
@@ -124,7 +131,8 @@ if [ "$stage" = routes ]; then
       done
     done
   fi
-  cat "$OUT/bench-decode.log" | grep -A12 "^sparse decode"; cat "$OUT/bench-routes.log"
+  cat "$OUT/bench-decode.log" | grep -A12 "^sparse decode"
+  for f in "$OUT"/bench-routes*.log; do echo "== $f"; cat "$f"; done
   # (At most 8 files come back from the device machine: the logs travel as one archive.)
   (cd "$OUT" && tar czf routes-logs.tar.gz ./*.log && rm -f ./*.log)
   exit 0

@@ -12,15 +12,17 @@ namespace cuda {
 
 namespace {
 
-template <class Act, KvKind KV, int D, Decoder DEC>
+// kWg: the warpgroup-MMA kernel (sm_90a code; SM90 GPUs), one warpgroup per 64 vectors;
+// otherwise the m16n8k16 kernel, one warp per 16.
+template <class Act, KvKind KV, int D, Decoder DEC, bool kWg>
 void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
-  constexpr int smem = grouped_smem_bytes<KV, D>();
+  constexpr int smem = grouped_smem_bytes<KV, D, kWg>();
   static std::atomic<uint64_t> ready{0};
-  prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC>, smem, false, ready);
-  const int warps = (gp.vectors + 15) / 16;
+  prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC, kWg>, smem, false, ready);
+  const int threads = kWg ? 128 * ((gp.vectors + 63) / 64) : 32 * ((gp.vectors + 15) / 16);
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
                   static_cast<unsigned>(gp.d.kv_heads));
-  grouped_attention_kernel<Act, KV, D, DEC><<<grid, 32 * warps, smem, stream>>>(gp);
+  grouped_attention_kernel<Act, KV, D, DEC, kWg><<<grid, threads, smem, stream>>>(gp);
 }
 
 }  // namespace
@@ -31,7 +33,15 @@ int grouped_rows_per_group(int group_size, int head_dim) {
   return std::min(kGroupedMaxRows, kGroupedMaxVectors / group_size);
 }
 
-void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
+bool grouped_warpgroup_mma_built() {
+#ifdef QSAKV_HAVE_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
+void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, bool warpgroup_mma,
                               cudaStream_t stream) {
   const int max_groups = p.meta.max_groups;
   if (max_groups == 0 || !p.grouped.active) return;  // no groups in this batch
@@ -85,7 +95,10 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder,
   gp.max_groups = max_groups;
   dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
     using S = decltype(shape);
-    launch<typename S::Act, S::kKv, S::kDim, S::kDecoder>(gp, max_groups, stream);
+    if (warpgroup_mma)
+      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, true>(gp, max_groups, stream);
+    else
+      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, false>(gp, max_groups, stream);
   });
 }
 

@@ -16,6 +16,11 @@
 // K/V tiles arrive by 16-byte async copies, three tiles in flight. E4M3 tiles land raw
 // and are decoded once per tile into FP16 in shared memory (never per fragment); 16-bit
 // tiles land directly in their swizzled place.
+// On SM90 (sm_90a code) the same kernel computes with warpgroup MMAs instead (kWg): a
+// warpgroup per 64 vectors (96 padded to 128), 32-token tiles, S = Q K^T with Q and K read
+// by the tensor cores from shared memory, P V with P from registers; the per-warp
+// accumulator layout is the same, so the masking, softmax and epilogue are shared. Its
+// P V runs on while the next tile is decoded.
 //
 // Numerics as the decode route (DOMAIN.md section 3): the K scale sits in the softmax
 // factor, the V scale is applied to the normalised output; FP16 MMAs for E4M3 caches
@@ -40,15 +45,28 @@
 #include "cuda/mma.cuh"
 #include "cuda/smem_tile.cuh"
 #include "cuda/split_merge.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace qsakv {
 namespace cuda {
 
-constexpr int kGTile = 16;                        // tokens per tile
-constexpr int kGWarps = kGroupedMaxVectors / 16;  // 6
-constexpr int kGThreadsMax = 32 * kGWarps;        // blockDim is 32 x warps used
-constexpr int kGCopyStages = 3;                   // tiles in flight
-constexpr int kGEntrySlots = 4;                   // resolved entry lists, a ring
+constexpr int kGCopyStages = 3;  // tiles in flight
+constexpr int kGEntryAhead = 4;  // tiles whose entries are resolved ahead of the compute
+// The two compute paths: m16n8k16 (every SM75+ GPU; warp w owns vectors 16w .. 16w + 15,
+// 16-token tiles) and, on SM90 with sm_90a code, warpgroup MMAs (kernels/cuda/wgmma.cuh:
+// each warpgroup owns 64 vectors, padded; 32-token tiles, so that Q, read by the tensor
+// cores from shared memory for every tile, is read once per 32 tokens).
+template <bool kWg>
+struct GroupedShape {
+  static constexpr int kTile = kWg ? 32 : 16;                    // tokens per tile
+  static constexpr int kSlots = kWg ? 128 : kGroupedMaxVectors;  // Q rows in shared memory
+  static constexpr int kThreadsMax = kWg ? 256 : 32 * (kGroupedMaxVectors / 16);
+  static constexpr int kCtasPerSm = kWg ? 1 : kGroupedCtasPerSm;
+  // The resolved entries, a ring of slots: kGEntryAhead tiles ahead of the compute, and
+  // the warpgroup path (one barrier per tile) keeps four more so that a slot is rewritten
+  // only after every warp's last read of it.
+  static constexpr int kEntrySlots = kWg ? 8 : kGEntryAhead;
+};
 enum class EntrySource { kUnion = 0, kDense = 1 };
 
 struct GroupedParams {
@@ -69,9 +87,13 @@ struct GroupedParams {
   int32_t max_groups;
 };
 
-// Shared memory of one CTA (bytes), by cache type and head_dim.
-template <KvKind KV, int D>
+// Shared memory of one CTA (bytes), by cache type, head_dim and compute path. The
+// warpgroup path's Q and K/V tiles are atom-major (wgmma.cuh) from a 1024-byte boundary
+// (the kernel rounds its base up: kBytes has the slack).
+template <KvKind KV, int D, bool kWg = false>
 struct GroupedSmem {
+  using Shape = GroupedShape<kWg>;
+  static constexpr int kGTile = Shape::kTile;
   static constexpr bool kE4M3 = KV == KvKind::kE4M3;
   static constexpr int kChunks16 = D / 8;             // 16-byte chunks per 16-bit row
   static constexpr int kTile16 = 2 * kGTile * D * 2;  // K then V, 16-bit, swizzled
@@ -79,19 +101,28 @@ struct GroupedSmem {
   static constexpr int kRawChunks = kE4M3 ? D / 16 : D / 8;    // chunks per raw row
   static constexpr int kTileRaw = kE4M3 ? 2 * kGTile * D : 0;  // [token][K | V] codes
   static constexpr int kStagesRaw = kE4M3 ? kGCopyStages : 0;
-  static constexpr int kQ = 0;  // [96][D] 16-bit, swizzled (later: output staging)
-  static constexpr int kKv16 = kQ + kGroupedMaxVectors * D * 2;
+  static constexpr int kQ = 0;  // [slots][D] 16-bit, swizzled (later: output staging)
+  static constexpr int kKv16 = kQ + Shape::kSlots * D * 2;
   static constexpr int kRaw = kKv16 + kStages16 * kTile16;
-  static constexpr int kEntOff = kRaw + kStagesRaw * kTileRaw;           // int64 [slots][16]
-  static constexpr int kEntMask = kEntOff + kGEntrySlots * kGTile * 8;   // u32 [slots][16]
-  static constexpr int kQFactor = kEntMask + kGEntrySlots * kGTile * 4;  // float [96]
-  static constexpr int kPoison = kQFactor + kGroupedMaxVectors * 4;      // u32 [16][D/32]
-  static constexpr int kBytes = kPoison + kGroupedMaxRows * (D / 32) * 4;
+  static constexpr int kEntOff = kRaw + kStagesRaw * kTileRaw;                 // int64 [slots][16]
+  static constexpr int kEntMask = kEntOff + Shape::kEntrySlots * kGTile * 8;   // u32 [slots][tile]
+  static constexpr int kQFactor = kEntMask + Shape::kEntrySlots * kGTile * 4;  // float [q slots]
+  static constexpr int kPoison = kQFactor + Shape::kSlots * 4;                 // u32 [16][D/32]
+  static constexpr int kBytes = kPoison + kGroupedMaxRows * (D / 32) * 4 + (kWg ? 1024 : 0);
+  // Byte offsets of 16-byte chunk ch of Q's vector m and of a K or V tile's token j.
+  __device__ static int q_chunk(int m, int ch) {
+    if constexpr (kWg) return sw128_offset(Shape::kSlots, m, ch);
+    return swizzled_chunk<kChunks16>(m, ch) * 16;
+  }
+  __device__ static int kv_chunk(int j, int ch) {
+    if constexpr (kWg) return sw128_offset(kGTile, j, ch);
+    return swizzled_chunk<kChunks16>(j, ch) * 16;
+  }
 };
 
-template <KvKind KV, int D>
+template <KvKind KV, int D, bool kWg = false>
 constexpr int grouped_smem_bytes() {
-  return GroupedSmem<KV, D>::kBytes;
+  return GroupedSmem<KV, D, kWg>::kBytes;
 }
 
 // The split count of this launch (every CTA computes the same): enough (group, split)
@@ -122,6 +153,7 @@ struct Entry {
   int t;
 };
 
+template <int kGTile>
 __device__ __forceinline__ Entry fetch_entry(const GroupedParams& p, const GroupCta& c, int tile) {
   const int lane = threadIdx.x & 31;
   const int j = tile * kGTile + lane;
@@ -137,6 +169,7 @@ __device__ __forceinline__ Entry fetch_entry(const GroupedParams& p, const Group
   return e;
 }
 
+template <int kGTile>
 __device__ __forceinline__ void commit_entry(const GroupedParams& p, const GroupCta& c, Entry e,
                                              int64_t* off_slot, uint32_t* mask_slot) {
   const int lane = threadIdx.x & 31;
@@ -152,10 +185,11 @@ __device__ __forceinline__ void commit_entry(const GroupedParams& p, const Group
 }
 
 // Issues the async copies of tile `tile` (K and V rows of its 16 tokens) into its stage.
-template <KvKind KV, int D>
+template <KvKind KV, int D, bool kWg>
 __device__ __forceinline__ void issue_tile(const GroupedParams& p, uint8_t* smem, int tile,
                                            int tile1, int kvh, const int64_t* off_slot) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
+  constexpr int kGTile = L::kGTile;
   if (tile >= tile1) {  // past this split: an empty group keeps the wait counts uniform
     copy_commit();
     return;
@@ -173,7 +207,7 @@ __device__ __forceinline__ void issue_tile(const GroupedParams& p, uint8_t* smem
       dst = smem + L::kRaw + (tile % L::kStagesRaw) * L::kTileRaw + c * 16;
     else
       dst = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16 + kv * (kGTile * D * 2) +
-            swizzled_chunk<L::kChunks16>(j, part) * 16;
+            L::kv_chunk(j, part);
     copy16_async(dst, src, off >= 0);
   }
   copy_commit();
@@ -191,10 +225,11 @@ __device__ __forceinline__ void poison_rows(uint32_t* poison, int words_per_row,
 
 // E4M3: decodes tile `tile` from its raw stage into its FP16 stage (natural dim order,
 // swizzled rows). check_v: zero NaN V codes and poison the rows that select them.
-template <KvKind KV, int D, Decoder DEC>
+template <KvKind KV, int D, Decoder DEC, bool kWg>
 __device__ __forceinline__ void decode_tile(uint8_t* smem, int tile, bool patch_nan, bool check_v,
                                             const uint32_t* mask_slot, uint32_t* poison) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
+  constexpr int kGTile = L::kGTile;
   constexpr int kChunks = 2 * kGTile * L::kRawChunks;
   const uint8_t* raw = smem + L::kRaw + (tile % L::kStagesRaw) * L::kTileRaw;
   uint8_t* dst16 = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16;
@@ -229,24 +264,24 @@ __device__ __forceinline__ void decode_tile(uint8_t* smem, int tile, bool patch_
       h[2 * i + 1] = prmt(even, odd, 0x7632u);  // (b2, b3)
     }
     uint8_t* row = dst16 + kv * (kGTile * D * 2);
-    *reinterpret_cast<uint4*>(row + swizzled_chunk<L::kChunks16>(j, 2 * part) * 16) =
-        make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4*>(row + swizzled_chunk<L::kChunks16>(j, 2 * part + 1) * 16) =
+    *reinterpret_cast<uint4*>(row + L::kv_chunk(j, 2 * part)) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(row + L::kv_chunk(j, 2 * part + 1)) =
         make_uint4(h[4], h[5], h[6], h[7]);
   }
 }
 
 // 16-bit caches where non-finite values may exist: zero non-finite V elements of tile
 // `tile` in place and poison the rows that select them.
-template <KvKind KV, int D>
+template <KvKind KV, int D, bool kWg>
 __device__ __forceinline__ void check_tile_v(uint8_t* smem, int tile, const uint32_t* mask_slot,
                                              uint32_t* poison) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
+  constexpr int kGTile = L::kGTile;
   constexpr uint32_t kExp = KV == KvKind::kBf16 ? 0x7F80u : 0x7C00u;
   uint8_t* v = smem + L::kKv16 + (tile % L::kStages16) * L::kTile16 + kGTile * D * 2;
   for (int c = threadIdx.x; c < kGTile * L::kChunks16; c += blockDim.x) {
     const int j = c / L::kChunks16, part = c - j * L::kChunks16;
-    uint16_t* e = reinterpret_cast<uint16_t*>(v + swizzled_chunk<L::kChunks16>(j, part) * 16);
+    uint16_t* e = reinterpret_cast<uint16_t*>(v + L::kv_chunk(j, part));
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       if ((e[i] & kExp) == kExp) {
@@ -264,6 +299,74 @@ struct GroupedState {
   float l[2];
   float o[D / 8][4];
 };
+
+// A warp's scores of one tile, s[nt][0..1]: row g, tokens 8nt + 2t4 + {0,1}; s[nt][2..3]:
+// row g + 8 (the m16n8 accumulator layout, which wgmma's per-warp layout is too): masked per
+// row, scaled, the running maxima and sums updated and the output rescaled where a maximum
+// moved; s is left holding P = exp2(s - max).
+template <int NT, KvKind KV, int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], const uint32_t* mask_slot,
+                                             uint32_t rbit0, uint32_t rbit1, float f0, float f1,
+                                             GroupedState<KV, D>& st) {
+  const int t4 = threadIdx.x & 3;
+  float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint32_t mask = mask_slot[8 * nt + 2 * t4 + e];
+      s[nt][e] = mask & rbit0 ? s[nt][e] * f0 : -CUDART_INF_F;
+      s[nt][2 + e] = mask & rbit1 ? s[nt][2 + e] * f1 : -CUDART_INF_F;
+      mx0 = fmaxf(mx0, s[nt][e]);
+      mx1 = fmaxf(mx1, s[nt][2 + e]);
+    }
+#pragma unroll
+  for (int d = 1; d < 4; d <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
+  }
+  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
+  // Nothing seen yet: keep everything at zero (exp2(-inf - -inf) would be NaN).
+  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
+  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
+  st.m[0] = mn0;
+  st.m[1] = mn1;
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[nt][e] = fast_exp2(s[nt][e] - ref0);
+      s[nt][2 + e] = fast_exp2(s[nt][2 + e] - ref1);
+      sum0 += s[nt][e];
+      sum1 += s[nt][2 + e];
+    }
+  st.l[0] = st.l[0] * alpha0 + sum0;  // this thread's columns; summed over the quad at the end
+  st.l[1] = st.l[1] * alpha1 + sum1;
+  // Once the running maxima settle, most tiles leave them unchanged: skip the 4D/8
+  // multiplies then (warp-uniform, so no divergence).
+  if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      st.o[i][0] *= alpha0;
+      st.o[i][1] *= alpha0;
+      st.o[i][2] *= alpha1;
+      st.o[i][3] *= alpha1;
+    }
+  }
+}
+
+// P's A fragment for k-step kk (the tile's tokens 16kk .. 16kk + 15) from softmax_tile's s.
+template <bool kBf16, int NT>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], int kk, uint32_t (&a)[4]) {
+  const float* lo = s[2 * kk];
+  const float* hi = s[2 * kk + 1];
+  a[0] = kBf16 ? pack_bf162(lo[0], lo[1]) : pack_half2(lo[0], lo[1]);
+  a[1] = kBf16 ? pack_bf162(lo[2], lo[3]) : pack_half2(lo[2], lo[3]);
+  a[2] = kBf16 ? pack_bf162(hi[0], hi[1]) : pack_half2(hi[0], hi[1]);
+  a[3] = kBf16 ? pack_bf162(hi[2], hi[3]) : pack_half2(hi[2], hi[3]);
+}
 
 // Lane-constant byte offsets of a lane's ldmatrix rows within a swizzled 16-bit tile, for
 // k-steps (or V column pairs) i = 4a + b: offset[b] + 128a. (The swizzle XORs the chunk's
@@ -307,10 +410,10 @@ __device__ __forceinline__ void compute_tile(const uint8_t* smem, int tile, int 
   using L = GroupedSmem<KV, D>;
   constexpr bool kBf16 = KV == KvKind::kBf16;
   constexpr int kSteps = D / 16;
-  const int lane = threadIdx.x & 31, t4 = lane & 3;
+  const int lane = threadIdx.x & 31;
   const uint4* qf = reinterpret_cast<const uint4*>(smem + L::kQ + m0 * D * 2) + lane;
   const uint32_t kt = smem_addr(smem + L::kKv16 + (tile % L::kStages16) * L::kTile16);
-  const uint32_t vt = kt + kGTile * D * 2;
+  const uint32_t vt = kt + L::kGTile * D * 2;
 
   // ---- S = Q K^T, the next k-step's K fragments loaded ahead ----
   uint32_t koff[4];
@@ -327,59 +430,10 @@ __device__ __forceinline__ void compute_tile(const uint8_t* smem, int tile, int 
     mma_16816<kBf16>(s[0], a, b[ks & 1][0], b[ks & 1][1]);
     mma_16816<kBf16>(s[1], a, b[ks & 1][2], b[ks & 1][3]);
   }
-  // s[nt][0..1]: row g, tokens 8nt + 2t4 + {0,1}; s[nt][2..3]: row g + 8.
-  float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const uint32_t mask = mask_slot[8 * nt + 2 * t4 + e];
-      s[nt][e] = mask & rbit0 ? s[nt][e] * f0 : -CUDART_INF_F;
-      s[nt][2 + e] = mask & rbit1 ? s[nt][2 + e] * f1 : -CUDART_INF_F;
-      mx0 = fmaxf(mx0, s[nt][e]);
-      mx1 = fmaxf(mx1, s[nt][2 + e]);
-    }
-#pragma unroll
-  for (int d = 1; d < 4; d <<= 1) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
-  }
-  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
-  // Nothing seen yet: keep everything at zero (exp2(-inf - -inf) would be NaN).
-  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
-  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
-  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
-  st.m[0] = mn0;
-  st.m[1] = mn1;
-  float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      s[nt][e] = fast_exp2(s[nt][e] - ref0);
-      s[nt][2 + e] = fast_exp2(s[nt][2 + e] - ref1);
-      sum0 += s[nt][e];
-      sum1 += s[nt][2 + e];
-    }
-  st.l[0] = st.l[0] * alpha0 + sum0;  // this thread's columns; summed over the quad at the end
-  st.l[1] = st.l[1] * alpha1 + sum1;
-  // Once the running maxima settle, most tiles leave them unchanged: skip the 4D/8
-  // multiplies then (warp-uniform, so no divergence).
-  if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      st.o[i][0] *= alpha0;
-      st.o[i][1] *= alpha0;
-      st.o[i][2] *= alpha1;
-      st.o[i][3] *= alpha1;
-    }
-  }
+  softmax_tile(s, mask_slot, rbit0, rbit1, f0, f1, st);
   // The score fragments are P's A fragment for k = the tile's 16 tokens.
   uint32_t a[4];
-  a[0] = kBf16 ? pack_bf162(s[0][0], s[0][1]) : pack_half2(s[0][0], s[0][1]);
-  a[1] = kBf16 ? pack_bf162(s[0][2], s[0][3]) : pack_half2(s[0][2], s[0][3]);
-  a[2] = kBf16 ? pack_bf162(s[1][0], s[1][1]) : pack_half2(s[1][0], s[1][1]);
-  a[3] = kBf16 ? pack_bf162(s[1][2], s[1][3]) : pack_half2(s[1][2], s[1][3]);
+  pack_p<kBf16>(s, 0, a);
   // ---- O += P V, the next column pair's V fragments loaded ahead ----
   uint32_t voff[4];
   tile_lane_offsets<D>((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, voff);
@@ -393,11 +447,72 @@ __device__ __forceinline__ void compute_tile(const uint8_t* smem, int tile, int 
   }
 }
 
+// The warpgroup path's work on one tile, for the 64 vectors of warpgroup wg (each warp's
+// share as in compute_tile), in two calls so that the CTA can work between them:
+// issue_scores_wg starts S = Q K^T on the tensor cores (Q and K read from shared memory);
+// finish_tile_wg waits for it (and for the previous tile's P V), runs the softmax on S and
+// starts O += P V with P from registers, which it leaves in flight: the caller waits before
+// the V stage is overwritten, or the next finish_tile_wg does before it rescales O.
+template <KvKind KV, int D>
+__device__ __forceinline__ void issue_scores_wg(const uint8_t* smem, int tile, int wg,
+                                                float (&s)[GroupedShape<true>::kTile / 8][4]) {
+  using L = GroupedSmem<KV, D, true>;
+  constexpr bool kBf16 = KV == KvKind::kBf16;
+  constexpr int kTile = L::kGTile;
+  constexpr int kQAtom = L::Shape::kSlots * 128, kKvAtom = kTile * 128;  // bytes per atom
+  // The descriptors of k-step 0; k-step ks adds its byte offset / 16 (atom ks / 4, bytes
+  // 32 (ks % 4) of a row), a constant: no descriptor arithmetic per MMA.
+  const uint64_t q = sw128_desc(smem_addr(smem + L::kQ) + wg * 64 * 128, 16, 1024);
+  const uint64_t k =
+      sw128_desc(smem_addr(smem + L::kKv16 + (tile % L::kStages16) * L::kTile16), 16, 1024);
+#pragma unroll
+  for (int i = 0; i < kTile / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    wgmma_m64n32k16_ss<kBf16>(s, q + ((ks >> 2) * kQAtom + (ks & 3) * 32) / 16,
+                              k + ((ks >> 2) * kKvAtom + (ks & 3) * 32) / 16);
+  wgmma_commit();
+}
+
+template <KvKind KV, int D>
+__device__ __forceinline__ void finish_tile_wg(const uint8_t* smem, int tile,
+                                               const uint32_t* mask_slot, uint32_t rbit0,
+                                               uint32_t rbit1, float f0, float f1,
+                                               float (&s)[GroupedShape<true>::kTile / 8][4],
+                                               GroupedState<KV, D>& st) {
+  using L = GroupedSmem<KV, D, true>;
+  constexpr bool kBf16 = KV == KvKind::kBf16;
+  constexpr int kTile = L::kGTile;
+  constexpr int kKvAtom = kTile * 128;
+  // V as an N-major operand: dims 64n .. 64n + 63 are atom n (lead: the atom stride),
+  // tokens 16kk .. 16kk + 15 its rows 16kk .. (2048 bytes a k-step).
+  const uint64_t v =
+      sw128_desc(smem_addr(smem + L::kKv16 + (tile % L::kStages16) * L::kTile16 + kTile * D * 2),
+                 kKvAtom, 1024);
+  wgmma_wait<0>();  // S, and the previous tile's P V
+  pin_accumulators(s);
+  pin_accumulators(st.o);
+  softmax_tile(s, mask_slot, rbit0, rbit1, f0, f1, st);
+  uint32_t a[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) pack_p<kBf16>(s, kk, a[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < D / 64; ++n)
+      wgmma_m64n64k16_rs<kBf16>(*reinterpret_cast<float(*)[8][4]>(&st.o[8 * n]), a[kk],
+                                v + (n * kKvAtom + kk * 16 * 128) / 16);
+  wgmma_commit();
+  pin_accumulators(st.o);
+}
+
 // Q of the CTA's vectors into shared memory by async copies (zeros for padding vectors);
 // committed with the first tile's copies.
-template <class Act, KvKind KV, int D>
+template <class Act, KvKind KV, int D, bool kWg>
 __device__ __forceinline__ void issue_q(const GroupedParams& p, const GroupCta& c, uint8_t* smem) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
   const int n = (blockDim.x >> 5) * 16 * L::kChunks16;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int m = i / L::kChunks16, ch = i - m * L::kChunks16;
@@ -408,16 +523,16 @@ __device__ __forceinline__ void issue_q(const GroupedParams& p, const GroupCta& 
                       c.kvh * p.d.group + (valid ? h : 0)) *
                          D +
                      ch * 8;
-    copy16_async(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16, src, valid);
+    copy16_async(smem + L::kQ + L::q_chunk(m, ch), src, valid);
   }
 }
 
 // Each vector's softmax factor, once Q has landed. BF16 queries against an E4M3 cache
 // (FP16 MMAs) are first scaled by a power of two that puts the vector's largest element
 // in [2^14, 2^15) (exact, in place), undone in its factor.
-template <class Act, KvKind KV, int D>
+template <class Act, KvKind KV, int D, bool kWg>
 __device__ __forceinline__ void prepare_q(uint8_t* smem, float base_factor) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
   constexpr bool kScale = std::is_same<Act, __nv_bfloat16>::value && KV == KvKind::kE4M3;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   float* qfactor = reinterpret_cast<float*>(smem + L::kQFactor);
@@ -430,7 +545,7 @@ __device__ __forceinline__ void prepare_q(uint8_t* smem, float base_factor) {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int ch = lane + 32 * i;
-        row[i] = reinterpret_cast<uint4*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16);
+        row[i] = reinterpret_cast<uint4*>(smem + L::kQ + L::q_chunk(m, ch));
         if (ch < L::kChunks16) {
           const uint4 x = *row[i];
           const uint32_t w[4] = {x.x, x.y, x.z, x.w};
@@ -518,12 +633,21 @@ __device__ void merge_grouped_splits(const GroupedParams& p, const GroupCta& c, 
   }
 }
 
-template <class Act, KvKind KV, int D, Decoder DEC>
-__global__ void __launch_bounds__(kGThreadsMax, kGroupedCtasPerSm)
+template <class Act, KvKind KV, int D, Decoder DEC, bool kWg = false>
+__global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<kWg>::kCtasPerSm)
     grouped_attention_kernel(const GroupedParams p) {
-  using L = GroupedSmem<KV, D>;
+  using L = GroupedSmem<KV, D, kWg>;
+  constexpr int kGTile = L::kGTile;
+#if !QSAKV_WGMMA
+  if constexpr (kWg) {  // sm_90a code only (the host launches it on SM90 alone)
+    __trap();
+    return;
+  }
+#endif
   extern __shared__ uint4 grouped_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(grouped_smem_raw);
+  if constexpr (kWg)  // atom-major tiles start on 1024-byte boundaries (kBytes has the slack)
+    smem += (1024u - (smem_addr(smem) & 1023u)) & 1023u;
   __shared__ int last_arrival;
   __shared__ uint32_t partial_rows_smem;  // bit r: row r also has entries of its own
 
@@ -568,36 +692,38 @@ __global__ void __launch_bounds__(kGThreadsMax, kGroupedCtasPerSm)
   const bool patch_k = KV == KvKind::kE4M3 && DEC == Decoder::kSoftware && flagged;
 
   // ---- prologue: Q, entries of the first four tiles, copies of the first three ----
-  issue_q<Act, KV, D>(p, c, smem);
-  Entry pending{-1, 0u, -1};  // warp 0: the entries of the tile kGEntrySlots ahead
+  issue_q<Act, KV, D, kWg>(p, c, smem);
+  constexpr int kSlots = L::Shape::kEntrySlots;
+  Entry pending{-1, 0u, -1};  // warp 0: the entries of the tile kGEntryAhead ahead
   if (warp == 0) {
     // (Read here, used after the main loop: many barriers publish it.)
     const bool part = !p.d.dense && lane < c.rows && p.d.row_split[c.row0 + lane].x > 0;
     const uint32_t rows_with_own = __ballot_sync(0xffffffffu, part);
     if (lane == 0) partial_rows_smem = rows_with_own;
 #pragma unroll
-    for (int i = 0; i < kGEntrySlots; ++i)
-      commit_entry(p, c, fetch_entry(p, c, c.tile0 + i),
-                   ent_off + ((c.tile0 + i) % kGEntrySlots) * kGTile,
-                   ent_mask + ((c.tile0 + i) % kGEntrySlots) * kGTile);
-    pending = fetch_entry(p, c, c.tile0 + kGEntrySlots);
+    for (int i = 0; i < kGEntryAhead; ++i)
+      commit_entry<kGTile>(p, c, fetch_entry<kGTile>(p, c, c.tile0 + i),
+                           ent_off + ((c.tile0 + i) % kSlots) * kGTile,
+                           ent_mask + ((c.tile0 + i) % kSlots) * kGTile);
+    pending = fetch_entry<kGTile>(p, c, c.tile0 + kGEntryAhead);
   }
   for (int i = threadIdx.x; i < kGroupedMaxRows * (D / 32); i += blockDim.x) poison[i] = 0u;
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kGCopyStages; ++i)
-    issue_tile<KV, D>(p, smem, c.tile0 + i, c.tile1, c.kvh,
-                      ent_off + ((c.tile0 + i) % kGEntrySlots) * kGTile);
+    issue_tile<KV, D, kWg>(p, smem, c.tile0 + i, c.tile1, c.kvh,
+                           ent_off + ((c.tile0 + i) % kSlots) * kGTile);
   copy_wait<kGCopyStages - 1>();  // Q and the first tile have landed
   __syncthreads();
-  prepare_q<Act, KV, D>(smem, p.d.softmax_scale_log2 * k_scale * kUnit);
-  const uint32_t* first_mask = ent_mask + (c.tile0 % kGEntrySlots) * kGTile;
+  prepare_q<Act, KV, D, kWg>(smem, p.d.softmax_scale_log2 * k_scale * kUnit);
+  const uint32_t* first_mask = ent_mask + (c.tile0 % kSlots) * kGTile;
   if (c.tile0 < c.tile1) {  // (an empty split copied nothing)
     if constexpr (KV == KvKind::kE4M3)
-      decode_tile<KV, D, DEC>(smem, c.tile0, patch_k, flagged, first_mask, poison);
+      decode_tile<KV, D, DEC, kWg>(smem, c.tile0, patch_k, flagged, first_mask, poison);
     else if (flagged)
-      check_tile_v<KV, D>(smem, c.tile0, first_mask, poison);
+      check_tile_v<KV, D, kWg>(smem, c.tile0, first_mask, poison);
   }
+  if constexpr (kWg) fence_smem_for_wgmma();  // Q and the first tile, for the MMAs' reads
   __syncthreads();
 
   // ---- main loop ----
@@ -605,7 +731,11 @@ __global__ void __launch_bounds__(kGThreadsMax, kGroupedCtasPerSm)
   // and decode: the MMAs of the others get their issue slots.
   const int m0 = warp * 16;
   const bool computes = m0 < min(p.vectors, c.rows * p.d.group);
-  if (computes) relayout_q<KV, D>(smem, m0);
+  // The warpgroup path: all four warps of a warpgroup with a vector to compute issue its
+  // MMAs (a warp of padding vectors too: its rows are masked, and it writes nothing).
+  const bool wg_computes = (warp >> 2) * 64 < min(p.vectors, c.rows * p.d.group);
+  if constexpr (!kWg)
+    if (computes) relayout_q<KV, D>(smem, m0);
   const int v0 = m0 + g, v1 = m0 + g + 8;
   const int r0 = v0 / p.d.group, r1 = v1 / p.d.group;
   const uint32_t rbit0 = v0 < p.vectors && r0 < c.rows ? 1u << r0 : 0u;
@@ -617,29 +747,72 @@ __global__ void __launch_bounds__(kGThreadsMax, kGroupedCtasPerSm)
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
 
-  for (int tile = c.tile0; tile < c.tile1; ++tile) {
-    if (computes)
-      compute_tile<KV, D>(smem, tile, m0, ent_mask + (tile % kGEntrySlots) * kGTile, rbit0, rbit1,
-                          f0, f1, st);
-    copy_wait<kGCopyStages - 2>();  // tile + 1 has landed (this thread's copies)
-    __syncthreads();                // everyone's copies; everyone is done with `tile`
-    const uint32_t* next_mask = ent_mask + ((tile + 1) % kGEntrySlots) * kGTile;
-    if constexpr (KV == KvKind::kE4M3) {
+  if constexpr (kWg && KV == KvKind::kE4M3) {
+    // One barrier per tile: the scores of `tile` are computed by the tensor cores while the
+    // CTA decodes tile + 1, and its P V while the CTA waits at the next barrier.
+    float s[kGTile / 8][4];
+    for (int tile = c.tile0; tile < c.tile1; ++tile) {
+      if (wg_computes) wgmma_wait<0>();  // P V of tile - 1 (its V stage is decoded into next)
+      copy_wait<kGCopyStages - 2>();     // tile + 1's raw copies (this thread's)
+      fence_smem_for_wgmma();            // tile's decoded FP16, for the MMAs' reads
+      __syncthreads();
+      if (warp == 0) {  // tile + 4's entries: every read of the slot's old tile is done
+        commit_entry<kGTile>(p, c, pending, ent_off + ((tile + kGEntryAhead) % kSlots) * kGTile,
+                             ent_mask + ((tile + kGEntryAhead) % kSlots) * kGTile);
+        pending = fetch_entry<kGTile>(p, c, tile + kGEntryAhead + 1);
+      }
+      if (wg_computes) issue_scores_wg<KV, D>(smem, tile, warp >> 2, s);
       if (tile + 1 < c.tile1)
-        decode_tile<KV, D, DEC>(smem, tile + 1, patch_k, flagged, next_mask, poison);
-    } else if (flagged && tile + 1 < c.tile1) {
-      check_tile_v<KV, D>(smem, tile + 1, next_mask, poison);
+        decode_tile<KV, D, DEC, kWg>(smem, tile + 1, patch_k, flagged,
+                                     ent_mask + ((tile + 1) % kSlots) * kGTile, poison);
+      issue_tile<KV, D, kWg>(p, smem, tile + kGCopyStages, c.tile1, c.kvh,
+                             ent_off + ((tile + kGCopyStages) % kSlots) * kGTile);
+      if (wg_computes)
+        finish_tile_wg<KV, D>(smem, tile, ent_mask + (tile % kSlots) * kGTile, rbit0, rbit1, f0, f1,
+                              s, st);
     }
-    issue_tile<KV, D>(p, smem, tile + kGCopyStages, c.tile1, c.kvh,
-                      ent_off + ((tile + kGCopyStages) % kGEntrySlots) * kGTile);
-    if (warp == 0) {
-      commit_entry(p, c, pending, ent_off + (tile % kGEntrySlots) * kGTile,
-                   ent_mask + (tile % kGEntrySlots) * kGTile);  // tile + 4's slot
-      pending = fetch_entry(p, c, tile + kGEntrySlots + 1);
+  } else {
+    for (int tile = c.tile0; tile < c.tile1; ++tile) {
+      const uint32_t* mask = ent_mask + (tile % kSlots) * kGTile;
+      if constexpr (kWg) {
+        if (wg_computes) {
+          float s[kGTile / 8][4];
+          issue_scores_wg<KV, D>(smem, tile, warp >> 2, s);
+          finish_tile_wg<KV, D>(smem, tile, mask, rbit0, rbit1, f0, f1, s, st);
+          // 16-bit tiles land in place: the next copies overwrite the stage P V reads.
+          wgmma_wait<0>();
+        }
+      } else if (computes) {
+        compute_tile<KV, D>(smem, tile, m0, mask, rbit0, rbit1, f0, f1, st);
+      }
+      copy_wait<kGCopyStages - 2>();  // tile + 1 has landed (this thread's copies)
+      if constexpr (kWg) fence_smem_for_wgmma();
+      __syncthreads();  // everyone's copies; everyone is done with `tile`
+      const uint32_t* next_mask = ent_mask + ((tile + 1) % kSlots) * kGTile;
+      if constexpr (KV == KvKind::kE4M3) {
+        if (tile + 1 < c.tile1)
+          decode_tile<KV, D, DEC, kWg>(smem, tile + 1, patch_k, flagged, next_mask, poison);
+      } else if (flagged && tile + 1 < c.tile1) {
+        check_tile_v<KV, D, kWg>(smem, tile + 1, next_mask, poison);
+      }
+      issue_tile<KV, D, kWg>(p, smem, tile + kGCopyStages, c.tile1, c.kvh,
+                             ent_off + ((tile + kGCopyStages) % kSlots) * kGTile);
+      if (warp == 0) {
+        commit_entry<kGTile>(p, c, pending, ent_off + ((tile + kGEntryAhead) % kSlots) * kGTile,
+                             ent_mask + ((tile + kGEntryAhead) % kSlots) * kGTile);
+        pending = fetch_entry<kGTile>(p, c, tile + kGEntryAhead + 1);
+      }
+      if (KV == KvKind::kE4M3 || flagged) {  // the next tile's FP16 is written
+        if constexpr (kWg) fence_smem_for_wgmma();
+        __syncthreads();
+      }
     }
-    if (KV == KvKind::kE4M3 || flagged) __syncthreads();  // the next tile's FP16 is written
   }
   copy_wait<0>();
+  if constexpr (kWg) {
+    wgmma_wait<0>();  // the last tile's P V
+    pin_accumulators(st.o);
+  }
 
   // ---- this split's result ----
   st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], 1);

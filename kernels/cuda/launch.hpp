@@ -53,7 +53,11 @@ void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream)
 // rows_per_group: the group size the kernels take for this GQA group and head_dim (0: no
 // grouped route for that geometry).
 int grouped_rows_per_group(int group_size, int head_dim);
-void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, cudaStream_t stream);
+// warpgroup_mma: the SM90 kernel (wgmma); only where grouped_warpgroup_mma_built() and the
+// GPU is SM 9.0 (sm_90a code runs there alone).
+bool grouped_warpgroup_mma_built();
+void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, bool warpgroup_mma,
+                              cudaStream_t stream);
 // Selection: scores on tensor cores (sm_version < 75: CUDA cores, select_score_simt.cuh), then an
 // exact per-row radix top-k (select.cu). The workspace holds the scores of select_rows_per_wave
 // rows at a time.

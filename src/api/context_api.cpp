@@ -61,10 +61,12 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
     // Read once, here, and checked even when the CPU backend is chosen: a typo in a test
     // setup fails loudly instead of silently testing the default tier.
     const qsakv_kernel_tier tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
+    const GroupedMma mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
     auto ctx = std::make_unique<qsakv_context>();
     if (backend != QSAKV_BACKEND_CPU) {
       std::string why;
-      ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), tier, &why);
+      ctx->backend =
+          make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), tier, mma, &why);
       if (!ctx->backend) {
         if (backend == QSAKV_BACKEND_CUDA)
           fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s", why.c_str());

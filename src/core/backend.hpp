@@ -9,6 +9,7 @@
 
 #include "calib_params.hpp"
 #include "core/error.hpp"
+#include "core/kernel_tier.hpp"
 #include "params.hpp"
 #include "qsakv.h"
 
@@ -86,8 +87,10 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 // Returns nullptr with *why set when no usable GPU (or no CUDA in this build). tier: the
-// kernel tier forced by QSAKV_CUDA_TIER, or NONE for the one the GPU's SM selects.
+// kernel tier forced by QSAKV_CUDA_TIER, or NONE for the one the GPU's SM selects; mma: the
+// grouped kernel's MMA asked for by QSAKV_GROUPED_MMA (core/kernel_tier.hpp).
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
-                                           qsakv_kernel_tier tier, std::string* why);
+                                           qsakv_kernel_tier tier, GroupedMma mma,
+                                           std::string* why);
 
 }  // namespace qsakv

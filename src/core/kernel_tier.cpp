@@ -18,6 +18,16 @@ qsakv_kernel_tier parse_cuda_tier(const char* value) {
        value);
 }
 
+GroupedMma parse_grouped_mma(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
+    return GroupedMma::kAuto;
+  if (std::strcmp(value, "sync") == 0) return GroupedMma::kSync;
+  if (std::strcmp(value, "wgmma") == 0) return GroupedMma::kWgmma;
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be auto, sync or wgmma (or unset)",
+       kGroupedMmaEnv, value);
+}
+
 qsakv_kernel_tier default_cuda_tier(int sm_version) {
   if (sm_version >= 75) return QSAKV_KERNEL_TIER_SM75;
   if (sm_version >= 70) return QSAKV_KERNEL_TIER_SM70;

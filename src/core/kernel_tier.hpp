@@ -20,4 +20,14 @@ qsakv_kernel_tier default_cuda_tier(int sm_version);
 
 const char* cuda_tier_name(qsakv_kernel_tier tier);
 
+// Which MMA the grouped route's attention kernel uses on a GPU that has both (SM90 with
+// sm_90a code): a test and benchmark hook, QSAKV_GROUPED_MMA, read at context creation and,
+// like QSAKV_CUDA_TIER, checked on every backend. Unset, "" or "auto": the warpgroup MMA
+// where the GPU and the build have it; "sync": mma.sync; "wgmma": the warpgroup MMA (the
+// CUDA backend fails with QSAKV_ERROR_UNSUPPORTED where it is not available). Anything else
+// fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
+constexpr const char* kGroupedMmaEnv = "QSAKV_GROUPED_MMA";
+enum class GroupedMma { kAuto, kSync, kWgmma };
+GroupedMma parse_grouped_mma(const char* value);
+
 }  // namespace qsakv

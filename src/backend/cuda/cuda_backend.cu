@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "core/backend.hpp"
@@ -54,8 +55,9 @@ class DeviceGuard {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder,
-              qsakv_kernel_tier tier) {
+  CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
+              GroupedMma grouped_mma)
+      : grouped_mma_(grouped_mma) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
@@ -212,7 +214,14 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     try {
       const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
-      cuda::launch_grouped_attention(p, hw, stream);
+      // The warpgroup-MMA kernel (one CTA per SM) is the faster one for batches of at least
+      // two waves of groups (H200, docs/perf.md run 30: 513 groups 7-9% faster than mma.sync
+      // at f >= 0.75, 129 groups 0-3% slower, 32 groups ~15% slower); the choice is the
+      // host's, from the last update, like the grouped launch itself.
+      const bool wgmma = grouped_mma_ == GroupedMma::kWgmma ||
+                         (grouped_mma_ == GroupedMma::kAuto &&
+                          p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
+      cuda::launch_grouped_attention(p, hw, wgmma, stream);
       check_launch("grouped attention kernel launch");
       cuda::launch_decode_attention(
           p, hw, sm70_tier(), info_.sm_version >= 90 ? info_.multiprocessor_count : 0, stream);
@@ -238,6 +247,9 @@ class CudaBackend final : public Backend {
 
  private:
   bool sm70_tier() const { return info_.tier == QSAKV_KERNEL_TIER_SM70; }
+  // The grouped route's MMA: kSync, kWgmma (forced), or kAuto where both exist (the
+  // warpgroup MMA for large batches of groups).
+  GroupedMma grouped_mma_;
   BackendInfo info_;
 };
 
@@ -264,7 +276,8 @@ std::string no_gpu_reason(cudaError_t e) {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
-                                           qsakv_kernel_tier forced, std::string* why) {
+                                           qsakv_kernel_tier forced, GroupedMma mma,
+                                           std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -307,7 +320,17 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
           ? (sm >= 89 && tier != QSAKV_KERNEL_TIER_SM70 ? QSAKV_DECODER_HARDWARE
                                                         : QSAKV_DECODER_SOFTWARE)
           : decoder;
-  return std::make_unique<CudaBackend>(device, prop, chosen, tier);
+  // sm_90a code runs on SM 9.0 alone; the SM70 tier has no grouped route.
+  const bool wgmma_available =
+      cuda::grouped_warpgroup_mma_built() && sm == 90 && tier == QSAKV_KERNEL_TIER_SM75;
+  if (mma == GroupedMma::kWgmma && !wgmma_available)
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "%s=wgmma asks for the grouped route's warpgroup-MMA kernel, which needs an SM 9.0 GPU "
+         "on the tensor-core tier and a build with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU "
+         "%s is SM %d, this build %s sm_90a code",
+         kGroupedMmaEnv, prop.name, sm, cuda::grouped_warpgroup_mma_built() ? "has" : "has no");
+  return std::make_unique<CudaBackend>(device, prop, chosen, tier,
+                                       wgmma_available ? mma : GroupedMma::kSync);
 }
 
 }  // namespace qsakv
