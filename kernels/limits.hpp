@@ -5,6 +5,17 @@
 
 namespace qsakv {
 
+// Compute capabilities (major * 10 + minor) at which the CUDA backend's choices change;
+// the kernels themselves guard instructions with __CUDA_ARCH__.
+constexpr int kSmSimtTier = 70;         // the SM70 tier: CUDA-core kernels (V100)
+constexpr int kSmTensorCoreTier = 75;   // mma.sync, ldmatrix, movmatrix: the SM75 tier
+constexpr int kSmBf16TensorCores = 80;  // BF16 MMAs (BF16 caches on the SM75 tier)
+constexpr int kSmFp8Convert = 89;       // cvt between E4M3 and FP16: the hardware decoder
+// Measured on SM90 (H200), so taken there and on newer GPUs: the decode route's E4M3 copy
+// ring (needs SM80's cp.async) and the selection's programmatic dependent launch.
+constexpr int kSmCopyRing = 90;
+constexpr int kSmProgrammaticLaunch = 90;
+
 // Attention CTAs per SM that the plan's split count fills (choose_splits), and the SM70
 // tier's launch bounds. (The tensor-core decode kernel compiles E4M3 for three per SM:
 // decode_ctas_per_sm.)

@@ -29,6 +29,7 @@
 #include "cuda/radix_topk.cuh"
 #include "cuda/select_score.cuh"
 #include "cuda/select_score_simt.cuh"
+#include "limits.hpp"
 
 namespace qsakv {
 namespace cuda {
@@ -805,7 +806,7 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
   for (int row0 = 0; row0 < p.meta.max_rows; row0 += wave) {
     const int rows = std::min(wave, p.meta.max_rows - row0);
     // The SM70 tier (sm_version < 75) scores on CUDA cores, one row at a time.
-    const bool simt = sm_version < 75;
+    const bool simt = sm_version < kSmTensorCoreTier;
     // Rows sharing a request: each key tile read once for all of them (where built).
     const bool fp8 = p.keys.dtype == QSAKV_DTYPE_E4M3;
     const bool multi_row = !simt && p.rows_share_requests &&
@@ -831,7 +832,7 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = sm_version >= 90 ? 1 : 0;
+    cfg.numAttrs = sm_version >= kSmProgrammaticLaunch ? 1 : 0;
     cudaError_t e;
     // Many CTAs per row only while one CTA per row would leave SMs idle: with a row per
     // SM or more, the extra per-CTA threshold search and list traffic cost more than the

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "limits.hpp"
 
 namespace qsakv {
 
@@ -29,8 +30,8 @@ GroupedMma parse_grouped_mma(const char* value) {
 }
 
 qsakv_kernel_tier default_cuda_tier(int sm_version) {
-  if (sm_version >= 75) return QSAKV_KERNEL_TIER_SM75;
-  if (sm_version >= 70) return QSAKV_KERNEL_TIER_SM70;
+  if (sm_version >= kSmTensorCoreTier) return QSAKV_KERNEL_TIER_SM75;
+  if (sm_version >= kSmSimtTier) return QSAKV_KERNEL_TIER_SM70;
   return QSAKV_KERNEL_TIER_NONE;
 }
 

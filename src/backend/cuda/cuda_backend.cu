@@ -62,7 +62,7 @@ class CudaBackend final : public Backend {
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
     info_.multiprocessor_count = prop.multiProcessorCount;
-    info_.has_fp8_conversion = info_.sm_version >= 89;
+    info_.has_fp8_conversion = info_.sm_version >= kSmFp8Convert;
     info_.device_memory_bytes = prop.totalGlobalMem;
     info_.device_name = prop.name;
     info_.decoder = decoder;
@@ -198,15 +198,15 @@ class CudaBackend final : public Backend {
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
-    cuda::launch_select_topk(p, sm70_tier() ? 70 : info_.sm_version, info_.multiprocessor_count,
-                             stream);
+    cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
+                             info_.multiprocessor_count, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
     require_aligned(p.q, "q");
     require_aligned(p.out, "out");
     // The SM70 tier computes in FP32 on CUDA cores: BF16 is only converted there.
-    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < 80 && !sm70_tier())
+    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < kSmBf16TensorCores && !sm70_tier())
       fail(QSAKV_ERROR_UNSUPPORTED,
            "BF16 caches need BF16 tensor cores (SM80+) on the SM75 kernel tier; this GPU is "
            "SM %d",
@@ -224,7 +224,8 @@ class CudaBackend final : public Backend {
       cuda::launch_grouped_attention(p, hw, wgmma, stream);
       check_launch("grouped attention kernel launch");
       cuda::launch_decode_attention(
-          p, hw, sm70_tier(), info_.sm_version >= 90 ? info_.multiprocessor_count : 0, stream);
+          p, hw, sm70_tier(), info_.sm_version >= kSmCopyRing ? info_.multiprocessor_count : 0,
+          stream);
     } catch (const cuda::LaunchError& e) {
       fail(e.status(), "%s", e.what());
     }
@@ -298,13 +299,13 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
     return nullptr;
   }
   // A forced tier may only go down: the SM70 tier uses nothing newer than SM70.
-  if (forced == QSAKV_KERNEL_TIER_SM75 && sm < 75)
+  if (forced == QSAKV_KERNEL_TIER_SM75 && sm < kSmTensorCoreTier)
     fail(QSAKV_ERROR_UNSUPPORTED,
          "%s=sm75 asks for the tensor-core kernels (SM75+); GPU %s is SM %d: unset it or use "
          "sm70",
          kCudaTierEnv, prop.name, sm);
   const qsakv_kernel_tier tier = forced != QSAKV_KERNEL_TIER_NONE ? forced : natural;
-  if (decoder == QSAKV_DECODER_HARDWARE && sm < 89)
+  if (decoder == QSAKV_DECODER_HARDWARE && sm < kSmFp8Convert)
     fail(QSAKV_ERROR_UNSUPPORTED,
          "the hardware E4M3 decoder needs SM89+; GPU %s is SM %d: "
          "use QSAKV_DECODER_SOFTWARE or AUTO",
@@ -317,8 +318,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
          kCudaTierEnv);
   const qsakv_decoder chosen =
       decoder == QSAKV_DECODER_AUTO
-          ? (sm >= 89 && tier != QSAKV_KERNEL_TIER_SM70 ? QSAKV_DECODER_HARDWARE
-                                                        : QSAKV_DECODER_SOFTWARE)
+          ? (sm >= kSmFp8Convert && tier != QSAKV_KERNEL_TIER_SM70 ? QSAKV_DECODER_HARDWARE
+                                                                   : QSAKV_DECODER_SOFTWARE)
           : decoder;
   // sm_90a code runs on SM 9.0 alone; the SM70 tier has no grouped route.
   const bool wgmma_available =
