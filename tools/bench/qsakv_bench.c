@@ -51,6 +51,44 @@ static void copy_and_wait(void* dst, const void* src, size_t bytes, enum cudaMem
 
 enum { kLayers = 4, kPlans = 16, kCalls = 64, kRequests = 64, kSeq = 32767, kBlock = 64 };
 
+/* The model config every table starts from: the qwen4_exp preset at TP4. */
+static void reference_config(qsakv_model_config* c) {
+  CHECK(qsakv_model_config_preset(c, "qwen4_exp"));
+  c->tp_size = 4;
+}
+
+/* The geometry the tables run at, read in one place (init_geometry, at the start of main)
+ * from reference_config and its qsakv_rank_geometry; the reference's values in brackets. */
+typedef struct {
+  int q_heads;     /* query heads per rank (6) */
+  int kv_heads;    /* KV heads per rank (1) */
+  int head_dim;    /* (256) */
+  int ratio;       /* tokens per compressed key, the top-k lists' group (4) */
+  int topk_blocks; /* groups a top-k list selects (512) */
+  int topk_width;  /* entries of a top-k list: topk_blocks groups, then the open group's
+                      tail of up to ratio - 1 tokens, -1 padded (2051) */
+  int index_heads; /* indexer query heads (4) */
+  int index_dim;   /* indexer head dim (128) */
+} bench_geometry;
+static bench_geometry g_geo;
+
+static void init_geometry(void) {
+  qsakv_model_config c;
+  reference_config(&c);
+  qsakv_rank_geometry r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK(qsakv_model_config_rank_geometry(&c, &r));
+  g_geo.q_heads = r.q_heads;
+  g_geo.kv_heads = r.kv_heads;
+  g_geo.head_dim = c.head_dim;
+  g_geo.ratio = c.compress_ratio;
+  g_geo.topk_blocks = r.topk_blocks;
+  g_geo.topk_width = r.topk_width;
+  g_geo.index_heads = c.index_num_heads;
+  g_geo.index_dim = c.index_head_dim;
+}
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
   uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
@@ -188,6 +226,7 @@ typedef struct {
   qsakv_overlay* overlay;
   int32_t* block_table_host; /* [kRequests, pages] */
   int pages;
+  int rows_per_group; /* the grouped route's (qsakv_plan_info; 0: none) */
 } bench_cache;
 
 static qsakv_overlay* make_overlay(const qsakv_model_config* c) {
@@ -220,9 +259,8 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
                        int requests) {
   memset(b, 0, sizeof *b);
   b->ctx = ctx;
-  CHECK(qsakv_model_config_preset(&b->cfg, "qwen4_exp"));
+  reference_config(&b->cfg);
   qsakv_model_config* c = &b->cfg;
-  c->tp_size = 4;
   c->num_layers = 4 * kLayers;
   c->num_qsa_layers = kLayers;
   for (int i = 0; i < kLayers; ++i) c->qsa_layers[i] = 4 * i + 3;
@@ -258,7 +296,7 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
   CUDA(cudaMalloc(&d, chunk));
   copy_and_wait(d, h, chunk, cudaMemcpyHostToDevice);
   for (int l = 0; l < kLayers; ++l) {
-    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+    qsakv_layer_buffers lb = {.struct_size = sizeof lb, .version = QSAKV_LAYER_BUFFERS_VERSION};
     CHECK(qsakv_cache_get_layer_buffers(b->cache, c->qsa_layers[l], &lb));
     for (size_t off = 0; off < L.kv_bytes_per_layer; off += chunk) {
       const size_t n = L.kv_bytes_per_layer - off < chunk ? L.kv_bytes_per_layer - off : chunk;
@@ -278,6 +316,20 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
       bt[j] = t;
     }
   }
+  /* The grouped route's rows per group: qsakv_plan_info of a one-row plan, automatic rule. */
+  qsakv_plan_options po;
+  CHECK(qsakv_plan_options_init(&po));
+  po.max_rows = 1;
+  po.max_requests = 1;
+  po.multi_row_min_rows = 0;
+  qsakv_plan* probe = NULL;
+  CHECK(qsakv_plan_create(&probe, b->cache, &po));
+  qsakv_plan_info pi;
+  memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  CHECK(qsakv_plan_get_info(probe, &pi));
+  b->rows_per_group = pi.rows_per_group;
+  qsakv_plan_destroy(probe);
 }
 
 static void free_cache(bench_cache* b) {
@@ -299,7 +351,8 @@ typedef struct {
 static int g_forced_splits = 0;
 
 static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
-  const int width = 2051, pos = kSeq - 1, groups = (pos + 1) / 4;
+  const int width = g_geo.topk_width, ratio = g_geo.ratio, pos = kSeq - 1,
+            groups = (pos + 1) / ratio;
   int32_t* qs = malloc(sizeof(int32_t) * (rows + 1));
   int32_t* lens = malloc(sizeof(int32_t) * rows);
   int32_t* bt = malloc(sizeof(int32_t) * rows * b->pages);
@@ -313,18 +366,19 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
              sizeof(int32_t) * b->pages);
     CUDA(cudaMalloc(&P->bt[p], sizeof(int32_t) * rows * b->pages));
     copy_and_wait(P->bt[p], bt, sizeof(int32_t) * rows * b->pages, cudaMemcpyHostToDevice);
-    /* 512 distinct random groups, then the open group's 3-token tail: 2051 tokens. */
+    /* topk_blocks distinct random groups, then the open group's tail (512 x 4 + 3 = 2051
+     * tokens for the reference). */
     for (int i = 0; i < rows; ++i) {
       memset(seen, 0, groups);
       int32_t* t = tk + (size_t)i * width;
       int j = 0;
-      while (j < 2048) {
+      while (j < g_geo.topk_blocks * ratio) {
         const int gsel = (int)(rnd() % (uint64_t)groups);
         if (seen[gsel]) continue;
         seen[gsel] = 1;
-        for (int k = 0; k < 4; ++k) t[j++] = gsel * 4 + k;
+        for (int k = 0; k < ratio; ++k) t[j++] = gsel * ratio + k;
       }
-      for (int k = groups * 4; k <= pos; ++k) t[j++] = k;
+      for (int k = groups * ratio; k <= pos; ++k) t[j++] = k;
       while (j < width) t[j++] = -1;
     }
     CUDA(cudaMalloc((void**)&P->topk[p], sizeof(int32_t) * rows * width));
@@ -346,7 +400,7 @@ static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
     batch.block_table_stride = b->pages;
     CHECK(qsakv_plan_update(P->plan[p], &batch, (qsakv_stream_t)s));
   }
-  const size_t qn = (size_t)rows * 6 * 256;
+  const size_t qn = (size_t)rows * g_geo.q_heads * g_geo.head_dim;
   uint16_t* hq = malloc(2 * qn);
   for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
   CUDA(cudaMalloc(&P->q, 2 * qn));
@@ -387,15 +441,15 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kCalls; ++k) {
     const int layer = b->cfg.qsa_layers[k % kLayers], p = (k / kLayers) % kPlans;
-    CHECK(qsakv_attention_run(P.plan[p], layer, QSAKV_ATTENTION_SPARSE, P.q, P.topk[p], 2051, P.out,
-                              (qsakv_stream_t)s));
+    CHECK(qsakv_attention_run(P.plan[p], layer, QSAKV_ATTENTION_SPARSE, P.q, P.topk[p],
+                              g_geo.topk_width, P.out, (qsakv_stream_t)s));
   }
   const int reps = rows >= 256 ? 10 : 30;
   const float ms = end_capture_and_time(s, reps);
   if (us_flushed) {
     CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CHECK(qsakv_attention_run(P.plan[0], b->cfg.qsa_layers[0], QSAKV_ATTENTION_SPARSE, P.q,
-                              P.topk[0], 2051, P.out, (qsakv_stream_t)s));
+                              P.topk[0], g_geo.topk_width, P.out, (qsakv_stream_t)s));
     *us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
   }
   free_plans(&P);
@@ -404,9 +458,9 @@ static double time_attention(bench_cache* b, int rows, cudaStream_t s, int* spli
 
 /* ---- Multi-row batches (prefill chunks, verify rows, mixed): the grouped route against
  * the decode route on the same rows. Each case names the generator of its top-k lists
- * (gen_drift, gen_overlap below); every list is 2051 entries, -1 padded. */
+ * (gen_drift, gen_overlap below); every list is g_geo.topk_width entries, -1 padded. */
 typedef struct mr_case mr_case;
-/* Fills the case's lists: tk[rows x 2051], request r's rows from row qs[r]. */
+/* Fills the case's lists: tk[rows x topk_width], request r's rows from row qs[r]. */
 typedef void (*topk_gen)(const mr_case* c, const int32_t* qs, int32_t* tk);
 struct mr_case {
   const char* kind;
@@ -423,22 +477,22 @@ typedef struct {
   double us_auto;               /* the plan's own routing (multi_row_min_rows 0) */
   int auto_rows;                /* rows it put on the grouped route */
   double tokens_decode;         /* K/V tokens each route reads: rows x their list */
-  double tokens_grouped;        /* sum over 16-row groups of their union */
+  double tokens_grouped;        /* sum over the grouped route's groups of their union */
   double tokens_distinct;       /* per request, its distinct selected tokens */
-  double tokens_shared;         /* sum over 16-row groups of their listed tokens */
+  double tokens_shared;         /* sum over those groups of their listed tokens */
   double tokens_read;           /* what the grouped route reads under the share rule */
   int groups;
 } mr_timing;
 
 /* Drift, the way adjacent rows' selections do: each request draws a random order of the
- * groups its first row sees, and its row j takes 512 consecutive groups of that order from
- * offset floor(0.19 j) (8192 rows at 32K then select ~2,070 distinct groups, ~8,300
- * tokens, as measured on the model), plus its open group's tail. */
+ * groups its first row sees, and its row j takes topk_blocks (512) consecutive groups of
+ * that order from offset floor(0.19 j) (8192 rows at 32K then select ~2,070 distinct
+ * groups, ~8,300 tokens, as measured on the model), plus its open group's tail. */
 static void gen_drift(const mr_case* c, const int32_t* qs, int32_t* tk) {
-  const int width = 2051;
+  const int width = g_geo.topk_width, ratio = g_geo.ratio, blocks = g_geo.topk_blocks;
   for (int r = 0; r < c->num_requests; ++r) {
     const int n = c->rows[r], first_pos = c->seq - n;
-    const int visible = (first_pos + 1) / 4; /* groups every row of the request sees */
+    const int visible = (first_pos + 1) / ratio; /* groups every row of the request sees */
     int* order = malloc(sizeof(int) * (size_t)(visible > 0 ? visible : 1));
     for (int i = 0; i < visible; ++i) order[i] = i;
     for (int i = visible - 1; i > 0; --i) {
@@ -446,16 +500,16 @@ static void gen_drift(const mr_case* c, const int32_t* qs, int32_t* tk) {
       order[i] = order[j];
       order[j] = x;
     }
-    const int take = visible < 512 ? visible : 512;
+    const int take = visible < blocks ? visible : blocks;
     for (int j = 0; j < n; ++j) {
       const int pos = first_pos + j, off = (int)(0.19 * j);
       int32_t* out = tk + (size_t)(qs[r] + j) * width;
       int k = 0;
       for (int i = 0; i < take; ++i) {
         const int g = order[(off + i) % visible];
-        for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
+        for (int e = 0; e < ratio; ++e) out[k++] = ratio * g + e;
       }
-      for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
+      for (int x = (pos + 1) / ratio * ratio; x <= pos; ++x) out[k++] = x;
       while (k < width) out[k++] = -1;
     }
     free(order);
@@ -463,25 +517,26 @@ static void gen_drift(const mr_case* c, const int32_t* qs, int32_t* tk) {
 }
 
 /* A controlled overlap: a request's rows fall into windows of c->window consecutive rows
- * from its first (0: the whole request). Every row of a window sees the groups whose 4
- * tokens are all at or before the window's first row; the window draws round(512 f) of
- * them at random, and each of its rows takes those plus 512 - round(512 f) random groups
- * of its own (distinct from the window's; other rows may pick the same ones by chance),
- * then its open group's tail, all in a shuffled order (real lists come in score order). */
+ * from its first (0: the whole request). Every row of a window sees the groups whose ratio
+ * tokens are all at or before the window's first row; the window draws round(B f) of them
+ * at random (B = topk_blocks, 512), and each of its rows takes those plus B - round(B f)
+ * random groups of its own (distinct from the window's; other rows may pick the same ones
+ * by chance), then its open group's tail, all in a shuffled order (real lists come in
+ * score order). */
 static void gen_overlap(const mr_case* c, const int32_t* qs, int32_t* tk) {
-  const int width = 2051;
+  const int width = g_geo.topk_width, ratio = g_geo.ratio, blocks = g_geo.topk_blocks;
   /* mark[g]: the stamp of the window (shared) or row (private) that took group g. */
-  int* mark = calloc((size_t)c->seq / 4 + 1, sizeof(int));
-  int shared[512];
+  int* mark = calloc((size_t)c->seq / ratio + 1, sizeof(int));
+  int* shared = malloc(sizeof(int) * (size_t)blocks);
   int stamp = 0;
   for (int r = 0; r < c->num_requests; ++r) {
     const int n = c->rows[r], first_pos = c->seq - n, window = c->window > 0 ? c->window : n;
     for (int w = 0; w < n; w += window) {
-      const int visible = (first_pos + w + 1) / 4;
-      int n_shared = (int)lround(512.0 * c->f);
+      const int visible = (first_pos + w + 1) / ratio;
+      int n_shared = (int)lround((double)blocks * c->f);
       n_shared = n_shared < visible ? n_shared : visible;
       const int n_private =
-          512 - n_shared < visible - n_shared ? 512 - n_shared : visible - n_shared;
+          blocks - n_shared < visible - n_shared ? blocks - n_shared : visible - n_shared;
       const int window_stamp = ++stamp;
       for (int i = 0; i < n_shared;) {
         const int g = (int)(rnd() % (uint64_t)visible);
@@ -494,15 +549,15 @@ static void gen_overlap(const mr_case* c, const int32_t* qs, int32_t* tk) {
         int32_t* out = tk + (size_t)(qs[r] + j) * width;
         int k = 0;
         for (int i = 0; i < n_shared; ++i)
-          for (int e = 0; e < 4; ++e) out[k++] = 4 * shared[i] + e;
+          for (int e = 0; e < ratio; ++e) out[k++] = ratio * shared[i] + e;
         for (int i = 0; i < n_private;) {
           const int g = (int)(rnd() % (uint64_t)visible);
           if (mark[g] == window_stamp || mark[g] == row_stamp) continue;
           mark[g] = row_stamp;
           ++i;
-          for (int e = 0; e < 4; ++e) out[k++] = 4 * g + e;
+          for (int e = 0; e < ratio; ++e) out[k++] = ratio * g + e;
         }
-        for (int x = (pos + 1) / 4 * 4; x <= pos; ++x) out[k++] = x;
+        for (int x = (pos + 1) / ratio * ratio; x <= pos; ++x) out[k++] = x;
         for (int i = k - 1; i > 0; --i) {
           const int x = (int)(rnd() % (uint64_t)(i + 1));
           const int32_t v = out[i];
@@ -514,42 +569,43 @@ static void gen_overlap(const mr_case* c, const int32_t* qs, int32_t* tk) {
     }
   }
   free(mark);
+  free(shared);
 }
 
-/* Rows per group of the grouped route for this geometry (rows_per_group: 16 rows x 6
- * query heads = 96 vectors per CTA, kGroupedMaxRows and kGroupedMaxVectors in
- * kernels/limits.hpp), and the least shared tokens of a group that shares any. */
-enum { kGroupedRows = 16, kGroupedMinShared = 64, kGroupedOwnMax = 32 };
+/* The least shared tokens of a group that shares any, and the most own entries of a row
+ * that moves them into its group's list (kernels/limits.hpp). The rows per group are the
+ * plan's (bench_cache.rows_per_group, from qsakv_plan_info). */
+enum { kGroupedMinShared = 64, kGroupedOwnMax = 32 };
 
 /* The grouped route's share rule; mirrors kernels/limits.hpp grouped_share_min_rows (its
  * cost term kGroupedShareRowsE4M3 = 7, kGroupedShareRows16 = 3) and kGroupedMinShared. In
  * a group of n rows, token t, held by k_t of them (bit j of rows_of[t]: the group's row j
  * selects it), is shared when k_t >= max(2, (n + 1) / 2, min(n, cost)), unless fewer than
  * kGroupedMinShared of the group's nt distinct tokens qualify: then none is. Returns the
- * least k_t that is shared (kGroupedRows + 1: none is). */
-static int share_threshold(int n, int e4m3, const uint16_t* rows_of, const int* tokens, int nt) {
+ * least k_t that is shared (n + 1: none is). */
+static int share_threshold(int n, int e4m3, const uint32_t* rows_of, const int* tokens, int nt) {
   const int cost = e4m3 ? 7 : 3, half = (n + 1) / 2, want = n < cost ? n : cost;
   int need = half > want ? half : want;
   if (need < 2) need = 2;
   int qualify = 0;
   for (int i = 0; i < nt; ++i) qualify += __builtin_popcount(rows_of[tokens[i]]) >= need;
-  return qualify >= kGroupedMinShared ? need : kGroupedRows + 1;
+  return qualify >= kGroupedMinShared ? need : n + 1;
 }
 
 /* The case's token counts (fields tokens_* and groups of *t) from its lists: a row's valid
  * entries are t >= 0 and t <= its position; its request's rows form groups of up to
- * kGroupedRows consecutive rows from the first, as the library groups them. */
-static void mr_token_stats(const mr_case* c, int e4m3, const int32_t* qs, const int32_t* tk,
-                           mr_timing* t) {
-  const int width = 2051;
-  uint16_t* rows_of = calloc((size_t)c->seq, sizeof(uint16_t));
+ * rows_per_group (1..32) consecutive rows from the first, as the library groups them. */
+static void mr_token_stats(const mr_case* c, int e4m3, int rows_per_group, const int32_t* qs,
+                           const int32_t* tk, mr_timing* t) {
+  const int width = g_geo.topk_width;
+  uint32_t* rows_of = calloc((size_t)c->seq, sizeof(uint32_t)); /* bit j: the group's row j */
   int* last_request = malloc(sizeof(int) * (size_t)c->seq);
-  int* tokens = malloc(sizeof(int) * kGroupedRows * width);
+  int* tokens = malloc(sizeof(int) * (size_t)rows_per_group * width);
   for (int i = 0; i < c->seq; ++i) last_request[i] = -1;
   for (int r = 0; r < c->num_requests; ++r) {
     const int n = c->rows[r], first_pos = c->seq - n;
-    for (int j0 = 0; j0 < n; j0 += kGroupedRows) {
-      const int m = n - j0 < kGroupedRows ? n - j0 : kGroupedRows;
+    for (int j0 = 0; j0 < n; j0 += rows_per_group) {
+      const int m = n - j0 < rows_per_group ? n - j0 : rows_per_group;
       int nt = 0;
       for (int j = 0; j < m; ++j) {
         const int pos = first_pos + j0 + j;
@@ -563,14 +619,14 @@ static void mr_token_stats(const mr_case* c, int e4m3, const int32_t* qs, const 
             t->tokens_distinct += 1;
           }
           if (!rows_of[x]) tokens[nt++] = x;
-          rows_of[x] |= (uint16_t)(1u << j);
+          rows_of[x] |= 1u << j;
         }
       }
       const int need = share_threshold(m, e4m3, rows_of, tokens, nt);
       /* Rows left with at most kGroupedOwnMax entries of their own move them into the
        * group's list (kernels/limits.hpp; only where the group shares). */
       unsigned moved = 0;
-      for (int j = 0; j < m && need <= kGroupedRows; ++j) {
+      for (int j = 0; j < m && need <= m; ++j) {
         const int pos = first_pos + j0 + j;
         const int32_t* row = tk + (size_t)(qs[r] + j0 + j) * width;
         int own = 0;
@@ -610,13 +666,18 @@ static void mr_token_stats(const mr_case* c, int e4m3, const int32_t* qs, const 
 static double time_one_call(qsakv_plan* plan, int layer, void* q, int32_t* topk, void* out,
                             cudaStream_t s) {
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  CHECK(qsakv_attention_run(plan, layer, QSAKV_ATTENTION_SPARSE, q, topk, 2051, out,
+  CHECK(qsakv_attention_run(plan, layer, QSAKV_ATTENTION_SPARSE, q, topk, g_geo.topk_width, out,
                             (qsakv_stream_t)s));
   return end_capture_and_time_ex(s, 15, 1) * 1e3;
 }
 
 static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s) {
-  const int width = 2051;
+  const int width = g_geo.topk_width;
+  if (b->rows_per_group < 1 || b->rows_per_group > 32) {
+    fprintf(stderr, "multi-row tables: the plan's rows_per_group is %d, not 1..32\n",
+            b->rows_per_group);
+    exit(1);
+  }
   int rows = 0;
   for (int r = 0; r < c->num_requests; ++r) rows += c->rows[r];
   int32_t qs[65], lens[64];
@@ -629,7 +690,7 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
   c->gen(c, qs, tk);
   mr_timing t;
   memset(&t, 0, sizeof t);
-  mr_token_stats(c, b->cfg.kv_dtype == QSAKV_DTYPE_E4M3, qs, tk, &t);
+  mr_token_stats(c, b->cfg.kv_dtype == QSAKV_DTYPE_E4M3, b->rows_per_group, qs, tk, &t);
   void *bt, *topk, *q, *out;
   int32_t* bth = malloc(sizeof(int32_t) * (size_t)c->num_requests * b->pages);
   for (int r = 0; r < c->num_requests; ++r)
@@ -640,7 +701,7 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
                 cudaMemcpyHostToDevice);
   CUDA(cudaMalloc(&topk, sizeof(int32_t) * (size_t)rows * width));
   copy_and_wait(topk, tk, sizeof(int32_t) * (size_t)rows * width, cudaMemcpyHostToDevice);
-  const size_t qn = (size_t)rows * 6 * 256;
+  const size_t qn = (size_t)rows * g_geo.q_heads * g_geo.head_dim;
   uint16_t* hq = malloc(2 * qn);
   for (size_t i = 0; i < qn; ++i) hq[i] = fp16((float)normal());
   CUDA(cudaMalloc(&q, 2 * qn));
@@ -689,12 +750,13 @@ static mr_timing time_multirow(bench_cache* b, const mr_case* c, cudaStream_t s)
 
 static double gb_per_s(double bytes, double us) { return bytes / (us * 1e-6) / 1e9; }
 
-/* Microseconds per store of `tokens` tokens (K and V, 256 values each): a graph of one
- * store into each of the kLayers layers, each from its own inputs (4 x 64 MiB of FP16 read
- * per replay: none of it is still in the 50 MB L2 when read again); *us_flushed gets one
- * store alone as a one-call graph with L2 flushed before each replay (the peers' method). */
+/* Microseconds per store of `tokens` tokens (K and V, kv_heads x head_dim values each, 256
+ * for the reference): a graph of one store into each of the kLayers layers, each from its
+ * own inputs (4 x 64 MiB of FP16 read per replay: none of it is still in the 50 MB L2 when
+ * read again); *us_flushed gets one store alone as a one-call graph with L2 flushed before
+ * each replay (the peers' method). */
 static double time_store(bench_cache* b, int tokens, cudaStream_t s, double* us_flushed) {
-  const size_t n = (size_t)tokens * 256;
+  const size_t n = (size_t)tokens * g_geo.kv_heads * g_geo.head_dim;
   uint16_t* h = malloc(2 * n);
   for (size_t i = 0; i < n; ++i) h[i] = fp16((float)normal());
   int64_t* slots = malloc(sizeof(int64_t) * tokens);
@@ -753,8 +815,7 @@ static const void* random_fp16_chunk(void) {
  * requests, `rows` query rows and contexts of `seq` tokens. */
 static void one_layer_config(qsakv_model_config* c, qsakv_dtype kv, qsakv_dtype index_keys,
                              int requests, int rows, int seq) {
-  CHECK(qsakv_model_config_preset(c, "qwen4_exp"));
-  c->tp_size = 4;
+  reference_config(c);
   c->num_layers = 4;
   c->num_qsa_layers = 1;
   c->qsa_layers[0] = 3;
@@ -771,7 +832,7 @@ static void one_layer_config(qsakv_model_config* c, qsakv_dtype kv, qsakv_dtype 
  * each key's scale) for E4M3 ones. */
 static void fill_compressed_keys(qsakv_cache* cache, int layer, const qsakv_cache_layout* L,
                                  int ratio, const void* d, size_t chunk, cudaStream_t s) {
-  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  qsakv_layer_buffers lb = {.struct_size = sizeof lb, .version = QSAKV_LAYER_BUFFERS_VERSION};
   CHECK(qsakv_cache_get_layer_buffers(cache, layer, &lb));
   if (L->index_key_dtype == QSAKV_DTYPE_FP16) {
     for (size_t off = 0; off < L->compressed_bytes_per_layer; off += chunk) {
@@ -799,7 +860,7 @@ static void fill_compressed_keys(qsakv_cache* cache, int layer, const qsakv_cach
 
 /* Indexer selection for `requests` requests of `seq` tokens with `rows_per_request` query
  * rows each (the last positions: decode 1, verify 4, a prefill chunk 8192): scores over
- * the visible compressed keys, exact top-512, expansion. */
+ * the visible compressed keys, exact top-k (topk_blocks), expansion. */
 static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
                                  qsakv_dtype index_keys, cudaStream_t s) {
   const size_t chunk = kRandomChunk;
@@ -830,9 +891,9 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     qs[r] = r * rows_per_request;
     lens[r] = seq;
     for (int i = 0; i < rows_per_request; ++i) {
-      const double visible = (double)((seq - rows_per_request + i + 1) / 4);
+      const double visible = (double)((seq - rows_per_request + i + 1) / c.compress_ratio);
       t.key_bytes += visible * key_bytes;
-      t.flops += visible * 4 * 128 * 2;
+      t.flops += visible * c.index_num_heads * c.index_head_dim * 2;
     }
   }
   qs[requests] = rows;
@@ -855,7 +916,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   batch.block_table_stride = pages;
   CHECK(qsakv_plan_update(plan, &batch, (qsakv_stream_t)s));
   void* iq;
-  const size_t iq_bytes = (size_t)rows * 4 * 128 * 2;
+  const size_t iq_bytes = (size_t)rows * c.index_num_heads * c.index_head_dim * 2;
   CUDA(cudaMalloc(&iq, iq_bytes));
   for (size_t off = 0; off < iq_bytes; off += chunk)
     copy_and_wait((char*)iq + off, d, iq_bytes - off < chunk ? iq_bytes - off : chunk,
@@ -951,7 +1012,7 @@ static step_timing time_decode_step(qsakv_context* ctx, qsakv_dtype kv, qsakv_dt
   memset(&L, 0, sizeof L);
   L.struct_size = sizeof L;
   CHECK(qsakv_cache_get_layout(a.cache, &L));
-  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  qsakv_layer_buffers lb = {.struct_size = sizeof lb, .version = QSAKV_LAYER_BUFFERS_VERSION};
   CHECK(qsakv_cache_get_layer_buffers(a.cache, a.layer, &lb));
   /* K/V: finite random bytes (E4M3 codes without NaN; FP16 N(0,1) values). */
   if (kv == QSAKV_DTYPE_E4M3) {
@@ -1122,7 +1183,7 @@ static void usage(FILE* f, const char* argv0) {
       "[--select-cases 0,4,...] [--store-only] [--decode-only] [--multirow-only] "
       "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
       "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--index-keys fp16|e4m3|both] "
-      "[--step-only] [--tier auto|sm70|sm75]\n"
+      "[--step-only] [--tier auto|sm70|sm75] [--help]\n"
       "  --json PATH          write the results as JSON to PATH\n"
       "  --rows LIST          the decode table's row counts (default 1,8,16,20,32,64,128,256,"
       "1024)\n"
@@ -1144,7 +1205,8 @@ static void usage(FILE* f, const char* argv0) {
       "  --overlap-shapes L   the sweep's workloads by index (0: prefill 8192 at 32K, 1: prefill "
       "2048 at 32K,\n                       2: verify 64x4, 3: verify 64x8, 4: prefill 8192 at "
       "128K)\n"
-      "  --tier T             force the kernel tier (QSAKV_CUDA_TIER)\n",
+      "  --tier T             force the kernel tier (QSAKV_CUDA_TIER)\n"
+      "  --help, -h           print this help and exit\n",
       argv0);
 }
 
@@ -1259,6 +1321,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  init_geometry();
   qsakv_context_options o;
   CHECK(qsakv_context_options_init(&o));
   o.backend = QSAKV_BACKEND_CUDA;
@@ -1344,9 +1407,10 @@ int main(int argc, char** argv) {
     mr[n_mr++] = mixed;
     printf(
         "\nmulti-row attention, one call, L2 flushed: grouped route vs decode route on the same "
-        "rows\n(TFLOP/s = rows x 6 heads x 2051 x 256 x 4 / time; tok/row: K/V tokens per row "
-        "the grouped route reads (decode: 2051), min/row: the request's distinct tokens per "
-        "row)\n");
+        "rows\n(TFLOP/s = rows x %d heads x %d x %d x 4 / time; tok/row: K/V tokens per row "
+        "the grouped route reads (decode: %d), min/row: the request's distinct tokens per "
+        "row)\n",
+        g_geo.q_heads, g_geo.topk_width, g_geo.head_dim, g_geo.topk_width);
     printf("%8s %5s %6s %7s %6s %11s %9s %11s %8s %9s %9s %9s %9s\n", "kind", "reqs", "rows",
            "context", "dtype", "grouped us", "TFLOP/s", "decode us", "dec/grp", "auto us",
            "auto grp", "tok/row", "min/row");
@@ -1364,7 +1428,7 @@ int main(int argc, char** argv) {
           const mr_timing t = time_multirow(&mb, c, s);
           int rows = 0;
           for (int r = 0; r < c->num_requests; ++r) rows += c->rows[r];
-          const double flops = (double)rows * 6 * 2051 * 256 * 4;
+          const double flops = (double)rows * g_geo.q_heads * g_geo.topk_width * g_geo.head_dim * 4;
           const double tf = flops / (t.us_grouped * 1e-6) / 1e12;
           printf("%8s %5d %6d %7d %6s %11.2f %9.1f %11.2f %8.2f %9.2f %9d %9.0f %9.0f\n", c->kind,
                  c->num_requests, rows, seq, qsakv_dtype_name(dts[di]), t.us_grouped, tf,
@@ -1388,31 +1452,23 @@ int main(int argc, char** argv) {
   }
 
   if (run_overlap) {
-    /* The overlap sweep: gen_overlap's lists, a fraction f of each row's 512 groups shared
-     * by its window (prefill: 16 rows, the library's groups; verify: the request). */
+    /* The overlap sweep: gen_overlap's lists, a fraction f of each row's topk_blocks groups
+     * shared by its window (prefill: the library's groups, kWindowRowsPerGroup; verify: the
+     * request). */
+    enum { kWindowRowsPerGroup = -1 }; /* ov_shape.window: the cache's rows_per_group */
     typedef struct {
       const char* kind;
       int requests, rows, seq, window;
     } ov_shape;
     const ov_shape shapes[] = {
-        {"prefill", 1, 8192, 32768, 16},  {"prefill", 1, 2048, 32768, 16},
-        {"verify", 64, 4, 32768, 0},      {"verify", 64, 8, 32768, 0},
-        {"prefill", 1, 8192, 131072, 16},
+        {"prefill", 1, 8192, 32768, kWindowRowsPerGroup},
+        {"prefill", 1, 2048, 32768, kWindowRowsPerGroup},
+        {"verify", 64, 4, 32768, 0},
+        {"verify", 64, 8, 32768, 0},
+        {"prefill", 1, 8192, 131072, kWindowRowsPerGroup},
     };
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
-    printf(
-        "\nmulti-row attention, overlap sweep, one call, L2 flushed: auto routing, decode route "
-        "forced, grouped route forced\n(lists: a fraction f of each row's 512 groups shared by "
-        "its window -- prefill: 16 rows, verify: the request's rows --, the rest private and "
-        "random;\nTFLOP/s = rows x 6 heads x 2051 x 256 x 4 / auto time; auto/best = auto us / "
-        "min(decode us, grouped us);\nper 16-row group: shared/grp the tokens of its list (held by "
-        ">= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) of its n rows, none if fewer than 64; "
-        "plus the own entries of rows left with <= 32), union/grp its distinct tokens;\ntok/row: "
-        "K/V tokens per row the grouped route reads: each group's list once + each other row's "
-        "own entries)\n");
-    printf("%8s %5s %6s %7s %6s %5s %9s %11s %11s %9s %9s %9s %10s %10s %9s\n", "kind", "reqs",
-           "rows", "context", "dtype", "f", "auto us", "decode us", "grouped us", "auto/best",
-           "auto grp", "tok/row", "shared/grp", "union/grp", "TFLOP/s");
+    int header = 0; /* printed with the first cache: it states that cache's rows per group */
     if (js) fprintf(js, ",\n  \"overlap\": [\n");
     int printed_ov = 0;
     const qsakv_dtype dts[2] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16};
@@ -1422,6 +1478,23 @@ int main(int argc, char** argv) {
         const int seq = si == 0 ? 32768 : 131072;
         bench_cache mb;
         make_cache(&mb, hw, dts[di], 8192, seq, si == 0 ? 64 : 1);
+        if (!header++) {
+          const int g = mb.rows_per_group;
+          printf(
+              "\nmulti-row attention, overlap sweep, one call, L2 flushed: auto routing, decode "
+              "route forced, grouped route forced\n(lists: a fraction f of each row's %d groups "
+              "shared by its window -- prefill: %d rows, verify: the request's rows --, the rest "
+              "private and random;\nTFLOP/s = rows x %d heads x %d x %d x 4 / auto time; "
+              "auto/best = auto us / min(decode us, grouped us);\nper %d-row group: shared/grp "
+              "the tokens of its list (held by >= max(2, (n + 1) / 2, min(n, 7 e4m3 / 3 fp16)) "
+              "of its n rows, none if fewer than 64; plus the own entries of rows left with <= "
+              "32), union/grp its distinct tokens;\ntok/row: K/V tokens per row the grouped "
+              "route reads: each group's list once + each other row's own entries)\n",
+              g_geo.topk_blocks, g, g_geo.q_heads, g_geo.topk_width, g_geo.head_dim, g);
+          printf("%8s %5s %6s %7s %6s %5s %9s %11s %11s %9s %9s %9s %10s %10s %9s\n", "kind",
+                 "reqs", "rows", "context", "dtype", "f", "auto us", "decode us", "grouped us",
+                 "auto/best", "auto grp", "tok/row", "shared/grp", "union/grp", "TFLOP/s");
+        }
         for (int hi = 0; hi < n_shapes; ++hi) {
           const ov_shape* h = &shapes[hi];
           if (h->seq != seq || !((overlap_shapes >> hi) & 1)) continue;
@@ -1434,10 +1507,11 @@ int main(int argc, char** argv) {
             c.seq = seq;
             c.gen = gen_overlap;
             c.f = overlap_f[fi];
-            c.window = h->window;
+            c.window = h->window == kWindowRowsPerGroup ? mb.rows_per_group : h->window;
             const mr_timing t = time_multirow(&mb, &c, s);
             const int rows = h->requests * h->rows;
-            const double flops = (double)rows * 6 * 2051 * 256 * 4;
+            const double flops =
+                (double)rows * g_geo.q_heads * g_geo.topk_width * g_geo.head_dim * 4;
             const double tf = flops / (t.us_auto * 1e-6) / 1e12;
             const double best = t.us_decode < t.us_grouped ? t.us_decode : t.us_grouped;
             const double tok_row = t.tokens_read / rows, shared_grp = t.tokens_shared / t.groups,
@@ -1479,8 +1553,9 @@ int main(int argc, char** argv) {
 
   if (js) fprintf(js, ",\n  \"attention\": [");
   printf(
-      "\nsparse decode attention, 6 q heads / 1 KV head, head_dim 256, 2051 tokens/row, 32K "
-      "contexts, bs 64\n");
+      "\nsparse decode attention, %d q heads / %d KV head, head_dim %d, %d tokens/row, 32K "
+      "contexts, bs %d\n",
+      g_geo.q_heads, g_geo.kv_heads, g_geo.head_dim, g_geo.topk_width, kBlock);
   printf("one-call L2-flushed floors (same method): an empty kernel %.2f us\n",
          floor_us(s, FLOOR_EMPTY, 0, info.multiprocessor_count));
   printf("%6s %7s %10s %10s %8s %7s %10s %9s %10s %10s %7s %11s %11s %11s\n", "rows", "splits",
@@ -1495,7 +1570,8 @@ int main(int argc, char** argv) {
     att_us[i] = t8;
     const double t8sw = e4m3_only ? NAN : time_attention(&e8sw, rows, s, &s2, NULL);
     const double t16 = e4m3_only ? NAN : time_attention(&f16, rows, s, &s3, &t16f);
-    const double bytes8 = (double)rows * 2051 * 2 * 256, bytes16 = 2 * bytes8;
+    const double bytes8 = (double)rows * g_geo.topk_width * 2 * g_geo.kv_heads * g_geo.head_dim,
+                 bytes16 = 2 * bytes8;
     const double gbs8 = bytes8 / (t8 * 1e-6) / 1e9, gbs16 = bytes16 / (t16 * 1e-6) / 1e9;
     /* A contiguous read of the E4M3 call's bytes, one call, L2 flushed: its floor there. */
     const double read8f = floor_us(s, FLOOR_READ, (size_t)bytes8, info.multiprocessor_count);
@@ -1522,8 +1598,9 @@ int main(int argc, char** argv) {
     double ts8f = 0.0, ts16f = 0.0;
     const double ts8 = time_store(&e8, store_tokens, s, &ts8f);
     const double ts16 = time_store(&f16, store_tokens, s, &ts16f);
-    const double sb8 = store_tokens * 256.0 * 2 * (2 + 1),
-                 sb16 = store_tokens * 256.0 * 2 * (2 + 2);
+    const double kv_values = (double)g_geo.kv_heads * g_geo.head_dim; /* per token, K or V */
+    const double sb8 = store_tokens * kv_values * 2 * (2 + 1),
+                 sb16 = store_tokens * kv_values * 2 * (2 + 2);
     printf(
         "\nstore K/V, %d tokens: e4m3 %.2f us (%.0f GB/s, %.1f%% of copy), fp16 %.2f us (%.0f "
         "GB/s, %.1f%%); one call, L2 flushed: e4m3 %.2f us (%.1f%%), fp16 %.2f us (%.1f%%)\n",
@@ -1532,7 +1609,8 @@ int main(int argc, char** argv) {
         100.0 * gb_per_s(sb8, ts8f) / copy_gbs, ts16f, 100.0 * gb_per_s(sb16, ts16f) / copy_gbs);
     /* The same bytes moved by plain SM kernels, one call, L2 flushed: the floors of the
      * one-call figures (E4M3: 2 bytes read per byte written; FP16: a copy). */
-    const size_t out8 = (size_t)store_tokens * 256 * 2, out16 = 2 * out8;
+    const size_t out8 = (size_t)store_tokens * g_geo.kv_heads * g_geo.head_dim * 2,
+                 out16 = 2 * out8;
     const double fl8 = floor_us(s, FLOOR_SHRINK, out8, info.multiprocessor_count),
                  fl16 = floor_us(s, FLOOR_COPY, out16, info.multiprocessor_count);
     printf(
@@ -1568,10 +1646,11 @@ int main(int argc, char** argv) {
   };
   const int n_cases = (int)(sizeof cases / sizeof cases[0]);
   printf(
-      "\nindexer selection (4 heads x 128, top-512 of the visible compressed keys), E4M3 attention "
-      "of the\n"
+      "\nindexer selection (%d heads x %d, top-%d of the visible compressed keys), E4M3 "
+      "attention of the\n"
       "same row count from the table above (32K contexts; nan where that row count is not in "
-      "it)\n");
+      "it)\n",
+      g_geo.index_heads, g_geo.index_dim, g_geo.topk_blocks);
   printf("%8s %5s %5s %7s %5s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
          "context", "keys", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s",
          "attn us", "sel+attn");
