@@ -15,6 +15,9 @@ constexpr int kSmFp8Convert = 89;       // cvt between E4M3 and FP16: the hardwa
 // ring (needs SM80's cp.async) and the selection's programmatic dependent launch.
 constexpr int kSmCopyRing = 90;
 constexpr int kSmProgrammaticLaunch = 90;
+// Warpgroup MMAs (wgmma) exist only in arch-specific sm_90a code, which runs on SM 9.0
+// alone (not on later GPUs): the grouped kernel's warpgroup variant is for exactly this SM.
+constexpr int kSmWarpgroupMma = 90;
 
 // Attention CTAs per SM that the plan's split count fills (choose_splits), and the SM70
 // tier's launch bounds. (The tensor-core decode kernel compiles E4M3 for three per SM:

@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Where a token's row lives in a paged cache, in host and device code (today the CPU
-// backend's; the attention kernels' once their switch has run under compute-sanitizer on
-// a GPU). Token t of a request sits in page t / block_size, which the request's
-// block-table row maps to a physical block (or leaves unmapped: any value outside
-// 0 .. num_blocks - 1, -1 by convention), at slot t % block_size of that block. The
-// strides are the caller's units (bytes or elements); the KV head and the K/V half are
-// the caller's to add.
+// Where a token's row lives in a paged cache, in host and device code (the CPU backend's
+// attention, the decode, grouped and union kernels). Token t of a request sits in page
+// t / block_size, which the request's block-table row maps to a physical block (or leaves
+// unmapped: any value outside 0 .. num_blocks - 1, -1 by convention), at slot
+// t % block_size of that block. The strides are the caller's units (bytes or elements);
+// the KV head and the K/V half are the caller's to add.
 #pragma once
 
 #include <stdint.h>

@@ -29,51 +29,33 @@
 #include <type_traits>
 
 #include "limits.hpp"
+#include "paged_address.cuh"
 #include "params.hpp"
+#include "cuda/attention_inputs.cuh"
 #include "cuda/block_scan.cuh"
 #include "cuda/common.cuh"
 #include "cuda/e4m3_decode.cuh"
+#include "cuda/last_arrival.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_tile.cuh"
-#include "cuda/split_merge.cuh"
+#include "cuda/softmax_state.cuh"
 
 namespace qsakv {
 namespace cuda {
 
-enum class KvKind { kE4M3 = 0, kFp16 = 1, kBf16 = 2 };
-
-struct DecodeParams {
-  const PlanMetaHeader* header;
-  const int32_t* row_request;
-  const int32_t* row_pos;
+// The decode route (both kernel tiers): the common inputs, then each row's list, splits
+// and merge workspace.
+struct DecodeParams : AttentionInputs {
   const int32_t* row_group;  // >= 0: the row is in a group of the grouped route
   int32_t skip_grouped;      // the grouped kernels run in this launch (row_group applies)
-  // A grouped row (sparse): GroupedView::row_split's {own entries (-1: its top-k row is
-  // its own list), its group's listed tokens}, its own entries, and its shared part.
-  const int2* row_split;
+  // A grouped row's own entries and its shared part (row_split says how many).
   const int32_t* own_lists;
   const float* shared_out;
   const float* shared_lse;
-  const uint8_t* kv;     // the layer's main cache
-  int64_t stride_block;  // bytes
-  int64_t stride_kv;     // bytes
-  int64_t stride_token;  // bytes
-  int64_t stride_head;   // bytes
-  int32_t block_size;
-  int64_t num_blocks;
   // The ring path's window entries are K row offsets in 16-byte units, in 32 bits: 1 when
   // every row of the cache has one (0: the register path runs).
   int32_t ring_offsets;
-  const float* scales;      // device [k_scale, v_scale]
-  const int32_t* nan_flag;  // device: an E4M3 NaN code was stored in this layer
-  const void* q;            // [rows, q_heads, D]
-  void* out;                // [rows, q_heads, D]
-  int32_t q_heads;
-  int32_t group;  // query heads per KV head
-  int32_t kv_heads;
-  int32_t head_chunks;       // ceil(group / 8)
-  float softmax_scale_log2;  // softmax_scale * log2(e)
-  int32_t dense;
+  int32_t head_chunks;  // ceil(group / 8)
   const int32_t* topk;
   int64_t topk_stride;
   int32_t topk_width;
@@ -159,40 +141,20 @@ constexpr int dynamic_smem_bytes() {
 // The kernels' parameters from the backend's (host code; both kernel tiers).
 inline DecodeParams decode_params(const AttentionParams& p) {
   const KvCacheView& c = p.cache;
-  const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
   DecodeParams dp;
-  dp.header = p.meta.header;
-  dp.row_request = p.meta.row_request;
-  dp.row_pos = p.meta.row_pos;
+  fill_attention_inputs(dp, p);
   dp.row_group = p.meta.row_group;
   dp.skip_grouped = p.grouped.active;
-  dp.row_split = reinterpret_cast<const int2*>(p.grouped.row_split);
   dp.own_lists = p.grouped.own_lists;
   dp.shared_out = p.grouped.shared_out;
   dp.shared_lse = p.grouped.shared_lse;
-  dp.kv = static_cast<const uint8_t*>(c.data);
-  dp.stride_block = c.stride_block * esz;
-  dp.stride_kv = c.stride_kv * esz;
-  dp.stride_token = c.stride_token * esz;
-  dp.stride_head = c.stride_head * esz;
-  dp.block_size = c.block_size;
-  dp.num_blocks = c.num_blocks;
   // The ring's entries: whole 16-byte units (as the kernels' 16-byte loads need anyway),
   // the last row's within 32 bits.
   const int64_t last_row = (c.num_blocks - 1) * dp.stride_block +
                            (c.block_size - 1) * dp.stride_token + (c.kv_heads - 1) * dp.stride_head;
   dp.ring_offsets = (dp.stride_block | dp.stride_token | dp.stride_head) % 16 == 0 &&
                     (last_row >> 4) <= int64_t{0xFFFFFFFF};
-  dp.scales = c.scales;
-  dp.nan_flag = c.nan_flag;
-  dp.q = p.q;
-  dp.out = p.out;
-  dp.q_heads = p.q_heads;
-  dp.group = p.group_size;
-  dp.kv_heads = c.kv_heads;
   dp.head_chunks = (p.group_size + kHeadsPerCta - 1) / kHeadsPerCta;
-  dp.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  dp.dense = p.mode == QSAKV_ATTENTION_DENSE;
   dp.topk = p.topk;
   dp.topk_stride = p.topk_stride;
   dp.topk_width = p.topk_width;
@@ -225,8 +187,8 @@ __device__ __forceinline__ int compact_window(const DecodeParams& p, Offset* off
       const int t = p.dense ? col : __ldg(list + col);
       if (t >= 0 && t <= pos) {
         const int32_t phys = __ldg(bt + t / p.block_size);
-        if (phys >= 0 && phys < p.num_blocks) {
-          off[i] = phys * p.stride_block + static_cast<int64_t>(t % p.block_size) * p.stride_token;
+        if (page_mapped(phys, p.num_blocks)) {
+          off[i] = paged_row_offset(phys, t, p.block_size, p.stride_block, p.stride_token);
           if constexpr (sizeof(Offset) == 4)
             off[i] >>= 4;
           else
@@ -403,18 +365,16 @@ __device__ __forceinline__ void tile_softmax_pv(const TileRegs<KV, D>& t, float 
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
   }
-  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
-  // All-masked so far: keep everything at zero (exp2(-inf - -inf) would be NaN).
-  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
-  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+  const OnlineMax u0 = online_max(st.m[0], mx0), u1 = online_max(st.m[1], mx1);
+  const float ref0 = u0.ref, ref1 = u1.ref;
   // A maximum that did not move rescales by exactly 1 (the same result as exp2(0)), so
   // the warp skips the D / 2 multiplies of its output fragments unless some lane's moved:
   // past the first tiles of a split that is most tiles.
-  const bool moved0 = mn0 != st.m[0], moved1 = mn1 != st.m[1];
-  const float alpha0 = moved0 ? fast_exp2(st.m[0] - ref0) : 1.0f;
-  const float alpha1 = moved1 ? fast_exp2(st.m[1] - ref1) : 1.0f;
-  st.m[0] = mn0;
-  st.m[1] = mn1;
+  const bool moved0 = u0.m != st.m[0], moved1 = u1.m != st.m[1];
+  const float alpha0 = moved0 ? u0.alpha : 1.0f;
+  const float alpha1 = moved1 ? u1.alpha : 1.0f;
+  st.m[0] = u0.m;
+  st.m[1] = u1.m;
   s[0] = fast_exp2(s[0] - ref0);
   s[1] = fast_exp2(s[1] - ref1);
   s[2] = fast_exp2(s[2] - ref0);
@@ -765,24 +725,15 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
       const int64_t pi = oi * p.num_splits + split;
       *reinterpret_cast<float4*>(p.partial_out + pi * D + d) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-      if (d == 0) p.partial_lse[pi] = L != 0.0f ? M + log2f(L) : -CUDART_INF_F;
+      if (d == 0) p.partial_lse[pi] = state_lse(M, L);
     }
   }
   if (p.num_splits == 1) return;
 
   // ---- split-K: the last CTA of this (row, KV head, chunk) to arrive merges ----
-  __threadfence();  // make this CTA's partials visible before it is counted
-  __syncthreads();
   int32_t* counter =
       p.split_counters + (static_cast<int64_t>(row) * p.kv_heads + kvh) * p.head_chunks + chunk;
-  if (threadIdx.x == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    last_arrival = arrived == p.num_splits - 1;
-    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
-  }
-  __syncthreads();
-  if (!last_arrival) return;
-  __threadfence();
+  if (!arrive_last(counter, p.num_splits, last_arrival)) return;
   merge_splits<Act, D>(p, row, kvh, chunk, v_factor, shared, weights);
 }
 

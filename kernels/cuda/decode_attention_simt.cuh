@@ -175,14 +175,12 @@ __device__ __forceinline__ void simt_tile(const int64_t* offsets, int count, con
     float mx = s[h];  // fmaxf ignores NaN: a NaN score lives on in l and o
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    const float mn = fmaxf(st.m[h], mx);
-    const float ref = mn == -CUDART_INF_F ? 0.0f : mn;  // all masked so far: stay at zero
-    const float alpha = fast_exp2(st.m[h] - ref);
-    st.m[h] = mn;
-    const float pr = fast_exp2(s[h] - ref);
-    st.l[h] = st.l[h] * alpha + pr;
+    const OnlineMax u = online_max(st.m[h], mx);
+    st.m[h] = u.m;
+    const float pr = fast_exp2(s[h] - u.ref);
+    st.l[h] = st.l[h] * u.alpha + pr;
 #pragma unroll
-    for (int j = 0; j < S::kVDims; ++j) st.o[h][j] *= alpha;
+    for (int j = 0; j < S::kVDims; ++j) st.o[h][j] *= u.alpha;
     p_tile[h][lane] = round_probability<KV>(pr);
   }
   __syncwarp();

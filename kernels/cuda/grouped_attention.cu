@@ -21,7 +21,7 @@ void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
   prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC, kWg>, smem, false, ready);
   const int threads = kWg ? 128 * ((gp.vectors + 63) / 64) : 32 * ((gp.vectors + 15) / 16);
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
-                  static_cast<unsigned>(gp.d.kv_heads));
+                  static_cast<unsigned>(gp.in.kv_heads));
   grouped_attention_kernel<Act, KV, D, DEC, kWg><<<grid, threads, smem, stream>>>(gp);
 }
 
@@ -78,7 +78,7 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
   }
   GroupedParams gp;
-  gp.d = decode_params(p);
+  fill_attention_inputs(gp.in, p);
   gp.group_row0 = p.meta.group_row0;
   gp.group_rows = p.meta.group_rows;
   gp.vectors = g.rows_per_group * p.group_size;

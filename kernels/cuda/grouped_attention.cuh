@@ -38,13 +38,15 @@
 #include <type_traits>
 
 #include "limits.hpp"
+#include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/common.cuh"
-#include "cuda/decode_attention.cuh"
+#include "cuda/attention_inputs.cuh"
 #include "cuda/e4m3_decode.cuh"
+#include "cuda/last_arrival.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_tile.cuh"
-#include "cuda/split_merge.cuh"
+#include "cuda/softmax_state.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace qsakv {
@@ -70,7 +72,7 @@ struct GroupedShape {
 enum class EntrySource { kUnion = 0, kDense = 1 };
 
 struct GroupedParams {
-  DecodeParams d;  // cache, q, out, scales, metadata, top-k lists, row splits
+  AttentionInputs in;  // cache, q, out, scales, metadata, row splits
   const int32_t* group_row0;
   const int32_t* group_rows;
   int32_t vectors;  // rows_per_group x group
@@ -175,10 +177,9 @@ __device__ __forceinline__ void commit_entry(const GroupedParams& p, const Group
   const int lane = threadIdx.x & 31;
   if (lane >= kGTile) return;
   if (c.source == EntrySource::kDense && e.mask != 0u) {
-    const int32_t phys = __ldg(c.bt + e.t / p.d.block_size);
-    if (phys >= 0 && phys < p.d.num_blocks)
-      e.off =
-          phys * p.d.stride_block + static_cast<int64_t>(e.t % p.d.block_size) * p.d.stride_token;
+    const int32_t phys = __ldg(c.bt + e.t / p.in.block_size);
+    if (page_mapped(phys, p.in.num_blocks))
+      e.off = paged_row_offset(phys, e.t, p.in.block_size, p.in.stride_block, p.in.stride_token);
   }
   off_slot[lane] = e.off;
   mask_slot[lane] = e.off >= 0 ? e.mask : 0u;
@@ -195,13 +196,13 @@ __device__ __forceinline__ void issue_tile(const GroupedParams& p, uint8_t* smem
     return;
   }
   constexpr int kChunks = 2 * kGTile * L::kRawChunks;
-  const uint8_t* base = p.d.kv + static_cast<int64_t>(kvh) * p.d.stride_head;
+  const uint8_t* base = p.in.kv + static_cast<int64_t>(kvh) * p.in.stride_head;
   for (int c = threadIdx.x; c < kChunks; c += blockDim.x) {
     const int j = c / (2 * L::kRawChunks);
     const int rem = c - j * 2 * L::kRawChunks;
     const int kv = rem / L::kRawChunks, part = rem - kv * L::kRawChunks;
     const int64_t off = off_slot[j];
-    const uint8_t* src = base + (off >= 0 ? off : 0) + kv * p.d.stride_kv + part * 16;
+    const uint8_t* src = base + (off >= 0 ? off : 0) + kv * p.in.stride_kv + part * 16;
     uint8_t* dst;
     if constexpr (L::kE4M3)
       dst = smem + L::kRaw + (tile % L::kStagesRaw) * L::kTileRaw + c * 16;
@@ -325,13 +326,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], const uint32_t* 
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
   }
-  const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
-  // Nothing seen yet: keep everything at zero (exp2(-inf - -inf) would be NaN).
-  const float ref0 = mn0 == -CUDART_INF_F ? 0.0f : mn0;
-  const float ref1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
-  const float alpha0 = fast_exp2(st.m[0] - ref0), alpha1 = fast_exp2(st.m[1] - ref1);
-  st.m[0] = mn0;
-  st.m[1] = mn1;
+  const OnlineMax u0 = online_max(st.m[0], mx0), u1 = online_max(st.m[1], mx1);
+  const float ref0 = u0.ref, ref1 = u1.ref, alpha0 = u0.alpha, alpha1 = u1.alpha;
+  st.m[0] = u0.m;
+  st.m[1] = u1.m;
   float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -516,11 +514,11 @@ __device__ __forceinline__ void issue_q(const GroupedParams& p, const GroupCta& 
   const int n = (blockDim.x >> 5) * 16 * L::kChunks16;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int m = i / L::kChunks16, ch = i - m * L::kChunks16;
-    const int r = m / p.d.group, h = m - r * p.d.group;
+    const int r = m / p.in.group, h = m - r * p.in.group;
     const bool valid = m < p.vectors && r < c.rows;
-    const Act* src = static_cast<const Act*>(p.d.q) +
-                     (static_cast<int64_t>(c.row0 + (valid ? r : 0)) * p.d.q_heads +
-                      c.kvh * p.d.group + (valid ? h : 0)) *
+    const Act* src = static_cast<const Act*>(p.in.q) +
+                     (static_cast<int64_t>(c.row0 + (valid ? r : 0)) * p.in.q_heads +
+                      c.kvh * p.in.group + (valid ? h : 0)) *
                          D +
                      ch * 8;
     copy16_async(smem + L::kQ + L::q_chunk(m, ch), src, valid);
@@ -587,13 +585,13 @@ template <class Act, int D>
 __device__ __forceinline__ void store_vector4(const GroupedParams& p, const GroupCta& c,
                                               uint32_t partial_rows, int m, int d, float4 o,
                                               float lse, float v_factor) {
-  const int r = m / p.d.group, h = m - r * p.d.group;
-  const int64_t oi = static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h;
+  const int r = m / p.in.group, h = m - r * p.in.group;
+  const int64_t oi = static_cast<int64_t>(c.row0 + r) * p.in.q_heads + c.kvh * p.in.group + h;
   if (partial_rows >> r & 1u) {
     *reinterpret_cast<float4*>(p.shared_out + oi * D + d) = o;
     if (d == 0) p.shared_lse[oi] = lse;
   } else {
-    store_act4<Act>(static_cast<Act*>(p.d.out) + oi * D + d, o.x * v_factor, o.y * v_factor,
+    store_act4<Act>(static_cast<Act*>(p.in.out) + oi * D + d, o.x * v_factor, o.y * v_factor,
                     o.z * v_factor, o.w * v_factor);
   }
 }
@@ -606,7 +604,7 @@ __device__ void merge_grouped_splits(const GroupedParams& p, const GroupCta& c, 
                                      uint32_t partial_rows, float v_factor,
                                      float* weights /* smem [96][splits + 1] */) {
   const int S = c.splits, SW = S + 1;  // w[S]: the vector's combined LSE
-  const int vectors = min(p.vectors, c.rows * p.d.group);
+  const int vectors = min(p.vectors, c.rows * p.in.group);
   const int64_t pbase = (static_cast<int64_t>(c.kvh) * p.max_items + item0) * kGroupedMaxVectors;
   for (int i = threadIdx.x; i < vectors * S; i += blockDim.x) {
     const int m = i / S, s = i - m * S;
@@ -652,7 +650,7 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   __shared__ uint32_t partial_rows_smem;  // bit r: row r also has entries of its own
 
   // ---- coordinates: (group, split) from the launch's split count ----
-  const int groups = p.d.header->num_groups;
+  const int groups = p.in.header->num_groups;
   GroupCta c;
   c.splits = grouped_splits(p, groups);
   c.group = blockIdx.x / c.splits;
@@ -661,11 +659,11 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   if (c.group >= groups) return;  // beyond this batch (graph replay) or this split count
   c.row0 = p.group_row0[c.group];
   c.rows = p.group_rows[c.group];
-  c.pos0 = p.d.row_pos[c.row0];
-  const int req = p.d.row_request[c.row0];
-  c.bt = p.d.header->block_table + static_cast<int64_t>(req) * p.d.header->block_table_stride;
+  c.pos0 = p.in.row_pos[c.row0];
+  const int req = p.in.row_request[c.row0];
+  c.bt = p.in.header->block_table + static_cast<int64_t>(req) * p.in.header->block_table_stride;
   c.ubase = static_cast<int64_t>(c.group) * p.union_cap;
-  if (p.d.dense) {
+  if (p.in.dense) {
     c.source = EntrySource::kDense;
     c.entries = c.pos0 + c.rows;
   } else {
@@ -685,10 +683,10 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   uint32_t* poison = reinterpret_cast<uint32_t*>(smem + L::kPoison);
   const float* qfactor = reinterpret_cast<const float*>(smem + L::kQFactor);
 
-  const float k_scale = __ldg(p.d.scales), v_scale = __ldg(p.d.scales + 1);
+  const float k_scale = __ldg(p.in.scales), v_scale = __ldg(p.in.scales + 1);
   constexpr float kUnit = KV == KvKind::kE4M3 ? decoded_unit<DEC>() : 1.0f;
   // Where the layer may hold a NaN code (E4M3) or a non-finite value (16-bit caches).
-  const bool flagged = *p.d.nan_flag != 0;
+  const bool flagged = *p.in.nan_flag != 0;
   const bool patch_k = KV == KvKind::kE4M3 && DEC == Decoder::kSoftware && flagged;
 
   // ---- prologue: Q, entries of the first four tiles, copies of the first three ----
@@ -697,7 +695,7 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   Entry pending{-1, 0u, -1};  // warp 0: the entries of the tile kGEntryAhead ahead
   if (warp == 0) {
     // (Read here, used after the main loop: many barriers publish it.)
-    const bool part = !p.d.dense && lane < c.rows && p.d.row_split[c.row0 + lane].x > 0;
+    const bool part = !p.in.dense && lane < c.rows && p.in.row_split[c.row0 + lane].x > 0;
     const uint32_t rows_with_own = __ballot_sync(0xffffffffu, part);
     if (lane == 0) partial_rows_smem = rows_with_own;
 #pragma unroll
@@ -715,7 +713,7 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
                            ent_off + ((c.tile0 + i) % kSlots) * kGTile);
   copy_wait<kGCopyStages - 1>();  // Q and the first tile have landed
   __syncthreads();
-  prepare_q<Act, KV, D, kWg>(smem, p.d.softmax_scale_log2 * k_scale * kUnit);
+  prepare_q<Act, KV, D, kWg>(smem, p.in.softmax_scale_log2 * k_scale * kUnit);
   const uint32_t* first_mask = ent_mask + (c.tile0 % kSlots) * kGTile;
   if (c.tile0 < c.tile1) {  // (an empty split copied nothing)
     if constexpr (KV == KvKind::kE4M3)
@@ -730,14 +728,14 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   // Warps whose vectors are all padding (a group shorter than rows_per_group) only copy
   // and decode: the MMAs of the others get their issue slots.
   const int m0 = warp * 16;
-  const bool computes = m0 < min(p.vectors, c.rows * p.d.group);
+  const bool computes = m0 < min(p.vectors, c.rows * p.in.group);
   // The warpgroup path: all four warps of a warpgroup with a vector to compute issue its
   // MMAs (a warp of padding vectors too: its rows are masked, and it writes nothing).
-  const bool wg_computes = (warp >> 2) * 64 < min(p.vectors, c.rows * p.d.group);
+  const bool wg_computes = (warp >> 2) * 64 < min(p.vectors, c.rows * p.in.group);
   if constexpr (!kWg)
     if (computes) relayout_q<KV, D>(smem, m0);
   const int v0 = m0 + g, v1 = m0 + g + 8;
-  const int r0 = v0 / p.d.group, r1 = v1 / p.d.group;
+  const int r0 = v0 / p.in.group, r1 = v1 / p.in.group;
   const uint32_t rbit0 = v0 < p.vectors && r0 < c.rows ? 1u << r0 : 0u;
   const uint32_t rbit1 = v1 < p.vectors && r1 < c.rows ? 1u << r1 : 0u;
   const float f0 = qfactor[v0], f1 = qfactor[v1];
@@ -822,7 +820,7 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
   const float v_factor = v_scale * kUnit;
   const uint32_t partial_rows = partial_rows_smem;
   const bool part0 = rbit0 & partial_rows, part1 = rbit1 & partial_rows;
-  auto lse = [&](int i) { return st.l[i] != 0.0f ? st.m[i] + log2f(st.l[i]) : -CUDART_INF_F; };
+  auto lse = [&](int i) { return state_lse(st.m[i], st.l[i]); };
   // This thread's normalised outputs of vectors v0 and v1 for dims d, d + 1 of n-tile i,
   // a non-finite V element's dims NaN (a poisoned dim stays NaN through any merge).
   auto normalised = [&](int i, float2& a, float2& b) {
@@ -845,10 +843,10 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
     // Final outputs through shared memory (16-byte stores); a row with entries of its own
     // gets its shared part as a partial, straight from registers.
     if (computes) {
-      const int64_t oi0 = static_cast<int64_t>(c.row0 + r0) * p.d.q_heads + c.kvh * p.d.group +
-                          (v0 - r0 * p.d.group);
-      const int64_t oi1 = static_cast<int64_t>(c.row0 + r1) * p.d.q_heads + c.kvh * p.d.group +
-                          (v1 - r1 * p.d.group);
+      const int64_t oi0 = static_cast<int64_t>(c.row0 + r0) * p.in.q_heads + c.kvh * p.in.group +
+                          (v0 - r0 * p.in.group);
+      const int64_t oi1 = static_cast<int64_t>(c.row0 + r1) * p.in.q_heads + c.kvh * p.in.group +
+                          (v1 - r1 * p.in.group);
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         const int d = 8 * i + 2 * t4;
@@ -877,14 +875,14 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
       if (t4 == 0 && part1) p.shared_lse[oi1] = lse(1);
     }
     __syncthreads();
-    const int vectors = min(p.vectors, c.rows * p.d.group);
+    const int vectors = min(p.vectors, c.rows * p.in.group);
     for (int idx = threadIdx.x; idx < vectors * L::kChunks16; idx += blockDim.x) {
       const int m = idx / L::kChunks16, ch = idx - m * L::kChunks16;
-      const int r = m / p.d.group, h = m - r * p.d.group;
+      const int r = m / p.in.group, h = m - r * p.in.group;
       if (partial_rows >> r & 1u) continue;
       uint4* o = reinterpret_cast<uint4*>(
-          static_cast<Act*>(p.d.out) +
-          (static_cast<int64_t>(c.row0 + r) * p.d.q_heads + c.kvh * p.d.group + h) * D);
+          static_cast<Act*>(p.in.out) +
+          (static_cast<int64_t>(c.row0 + r) * p.in.q_heads + c.kvh * p.in.group + h) * D);
       o[ch] =
           *reinterpret_cast<const uint4*>(smem + L::kQ + swizzled_chunk<L::kChunks16>(m, ch) * 16);
     }
@@ -909,17 +907,8 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
       p.partial_lse[pbase + v1] = lse(1);
     }
   }
-  __threadfence();  // this CTA's partials are visible before it is counted
-  __syncthreads();
   int32_t* counter = p.counters + static_cast<int64_t>(c.kvh) * p.max_groups + c.group;
-  if (threadIdx.x == 0) {
-    const int arrived = atomicAdd(counter, 1);
-    last_arrival = arrived == c.splits - 1;
-    if (last_arrival) *counter = 0;  // ready for the next launch (graph replays)
-  }
-  __syncthreads();
-  if (!last_arrival) return;
-  __threadfence();
+  if (!arrive_last(counter, c.splits, last_arrival)) return;
   merge_grouped_splits<Act, D>(p, c, item0, partial_rows, v_factor,
                                reinterpret_cast<float*>(smem + L::kQ));
 }

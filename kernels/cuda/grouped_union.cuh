@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "limits.hpp"
+#include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/block_scan.cuh"
 
@@ -342,11 +343,11 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
         for (int k = 0; k < kUnroll; ++k) {
           const int i = i0 + k * kUnionThreads;
           if (i >= listed) break;
-          const bool mapped = phys[k] >= 0 && phys[k] < p.num_blocks;
-          p.union_off[base + count + i] =
-              mapped ? phys[k] * p.stride_block +
-                           static_cast<int64_t>(tokens[i] % p.block_size) * p.stride_token
-                     : -1;
+          const bool mapped = page_mapped(phys[k], p.num_blocks);
+          p.union_off[base + count + i] = mapped
+                                              ? paged_row_offset(phys[k], tokens[i], p.block_size,
+                                                                 p.stride_block, p.stride_token)
+                                              : -1;
           p.union_mask[base + count + i] = mapped ? token_masks[i] : 0u;
         }
       }

@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
+#include "cuda/last_arrival.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/radix_topk.cuh"
 #include "cuda/select_score.cuh"
@@ -58,9 +59,9 @@ __host__ __device__ inline int64_t workspace_stride(int64_t max_blocks) {
   return ((max_blocks > 1 ? max_blocks : 1) + 3) / 4 * 4;
 }
 struct FilterRowState {
-  int n_above;        // list entries above the threshold bin (all CTAs of the row)
-  int n_bin;          // entries in the bin (counted past the list's capacity)
-  unsigned int done;  // CTAs of the row that have finished their chunk
+  int n_above;   // list entries above the threshold bin (all CTAs of the row)
+  int n_bin;     // entries in the bin (counted past the list's capacity)
+  int32_t done;  // CTAs of the row that have finished their chunk (last_arrival.cuh)
   int unused;
 };
 constexpr int kListEntries = kTopkMaxBlocks + kCandidateCap;
@@ -100,26 +101,6 @@ __device__ __forceinline__ WaveRow wave_row(float* ws, int wave_rows, int64_t st
 // ---------------------------------------------------------------------------------------
 // 1. Scores
 // ---------------------------------------------------------------------------------------
-
-// Compressed key b of a row (codes and, for E4M3, scale), or codes == nullptr when b is
-// not visible or its page is unmapped (such a block is never read and never selected).
-__device__ __forceinline__ CompressedKeyAddress key_address(const SelectParams& p,
-                                                            const int32_t* bt, int64_t b,
-                                                            int64_t n) {
-  CompressedKeyAddress a = {nullptr, nullptr};
-  if (b >= n) return a;
-  // Key b lies on page b / keys_per_block at slot b % keys_per_block (block_size is
-  // keys_per_block * ratio). b < 2^31 (positions are int32): 32-bit arithmetic, a shift
-  // for the usual power-of-two page, instead of the 64-bit divisions that dominated this
-  // kernel's instructions.
-  const uint32_t key = static_cast<uint32_t>(b);
-  const int lg = p.keys.keys_per_block_log2;
-  const uint32_t kpb = static_cast<uint32_t>(p.keys.keys_per_block);
-  const uint32_t page = lg >= 0 ? key >> lg : key / kpb;
-  const int32_t phys = __ldg(bt + page);
-  if (phys < 0 || phys >= p.num_blocks) return a;
-  return compressed_key_in_page(p.keys, phys, static_cast<int>(key - page * kpb));
-}
 
 // Tiles of 16 keys start at multiples of 16, so with pages of a power-of-two multiple of
 // 16 keys (the reference geometry: 64-token blocks, ratio 4) each tile lies in one page.
@@ -685,12 +666,8 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   if (K > 0 && b0 < n)
     chunk.split(static_cast<uint32_t>(b0), static_cast<uint32_t>(b1), kTopBits, top, w.above,
                 &w.state->n_above, kTopkMaxBlocks, w.bin, &w.state->n_bin, kCandidateCap);
-  __threadfence();  // this CTA's list entries are visible before its ticket
-  __syncthreads();
-  if (tid == 0) sm.last = atomicAdd(&w.state->done, 1u) == gridDim.x - 1 ? 1 : 0;
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
+  // The CTA that finishes last (its ticket resets `done`) finishes the row.
+  if (!arrive_last(&w.state->done, static_cast<int>(gridDim.x), sm.last)) return;
   // The last CTA of the row. Every other CTA has read the histogram and appended.
   const int n_above = __ldcg(&w.state->n_above), n_bin = __ldcg(&w.state->n_bin);
   // Composites are unique, so the lists hold exactly the keys above the bin (K - need of
@@ -707,7 +684,6 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   if (tid == 0) {
     w.state->n_above = 0;
     w.state->n_bin = 0;
-    w.state->done = 0u;
   }
   if (!listed) {
     topk_row_in_one_cta(p, row, pos, n, w, true, sm);

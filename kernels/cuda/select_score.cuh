@@ -30,6 +30,8 @@
 
 #include "cuda/common.cuh"
 #include "limits.hpp"
+#include "paged_address.cuh"
+#include "params.hpp"
 #include "cuda/mma.cuh"
 
 namespace qsakv {
@@ -37,6 +39,26 @@ namespace cuda {
 
 constexpr int kScoreTileKeys = 16;               // M of one MMA tile
 constexpr int kScoreMaxHeads = kSelectMaxHeads;  // N of one MMA tile
+
+// Compressed key b of a row (codes and, for E4M3, scale), or codes == nullptr when b is
+// not visible or its page is unmapped (such a block is never read and never selected).
+__device__ __forceinline__ CompressedKeyAddress key_address(const SelectParams& p,
+                                                            const int32_t* bt, int64_t b,
+                                                            int64_t n) {
+  CompressedKeyAddress a = {nullptr, nullptr};
+  if (b >= n) return a;
+  // Key b lies on page b / keys_per_block at slot b % keys_per_block (block_size is
+  // keys_per_block * ratio). b < 2^31 (positions are int32): 32-bit arithmetic, a shift
+  // for the usual power-of-two page, instead of the 64-bit divisions that dominated the
+  // scoring kernels' instructions.
+  const uint32_t key = static_cast<uint32_t>(b);
+  const int lg = p.keys.keys_per_block_log2;
+  const uint32_t kpb = static_cast<uint32_t>(p.keys.keys_per_block);
+  const uint32_t page = lg >= 0 ? key >> lg : key / kpb;
+  const int32_t phys = __ldg(bt + page);
+  if (!page_mapped(phys, p.num_blocks)) return a;
+  return compressed_key_in_page(p.keys, phys, static_cast<int>(key - page * kpb));
+}
 
 // Order-preserving map of a float to uint32 (larger float -> larger key). 0 is reserved
 // for "not a candidate" (blocks on unmapped pages): real keys are never 0.

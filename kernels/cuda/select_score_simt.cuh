@@ -58,13 +58,10 @@ __global__ void __launch_bounds__(kSimtScoreThreads, 4)
   __syncthreads();  // hist cleared, q loaded
 
   for (int64_t b = cta0 + threadIdx.x; b < cta1; b += kSimtScoreThreads) {
-    // The key's address as select.cu's key_address computes it (unmapped: no key).
-    const int64_t t0 = b * p.ratio;
-    const int32_t phys = __ldg(bt + t0 / p.block_size);
+    // Key b's bytes (codes == nullptr: its page is unmapped, no key).
+    const CompressedKeyAddress a = key_address(p, bt, b, n);
     uint32_t key = 0u;
-    if (phys >= 0 && phys < p.num_blocks) {
-      const CompressedKeyAddress a =
-          compressed_key_in_page(p.keys, phys, static_cast<int>((t0 % p.block_size) / p.ratio));
+    if (a.codes) {
       constexpr int kPerLoad = kFp8 ? 16 : 8;  // values per 16-byte load
       float acc[kScoreMaxHeads];
 #pragma unroll

@@ -5,9 +5,9 @@
 // ticket that starts a merge is in last_arrival.cuh.
 //
 // A running state is (m, l, o): the largest score seen, the sum of exp2(score - m), and
-// the output weighted the same way, all base 2. A partial is (o, lse): its output normalised by its own sum, and lse = m + log2(l) in
-// base 2 (-inf when it saw no token). Partials combine with weights exp2(lse_s - M) / W,
-// M the largest lse and W the sum of exp2(lse_s - M).
+// the output weighted the same way, all base 2. A partial is (o, lse): its output normalised by its
+// own sum, and lse = m + log2(l) in base 2 (-inf when it saw no token). Partials combine with
+// weights exp2(lse_s - M) / W, M the largest lse and W the sum of exp2(lse_s - M).
 #pragma once
 
 #include <math_constants.h>

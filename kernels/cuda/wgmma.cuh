@@ -86,10 +86,10 @@ __device__ __forceinline__ void pin_accumulators(float (&d)[N][4]) {
       "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), \
       "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
 #define QSAKV_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define QSAKV_REGS32                                                             \
-  QSAKV_REGS16                                                                   \
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
-      "%30, %31"
+#define QSAKV_REGS32                                                         \
+  QSAKV_REGS16                                                               \
+  ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
+  "%30, %31"
 // D[64 x 32] += A[64 x 16] B[16 x 32]; A and B K-major in shared memory.
 #define QSAKV_WGMMA_N32_SS(TY)                                                  \
   asm volatile(                                                                 \

@@ -322,8 +322,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
                                                                    : QSAKV_DECODER_SOFTWARE)
           : decoder;
   // sm_90a code runs on SM 9.0 alone; the SM70 tier has no grouped route.
-  const bool wgmma_available =
-      cuda::grouped_warpgroup_mma_built() && sm == 90 && tier == QSAKV_KERNEL_TIER_SM75;
+  const bool wgmma_available = cuda::grouped_warpgroup_mma_built() && sm == kSmWarpgroupMma &&
+                               tier == QSAKV_KERNEL_TIER_SM75;
   if (mma == GroupedMma::kWgmma && !wgmma_available)
     fail(QSAKV_ERROR_UNSUPPORTED,
          "%s=wgmma asks for the grouped route's warpgroup-MMA kernel, which needs an SM 9.0 GPU "
