@@ -26,30 +26,56 @@ static void test_cpu_backend(void** state) {
   qsakv_context_destroy(ctx);
 }
 
-/* QSAKV_CUDA_TIER (the kernel-tier override for tests) is read at context creation and
- * checked on every backend, so a typo never silently tests the default tier. */
-static void test_cuda_tier_variable(void** state) {
-  (void)state;
-  const char* saved = getenv("QSAKV_CUDA_TIER");
-  char* keep = saved ? strdup(saved) : NULL;
-  const char* bad[] = {"bogus", "SM70", "sm80", "70", " sm70"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
-    setenv("QSAKV_CUDA_TIER", bad[i], 1);
+/* A context-creation environment variable under test: its value saved on entry, put back
+ * on exit, whatever the test set it to. */
+static char* env_save(const char* name) {
+  const char* v = getenv(name);
+  return v ? strdup(v) : NULL;
+}
+static void env_restore(const char* name, char* saved) {
+  if (saved) {
+    setenv(name, saved, 1);
+    free(saved);
+  } else {
+    unsetenv(name);
+  }
+}
+
+/* Every value in bad[] makes context creation fail with INVALID_ARGUMENT, no context, and a
+ * message naming the variable and one valid value (`hint`). */
+static void expect_env_refused(const char* name, const char* const* bad, size_t n,
+                               const char* hint) {
+  for (size_t i = 0; i < n; ++i) {
+    setenv(name, bad[i], 1);
     qsakv_context* ctx = NULL;
     assert_int_equal(qsakv_context_create(&ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
     assert_null(ctx);
-    assert_non_null(strstr(qsakv_last_error(), "QSAKV_CUDA_TIER"));
-    assert_non_null(strstr(qsakv_last_error(), "sm70"));
+    assert_non_null(strstr(qsakv_last_error(), name));
+    assert_non_null(strstr(qsakv_last_error(), hint));
   }
-  /* Valid values: the CPU backend takes them and reports no kernel tier. */
-  const char* good[] = {"", "auto", "sm70", "sm75"};
-  for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
-    setenv("QSAKV_CUDA_TIER", good[i], 1);
+}
+
+/* Every value in good[] is taken by the CPU backend. */
+static void expect_env_taken_on_cpu(const char* name, const char* const* good, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    setenv(name, good[i], 1);
     qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
     assert_non_null(ctx);
     assert_int_equal(info_of(ctx).kernel_tier, QSAKV_KERNEL_TIER_NONE);
     qsakv_context_destroy(ctx);
   }
+}
+
+/* QSAKV_CUDA_TIER (the kernel-tier override for tests) is read at context creation and
+ * checked on every backend, so a typo never silently tests the default tier. */
+static void test_cuda_tier_variable(void** state) {
+  (void)state;
+  char* keep = env_save("QSAKV_CUDA_TIER");
+  const char* bad[] = {"bogus", "SM70", "sm80", "70", " sm70"};
+  expect_env_refused("QSAKV_CUDA_TIER", bad, sizeof bad / sizeof bad[0], "sm70");
+  /* Valid values: the CPU backend takes them and reports no kernel tier. */
+  const char* good[] = {"", "auto", "sm70", "sm75"};
+  expect_env_taken_on_cpu("QSAKV_CUDA_TIER", good, sizeof good / sizeof good[0]);
   /* On a GPU, sm70 is honoured whatever the GPU (SM70+), and reported. */
   setenv("QSAKV_CUDA_TIER", "sm70", 1);
   qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
@@ -61,12 +87,7 @@ static void test_cuda_tier_variable(void** state) {
   } else {
     print_message("[ SKIP     ] sm70 on a GPU: no usable GPU\n");
   }
-  if (keep) {
-    setenv("QSAKV_CUDA_TIER", keep, 1);
-    free(keep);
-  } else {
-    unsetenv("QSAKV_CUDA_TIER");
-  }
+  env_restore("QSAKV_CUDA_TIER", keep);
 }
 
 /* QSAKV_GROUPED_MMA (the grouped kernel's MMA, a test and benchmark hook) likewise: read at
@@ -74,24 +95,11 @@ static void test_cuda_tier_variable(void** state) {
  * GPU and the build have the warpgroup-MMA kernel, and refused by name elsewhere. */
 static void test_grouped_mma_variable(void** state) {
   (void)state;
-  const char* saved = getenv("QSAKV_GROUPED_MMA");
-  char* keep = saved ? strdup(saved) : NULL;
+  char* keep = env_save("QSAKV_GROUPED_MMA");
   const char* bad[] = {"bogus", "WGMMA", "mma", " sync"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
-    setenv("QSAKV_GROUPED_MMA", bad[i], 1);
-    qsakv_context* ctx = NULL;
-    assert_int_equal(qsakv_context_create(&ctx, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
-    assert_null(ctx);
-    assert_non_null(strstr(qsakv_last_error(), "QSAKV_GROUPED_MMA"));
-    assert_non_null(strstr(qsakv_last_error(), "wgmma"));
-  }
+  expect_env_refused("QSAKV_GROUPED_MMA", bad, sizeof bad / sizeof bad[0], "wgmma");
   const char* good[] = {"", "auto", "sync", "wgmma"};
-  for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
-    setenv("QSAKV_GROUPED_MMA", good[i], 1);
-    qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
-    assert_non_null(ctx);
-    qsakv_context_destroy(ctx);
-  }
+  expect_env_taken_on_cpu("QSAKV_GROUPED_MMA", good, sizeof good / sizeof good[0]);
   setenv("QSAKV_GROUPED_MMA", "wgmma", 1);
   qsakv_context_options o;
   qsakv_context_options_init(&o);
@@ -109,12 +117,7 @@ static void test_grouped_mma_variable(void** state) {
     assert_int_equal(info_of(gpu).sm_version, 90);
     qsakv_context_destroy(gpu);
   }
-  if (keep) {
-    setenv("QSAKV_GROUPED_MMA", keep, 1);
-    free(keep);
-  } else {
-    unsetenv("QSAKV_GROUPED_MMA");
-  }
+  env_restore("QSAKV_GROUPED_MMA", keep);
 }
 
 static void test_auto_chooses_and_says_why(void** state) {
