@@ -737,6 +737,22 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, const MergeSme
   merge_splits<Act, D>(p, row, kvh, chunk, v_factor, shared, weights);
 }
 
+// A decode CTA's coordinates in the grid both kernel tiers launch: x = (row, KV head,
+// head chunk), chunk fastest; y = the split.
+struct DecodeCta {
+  int row, kvh, chunk, split;
+};
+__device__ __forceinline__ DecodeCta decode_cta(const DecodeParams& p) {
+  DecodeCta c;
+  c.split = blockIdx.y;
+  int bx = blockIdx.x;
+  c.chunk = bx % p.head_chunks;
+  bx /= p.head_chunks;
+  c.kvh = bx % p.kv_heads;
+  c.row = bx / p.kv_heads;
+  return c;
+}
+
 // CTAs per SM each kernel is compiled for (the register cap follows): E4M3 tiles are half
 // the registers of 16-bit ones, so three CTAs (12 warps) fit, as do three two-stage rings
 // (a deeper ring's shared memory fits two).
@@ -760,12 +776,8 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
   __shared__ int last_arrival;
   extern __shared__ uint4 dynamic_smem[];  // the warp merge
 
-  const int split = blockIdx.y;
-  int bx = blockIdx.x;
-  const int chunk = bx % p.head_chunks;
-  bx /= p.head_chunks;
-  const int kvh = bx % p.kv_heads;
-  const int row = bx / p.kv_heads;
+  const DecodeCta cta = decode_cta(p);
+  const int split = cta.split, chunk = cta.chunk, kvh = cta.kvh, row = cta.row;
   // The plan's row arrays have max_rows entries (row < max_rows by the grid), so their
   // loads go out together with the header's, before the batch's row count is known: one
   // dependent round trip fewer at the head of every CTA.

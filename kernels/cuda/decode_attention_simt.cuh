@@ -220,14 +220,8 @@ __global__ void __launch_bounds__(kThreads, kAttentionCtasPerSm)
   __shared__ int last_arrival;
   SimtLoopSmem<D>& sm = smem.loop;
 
-  // The CTA's coordinates, decoded as decode_attention_kernel does (same grid). A shared
-  // helper for both changed the tensor-core kernel's SASS, so it waits for a GPU run.
-  const int split = blockIdx.y;
-  int bx = blockIdx.x;
-  const int chunk = bx % p.head_chunks;
-  bx /= p.head_chunks;
-  const int kvh = bx % p.kv_heads;
-  const int row = bx / p.kv_heads;
+  const DecodeCta cta = decode_cta(p);  // the same grid as decode_attention_kernel
+  const int split = cta.split, chunk = cta.chunk, kvh = cta.kvh, row = cta.row;
   if (row >= p.header->num_rows) return;  // rows beyond this batch (graph replay)
   // The SM70 tier has no grouped route (its plans make no groups): a guard, not a path.
   if (p.skip_grouped && p.row_group[row] >= 0) return;

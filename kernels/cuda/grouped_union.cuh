@@ -361,12 +361,16 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     auto own_ballot = [&](int k) {
       return __ballot_sync(0xffffffffu, has(k) && !row_listed && !(listing && shared_bits.test(k)));
     };
-    for (int pass = 0; pass < passes; ++pass) {
+    // A pass's entries in registers again (multi-window variant) with the rule's bits.
+    auto begin_own_pass = [&](int pass) {
       if (reload) {
         load(pass, w0);
         if (listing) shared_bits = rule_bits();
       }
       launder();
+    };
+    for (int pass = 0; pass < passes; ++pass) {
+      begin_own_pass(pass);
 #pragma unroll
       for (int k = 0; k < kUnionEntries; ++k) {
         const uint32_t ballot = own_ballot(k);
@@ -397,11 +401,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
       int32_t* own_row = p.own_lists + static_cast<int64_t>(row0 + r) * W;
       asm volatile("" : "+l"(own_row));
       for (int pass = 0; pass < passes; ++pass) {
-        if (reload) {
-          load(pass, w0);
-          if (listing) shared_bits = rule_bits();
-        }
-        launder();
+        begin_own_pass(pass);
 #pragma unroll
         for (int k = 0; k < kUnionEntries; ++k) {
           const uint32_t ballot = own_ballot(k);

@@ -613,20 +613,34 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
 
 // One CTA per row: the route for rows whose scores come from the multi-row kernel (no
 // histogram yet) and for waves with a row per SM or more.
+
+// The head of both top-k kernels for their row: clears the CTA's list counts, reads the
+// row's position, visible keys and workspace (the batch's metadata predates the scoring
+// kernel, so before the grid dependency wait), then waits for the wave's scores. False:
+// the row is beyond this batch (graph replay), and the CTA returns.
+__device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, int wave_rows,
+                                               int64_t ws_stride, int row, TopkSmem& sm, int& pos,
+                                               int64_t& n, WaveRow& w) {
+  if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
+  if (row >= p.meta.header->num_rows) return false;
+  pos = p.meta.row_pos[row];
+  n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
+#endif
+  return true;
+}
+
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready) {
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.x);
-  if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
-  // The batch's metadata predates the scoring kernel: read it before waiting.
-  if (row >= p.meta.header->num_rows) return;
-  const int pos = p.meta.row_pos[row];
-  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
-  const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
+  int pos;
+  int64_t n;
+  WaveRow w;
+  if (!begin_topk_row(p, row0, wave_rows, ws_stride, row, sm, pos, n, w)) return;
   topk_row_in_one_cta(p, row, pos, n, w, hist_ready, sm);
 }
 
@@ -644,15 +658,10 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.y);
   const int tid = threadIdx.x;
-  if (tid == 0) sm.n_sel = sm.n_cand = 0;
-  // The batch's metadata predates the scoring kernel: read it before waiting.
-  if (row >= p.meta.header->num_rows) return;
-  const int pos = p.meta.row_pos[row];
-  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
-  const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
+  int pos;
+  int64_t n;
+  WaveRow w;
+  if (!begin_topk_row(p, row0, wave_rows, ws_stride, row, sm, pos, n, w)) return;
   // The chunk's keys are loaded while the threshold is found (one round trip, not two).
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kFilterKeys;
   const int64_t b1 = min(n, b0 + kFilterKeys);
