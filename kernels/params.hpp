@@ -152,11 +152,13 @@ struct SelectParams {
 // many of its rows select (the group's list, read once for all rows) and each row's own
 // entries (computed on the decode route, which then merges the two parts).
 struct GroupedView {
-  // The last update's batch has row groups: the grouped kernels are launched and the
-  // decode kernels treat those rows as grouped. Otherwise neither happens (no empty
-  // launches), so a graph captured then runs every later batch on the decode route.
-  int32_t active;
-  int32_t num_groups;  // the last update's row groups (the backend's choice of kernel)
+  // The routing, decided once per update by fill_plan_meta (core/plan_meta.cpp): the
+  // device reads it per row from meta.row_group[], the host from num_groups, the number of
+  // groups that update made. With none, the grouped kernels are not launched and the
+  // decode kernels ignore row_group[] (no empty launches), so a graph captured then runs
+  // every later batch on the decode route. The backend also picks the grouped kernel's
+  // MMA from it.
+  int32_t num_groups;
   int32_t rows_per_group;
   int32_t union_cap;     // list entries per group
   int32_t window;        // the union kernel's positions per pass

@@ -144,7 +144,7 @@ inline DecodeParams decode_params(const AttentionParams& p) {
   DecodeParams dp;
   fill_attention_inputs(dp, p);
   dp.row_group = p.meta.row_group;
-  dp.skip_grouped = p.grouped.active;
+  dp.skip_grouped = p.grouped.num_groups > 0;
   dp.own_lists = p.grouped.own_lists;
   dp.shared_out = p.grouped.shared_out;
   dp.shared_lse = p.grouped.shared_lse;

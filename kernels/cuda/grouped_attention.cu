@@ -19,7 +19,7 @@ void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
   constexpr int smem = grouped_smem_bytes<KV, D, kWg>();
   static std::atomic<uint64_t> ready{0};
   prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC, kWg>, smem, false, ready);
-  const int threads = kWg ? 128 * ((gp.vectors + 63) / 64) : 32 * ((gp.vectors + 15) / 16);
+  const int threads = GroupedShape<kWg>::threads(gp.vectors);
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
                   static_cast<unsigned>(gp.in.kv_heads));
   grouped_attention_kernel<Act, KV, D, DEC, kWg><<<grid, threads, smem, stream>>>(gp);
@@ -44,20 +44,21 @@ bool grouped_warpgroup_mma_built() {
 void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, bool warpgroup_mma,
                               cudaStream_t stream) {
   const int max_groups = p.meta.max_groups;
-  if (max_groups == 0 || !p.grouped.active) return;  // no groups in this batch
+  if (max_groups == 0 || p.grouped.num_groups == 0) return;  // no groups in this batch
   const KvCacheView& c = p.cache;
   const GroupedView& g = p.grouped;
+  GroupedParams gp;
+  fill_attention_inputs(gp.in, p);
   if (p.mode == QSAKV_ATTENTION_SPARSE) {
     UnionParams up;
     up.meta = p.meta;
     up.topk = p.topk;
     up.topk_stride = p.topk_stride;
     up.topk_width = p.topk_width;
-    up.block_size = c.block_size;
-    up.num_blocks = c.num_blocks;
-    const int64_t esz = c.dtype == QSAKV_DTYPE_E4M3 ? 1 : 2;
-    up.stride_block = c.stride_block * esz;
-    up.stride_token = c.stride_token * esz;
+    up.block_size = gp.in.block_size;
+    up.num_blocks = gp.in.num_blocks;
+    up.stride_block = gp.in.stride_block;
+    up.stride_token = gp.in.stride_token;
     up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
     up.window = g.window;
     up.entry_words = g.rows_per_group * union_row_words(p.topk_width);
@@ -77,8 +78,6 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem);
     kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
   }
-  GroupedParams gp;
-  fill_attention_inputs(gp.in, p);
   gp.group_row0 = p.meta.group_row0;
   gp.group_rows = p.meta.group_rows;
   gp.vectors = g.rows_per_group * p.group_size;

@@ -68,7 +68,15 @@ struct GroupedShape {
   // the warpgroup path (one barrier per tile) keeps four more so that a slot is rewritten
   // only after every warp's last read of it.
   static constexpr int kEntrySlots = kWg ? 8 : kGEntryAhead;
+  // Threads of a CTA for `vectors` query vectors: a warpgroup per 64 (warpgroup MMAs) or
+  // a warp per 16 (m16n8k16); the kernel reads the count back from blockDim.
+  static constexpr int threads(int vectors) {
+    return kWg ? 128 * ((vectors + 63) / 64) : 32 * ((vectors + 15) / 16);
+  }
 };
+// The launch bounds hold every group a plan can make.
+static_assert(GroupedShape<false>::threads(kGroupedMaxVectors) <= GroupedShape<false>::kThreadsMax);
+static_assert(GroupedShape<true>::threads(kGroupedMaxVectors) <= GroupedShape<true>::kThreadsMax);
 enum class EntrySource { kUnion = 0, kDense = 1 };
 
 struct GroupedParams {

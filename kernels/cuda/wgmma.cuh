@@ -108,37 +108,32 @@ __device__ __forceinline__ void pin_accumulators(float (&d)[N][4]) {
       : QSAKV_ACC32(d)                                                          \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
-template <bool kBf16>
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a, uint64_t b) {
+// Issues instruction macro M for the element type (sm_90a code); elsewhere traps.
 #if QSAKV_WGMMA
-  if constexpr (kBf16)
-    QSAKV_WGMMA_N32_SS("bf16");
-  else
-    QSAKV_WGMMA_N32_SS("f16");
+#define QSAKV_WGMMA_ISSUE(M) \
+  if constexpr (kBf16)       \
+    M("bf16");               \
+  else                       \
+    M("f16")
 #else
-  (void)d;
-  (void)a;
-  (void)b;
-  __trap();
+#define QSAKV_WGMMA_ISSUE(M) __trap()
 #endif
+
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n32k16_ss([[maybe_unused]] float (&d)[4][4],
+                                                   [[maybe_unused]] uint64_t a,
+                                                   [[maybe_unused]] uint64_t b) {
+  QSAKV_WGMMA_ISSUE(QSAKV_WGMMA_N32_SS);
 }
 
 template <bool kBf16>
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4],
-                                                   uint64_t b) {
-#if QSAKV_WGMMA
-  if constexpr (kBf16)
-    QSAKV_WGMMA_N64_RS("bf16");
-  else
-    QSAKV_WGMMA_N64_RS("f16");
-#else
-  (void)d;
-  (void)a;
-  (void)b;
-  __trap();
-#endif
+__device__ __forceinline__ void wgmma_m64n64k16_rs([[maybe_unused]] float (&d)[8][4],
+                                                   [[maybe_unused]] const uint32_t (&a)[4],
+                                                   [[maybe_unused]] uint64_t b) {
+  QSAKV_WGMMA_ISSUE(QSAKV_WGMMA_N64_RS);
 }
 
+#undef QSAKV_WGMMA_ISSUE
 #undef QSAKV_WGMMA_N64_RS
 #undef QSAKV_WGMMA_N32_SS
 #undef QSAKV_REGS32

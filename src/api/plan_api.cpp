@@ -327,7 +327,6 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     p.partial_lse = plan->partial_lse.as<float>();
     p.split_counters = plan->split_counters.as<int32_t>();
     p.grouped = plan->grouped;
-    p.grouped.active = plan->num_groups > 0;
     p.grouped.num_groups = plan->num_groups;
     cache->context->backend->attention(p, stream);
   });

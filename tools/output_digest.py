@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Digests of the library's outputs on fixed-seed data, one line per case, for checking
+that a change which should move no result moved none: run it against two builds and
+diff the lines.
+
+  QSAKV_LIBRARY=old/libqsakv.so PYTHONPATH=bindings/python python3 tools/output_digest.py > a
+  QSAKV_LIBRARY=new/libqsakv.so PYTHONPATH=bindings/python python3 tools/output_digest.py > b
+  diff a b
+
+A case is one output of one batch: the top-k lists of select_topk, the sparse attention
+over them and the dense attention, for each cache type (E4M3 with E4M3 index keys, FP16
+with FP16 index keys), each route (every row on the decode route, the automatic rule,
+requests of 2+ rows grouped), and each kernel choice the environment can force
+(QSAKV_GROUPED_MMA=sync / wgmma, QSAKV_CUDA_TIER=sm70, each in a fresh context). The
+batch mixes decode rows, verify rows and prefill chunks whose rows select partly the
+same tokens. Needs a CUDA GPU and PyTorch; `--cpu` runs the same cases (one environment)
+on the CPU reference backend with NumPy arrays. The digest is SHA-256 of the output's bytes
+(the top-k lists' unused tail included), so equal lines mean bit-identical outputs.
+"""
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import qsakv
+
+CPU = "--cpu" in sys.argv[1:]
+if not CPU:
+    import torch
+
+# (rows, seq_len) per request: decode rows at several lengths, verify rows, a prefill
+# chunk deep in a long context and one at a request's start.
+REQUESTS = [(1, 300), (1, 5000), (1, 16000), (4, 9000), (8, 7000), (384, 16000), (48, 48)]
+ENVIRONMENTS = [("auto", {}), ("mma-sync", {"QSAKV_GROUPED_MMA": "sync"}),
+                ("mma-wgmma", {"QSAKV_GROUPED_MMA": "wgmma"}),
+                ("tier-sm70", {"QSAKV_CUDA_TIER": "sm70"})]
+ROUTES = [("decode", -1), ("auto", 0), ("grouped2", 2)]
+
+
+def batch_data(cfg, geo, rng):
+    bs, ratio = cfg.block_size, cfg.compress_ratio
+    rows = [r for r, _ in REQUESTS]
+    lens = [n for _, n in REQUESTS]
+    pages = [(n + bs - 1) // bs for n in lens]
+    num_blocks = sum(pages) + 1
+    order = rng.permutation(np.arange(1, num_blocks))  # block 0 unused by any request
+    bt = np.full((len(lens), max(pages)), -1, np.int32)
+    at = 0
+    for r, p in enumerate(pages):
+        bt[r, :p] = order[at:at + p]
+        at += p
+    per_req = [bt[r, np.arange(n) // bs].astype(np.int64) * bs + np.arange(n) % bs
+               for r, n in enumerate(lens)]
+    slots = np.concatenate(per_req)
+    cslots = np.concatenate([s[ratio - 1::ratio] for s in per_req])
+    n, g = len(slots), len(cslots)
+    chan = np.where(np.arange(cfg.head_dim) % 17 == 0, 3.5, 0.5)
+    # A request's index queries: a shared direction plus each row's own, so that its
+    # rows select partly the same groups.
+    iq = []
+    for (r, _), mix in zip(REQUESTS, (0, 0, 0, 0.5, 0.8, 0.6, 0.3)):
+        base = rng.standard_normal((1, cfg.index_num_heads, cfg.index_head_dim))
+        own = rng.standard_normal((r, cfg.index_num_heads, cfg.index_head_dim))
+        iq.append(base + mix * own)
+    return dict(
+        query_start=np.concatenate([[0], np.cumsum(rows)]).astype(np.int32),
+        lens=np.asarray(lens, np.int32), num_blocks=num_blocks, block_table=bt,
+        slots=slots, cslots=cslots,
+        k=(rng.standard_normal((n, geo.kv_heads, cfg.head_dim)) * chan).astype(np.float16),
+        v=(rng.standard_normal((n, geo.kv_heads, cfg.head_dim)) * 0.8).astype(np.float16),
+        ck=rng.standard_normal((g, cfg.index_head_dim)).astype(np.float16),
+        q=rng.standard_normal((sum(rows), geo.q_heads, cfg.head_dim)).astype(np.float16),
+        iq=np.concatenate(iq).astype(np.float16))
+
+
+def digest(t):
+    a = t if CPU else t.contiguous().cpu().numpy()
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:24]
+
+
+def filled(like_or_shape, value, dtype=None):
+    """An output buffer poisoned with `value` (NaN or -7): a case that leaves part of it
+    unwritten changes its digest."""
+    if CPU:
+        if dtype is None:
+            return np.full_like(like_or_shape, value)
+        return np.full(like_or_shape, value, dtype)
+    if dtype is None:
+        return torch.full_like(like_or_shape, value)
+    return torch.full(like_or_shape, value, dtype=torch.int32, device="cuda")
+
+
+def run_cases(tag, ctx, cfg, overlay, b):
+    put = (lambda a: np.ascontiguousarray(a)) if CPU else \
+        (lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda())
+    dev = {k: put(b[k]) for k in ("k", "v", "slots", "ck", "cslots", "q", "iq", "block_table")}
+    layer = cfg.qsa_layers[0]
+    rows = len(b["q"])
+    with qsakv.Cache(ctx, cfg, overlay, num_blocks=b["num_blocks"]) as cache:
+        cache.store_kv(layer, dev["k"], dev["v"], dev["slots"])
+        cache.store_compressed_keys(layer, dev["ck"], dev["cslots"])
+        for route, min_rows in ROUTES:
+            with qsakv.Plan(cache, max_rows=rows, multi_row_min_rows=min_rows) as plan:
+                plan.update(qsakv.Batch(b["query_start"], b["lens"], dev["block_table"]))
+                topk = filled((rows, cache.geometry.topk_width), -7, np.int32)
+                plan.select_topk(layer, dev["iq"], topk)
+                out = filled(dev["q"], float("nan"))
+                plan.attention(layer, dev["q"], out, topk=topk)
+                dense = filled(dev["q"], float("nan"))
+                plan.attention(layer, dev["q"], dense, mode="dense")
+                ctx.synchronize(None)
+                groups = plan.info().num_groups
+                for what, t in (("topk", topk), ("sparse", out), ("dense", dense)):
+                    print(f"{tag} route={route} {what}: {digest(t)}  (groups {groups})")
+                sys.stdout.flush()
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="qsakv-digest-") as tmp:
+        ckpt = Path(tmp) / "checkpoint"
+        ckpt.mkdir()
+        index = ckpt / "model.safetensors.index.json"
+        index.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": {
+            "model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
+        for env_name, env in ENVIRONMENTS[:1] if CPU else ENVIRONMENTS:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                with qsakv.Context("cpu" if CPU else "cuda") as ctx:
+                    cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
+                    cfg.max_model_len, cfg.max_requests = 16384, len(REQUESTS)
+                    cfg.max_batched_tokens = sum(r for r, _ in REQUESTS)
+                    geo = cfg.rank_geometry()
+                    b = batch_data(cfg, geo, np.random.default_rng(20261204))
+                    pack = Path(tmp) / f"scales-{env_name}"
+                    qsakv.Overlay.write(pack, {l: (0.02, 0.007) for l in cfg.qsa_layers},
+                                        base_index_path=index)
+                    cfg8 = cfg.replace(index_key_dtype="e4m3")
+                    with qsakv.Overlay.load(pack / "model-kvscales.safetensors") as ov:
+                        ov.validate(cfg8, qsakv.checkpoint_revision(ckpt))
+                        run_cases(f"{env_name} e4m3", ctx, cfg8, ov, b)
+                    run_cases(f"{env_name} fp16", ctx, cfg.replace(kv_dtype="fp16"), None, b)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+
+if __name__ == "__main__":
+    main()
