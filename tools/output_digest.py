@@ -9,7 +9,7 @@ diff the lines.
 
 A case is one output of one batch: the top-k lists of select_topk, the sparse attention
 over them and the dense attention, for each cache type (E4M3 with E4M3 index keys, FP16
-with FP16 index keys), each route (every row on the decode route, the automatic rule,
+with FP16 index keys, and E4M3 with BF16 activations on the GPU), each route (every row on the decode route, the automatic rule,
 requests of 2+ rows grouped), and each kernel choice the environment can force
 (QSAKV_GROUPED_MMA=sync / wgmma, QSAKV_CUDA_TIER=sm70, each in a fresh context). The
 batch mixes decode rows, verify rows and prefill chunks whose rows select partly the
@@ -98,6 +98,9 @@ def run_cases(tag, ctx, cfg, overlay, b):
     put = (lambda a: np.ascontiguousarray(a)) if CPU else \
         (lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda())
     dev = {k: put(b[k]) for k in ("k", "v", "slots", "ck", "cslots", "q", "iq", "block_table")}
+    if getattr(cfg.activation_dtype, "name", "") == "BF16":
+        for k in ("k", "v", "q"):
+            dev[k] = dev[k].to(torch.bfloat16)
     layer = cfg.qsa_layers[0]
     rows = len(b["q"])
     with qsakv.Cache(ctx, cfg, overlay, num_blocks=b["num_blocks"]) as cache:
@@ -140,9 +143,13 @@ def main():
                     qsakv.Overlay.write(pack, {l: (0.02, 0.007) for l in cfg.qsa_layers},
                                         base_index_path=index)
                     cfg8 = cfg.replace(index_key_dtype="e4m3")
-                    with qsakv.Overlay.load(pack / "model-kvscales.safetensors") as ov:
-                        ov.validate(cfg8, qsakv.checkpoint_revision(ckpt))
-                        run_cases(f"{env_name} e4m3", ctx, cfg8, ov, b)
+                    # BF16 activations on an E4M3 cache: the FP16 MMAs with rescaled queries.
+                    variants = [("e4m3", cfg8)] if CPU else \
+                        [("e4m3", cfg8), ("bf16-e4m3", cfg8.replace(activation_dtype="bf16"))]
+                    for name, c in variants:
+                        with qsakv.Overlay.load(pack / "model-kvscales.safetensors") as ov:
+                            ov.validate(c, qsakv.checkpoint_revision(ckpt))
+                            run_cases(f"{env_name} {name}", ctx, c, ov, b)
                     run_cases(f"{env_name} fp16", ctx, cfg.replace(kv_dtype="fp16"), None, b)
             finally:
                 for k, v in saved.items():

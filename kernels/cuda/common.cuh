@@ -86,6 +86,25 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// The maximum of x over the warp's 32 lanes (fmaxf: a NaN lane is ignored unless all are).
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
+  return x;
+}
+
+// BF16 queries on FP16 MMAs: the exponent `shift` that scales a query row so that its
+// largest |q| (each lane's `mx`, reduced here over the warp: call it from every lane) sits
+// just under FP16's top; the kernel multiplies Q by 2^shift and its scores by 2^-shift.
+// Clamped so that 2^shift stays finite: a tiny query keeps its (FP16-subnormal or zero)
+// values instead of becoming inf * 0 = NaN.
+__device__ __forceinline__ int bf16_query_shift(float mx) {
+  mx = warp_max(mx);
+  int e = 0;
+  if (mx > 0.0f && isfinite(mx)) frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
+  return max(-100, min(100, 15 - e));
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);

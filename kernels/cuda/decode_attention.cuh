@@ -840,13 +840,7 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
       const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qraw[i]));
       mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    int e = 0;
-    if (mx > 0.0f && isfinite(mx)) frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
-    // Clamped so that 2^shift stays finite: a tiny query keeps its (FP16-subnormal or
-    // zero) values instead of becoming inf * 0 = NaN.
-    const int shift = max(-100, min(100, 15 - e));
+    const int shift = bf16_query_shift(mx);
     const float up = ldexpf(1.0f, shift);
     q_unscale = ldexpf(1.0f, -shift);
 #pragma unroll

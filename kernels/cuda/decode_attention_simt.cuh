@@ -172,9 +172,7 @@ __device__ __forceinline__ void simt_tile(const int64_t* offsets, int count, con
   // ---- online softmax (base 2), as tile_softmax_pv in decode_attention.cuh ----
 #pragma unroll
   for (int h = 0; h < kHeadsPerCta; ++h) {
-    float mx = s[h];  // fmaxf ignores NaN: a NaN score lives on in l and o
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    const float mx = warp_max(s[h]);  // fmaxf ignores NaN: a NaN score lives on in l and o
     const OnlineMax u = online_max(st.m[h], mx);
     st.m[h] = u.m;
     const float pr = fast_exp2(s[h] - u.ref);

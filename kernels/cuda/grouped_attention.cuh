@@ -562,11 +562,7 @@ __device__ __forceinline__ void prepare_q(uint8_t* smem, float base_factor) {
           }
         }
       }
-#pragma unroll
-      for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-      int e = 0;
-      if (mx > 0.0f && isfinite(mx)) frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
-      const int shift = max(-100, min(100, 15 - e));  // 2^shift stays finite
+      const int shift = bf16_query_shift(mx);
       const float up = ldexpf(1.0f, shift);
       unscale = ldexpf(1.0f, -shift);
 #pragma unroll
