@@ -78,6 +78,8 @@ def batch_data(cfg, geo, rng):
 
 
 def digest(t):
+    if not CPU and t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)  # NumPy has no BF16: the same bytes
     a = t if CPU else t.contiguous().cpu().numpy()
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:24]
 
