@@ -11,8 +11,6 @@
 
 #include <stdint.h>
 
-#include "cuda/block_scan.cuh"
-
 namespace qsakv {
 namespace cuda {
 
@@ -42,6 +40,33 @@ __device__ __forceinline__ void warp_append(unsigned long long* arr, int* counte
   if (take && slot < capacity) arr[slot] = v;
 }
 
+// Inclusive block-wide scan of one int per thread (kTopkThreads threads); *total gets the
+// sum over the block. warp_sums: shared, kTopkThreads / 32 ints. Contains barriers.
+// Not block_scan.cuh's exclusive scan: with that one (plus the thread's own value) the
+// filter kernel spills 12 bytes for sm_70 at its 64-register cap (ptxas 12.9,
+// tools/sm70-check.sh), so the top-k keeps this form.
+__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, d);
+    if (lane >= d) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kTopkThreads / 32; ++w) {
+    const int s = warp_sums[w];
+    before += w < warp ? s : 0;
+    all += s;
+  }
+  *total = all;
+  return x + before;
+}
+
 // Given hist[kBins] (shared or global) of the candidates still in play, finds how many to
 // take, K = min(their total, need_cap), and the digit d such that the bins above d hold
 // fewer than K items and bins >= d hold at least K; writes d and how many items of bin d
@@ -63,10 +88,9 @@ __device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, in
     mine += static_cast<int>(c[j]);
   }
   int total;
-  // items in the bins above this thread's
-  const int above = block_exclusive_scan<kTopkThreads / 32>(mine, warp_sums, total);
-  const int incl = above + mine;
+  const int incl = block_inclusive_scan(mine, warp_sums, &total);
   const int need = min(total, need_cap);
+  const int above = incl - mine;  // items in the bins above this thread's
   if (need > 0 && above < need && incl >= need) {
     int acc = above;
 #pragma unroll
