@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The device-side check of a kernel change in one call (fits the device tool's 600 s):
+#   1. the working tree built in build-gpu (tools/device-run.sh none) and, beside it, a base
+#      tree from $BASE_TAR (default .deps-device/base.tar; make it here with
+#      `git archive -o .deps-device/base.tar <commit>`): library and bench only;
+#   2. every GPU suite, plain, on the tensor-core tier and (attention, selection) the SM70
+#      tier;
+#   3. tools/output_digest.py against both libraries: equal lines = bit-identical outputs
+#      (a refactor must show 0 differing; a numerics change says which cases moved);
+#   4. the bench's decode and selection tables and the 8192- and 2048-row overlap sweeps
+#      for both builds, compared by tools/bench_compare.py (rows >2% slower listed);
+#   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
+#      the SM70 tier and with the grouped kernel forced onto warpgroup MMAs, in parallel
+#      groups (the sanitizer is CPU-bound; one group in sequence takes longer than a call),
+#      each group under $SAN_SECONDS (default 330).
+# SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5. Logs go
+# to $OUT as one archive (the device tool brings back a few files only) plus all.log and
+# the digests. The steps were first run as separate scripts in docs/perf.md run 33.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/all.log") 2>&1
+T0=$(date +%s)
+el() { echo "[$(($(date +%s) - T0)) s]"; }
+base_tar=${BASE_TAR:-.deps-device/base.tar}
+base=/tmp/qsakv-base
+basepid=
+if [ -z "${ONLY_SAN:-}" ] && [ -f "$base_tar" ]; then
+  rm -rf $base && mkdir -p $base && tar -xf "$base_tar" -C $base
+  (cmake -S $base -B $base/build -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=90 \
+     -DQSAKV_BUILD_TESTS=OFF > "$OUT/base-build.log" 2>&1 &&
+     cmake --build $base/build -j6 --target qsakv qsakv_bench >> "$OUT/base-build.log" 2>&1
+   echo "base build rc=$? $(el)") &
+  basepid=$!
+elif [ -z "${ONLY_SAN:-}" ]; then
+  echo "no base tree ($base_tar): steps 3 and 4 run on the working tree alone"
+fi
+export BUILD_TARGETS="qsakv qsakv_bench test_attention test_graph test_context test_select test_store"
+bash tools/device-run.sh none > "$OUT/build.log" 2>&1
+echo "build rc=$? $(el)"
+cmocka=/tmp/cmocka  # unpacked by device-run.sh
+cmocka_lib=$(dirname "$(find $cmocka -name 'libcmocka.so*' | head -1)")
+export LD_LIBRARY_PATH=$cmocka_lib:${LD_LIBRARY_PATH:-}
+
+if [ -z "${ONLY_SAN:-}" ]; then
+  for t in test_attention test_graph test_context test_select test_store; do
+    timeout 120 build-gpu/tests/$t > "$OUT/t-$t.log" 2>&1
+    echo "$t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t-$t.log" | paste -sd' ' | cut -c1-150)"
+  done
+  for t in test_attention test_select; do
+    QSAKV_CUDA_TIER=sm70 timeout 120 build-gpu/tests/$t > "$OUT/t70-$t.log" 2>&1
+    echo "sm70 tier $t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t70-$t.log" | paste -sd' ')"
+  done
+  el
+  [ -n "$basepid" ] && wait "$basepid"  # not a bare wait: that would wait for tee too
+  export PYTHONPATH=bindings/python
+  sides="new"
+  [ -f $base/build/libqsakv.so ] && sides="new base"
+  for v in $sides; do
+    lib=build-gpu/libqsakv.so
+    [ $v = base ] && lib=$base/build/libqsakv.so
+    QSAKV_LIBRARY=$lib timeout 120 python3 tools/output_digest.py > "$OUT/digest-$v.txt" \
+      2> "$OUT/digest-$v.err"
+    echo "digest $v rc=$? $(wc -l < "$OUT/digest-$v.txt") lines $(el)"
+  done
+  if [ -f "$OUT/digest-base.txt" ]; then
+    diff "$OUT/digest-base.txt" "$OUT/digest-new.txt" > "$OUT/digest.diff"
+    echo "digests differing: $(grep -c '^>' "$OUT/digest.diff") of $(wc -l < "$OUT/digest-new.txt")"
+  fi
+  pairs=()
+  for v in $sides; do
+    b=build-gpu/qsakv_bench
+    [ $v = base ] && b=$base/build/qsakv_bench
+    timeout 60 $b --decode-only --json "$OUT/bench-decode-$v.json" > "$OUT/bench-decode-$v.log" 2>&1
+    echo "bench decode $v rc=$?"
+    timeout 90 $b --select-only --no-multirow --json "$OUT/bench-select-$v.json" \
+      > "$OUT/bench-select-$v.log" 2>&1
+    echo "bench select $v rc=$?"
+    timeout 90 $b --overlap-only --overlap-dtype e4m3 --overlap-shapes 0,1 \
+      --json "$OUT/bench-overlap-$v.json" > "$OUT/bench-overlap-$v.log" 2>&1
+    echo "bench overlap $v rc=$? $(el)"
+  done
+  if [ "$sides" = "new base" ]; then
+    for t in decode select overlap; do
+      pairs+=("$OUT/bench-$t-base.json" "$OUT/bench-$t-new.json")
+    done
+    python3 tools/bench_compare.py "${pairs[@]}"
+  fi
+fi
+
+if [ -z "${SKIP_SAN:-}" ]; then
+  export QSAKV_TEST_FILTER='*cuda*'
+  san() {  # name tool suite [VAR=value ...]
+    local name=$1 tool=$2 suite=$3
+    shift 3
+    env "$@" timeout "${SAN_SECONDS:-330}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "build-gpu/tests/$suite" > "$OUT/san-$name.log" 2>&1
+    echo "$name rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED' \
+      "$OUT/san-$name.log" | paste -sd' ' | cut -c1-200) $(el)"
+  }
+  pids=()
+  (for s in test_store test_select test_attention; do san tc-mem-$s memcheck $s; done
+   san tc-mem-test_graph memcheck test_graph QSAKV_TEST_FILTER='*') & pids+=($!)
+  (san tc-race-test_select racecheck test_select) & pids+=($!)
+  (san tc-race-test_attention racecheck test_attention) & pids+=($!)
+  (san sm70-mem-test_attention memcheck test_attention QSAKV_CUDA_TIER=sm70
+   san sm70-mem-test_select memcheck test_select QSAKV_CUDA_TIER=sm70) & pids+=($!)
+  # Each SM70 racecheck alone: in sequence after the memchecks they outran 360 s (run 33).
+  (san sm70-race-test_attention racecheck test_attention QSAKV_CUDA_TIER=sm70) & pids+=($!)
+  (san sm70-race-test_select racecheck test_select QSAKV_CUDA_TIER=sm70) & pids+=($!)
+  (san wg-mem-test_attention memcheck test_attention QSAKV_GROUPED_MMA=wgmma
+   san wg-race-test_attention racecheck test_attention QSAKV_GROUPED_MMA=wgmma
+   san wg-mem-test_graph memcheck test_graph QSAKV_GROUPED_MMA=wgmma QSAKV_TEST_FILTER='*') &
+  pids+=($!)
+  wait "${pids[@]}"
+fi
+el
+cd "$OUT" || exit 0
+logs=()
+for f in *; do
+  case $f in all.log | digest*) ;; *) logs+=("$f") ;; esac
+done
+[ ${#logs[@]} -gt 0 ] && tar czf logs.tgz "${logs[@]}" --remove-files
