@@ -14,7 +14,8 @@ requests of 2+ rows grouped), and each kernel choice the environment can force
 (QSAKV_GROUPED_MMA=sync / wgmma, QSAKV_CUDA_TIER=sm70, each in a fresh context). The
 batch mixes decode rows, verify rows and prefill chunks whose rows select partly the
 same tokens. Needs a CUDA GPU and PyTorch; `--cpu` runs the same cases (one environment)
-on the CPU reference backend with NumPy arrays. The digest is SHA-256 of the output's bytes
+on the CPU reference backend with NumPy arrays; `--small` a quick batch of the same kinds.
+The digest is SHA-256 of the output's bytes
 (the top-k lists' unused tail included), so equal lines mean bit-identical outputs.
 """
 import hashlib
@@ -35,6 +36,12 @@ if not CPU:
 # (rows, seq_len) per request: decode rows at several lengths, verify rows, a prefill
 # chunk deep in a long context and one at a request's start.
 REQUESTS = [(1, 300), (1, 5000), (1, 16000), (4, 9000), (8, 7000), (384, 16000), (48, 48)]
+MIXES = (0, 0, 0, 0.5, 0.8, 0.6, 0.3)  # each request's own share of its rows' index queries
+MAX_MODEL_LEN = 16384
+if "--small" in sys.argv[1:]:  # a quick batch of the same kinds (the tool's own test)
+    REQUESTS = [(1, 300), (4, 900), (24, 1200), (8, 8)]
+    MIXES = (0, 0.5, 0.6, 0.3)
+    MAX_MODEL_LEN = 2048
 ENVIRONMENTS = [("auto", {}), ("mma-sync", {"QSAKV_GROUPED_MMA": "sync"}),
                 ("mma-wgmma", {"QSAKV_GROUPED_MMA": "wgmma"}),
                 ("tier-sm70", {"QSAKV_CUDA_TIER": "sm70"})]
@@ -62,7 +69,7 @@ def batch_data(cfg, geo, rng):
     # A request's index queries: a shared direction plus each row's own, so that its
     # rows select partly the same groups.
     iq = []
-    for (r, _), mix in zip(REQUESTS, (0, 0, 0, 0.5, 0.8, 0.6, 0.3)):
+    for (r, _), mix in zip(REQUESTS, MIXES):
         base = rng.standard_normal((1, cfg.index_num_heads, cfg.index_head_dim))
         own = rng.standard_normal((r, cfg.index_num_heads, cfg.index_head_dim))
         iq.append(base + mix * own)
@@ -137,7 +144,7 @@ def main():
             try:
                 with qsakv.Context("cpu" if CPU else "cuda") as ctx:
                     cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
-                    cfg.max_model_len, cfg.max_requests = 16384, len(REQUESTS)
+                    cfg.max_model_len, cfg.max_requests = MAX_MODEL_LEN, len(REQUESTS)
                     cfg.max_batched_tokens = sum(r for r, _ in REQUESTS)
                     geo = cfg.rank_geometry()
                     b = batch_data(cfg, geo, np.random.default_rng(20261204))
