@@ -152,7 +152,7 @@ struct SelectParams {
 // many of its rows select (the group's list, read once for all rows) and each row's own
 // entries (computed on the decode route, which then merges the two parts).
 struct GroupedView {
-  // The routing, decided once per update by fill_plan_meta (core/plan_meta.cpp): the
+  // The routing, decided once per update by fill_plan_meta (src/core/plan_meta.cpp): the
   // device reads it per row from meta.row_group[], the host from num_groups, the number of
   // groups that update made. With none, the grouped kernels are not launched and the
   // decode kernels ignore row_group[] (no empty launches), so a graph captured then runs

@@ -11,31 +11,36 @@ import argparse
 import json
 
 
+# The fields that name a record (what was measured); everything else is a result, and
+# results (a split count, a group count) may differ between the two builds.
+IDENTITY = ("kind", "requests", "rows", "context", "tokens", "dtype", "cache", "index_keys", "f")
+
+
 def is_timing(field):
-    return field.endswith("_us") or field == "us" or field.startswith("us_")
+    """A measured time in us (e4m3_us, us_l2_flushed, step_us_graph, ...), not a floor."""
+    parts = field.split("_")
+    return "us" in parts and "floor" not in parts
 
 
 def timings(path):
-    """(table, record key, field) -> microseconds, for every *_us / us / us_* field."""
+    """(table, record name, field) -> microseconds; fails on two records of one name."""
     out = {}
     with open(path) as f:
         data = json.load(f)
     for table, records in data.items():
         if not isinstance(records, list):
             continue
+        names = set()
         for i, r in enumerate(records):
             if not isinstance(r, dict):
                 continue
-            # A record is named by its string and integer fields (rows, context, dtype, ...)
-            # and the overlap sweep's shared fraction f.
-            key = " ".join(f"{k}={v}" for k, v in r.items()
-                           if (isinstance(v, (str, int)) and not isinstance(v, bool)
-                               and not is_timing(k) and not k.endswith(("bytes", "gbs")))
-                           or k == "f")
-            key = key or f"#{i}"
+            name = " ".join(f"{k}={r[k]}" for k in IDENTITY if k in r) or f"#{i}"
+            if name in names:
+                raise SystemExit(f"{path}: table {table} has two records named '{name}'")
+            names.add(name)
             for field, v in r.items():
                 if is_timing(field) and isinstance(v, (int, float)) and v > 0:
-                    out[(table, key, field)] = v
+                    out[(table, name, field)] = v
     return out
 
 
@@ -47,12 +52,16 @@ def main():
     a = ap.parse_args()
     if len(a.files) % 2:
         ap.error("files come in pairs: BASE.json NEW.json")
-    ratios = []
+    ratios, one_sided = [], []
     for base_path, new_path in zip(a.files[0::2], a.files[1::2]):
         base, new = timings(base_path), timings(new_path)
         for k, v in base.items():
             if k in new:
                 ratios.append((new[k] / v, f"{k[0]} {k[1]} {k[2]}: {v:.2f} -> {new[k]:.2f}"))
+        one_sided += [f"base only: {' '.join(map(str, k))}" for k in base if k not in new]
+        one_sided += [f"new only: {' '.join(map(str, k))}" for k in new if k not in base]
+    for s in one_sided:
+        print(s)
     if not ratios:
         print("nothing compared (no timing field common to both sides)")
         return

@@ -12,7 +12,8 @@
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel forced onto warpgroup MMAs, in parallel
 #      groups (the sanitizer is CPU-bound; one group in sequence takes longer than a call),
-#      each group under $SAN_SECONDS (default 330).
+#      all of them within $SAN_SECONDS (default 330) from the step's start: a run that
+#      would start after that is skipped and says so, one running then is stopped.
 # SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5. Logs go
 # to $OUT as one archive (the device tool brings back a few files only) plus all.log and
 # the digests. The steps were first run as separate scripts in docs/perf.md run 33.
@@ -36,8 +37,14 @@ elif [ -z "${ONLY_SAN:-}" ]; then
   echo "no base tree ($base_tar): steps 3 and 4 run on the working tree alone"
 fi
 export BUILD_TARGETS="qsakv qsakv_bench test_attention test_graph test_context test_select test_store"
-bash tools/device-run.sh none > "$OUT/build.log" 2>&1
-echo "build rc=$? $(el)"
+# (device-run.sh writes build.log and configure.log itself.)
+bash tools/device-run.sh none > "$OUT/device-run.log" 2>&1
+rc=$?
+echo "build rc=$rc $(el)"
+if [ $rc -ne 0 ]; then  # never test a stale build-gpu of an earlier call
+  tail -30 "$OUT/device-run.log"
+  exit 1
+fi
 cmocka=/tmp/cmocka  # unpacked by device-run.sh
 cmocka_lib=$(dirname "$(find $cmocka -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$cmocka_lib:${LD_LIBRARY_PATH:-}
@@ -55,17 +62,21 @@ if [ -z "${ONLY_SAN:-}" ]; then
   [ -n "$basepid" ] && wait "$basepid"  # not a bare wait: that would wait for tee too
   export PYTHONPATH=bindings/python
   sides="new"
-  [ -f $base/build/libqsakv.so ] && sides="new base"
+  [ -n "$basepid" ] && [ -f $base/build/libqsakv.so ] && sides="new base"
   for v in $sides; do
     lib=build-gpu/libqsakv.so
     [ $v = base ] && lib=$base/build/libqsakv.so
     QSAKV_LIBRARY=$lib timeout 120 python3 tools/output_digest.py > "$OUT/digest-$v.txt" \
       2> "$OUT/digest-$v.err"
-    echo "digest $v rc=$? $(wc -l < "$OUT/digest-$v.txt") lines $(el)"
+    rc=$?
+    echo "digest $v rc=$rc $(wc -l < "$OUT/digest-$v.txt") lines $(el)"
+    [ $rc -ne 0 ] && tail -3 "$OUT/digest-$v.err"
   done
   if [ -f "$OUT/digest-base.txt" ]; then
+    # A line on one side only counts as a difference (a side that stopped early shows).
     diff "$OUT/digest-base.txt" "$OUT/digest-new.txt" > "$OUT/digest.diff"
-    echo "digests differing: $(grep -c '^>' "$OUT/digest.diff") of $(wc -l < "$OUT/digest-new.txt")"
+    echo "digest lines differing: $(grep -c '^[<>]' "$OUT/digest.diff") (base $(wc -l < \
+      "$OUT/digest-base.txt") lines, new $(wc -l < "$OUT/digest-new.txt"))"
   fi
   pairs=()
   for v in $sides; do
@@ -90,10 +101,16 @@ fi
 
 if [ -z "${SKIP_SAN:-}" ]; then
   export QSAKV_TEST_FILTER='*cuda*'
+  deadline=$(($(date +%s) + ${SAN_SECONDS:-330}))
   san() {  # name tool suite [VAR=value ...]
-    local name=$1 tool=$2 suite=$3
+    local name=$1 tool=$2 suite=$3 left
     shift 3
-    env "$@" timeout "${SAN_SECONDS:-330}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    left=$((deadline - $(date +%s)))
+    if [ $left -lt 10 ]; then
+      echo "$name: skipped, out of time (SAN_SECONDS)"
+      return
+    fi
+    env "$@" timeout $left compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-gpu/tests/$suite" > "$OUT/san-$name.log" 2>&1
     echo "$name rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED' \
       "$OUT/san-$name.log" | paste -sd' ' | cut -c1-200) $(el)"
@@ -118,6 +135,6 @@ el
 cd "$OUT" || exit 0
 logs=()
 for f in *; do
-  case $f in all.log | digest*) ;; *) logs+=("$f") ;; esac
+  case $f in all.log | digest* | logs.tgz) ;; *) logs+=("$f") ;; esac
 done
 [ ${#logs[@]} -gt 0 ] && tar czf logs.tgz "${logs[@]}" --remove-files

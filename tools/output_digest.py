@@ -131,41 +131,56 @@ def run_cases(tag, ctx, cfg, overlay, b):
                 sys.stdout.flush()
 
 
+def run_environment(env_name, tmp, index, ckpt):
+    """Every case in a fresh context of the environment already set."""
+    try:
+        ctx = qsakv.Context("cpu" if CPU else "cuda")
+    except qsakv.UnsupportedError as err:  # e.g. wgmma forced on a GPU other than SM 9.0
+        print(f"{env_name}: skipped ({err})")
+        return
+    with ctx:
+        cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
+        cfg.max_model_len, cfg.max_requests = MAX_MODEL_LEN, len(REQUESTS)
+        cfg.max_batched_tokens = sum(r for r, _ in REQUESTS)
+        geo = cfg.rank_geometry()
+        b = batch_data(cfg, geo, np.random.default_rng(20261204))
+        pack = Path(tmp) / f"scales-{env_name}"
+        qsakv.Overlay.write(pack, {l: (0.02, 0.007) for l in cfg.qsa_layers},
+                            base_index_path=index)
+        cfg8 = cfg.replace(index_key_dtype="e4m3")
+        # BF16 activations on an E4M3 cache: the FP16 MMAs with rescaled queries.
+        variants = [("e4m3", cfg8)] if CPU else \
+            [("e4m3", cfg8), ("bf16-e4m3", cfg8.replace(activation_dtype="bf16"))]
+        for name, c in variants:
+            with qsakv.Overlay.load(pack / "model-kvscales.safetensors") as ov:
+                ov.validate(c, qsakv.checkpoint_revision(ckpt))
+                run_cases(f"{env_name} {name}", ctx, c, ov, b)
+        run_cases(f"{env_name} fp16", ctx, cfg.replace(kv_dtype="fp16"), None, b)
+
+
 def main():
-    with tempfile.TemporaryDirectory(prefix="qsakv-digest-") as tmp:
-        ckpt = Path(tmp) / "checkpoint"
-        ckpt.mkdir()
-        index = ckpt / "model.safetensors.index.json"
-        index.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": {
-            "model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
-        for env_name, env in ENVIRONMENTS[:1] if CPU else ENVIRONMENTS:
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                with qsakv.Context("cpu" if CPU else "cuda") as ctx:
-                    cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4)
-                    cfg.max_model_len, cfg.max_requests = MAX_MODEL_LEN, len(REQUESTS)
-                    cfg.max_batched_tokens = sum(r for r, _ in REQUESTS)
-                    geo = cfg.rank_geometry()
-                    b = batch_data(cfg, geo, np.random.default_rng(20261204))
-                    pack = Path(tmp) / f"scales-{env_name}"
-                    qsakv.Overlay.write(pack, {l: (0.02, 0.007) for l in cfg.qsa_layers},
-                                        base_index_path=index)
-                    cfg8 = cfg.replace(index_key_dtype="e4m3")
-                    # BF16 activations on an E4M3 cache: the FP16 MMAs with rescaled queries.
-                    variants = [("e4m3", cfg8)] if CPU else \
-                        [("e4m3", cfg8), ("bf16-e4m3", cfg8.replace(activation_dtype="bf16"))]
-                    for name, c in variants:
-                        with qsakv.Overlay.load(pack / "model-kvscales.safetensors") as ov:
-                            ov.validate(c, qsakv.checkpoint_revision(ckpt))
-                            run_cases(f"{env_name} {name}", ctx, c, ov, b)
-                    run_cases(f"{env_name} fp16", ctx, cfg.replace(kv_dtype="fp16"), None, b)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+    # Each environment alone: the hook variables it does not set are unset for it (a value
+    # from the caller's shell would otherwise run under another case's name).
+    hooks = sorted({k for _, env in ENVIRONMENTS for k in env})
+    saved = {k: os.environ.get(k) for k in hooks}
+    try:
+        with tempfile.TemporaryDirectory(prefix="qsakv-digest-") as tmp:
+            ckpt = Path(tmp) / "checkpoint"
+            ckpt.mkdir()
+            index = ckpt / "model.safetensors.index.json"
+            index.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": {
+                "model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
+            for env_name, env in ENVIRONMENTS[:1] if CPU else ENVIRONMENTS:
+                for k in hooks:
+                    os.environ.pop(k, None)
+                os.environ.update(env)
+                run_environment(env_name, tmp, index, ckpt)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 if __name__ == "__main__":

@@ -611,9 +611,6 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
   sort_and_expand(p, row, pos, K, sm);
 }
 
-// One CTA per row: the route for rows whose scores come from the multi-row kernel (no
-// histogram yet) and for waves with a row per SM or more.
-
 // The head of both top-k kernels for their row: clears the CTA's list counts, reads the
 // row's position, visible keys and workspace (the batch's metadata predates the scoring
 // kernel, so before the grid dependency wait), then waits for the wave's scores. False:
@@ -632,6 +629,8 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
   return true;
 }
 
+// One CTA per row: the route for rows whose scores come from the multi-row kernel (no
+// histogram yet) and for waves with a row per SM or more.
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready) {
