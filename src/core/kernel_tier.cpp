@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/kernel_tier.hpp"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -27,6 +28,22 @@ GroupedMma parse_grouped_mma(const char* value) {
   fail(QSAKV_ERROR_INVALID_ARGUMENT,
        "environment variable %s is \"%.64s\"; must be auto, sync or wgmma (or unset)",
        kGroupedMmaEnv, value);
+}
+
+bool parse_dependent_launch(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return true;
+  if (std::strcmp(value, "off") == 0) return false;
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be auto or off (or unset)", kDependentLaunchEnv,
+       value);
+}
+
+KernelHooks read_kernel_hooks() {
+  KernelHooks h;
+  h.tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
+  h.grouped_mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
+  h.dependent_launch = parse_dependent_launch(std::getenv(kDependentLaunchEnv));
+  return h;
 }
 
 qsakv_kernel_tier default_cuda_tier(int sm_version) {
