@@ -127,9 +127,11 @@ static void test_grouped_mma_variable(void** state) {
 static void test_dependent_launch_variable(void** state) {
   (void)state;
   char* keep = env_save("QSAKV_DEPENDENT_LAUNCH");
-  const char* bad[] = {"bogus", "OFF", "on", "0", " off"};
-  expect_env_refused("QSAKV_DEPENDENT_LAUNCH", bad, sizeof bad / sizeof bad[0], "auto or off");
-  const char* good[] = {"", "auto", "off"};
+  const char* bad[] = {"bogus",         "OFF",           "on",   "0", " off", "store,", ",select",
+                       "store,,select", "attention,off", "Store"};
+  expect_env_refused("QSAKV_DEPENDENT_LAUNCH", bad, sizeof bad / sizeof bad[0],
+                     "auto, off or a comma-separated list");
+  const char* good[] = {"", "auto", "off", "store", "select,attention", "attention,store,select"};
   expect_env_taken_on_cpu("QSAKV_DEPENDENT_LAUNCH", good, sizeof good / sizeof good[0]);
   /* On a GPU "off" is taken whatever its SM (before SM90 there is nothing to turn off);
    * the other hooks are unset meanwhile, so that one inherited from the shell cannot

@@ -9,7 +9,10 @@
 //   2. allow_dependents() when the next kernel may be scheduled. Called right after the
 //      wait: the trigger takes effect only once every CTA of this grid has called it (or
 //      exited), so the next grid's CTAs never take the place of this grid's own, and the
-//      next grid still waits in its step 1 for this one to finish.
+//      next grid still waits in its step 1 for this one to finish. They do take whatever
+//      slots are free meanwhile, on SMs still running this grid, so a large next grid can
+//      start unevenly spread: which kernels are launched this way is the backend's
+//      measured choice (docs/gpu-tiers.md).
 // Launched without the attribute (before SM90, or when the backend turns it off), both are
 // no-ops in effect: the stream already serialises the kernels.
 #pragma once

@@ -56,7 +56,7 @@ class DeviceGuard {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
-              GroupedMma grouped_mma, bool dependent_launch, bool compiled_for_sm90)
+              GroupedMma grouped_mma, unsigned dependent_launch, bool compiled_for_sm90)
       : grouped_mma_(grouped_mma) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
@@ -69,8 +69,9 @@ class CudaBackend final : public Backend {
     info_.tier = tier;
     // The SM70 tier launches as on a V100, which has no programmatic launch; and only code
     // built for SM90+ has the waits that make it safe.
-    programmatic_ = dependent_launch && info_.sm_version >= kSmProgrammaticLaunch &&
-                    tier != QSAKV_KERNEL_TIER_SM70 && compiled_for_sm90;
+    if (info_.sm_version >= kSmProgrammaticLaunch && tier != QSAKV_KERNEL_TIER_SM70 &&
+        compiled_for_sm90)
+      programmatic_ = dependent_launch;
   }
   const BackendInfo& info() const override { return info_; }
 
@@ -177,19 +178,20 @@ class CudaBackend final : public Backend {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_store_kv(p, !sm70_tier(), programmatic_, stream);
+    cuda::launch_store_kv(p, !sm70_tier(), programmatic(kDependentStore), stream);
     check_launch("store_kv kernel launch");
   }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_ring(p, info_.multiprocessor_count, programmatic_, stream);
+    cuda::launch_store_ring(p, info_.multiprocessor_count, programmatic(kDependentStore), stream);
     check_launch("store_index_keys kernel launch");
   }
   void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_compressed(p, info_.multiprocessor_count, programmatic_, stream);
+    cuda::launch_store_compressed(p, info_.multiprocessor_count, programmatic(kDependentStore),
+                                  stream);
     check_launch("store_compressed_keys kernel launch");
   }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
@@ -203,7 +205,7 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
     cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
-                             info_.multiprocessor_count, programmatic_, stream);
+                             info_.multiprocessor_count, programmatic(kDependentSelect), stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
@@ -225,11 +227,11 @@ class CudaBackend final : public Backend {
       const bool wgmma = grouped_mma_ == GroupedMma::kWgmma ||
                          (grouped_mma_ == GroupedMma::kAuto &&
                           p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
-      cuda::launch_grouped_attention(p, hw, wgmma, programmatic_, stream);
+      cuda::launch_grouped_attention(p, hw, wgmma, programmatic(kDependentAttention), stream);
       check_launch("grouped attention kernel launch");
       cuda::launch_decode_attention(
           p, hw, sm70_tier(), info_.sm_version >= kSmCopyRing ? info_.multiprocessor_count : 0,
-          programmatic_, stream);
+          programmatic(kDependentAttention), stream);
     } catch (const cuda::LaunchError& e) {
       fail(e.status(), "%s", e.what());
     }
@@ -255,9 +257,11 @@ class CudaBackend final : public Backend {
   // The grouped route's MMA: kSync, kWgmma (forced), or kAuto where both exist (the
   // warpgroup MMA for large batches of groups).
   GroupedMma grouped_mma_;
-  // Kernels launched as programmatic dependents of the stream's previous kernel (SM90+,
-  // not the SM70 tier, not QSAKV_DEPENDENT_LAUNCH=off): kernels/cuda/dependent_launch.cuh.
-  bool programmatic_ = false;
+  // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
+  // stream's previous kernel: SM90+, not the SM70 tier, as QSAKV_DEPENDENT_LAUNCH says
+  // (kernels/cuda/dependent_launch.cuh).
+  unsigned programmatic_ = 0;
+  bool programmatic(DependentLaunch family) const { return (programmatic_ & family) != 0; }
   BackendInfo info_;
 };
 
