@@ -49,8 +49,8 @@
  *   qsakv_context_info.kernel_tier. They are struct fields, so a macro cannot fence them
  *   the way zstd fences whole declarations (ZSTD_STATIC_LINKING_ONLY) without changing
  *   the structs' layout; leave them at their defaults unless you have measured.
- * - Environment variables (QSAKV_CUDA_TIER, QSAKV_GROUPED_MMA) exist for the library's own
- *   tests and benchmarks: not an interface, covered by no promise.
+ * - Environment variables (QSAKV_CUDA_TIER, QSAKV_GROUPED_MMA, QSAKV_DEPENDENT_LAUNCH) exist
+ *   for the library's own tests and benchmarks: not an interface, covered by no promise.
  */
 #ifndef QSAKV_H
 #define QSAKV_H

@@ -120,6 +120,43 @@ static void test_grouped_mma_variable(void** state) {
   env_restore("QSAKV_GROUPED_MMA", keep);
 }
 
+/* QSAKV_DEPENDENT_LAUNCH (programmatic dependent launch, a benchmark hook) likewise: read at
+ * context creation and checked on every backend. That the launch mode changes no result is
+ * checked by the GPU suites (which run with it on an SM90 GPU) against
+ * tools/output_digest.py's run with it off. */
+static void test_dependent_launch_variable(void** state) {
+  (void)state;
+  char* keep = env_save("QSAKV_DEPENDENT_LAUNCH");
+  const char* bad[] = {"bogus",         "OFF",           "on",   "0", " off", "store,", ",select",
+                       "store,,select", "attention,off", "Store"};
+  expect_env_refused("QSAKV_DEPENDENT_LAUNCH", bad, sizeof bad / sizeof bad[0],
+                     "auto, off or a comma-separated list");
+  const char* good[] = {"", "auto", "off", "store", "select,attention", "attention,store,select"};
+  expect_env_taken_on_cpu("QSAKV_DEPENDENT_LAUNCH", good, sizeof good / sizeof good[0]);
+  /* On a GPU "off" is taken whatever its SM (before SM90 there is nothing to turn off);
+   * the other hooks are unset meanwhile, so that one inherited from the shell cannot
+   * refuse the context for its own reason. */
+  char* keep_tier = env_save("QSAKV_CUDA_TIER");
+  char* keep_mma = env_save("QSAKV_GROUPED_MMA");
+  unsetenv("QSAKV_CUDA_TIER");
+  unsetenv("QSAKV_GROUPED_MMA");
+  setenv("QSAKV_DEPENDENT_LAUNCH", "off", 1);
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* gpu = NULL;
+  const qsakv_status s = qsakv_context_create(&gpu, &o);
+  if (s == QSAKV_ERROR_NO_DEVICE) {
+    print_message("[ SKIP     ] QSAKV_DEPENDENT_LAUNCH=off on a GPU: no usable GPU\n");
+  } else {
+    TU_OK(s);
+    qsakv_context_destroy(gpu);
+  }
+  env_restore("QSAKV_DEPENDENT_LAUNCH", keep);
+  env_restore("QSAKV_GROUPED_MMA", keep_mma);
+  env_restore("QSAKV_CUDA_TIER", keep_tier);
+}
+
 static void test_auto_chooses_and_says_why(void** state) {
   (void)state;
   qsakv_context* ctx = NULL;
@@ -227,7 +264,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_backend),          cmocka_unit_test(test_auto_chooses_and_says_why),
       cmocka_unit_test(test_cuda_explicit),        cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_memory_helpers),       cmocka_unit_test(test_cuda_tier_variable),
-      cmocka_unit_test(test_grouped_mma_variable),
+      cmocka_unit_test(test_grouped_mma_variable), cmocka_unit_test(test_dependent_launch_variable),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

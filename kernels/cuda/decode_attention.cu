@@ -5,6 +5,7 @@
 
 #include "cuda/attention_dispatch.hpp"
 #include "cuda/decode_attention.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
@@ -13,14 +14,15 @@ namespace cuda {
 namespace {
 
 template <class Act, KvKind KV, int D, Decoder DEC, int NS>
-void launch(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
+void launch(const DecodeParams& dp, int max_rows, bool programmatic, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
   constexpr int smem = dynamic_smem_bytes<D, NS>();
   // The rings need the largest shared-memory carveout for their occupancy.
   static std::atomic<uint64_t> ready{0};
   prepare_kernel_smem(decode_attention_kernel<Act, KV, D, DEC, NS>, smem, NS > 0, ready);
-  decode_attention_kernel<Act, KV, D, DEC, NS><<<grid, kThreads, smem, stream>>>(dp);
+  launch_kernel(programmatic, decode_attention_kernel<Act, KV, D, DEC, NS>, grid, kThreads, smem,
+                stream, dp);
 }
 
 // The copy ring where it measured faster on an H200 (docs/perf.md, runs 21-22): grids
@@ -43,8 +45,9 @@ bool use_ring(const DecodeParams& dp, int max_rows, int sms) {
 }  // namespace
 
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
-                             int ring_sms, cudaStream_t stream) {
-  if (simt) return launch_decode_attention_simt(p, stream);  // the SM70 tier
+                             int ring_sms, bool programmatic, cudaStream_t stream) {
+  // The SM70 tier (launched as on a V100: no programmatic launch).
+  if (simt) return launch_decode_attention_simt(p, stream);
   const KvCacheView& c = p.cache;
   const DecodeParams dp = decode_params(p);
   dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
@@ -52,9 +55,10 @@ void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bo
     using Act = typename S::Act;
     if constexpr (ring_shape<S::kKv, S::kDim>()) {
       if (use_ring(dp, p.meta.max_rows, ring_sms))
-        return launch<Act, S::kKv, S::kDim, S::kDecoder, kRingStages>(dp, p.meta.max_rows, stream);
+        return launch<Act, S::kKv, S::kDim, S::kDecoder, kRingStages>(dp, p.meta.max_rows,
+                                                                      programmatic, stream);
     }
-    launch<Act, S::kKv, S::kDim, S::kDecoder, 0>(dp, p.meta.max_rows, stream);
+    launch<Act, S::kKv, S::kDim, S::kDecoder, 0>(dp, p.meta.max_rows, programmatic, stream);
   });
 }
 

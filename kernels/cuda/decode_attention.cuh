@@ -34,6 +34,7 @@
 #include "cuda/attention_inputs.cuh"
 #include "cuda/block_scan.cuh"
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/last_arrival.cuh"
 #include "cuda/mma.cuh"
@@ -778,6 +779,8 @@ __global__ void __launch_bounds__(kThreads, decode_ctas_per_sm(KV, NS))
 
   const DecodeCta cta = decode_cta(p);
   const int split = cta.split, chunk = cta.chunk, kvh = cta.kvh, row = cta.row;
+  wait_for_predecessors();  // lists, the grouped route's parts (dependent_launch.cuh)
+  allow_dependents();
   // The plan's row arrays have max_rows entries (row < max_rows by the grid), so their
   // loads go out together with the header's, before the batch's row count is known: one
   // dependent round trip fewer at the head of every CTA.

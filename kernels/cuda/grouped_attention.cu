@@ -3,6 +3,7 @@
 // only: the shared lists and the rows' filters), then the attention kernel over (group x
 // split, KV head). The decode kernels, launched after, compute the rows' own entries.
 #include "cuda/attention_dispatch.hpp"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_union.cuh"
 #include "cuda/launch.hpp"
@@ -15,14 +16,15 @@ namespace {
 // kWg: the warpgroup-MMA kernel (sm_90a code; SM90 GPUs), one warpgroup per 64 vectors;
 // otherwise the m16n8k16 kernel, one warp per 16.
 template <class Act, KvKind KV, int D, Decoder DEC, bool kWg>
-void launch(const GroupedParams& gp, int max_groups, cudaStream_t stream) {
+void launch(const GroupedParams& gp, int max_groups, bool programmatic, cudaStream_t stream) {
   constexpr int smem = grouped_smem_bytes<KV, D, kWg>();
   static std::atomic<uint64_t> ready{0};
   prepare_kernel_smem(grouped_attention_kernel<Act, KV, D, DEC, kWg>, smem, false, ready);
   const int threads = GroupedShape<kWg>::threads(gp.vectors);
   const dim3 grid(static_cast<unsigned>(std::max(max_groups, gp.max_items)),
                   static_cast<unsigned>(gp.in.kv_heads));
-  grouped_attention_kernel<Act, KV, D, DEC, kWg><<<grid, threads, smem, stream>>>(gp);
+  launch_kernel(programmatic, grouped_attention_kernel<Act, KV, D, DEC, kWg>, grid, threads, smem,
+                stream, gp);
 }
 
 }  // namespace
@@ -42,7 +44,7 @@ bool grouped_warpgroup_mma_built() {
 }
 
 void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, bool warpgroup_mma,
-                              cudaStream_t stream) {
+                              bool programmatic, cudaStream_t stream) {
   const int max_groups = p.meta.max_groups;
   if (max_groups == 0 || p.grouped.num_groups == 0) return;  // no groups in this batch
   const KvCacheView& c = p.cache;
@@ -76,7 +78,7 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     auto kernel = reload ? grouped_union_kernel<true> : grouped_union_kernel<false>;
     require_smem_limit(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem);
-    kernel<<<max_groups, kUnionThreads, smem, stream>>>(up);
+    launch_kernel(programmatic, kernel, max_groups, kUnionThreads, smem, stream, up);
   }
   gp.group_row0 = p.meta.group_row0;
   gp.group_rows = p.meta.group_rows;
@@ -95,9 +97,11 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
   dispatch_attention(p.act_dtype, c.dtype, hardware_decoder, c.head_dim, [&](auto shape) {
     using S = decltype(shape);
     if (warpgroup_mma)
-      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, true>(gp, max_groups, stream);
+      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, true>(gp, max_groups, programmatic,
+                                                                  stream);
     else
-      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, false>(gp, max_groups, stream);
+      launch<typename S::Act, S::kKv, S::kDim, S::kDecoder, false>(gp, max_groups, programmatic,
+                                                                   stream);
   });
 }
 

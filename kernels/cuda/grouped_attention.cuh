@@ -41,6 +41,7 @@
 #include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/attention_inputs.cuh"
 #include "cuda/e4m3_decode.cuh"
 #include "cuda/last_arrival.cuh"
@@ -652,6 +653,8 @@ __global__ void __launch_bounds__(GroupedShape<kWg>::kThreadsMax, GroupedShape<k
     smem += (1024u - (smem_addr(smem) & 1023u)) & 1023u;
   __shared__ int last_arrival;
   __shared__ uint32_t partial_rows_smem;  // bit r: row r also has entries of its own
+  wait_for_predecessors();                // the union kernel's lists (dependent_launch.cuh)
+  allow_dependents();
 
   // ---- coordinates: (group, split) from the launch's split count ----
   const int groups = p.in.header->num_groups;

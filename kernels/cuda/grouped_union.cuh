@@ -48,6 +48,7 @@
 #include "paged_address.cuh"
 #include "params.hpp"
 #include "cuda/block_scan.cuh"
+#include "cuda/dependent_launch.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -130,6 +131,8 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   (void)p;
   __trap();
 #else
+  wait_for_predecessors();  // the top-k lists (dependent_launch.cuh)
+  allow_dependents();
   const int group = blockIdx.x;
   if (group >= p.meta.header->num_groups) return;
   extern __shared__ uint4 union_smem_raw[];

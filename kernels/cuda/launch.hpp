@@ -35,10 +35,21 @@ class LaunchError : public std::runtime_error {
   throw LaunchError(status, message);
 }
 
+// programmatic (every launcher): launch the kernels as programmatic dependents of the
+// stream's previous kernel (dependent_launch.cuh; the backend passes true on SM90+ outside
+// the SM70 tier unless QSAKV_DEPENDENT_LAUNCH=off).
+// Whether the code the current device runs was compiled for SM90+, where the kernels'
+// waits exist (dependent_launch.cuh). A build without an SM90+ entry in QSAKV_CUDA_ARCHS
+// runs on an SM90 GPU from the PTX of an older architecture, with the waits compiled out:
+// it must launch plainly.
+bool dependent_launch_compiled();
 // fp8_instructions: false on the SM70 tier (the integer E4M3 encoder, as on a V100).
-void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t stream);
-void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream);
-void launch_store_compressed(const StoreCompressedParams& p, int sm_count, cudaStream_t stream);
+void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, bool programmatic,
+                     cudaStream_t stream);
+void launch_store_ring(const StoreRowsParams& p, int sm_count, bool programmatic,
+                       cudaStream_t stream);
+void launch_store_compressed(const StoreCompressedParams& p, int sm_count, bool programmatic,
+                             cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
 // the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
 // ring_sms: the GPU's SM count where the copy ring is routed (SM90+, where it was
@@ -46,7 +57,7 @@ void launch_store_compressed(const StoreCompressedParams& p, int sm_count, cudaS
 // through a shared-memory ring instead of registers where that measured faster
 // (use_ring). Throws LaunchError for a head_dim or cache type without a kernel.
 void launch_decode_attention(const AttentionParams& p, bool hardware_decoder, bool simt,
-                             int ring_sms, cudaStream_t stream);
+                             int ring_sms, bool programmatic, cudaStream_t stream);
 void launch_decode_attention_simt(const AttentionParams& p, cudaStream_t stream);
 // The grouped multi-row route (SM75+ tensor-core tier): the rows of the plan's row groups
 // (p.meta.row_group >= 0; the decode kernels skip them). No-op for a plan without groups.
@@ -57,14 +68,15 @@ int grouped_rows_per_group(int group_size, int head_dim);
 // GPU is SM 9.0 (sm_90a code runs there alone).
 bool grouped_warpgroup_mma_built();
 void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, bool warpgroup_mma,
-                              cudaStream_t stream);
+                              bool programmatic, cudaStream_t stream);
 // Selection: scores on tensor cores (sm_version < 75: CUDA cores, select_score_simt.cuh), then an
 // exact per-row radix top-k (select.cu). The workspace holds the scores of select_rows_per_wave
 // rows at a time.
 bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
-void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cudaStream_t stream);
+void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
+                        cudaStream_t stream);
 
 // Calibration: accumulates K and V statistics of one layer into p's device entries.
 // Async on `stream`; no allocation; capturable. k and v must be 16-byte aligned.

@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/last_arrival.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/radix_topk.cuh"
@@ -150,6 +151,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
   // at one tile, 105 at two, 140 at three, more at four with fewer CTAs per SM; the
   // decode's registers cost more occupancy than a second tile gains). docs/perf.md.
   constexpr int kInFlight = kFp8 ? 1 : (D <= 128 ? 2 : 1);
+  wait_for_predecessors();  // the compressed keys, the workspace's last reader
   const int row = row0 + static_cast<int>(blockIdx.y);
   if (row >= p.meta.header->num_rows) return;
   const int pos = p.meta.row_pos[row];
@@ -218,9 +220,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 5)
                        static_cast<int64_t>(row - row0) * kTopBins;
   for (int i = threadIdx.x; i < kTopBins; i += kScoreWarps * 32)
     if (hist[i]) atomicAdd(row_hist + i, hist[i]);
-  // No explicit cudaTriggerProgrammaticLaunchCompletion: each CTA's exit is its trigger,
-  // so the top-k grid is scheduled as the scoring grid drains, and its
-  // cudaGridDependencySynchronize waits for this whole grid and its writes in any case.
+  // No allow_dependents(): each CTA's exit is its trigger, so the top-k grid is scheduled
+  // as the scoring grid drains, and its wait_for_predecessors() waits for this whole grid
+  // and its writes in any case.
 }
 
 // Rows of one request scored together (see select_score.cuh). Grid: (key chunks, blocks of
@@ -234,6 +236,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
   constexpr int kRowsPerTile = 8 / kHeadsPad;
   constexpr int kNTiles = kRowsPerBlock / kRowsPerTile;
   __shared__ uint4 q_frag[kNTiles][D / 32][32];
+  wait_for_predecessors();  // the compressed keys, the workspace's last reader
   const int num_rows = p.meta.header->num_rows;
   const int r_first = row0 + static_cast<int>(blockIdx.y) * kRowsPerBlock;
   const int r_last = min(min(r_first + kRowsPerBlock, row0 + wave_rows), num_rows);  // exclusive
@@ -611,21 +614,21 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
   sort_and_expand(p, row, pos, K, sm);
 }
 
-// The head of both top-k kernels for their row: clears the CTA's list counts, reads the
-// row's position, visible keys and workspace (the batch's metadata predates the scoring
-// kernel, so before the grid dependency wait), then waits for the wave's scores. False:
-// the row is beyond this batch (graph replay), and the CTA returns.
+// The head of both top-k kernels for their row: waits for the wave's scores (before any
+// global access, as dependent_launch.cuh asks: the top-k grid is scheduled only as the
+// scoring grid drains, so the metadata loads gain little by going first), clears the
+// CTA's list counts, reads the row's position, visible keys and workspace. False: the row
+// is beyond this batch (graph replay), and the CTA returns.
 __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, int wave_rows,
                                                int64_t ws_stride, int row, TopkSmem& sm, int& pos,
                                                int64_t& n, WaveRow& w) {
+  wait_for_predecessors();  // the scores of this wave are complete and visible
+  allow_dependents();       // the attention's CTAs may take free SMs while this one sorts
   if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
   if (row >= p.meta.header->num_rows) return false;
   pos = p.meta.row_pos[row];
   n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
   w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // the scores of this wave are complete and visible
-#endif
   return true;
 }
 
@@ -706,50 +709,34 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // for other shapes, which take the one-row route (same scores, more key reads).
 template <bool kFp8>
 bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
-                       int64_t stride, int tiles_per_cta, float inv_sqrt_dim, cudaStream_t stream) {
+                       int64_t stride, int tiles_per_cta, float inv_sqrt_dim, bool programmatic,
+                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunks),
                   static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const int hp = p.index_heads <= 2 ? 2 : p.index_heads <= 4 ? 4 : 8;
-  const dim3 block(kScoreWarps * 32);
-  if (p.index_dim == 128) {
-    if (hp == 2)
-      select_score_rows_kernel<128, 2, kFp8>
-          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    else if (hp == 4)
-      select_score_rows_kernel<128, 4, kFp8>
-          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    else
-      select_score_rows_kernel<128, 8, kFp8>
-          <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    return true;
-  }
-  if (p.index_dim == 64 && hp == 4) {
-    select_score_rows_kernel<64, 4, kFp8>
-        <<<grid, block, 0, stream>>>(p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-    return true;
-  }
-  return false;
+  decltype(&select_score_rows_kernel<128, 2, kFp8>) kernel = nullptr;
+  if (p.index_dim == 128)
+    kernel = hp == 2   ? select_score_rows_kernel<128, 2, kFp8>
+             : hp == 4 ? select_score_rows_kernel<128, 4, kFp8>
+                       : select_score_rows_kernel<128, 8, kFp8>;
+  else if (p.index_dim == 64 && hp == 4)
+    kernel = select_score_rows_kernel<64, 4, kFp8>;
+  if (!kernel) return false;
+  launch_kernel(programmatic, kernel, grid, kScoreWarps * 32, 0, stream, p, row0, wave, stride,
+                tiles_per_cta, inv_sqrt_dim);
+  return true;
 }
 
 template <bool kFp8>
 void launch_score_one_row(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
-                          int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
+                          int64_t stride, int tiles_per_cta, float inv_sqrt_dim, bool programmatic,
                           cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
-  switch (p.index_dim) {
-    case 64:
-      select_score_kernel<64, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
-          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-      break;
-    case 128:
-      select_score_kernel<128, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
-          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-      break;
-    default:
-      select_score_kernel<256, kFp8><<<grid, kScoreWarps * 32, 0, stream>>>(
-          p, row0, wave, stride, tiles_per_cta, inv_sqrt_dim);
-      break;
-  }
+  const auto kernel = p.index_dim == 64    ? select_score_kernel<64, kFp8>
+                      : p.index_dim == 128 ? select_score_kernel<128, kFp8>
+                                           : select_score_kernel<256, kFp8>;
+  launch_kernel(programmatic, kernel, grid, kScoreWarps * 32, 0, stream, p, row0, wave, stride,
+                tiles_per_cta, inv_sqrt_dim);
 }
 
 }  // namespace
@@ -773,7 +760,8 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks) {
          (index_dim == 64 || index_dim == 128 || index_dim == 256) && topk_blocks <= kTopkMaxBlocks;
 }
 
-void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cudaStream_t stream) {
+void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
+                        cudaStream_t stream) {
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
   const int64_t stride = workspace_stride(p.max_blocks);
   const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
@@ -793,43 +781,37 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, cud
     const bool simt = sm_version < kSmTensorCoreTier;
     // Rows sharing a request: each key tile read once for all of them (where built).
     const bool fp8 = p.keys.dtype == QSAKV_DTYPE_E4M3;
-    const bool multi_row = !simt && p.rows_share_requests &&
-                           (fp8 ? launch_score_rows<true>(p, chunks, rows, row0, wave, stride,
-                                                          tiles_per_cta, inv_sqrt_dim, stream)
-                                : launch_score_rows<false>(p, chunks, rows, row0, wave, stride,
-                                                           tiles_per_cta, inv_sqrt_dim, stream));
-    if (simt)
+    const bool multi_row =
+        !simt && p.rows_share_requests &&
+        (fp8 ? launch_score_rows<true>(p, chunks, rows, row0, wave, stride, tiles_per_cta,
+                                       inv_sqrt_dim, programmatic, stream)
+             : launch_score_rows<false>(p, chunks, rows, row0, wave, stride, tiles_per_cta,
+                                        inv_sqrt_dim, programmatic, stream));
+    if (simt)  // launched as on a V100 (the backend passes programmatic = false)
       launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,
                         inv_sqrt_dim, stream);
     else if (!multi_row && fp8)
       launch_score_one_row<true>(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim,
-                                 stream);
+                                 programmatic, stream);
     else if (!multi_row)
       launch_score_one_row<false>(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim,
-                                  stream);
-    // Programmatic dependent launch (SM90+): the top-k grid is scheduled while the
-    // scoring grid drains; it waits in cudaGridDependencySynchronize for the scores.
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(kTopkThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = sm_version >= kSmProgrammaticLaunch ? 1 : 0;
+                                  programmatic, stream);
+    // Programmatic dependent launch: the top-k grid is scheduled while the scoring grid
+    // drains; it waits in wait_for_predecessors() for the scores.
     cudaError_t e;
     // Many CTAs per row only while one CTA per row would leave SMs idle: with a row per
     // SM or more, the extra per-CTA threshold search and list traffic cost more than the
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
     // One CTA per row builds the histogram itself when the multi-row kernel scored.
     if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
-      cfg.gridDim = dim3(static_cast<unsigned>(rows));
-      e = cudaLaunchKernelEx(&cfg, select_topk_kernel, p, row0, wave, stride, !multi_row);
+      e = launch_kernel(programmatic, select_topk_kernel, dim3(static_cast<unsigned>(rows)),
+                        kTopkThreads, 0, stream, p, row0, wave, stride, !multi_row);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
-      cfg.gridDim = dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows));
-      e = cudaLaunchKernelEx(&cfg, select_filter_kernel, p, row0, wave, stride);
+      e = launch_kernel(programmatic, select_filter_kernel,
+                        dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows)),
+                        kTopkThreads, 0, stream, p, row0, wave, stride);
     }
     if (e != cudaSuccess) return;  // the error stays pending for the caller's check
   }

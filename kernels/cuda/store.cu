@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/store.cuh"
 
@@ -15,7 +16,8 @@ int grid_for(int64_t work, int sm_count) {
 }
 }  // namespace
 
-void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t stream) {
+void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, bool programmatic,
+                     cudaStream_t stream) {
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
   const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
   const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));
@@ -27,28 +29,45 @@ void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, cudaStream_t
     const uint32_t total = static_cast<uint32_t>(tokens * per_token);
     const unsigned grid = (total + 255) / 256;
     if (fp8 && !fp8_instructions && bf16)  // the SM70 tier: the integer encoder
-      store_kv_kernel<__nv_bfloat16, true, false><<<grid, 256, 0, stream>>>(p, begin, total);
+      launch_kernel(programmatic, store_kv_kernel<__nv_bfloat16, true, false>, grid, 256, 0, stream,
+                    p, begin, total);
     else if (fp8 && !fp8_instructions)
-      store_kv_kernel<__half, true, false><<<grid, 256, 0, stream>>>(p, begin, total);
+      launch_kernel(programmatic, store_kv_kernel<__half, true, false>, grid, 256, 0, stream, p,
+                    begin, total);
     else if (fp8 && bf16)
-      store_kv_kernel<__nv_bfloat16, true><<<grid, 256, 0, stream>>>(p, begin, total);
+      launch_kernel(programmatic, store_kv_kernel<__nv_bfloat16, true>, grid, 256, 0, stream, p,
+                    begin, total);
     else if (fp8)
-      store_kv_kernel<__half, true><<<grid, 256, 0, stream>>>(p, begin, total);
+      launch_kernel(programmatic, store_kv_kernel<__half, true>, grid, 256, 0, stream, p, begin,
+                    total);
     else
-      store_kv_kernel<__half, false><<<grid, 256, 0, stream>>>(p, begin, total);  // a bit copy
+      launch_kernel(programmatic, store_kv_kernel<__half, false>, grid, 256, 0, stream, p, begin,
+                    total);  // a bit copy
   }
 }
 
-void launch_store_ring(const StoreRowsParams& p, int sm_count, cudaStream_t stream) {
-  store_ring_kernel<<<grid_for(p.num_rows * (p.row_elems / 8), sm_count), 256, 0, stream>>>(p);
+bool dependent_launch_compiled() {
+  cudaFuncAttributes a;
+  if (cudaFuncGetAttributes(&a, store_ring_kernel) != cudaSuccess) {
+    cudaGetLastError();  // not this call's error to leave pending
+    return false;
+  }
+  return a.ptxVersion >= 90;  // every kernel is built from the same virtual architectures
 }
 
-void launch_store_compressed(const StoreCompressedParams& p, int sm_count, cudaStream_t stream) {
+void launch_store_ring(const StoreRowsParams& p, int sm_count, bool programmatic,
+                       cudaStream_t stream) {
+  launch_kernel(programmatic, store_ring_kernel, grid_for(p.num_rows * (p.row_elems / 8), sm_count),
+                256, 0, stream, p);
+}
+
+void launch_store_compressed(const StoreCompressedParams& p, int sm_count, bool programmatic,
+                             cudaStream_t stream) {
   const int grid = grid_for(p.num_keys * 32, sm_count);  // a warp per key
-  if (p.cache.dtype == QSAKV_DTYPE_E4M3)
-    store_compressed_kernel<true><<<grid, 256, 0, stream>>>(p);
-  else
-    store_compressed_kernel<false><<<grid, 256, 0, stream>>>(p);
+  launch_kernel(programmatic,
+                p.cache.dtype == QSAKV_DTYPE_E4M3 ? store_compressed_kernel<true>
+                                                  : store_compressed_kernel<false>,
+                grid, 256, 0, stream, p);
 }
 
 }  // namespace cuda

@@ -11,6 +11,7 @@
 
 #include "params.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "e4m3.cuh"
 
 namespace qsakv {
@@ -131,6 +132,8 @@ __host__ __device__ constexpr int store_chunks() {
 
 template <class Act, bool kFp8, bool kCvt = true>
 __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
+  wait_for_predecessors();  // dependent_launch.cuh
+  allow_dependents();
   constexpr int kStoreChunks = store_chunks<kFp8>();
   const KvCacheView c = p.cache;
   const uint32_t row = static_cast<uint32_t>(c.kv_heads * c.head_dim);
@@ -193,6 +196,8 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
 
 // Row scatter of FP16 index keys into the raw ring: 16 bytes per thread.
 __global__ void store_ring_kernel(const StoreRowsParams p) {
+  wait_for_predecessors();
+  allow_dependents();
   const int chunks = p.row_elems / 8;
   const int64_t total = p.num_rows * chunks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -215,6 +220,8 @@ __global__ void store_ring_kernel(const StoreRowsParams p) {
 // division's cost does not show.
 template <bool kFp8>
 __global__ void store_compressed_kernel(const StoreCompressedParams p) {
+  wait_for_predecessors();
+  allow_dependents();
   const CompressedKeysView& c = p.cache;
   const int lane = threadIdx.x & 31;
   const int chunks = c.dim / 8;

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // extern "C" entry points: context, capability queries, memory helpers.
-#include <cstdlib>
 #include <cstring>
 
 #include "api/guard.hpp"
@@ -60,13 +59,11 @@ qsakv_status qsakv_context_create(qsakv_context** out, const qsakv_context_optio
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.device is %d; must be >= 0", o.device);
     // Read once, here, and checked even when the CPU backend is chosen: a typo in a test
     // setup fails loudly instead of silently testing the default tier.
-    const qsakv_kernel_tier tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
-    const GroupedMma mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
+    const KernelHooks hooks = read_kernel_hooks();
     auto ctx = std::make_unique<qsakv_context>();
     if (backend != QSAKV_BACKEND_CPU) {
       std::string why;
-      ctx->backend =
-          make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), tier, mma, &why);
+      ctx->backend = make_cuda_backend(o.device, static_cast<qsakv_decoder>(decoder), hooks, &why);
       if (!ctx->backend) {
         if (backend == QSAKV_BACKEND_CUDA)
           fail(QSAKV_ERROR_NO_DEVICE, "CUDA backend requested but unavailable: %s", why.c_str());

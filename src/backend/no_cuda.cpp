@@ -3,7 +3,7 @@
 #include "core/backend.hpp"
 
 namespace qsakv {
-std::unique_ptr<Backend> make_cuda_backend(int, qsakv_decoder, qsakv_kernel_tier, GroupedMma,
+std::unique_ptr<Backend> make_cuda_backend(int, qsakv_decoder, const KernelHooks&,
                                            std::string* why) {
   *why = "this libqsakv was built without the CUDA backend (QSAKV_WITH_CUDA=OFF)";
   return nullptr;

@@ -86,11 +86,11 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
-// Returns nullptr with *why set when no usable GPU (or no CUDA in this build). tier: the
-// kernel tier forced by QSAKV_CUDA_TIER, or NONE for the one the GPU's SM selects; mma: the
-// grouped kernel's MMA asked for by QSAKV_GROUPED_MMA (core/kernel_tier.hpp).
+// Returns nullptr with *why set when no usable GPU (or no CUDA in this build). hooks: the
+// kernel tier forced by QSAKV_CUDA_TIER (NONE: the one the GPU's SM selects), the grouped
+// kernel's MMA asked for by QSAKV_GROUPED_MMA, and QSAKV_DEPENDENT_LAUNCH
+// (core/kernel_tier.hpp).
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
-                                           qsakv_kernel_tier tier, GroupedMma mma,
-                                           std::string* why);
+                                           const KernelHooks& hooks, std::string* why);
 
 }  // namespace qsakv

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/kernel_tier.hpp"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.hpp"
 #include "limits.hpp"
@@ -27,6 +29,38 @@ GroupedMma parse_grouped_mma(const char* value) {
   fail(QSAKV_ERROR_INVALID_ARGUMENT,
        "environment variable %s is \"%.64s\"; must be auto, sync or wgmma (or unset)",
        kGroupedMmaEnv, value);
+}
+
+unsigned parse_dependent_launch(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
+    return kDependentLaunchDefault;
+  if (std::strcmp(value, "off") == 0) return 0;
+  const std::string list(value);
+  unsigned mask = 0;
+  for (size_t start = 0;;) {  // an empty item (",", a trailing comma) matches no family
+    const size_t end = list.find(',', start);
+    const std::string item = list.substr(start, end == std::string::npos ? end : end - start);
+    const unsigned bit = item == "store"       ? kDependentStore
+                         : item == "select"    ? kDependentSelect
+                         : item == "attention" ? kDependentAttention
+                                               : 0u;
+    if (bit == 0) break;
+    mask |= bit;
+    if (end == std::string::npos) return mask;
+    start = end + 1;
+  }
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be auto, off or a comma-separated list of "
+       "store, select and attention (or unset)",
+       kDependentLaunchEnv, value);
+}
+
+KernelHooks read_kernel_hooks() {
+  KernelHooks h;
+  h.tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
+  h.grouped_mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
+  h.dependent_launch = parse_dependent_launch(std::getenv(kDependentLaunchEnv));
+  return h;
 }
 
 qsakv_kernel_tier default_cuda_tier(int sm_version) {

@@ -30,4 +30,32 @@ constexpr const char* kGroupedMmaEnv = "QSAKV_GROUPED_MMA";
 enum class GroupedMma { kAuto, kSync, kWgmma };
 GroupedMma parse_grouped_mma(const char* value);
 
+// Which kernel families the CUDA backend launches as programmatic dependents of the
+// previous kernel in the stream (SM90+, outside the SM70 tier;
+// kernels/cuda/dependent_launch.cuh): QSAKV_DEPENDENT_LAUNCH, a benchmark hook for
+// measuring each family against the plain launch. Unset, "" or "auto": the default set
+// (kDependentLaunchDefault); "off": none; otherwise a comma-separated list of "store",
+// "select" and "attention". Anything else fails with QSAKV_ERROR_INVALID_ARGUMENT naming
+// the variable.
+constexpr const char* kDependentLaunchEnv = "QSAKV_DEPENDENT_LAUNCH";
+enum DependentLaunch : unsigned {
+  kDependentStore = 1u,
+  kDependentSelect = 2u,
+  kDependentAttention = 4u,
+};
+// Attention is left out: launched early, its CTAs took free slots on busy SMs and ran
+// unevenly spread (E4M3, 20-256 rows back to back: up to 25% slower), and behind the top-k
+// the copy-ring variant cost ~8 us a decode step (docs/perf.md, run 34).
+constexpr unsigned kDependentLaunchDefault = kDependentStore | kDependentSelect;
+unsigned parse_dependent_launch(const char* value);
+
+// Every test and benchmark hook of the CUDA backend, read from the environment once, at
+// context creation (and checked on every backend, so that a typo fails loudly).
+struct KernelHooks {
+  qsakv_kernel_tier tier;  // NONE: from the GPU
+  GroupedMma grouped_mma;
+  unsigned dependent_launch;  // DependentLaunch bits
+};
+KernelHooks read_kernel_hooks();
+
 }  // namespace qsakv

@@ -56,7 +56,7 @@ class DeviceGuard {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
-              GroupedMma grouped_mma)
+              GroupedMma grouped_mma, unsigned dependent_launch, bool compiled_for_sm90)
       : grouped_mma_(grouped_mma) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
@@ -67,6 +67,11 @@ class CudaBackend final : public Backend {
     info_.device_name = prop.name;
     info_.decoder = decoder;
     info_.tier = tier;
+    // The SM70 tier launches as on a V100, which has no programmatic launch; and only code
+    // built for SM90+ has the waits that make it safe.
+    if (info_.sm_version >= kSmProgrammaticLaunch && tier != QSAKV_KERNEL_TIER_SM70 &&
+        compiled_for_sm90)
+      programmatic_ = dependent_launch;
   }
   const BackendInfo& info() const override { return info_; }
 
@@ -173,19 +178,20 @@ class CudaBackend final : public Backend {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_store_kv(p, !sm70_tier(), stream);
+    cuda::launch_store_kv(p, !sm70_tier(), programmatic(kDependentStore), stream);
     check_launch("store_kv kernel launch");
   }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_ring(p, info_.multiprocessor_count, stream);
+    cuda::launch_store_ring(p, info_.multiprocessor_count, programmatic(kDependentStore), stream);
     check_launch("store_index_keys kernel launch");
   }
   void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_compressed(p, info_.multiprocessor_count, stream);
+    cuda::launch_store_compressed(p, info_.multiprocessor_count, programmatic(kDependentStore),
+                                  stream);
     check_launch("store_compressed_keys kernel launch");
   }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
@@ -199,7 +205,7 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
     cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
-                             info_.multiprocessor_count, stream);
+                             info_.multiprocessor_count, programmatic(kDependentSelect), stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
@@ -221,11 +227,11 @@ class CudaBackend final : public Backend {
       const bool wgmma = grouped_mma_ == GroupedMma::kWgmma ||
                          (grouped_mma_ == GroupedMma::kAuto &&
                           p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
-      cuda::launch_grouped_attention(p, hw, wgmma, stream);
+      cuda::launch_grouped_attention(p, hw, wgmma, programmatic(kDependentAttention), stream);
       check_launch("grouped attention kernel launch");
       cuda::launch_decode_attention(
           p, hw, sm70_tier(), info_.sm_version >= kSmCopyRing ? info_.multiprocessor_count : 0,
-          stream);
+          programmatic(kDependentAttention), stream);
     } catch (const cuda::LaunchError& e) {
       fail(e.status(), "%s", e.what());
     }
@@ -251,6 +257,11 @@ class CudaBackend final : public Backend {
   // The grouped route's MMA: kSync, kWgmma (forced), or kAuto where both exist (the
   // warpgroup MMA for large batches of groups).
   GroupedMma grouped_mma_;
+  // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
+  // stream's previous kernel: SM90+, not the SM70 tier, as QSAKV_DEPENDENT_LAUNCH says
+  // (kernels/cuda/dependent_launch.cuh).
+  unsigned programmatic_ = 0;
+  bool programmatic(DependentLaunch family) const { return (programmatic_ & family) != 0; }
   BackendInfo info_;
 };
 
@@ -277,8 +288,9 @@ std::string no_gpu_reason(cudaError_t e) {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
-                                           qsakv_kernel_tier forced, GroupedMma mma,
-                                           std::string* why) {
+                                           const KernelHooks& hooks, std::string* why) {
+  const qsakv_kernel_tier forced = hooks.tier;
+  const GroupedMma mma = hooks.grouped_mma;
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -330,8 +342,14 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
          "on the tensor-core tier and a build with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU "
          "%s is SM %d, this build %s sm_90a code",
          kGroupedMmaEnv, prop.name, sm, cuda::grouped_warpgroup_mma_built() ? "has" : "has no");
+  bool pdl_code = false;
+  {
+    DeviceGuard g(device);
+    pdl_code = cuda::dependent_launch_compiled();
+  }
   return std::make_unique<CudaBackend>(device, prop, chosen, tier,
-                                       wgmma_available ? mma : GroupedMma::kSync);
+                                       wgmma_available ? mma : GroupedMma::kSync,
+                                       hooks.dependent_launch, pdl_code);
 }
 
 }  // namespace qsakv
