@@ -66,6 +66,15 @@ static void expect_env_taken_on_cpu(const char* name, const char* const* good, s
   }
 }
 
+/* A context on the CUDA backend (whatever the hook variables say); *gpu is NULL on failure. */
+static qsakv_status cuda_context_create(qsakv_context** gpu) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  *gpu = NULL;
+  return qsakv_context_create(gpu, &o);
+}
+
 /* QSAKV_CUDA_TIER (the kernel-tier override for tests) is read at context creation and
  * checked on every backend, so a typo never silently tests the default tier. */
 static void test_cuda_tier_variable(void** state) {
@@ -101,11 +110,8 @@ static void test_grouped_mma_variable(void** state) {
   const char* good[] = {"", "auto", "sync", "wgmma"};
   expect_env_taken_on_cpu("QSAKV_GROUPED_MMA", good, sizeof good / sizeof good[0]);
   setenv("QSAKV_GROUPED_MMA", "wgmma", 1);
-  qsakv_context_options o;
-  qsakv_context_options_init(&o);
-  o.backend = QSAKV_BACKEND_CUDA;
   qsakv_context* gpu = NULL;
-  const qsakv_status s = qsakv_context_create(&gpu, &o);
+  const qsakv_status s = cuda_context_create(&gpu);
   if (s == QSAKV_ERROR_NO_DEVICE) {
     print_message("[ SKIP     ] QSAKV_GROUPED_MMA=wgmma on a GPU: no usable GPU\n");
   } else if (s == QSAKV_ERROR_UNSUPPORTED) { /* not SM 9.0, or no sm_90a code */
@@ -133,24 +139,24 @@ static void test_dependent_launch_variable(void** state) {
                      "auto, off or a comma-separated list");
   const char* good[] = {"", "auto", "off", "store", "select,attention", "attention,store,select"};
   expect_env_taken_on_cpu("QSAKV_DEPENDENT_LAUNCH", good, sizeof good / sizeof good[0]);
-  /* On a GPU "off" is taken whatever its SM (before SM90 there is nothing to turn off);
-   * the other hooks are unset meanwhile, so that one inherited from the shell cannot
-   * refuse the context for its own reason. */
+  /* On a GPU "off" and a family list are taken whatever its SM (before SM90 there is
+   * nothing to turn on or off); the other hooks are unset meanwhile, so that one inherited
+   * from the shell cannot refuse the context for its own reason. */
   char* keep_tier = env_save("QSAKV_CUDA_TIER");
   char* keep_mma = env_save("QSAKV_GROUPED_MMA");
   unsetenv("QSAKV_CUDA_TIER");
   unsetenv("QSAKV_GROUPED_MMA");
-  setenv("QSAKV_DEPENDENT_LAUNCH", "off", 1);
-  qsakv_context_options o;
-  qsakv_context_options_init(&o);
-  o.backend = QSAKV_BACKEND_CUDA;
-  qsakv_context* gpu = NULL;
-  const qsakv_status s = qsakv_context_create(&gpu, &o);
-  if (s == QSAKV_ERROR_NO_DEVICE) {
-    print_message("[ SKIP     ] QSAKV_DEPENDENT_LAUNCH=off on a GPU: no usable GPU\n");
-  } else {
-    TU_OK(s);
-    qsakv_context_destroy(gpu);
+  const char* on_gpu[] = {"off", "store,select,attention"};
+  for (size_t i = 0; i < sizeof on_gpu / sizeof on_gpu[0]; ++i) {
+    setenv("QSAKV_DEPENDENT_LAUNCH", on_gpu[i], 1);
+    qsakv_context* gpu = NULL;
+    const qsakv_status s = cuda_context_create(&gpu);
+    if (s == QSAKV_ERROR_NO_DEVICE) {
+      print_message("[ SKIP     ] QSAKV_DEPENDENT_LAUNCH=%s on a GPU: no usable GPU\n", on_gpu[i]);
+    } else {
+      TU_OK(s);
+      qsakv_context_destroy(gpu);
+    }
   }
   env_restore("QSAKV_DEPENDENT_LAUNCH", keep);
   env_restore("QSAKV_GROUPED_MMA", keep_mma);
