@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of qsakv_bench cases on the device machine, one report per case
+# (--set full, clocks left alone), with a short summary printed and the hottest kernel's
+# SASS-level stall samples exported (source page), so that a latency-bound chain shows
+# where it waits:
+#   tools/profile.sh select  BUILD CASE...     selection cases (qsakv_bench --select-cases
+#                                              numbers; E4M3 index keys): the score and
+#                                              top-k kernels of the first two calls
+#   tools/profile.sh overlap BUILD SHAPE:F...  the overlap sweep's workload SHAPE
+#                                              (--overlap-shapes index) at shared fraction F,
+#                                              E4M3: the grouped route's kernels (the
+#                                              route forced first in each sweep point)
+# Logs and reports go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+kind=${1:?select or overlap}
+build=${2:?build directory}
+shift 2
+for c in "$@"; do
+  case $kind in
+    select)
+      name="select-case$c" regex="select_" hot="select_topk|select_filter" count=4
+      args=(--select-only --select-cases "$c" --index-keys e4m3) ;;
+    overlap)
+      name="overlap-${c/:/-f}" regex="grouped_|decode_attention" hot="grouped_attention" count=3
+      args=(--overlap-only --overlap-dtype e4m3 --overlap-shapes "${c%%:*}" --overlap-f "${c#*:}") ;;
+    *) echo "profile.sh: unknown kind $kind (select or overlap)" >&2; exit 2 ;;
+  esac
+  rep="$OUT/ncu-$name"
+  timeout 240 ncu --clock-control none -k "regex:$regex" --launch-count "$count" --set full \
+    --import-source yes -o "$rep" -f "$build/qsakv_bench" "${args[@]}" > "$rep.run.log" 2>&1
+  echo "== $name rc=$?"
+  ncu -i "$rep.ncu-rep" --page details > "$rep.log" 2>&1
+  grep -E "$regex|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+    "$rep.log" | head -48
+  ncu -i "$rep.ncu-rep" -k "regex:$hot" --page source --csv --print-source cuda,sass \
+    > "$rep.hot-source.csv" 2>&1 || true
+  python3 "$(dirname "$0")/ncu-source-top.py" "$rep.hot-source.csv" 20 || true
+done
