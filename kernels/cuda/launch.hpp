@@ -36,8 +36,10 @@ class LaunchError : public std::runtime_error {
 }
 
 // programmatic (every launcher): launch the kernels as programmatic dependents of the
-// stream's previous kernel (dependent_launch.cuh; the backend passes true on SM90+ outside
-// the SM70 tier unless QSAKV_DEPENDENT_LAUNCH=off).
+// stream's previous kernel (dependent_launch.cuh). The backend decides per kernel family:
+// SM90+ outside the SM70 tier, the families QSAKV_DEPENDENT_LAUNCH names (by default the
+// stores and the selection; core/kernel_tier.hpp).
+
 // Whether the code the current device runs was compiled for SM90+, where the kernels'
 // waits exist (dependent_launch.cuh). A build without an SM90+ entry in QSAKV_CUDA_ARCHS
 // runs on an SM90 GPU from the PTX of an older architecture, with the waits compiled out:
