@@ -67,26 +67,42 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* 
   return x + before;
 }
 
-// Given hist[kBins] (shared or global) of the candidates still in play, finds how many to
-// take, K = min(their total, need_cap), and the digit d such that the bins above d hold
-// fewer than K items and bins >= d hold at least K; writes d and how many items of bin d
-// are still needed (>= 1) to *digit and *need_in_digit (shared; untouched when K is 0).
-// Returns K. kBins is a multiple of kTopkThreads or at most kTopkThreads. Contains
-// barriers; every thread must call it.
+// The bins of a kBins-bin histogram that one thread of find_digit owns: thread t owns
+// bins [kBins - kPer*(t+1), kBins - kPer*t), thread 0 the highest.
 template <int kBins>
-__device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, int* warp_sums,
-                                          int* digit, int* need_in_digit) {
-  constexpr int kPer = kBins >= kTopkThreads ? kBins / kTopkThreads : 1;
-  // Thread t owns bins [top - kPer*(t+1), top - kPer*t): thread 0 the highest.
+__host__ __device__ constexpr int bins_per_thread() {
+  return kBins >= kTopkThreads ? kBins / kTopkThreads : 1;
+}
+
+// Loads this thread's bins of hist (shared or global) into c, for find_digit_in; apart
+// from it, so that a caller can issue the loads together with its others.
+template <int kBins>
+__device__ __forceinline__ void load_bins(const uint32_t* hist,
+                                          uint32_t (&c)[bins_per_thread<kBins>()]) {
+  constexpr int kPer = bins_per_thread<kBins>();
   const int hi = kBins - kPer * static_cast<int>(threadIdx.x);
-  uint32_t c[kPer];
-  int mine = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int b = hi - 1 - j;
     c[j] = b >= 0 ? hist[b] : 0u;
-    mine += static_cast<int>(c[j]);
   }
+}
+
+// Given each thread's bins (load_bins) of the histogram of the candidates still in play,
+// finds how many to take, K = min(their total, need_cap), and the digit d such that the
+// bins above d hold fewer than K items and bins >= d hold at least K; writes d and how
+// many items of bin d are still needed (>= 1) to *digit and *need_in_digit (shared;
+// untouched when K is 0). Returns K. kBins is a multiple of kTopkThreads or at most
+// kTopkThreads. Contains barriers; every thread must call it.
+template <int kBins>
+__device__ __forceinline__ int find_digit_in(const uint32_t (&c)[bins_per_thread<kBins>()],
+                                             int need_cap, int* warp_sums, int* digit,
+                                             int* need_in_digit) {
+  constexpr int kPer = bins_per_thread<kBins>();
+  const int hi = kBins - kPer * static_cast<int>(threadIdx.x);
+  int mine = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) mine += static_cast<int>(c[j]);
   int total;
   const int incl = block_inclusive_scan(mine, warp_sums, &total);
   const int need = min(total, need_cap);
@@ -104,6 +120,15 @@ __device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, in
   }
   __syncthreads();
   return need;
+}
+
+// find_digit_in over hist[kBins] (shared or global).
+template <int kBins>
+__device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, int* warp_sums,
+                                          int* digit, int* need_in_digit) {
+  uint32_t c[bins_per_thread<kBins>()];
+  load_bins<kBins>(hist, c);
+  return find_digit_in<kBins>(c, need_cap, warp_sums, digit, need_in_digit);
 }
 
 // Appends to `list` (capacity `cap`, counter `*count`; shared or global) the composites of

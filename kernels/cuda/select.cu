@@ -48,7 +48,10 @@ constexpr int kCandidateCap = 3072;  // bin-of-the-threshold keys kept in shared
 constexpr int kLoadsInFlight = 4;    // 16-byte workspace loads per thread per batch
 constexpr int kSplitWords = 2;       // the same for passes that also append (registers)
 
-constexpr int kFilterKeys = 4096;    // keys per CTA of the filter kernel (8 per thread)
+constexpr int kFilterKeys = 4096;  // keys per CTA of the filter kernel (8 per thread)
+// Entries of the threshold bin's list per thread that the filter's last CTA loads before
+// it knows the count (a bin of a 32K-key row holds ~500-1,500 keys).
+constexpr int kBinSlots = 2;
 constexpr int kFilterMaxRows = 256;  // most rows of a wave on the filter route
 
 // Workspace of one wave: score keys [rows][stride], then histograms [rows][kTopBins], then
@@ -657,21 +660,38 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
   constexpr int kWords = kFilterKeys / 4 / kTopkThreads;  // one batch covers the chunk
+  constexpr int kAboveSlots = kTopkMaxBlocks / kTopkThreads;
+  static_assert(kTopkMaxBlocks % kTopkThreads == 0, "the above list in whole slots");
+  static_assert(kBinSlots * kTopkThreads <= kCandidateCap, "early bin loads inside the list");
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.y);
   const int tid = threadIdx.x;
-  int pos;
-  int64_t n;
-  WaveRow w;
-  if (!begin_topk_row(p, row0, wave_rows, ws_stride, row, sm, pos, n, w)) return;
-  // The chunk's keys are loaded while the threshold is found (one round trip, not two).
+  wait_for_predecessors();  // the scores of this wave are complete and visible
+  allow_dependents();
+  if (tid == 0) sm.n_sel = sm.n_cand = 0;
+  // The head in two round trips instead of three (a decode row's top-k is a chain of
+  // them). First the batch's row count, the row's position (the plan's row arrays have
+  // max_rows entries and row < max_rows by the grid, so it is read before the row is
+  // known to be in the batch) and the row's histogram (8 KB that the row's CTAs share in
+  // L2); then, for rows of the batch only, the chunk's keys, bounded by the row's
+  // workspace rather than by its visible keys so that they need not wait for the position
+  // (split() masks blocks past n). The grid covers the plan's max_rows rows: loading the
+  // keys before the row count is known would read 16 KB per CTA of every row beyond the
+  // batch.
+  const int num_rows = p.meta.header->num_rows;
+  const int pos = p.meta.row_pos[row];
+  const WaveRow w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
+  uint32_t bins[bins_per_thread<kTopBins>()];
+  load_bins<kTopBins>(w.hist, bins);
+  if (row >= num_rows) return;  // beyond this batch (a smaller batch, or graph replay)
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kFilterKeys;
-  const int64_t b1 = min(n, b0 + kFilterKeys);
   KeyWords<kWords> chunk;
   chunk.load(w.keys, static_cast<uint32_t>(b0 / 4) + (tid & ~31),
-             static_cast<uint32_t>((max(b1, b0) + 3) / 4));
+             static_cast<uint32_t>(min(ws_stride, b0 + kFilterKeys) / 4));
+  const int64_t n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  const int64_t b1 = min(n, b0 + kFilterKeys);
   // Every CTA of the row derives the same threshold from the same histogram.
-  const int K = find_digit<kTopBins>(w.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
+  const int K = find_digit_in<kTopBins>(bins, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
   const uint32_t top = static_cast<uint32_t>(sm.digit);
   const int need = sm.need;
   if (K > 0 && b0 < n)
@@ -679,16 +699,33 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
                 &w.state->n_above, kTopkMaxBlocks, w.bin, &w.state->n_bin, kCandidateCap);
   // The CTA that finishes last (its ticket resets `done`) finishes the row.
   if (!arrive_last(&w.state->done, static_cast<int>(gridDim.x), sm.last)) return;
-  // The last CTA of the row. Every other CTA has read the histogram and appended.
+  // The last CTA of the row. Every other CTA has read the histogram and appended. The
+  // lists' counts, the list above the bin (K - need entries whenever it is complete) and
+  // the bin's first kTopkThreads * kBinSlots entries are loaded together: one round trip,
+  // a second only for a longer bin. Entries past a count are stale or zero, never used.
+  const int above_expected = K > 0 ? K - need : 0;
+  unsigned long long above_v[kAboveSlots], bin_v[kBinSlots];
+#pragma unroll
+  for (int s = 0; s < kAboveSlots; ++s) {
+    const int i = s * kTopkThreads + tid;
+    above_v[s] = i < above_expected ? __ldcg(w.above + i) : 0ull;
+  }
+#pragma unroll
+  for (int s = 0; s < kBinSlots; ++s) bin_v[s] = __ldcg(w.bin + s * kTopkThreads + tid);
   const int n_above = __ldcg(&w.state->n_above), n_bin = __ldcg(&w.state->n_bin);
   // Composites are unique, so the lists hold exactly the keys above the bin (K - need of
   // them) and the bin's keys; the one-CTA route handles a bin longer than the list.
-  const bool listed = K == 0 || (n_bin <= kCandidateCap && n_above == K - need);
+  const bool listed = K == 0 || (n_bin <= kCandidateCap && n_above == above_expected);
   if (listed) {
-    for (int i = tid; i < kTopBins; i += kTopkThreads)
-      if (__ldcg(w.hist + i)) w.hist[i] = 0u;
-    for (int i = tid; i < n_above; i += kTopkThreads) sm.sel[i] = __ldcg(w.above + i);
-    for (int i = tid; i < n_bin; i += kTopkThreads) sm.cand[i] = __ldcg(w.bin + i);
+    for (int i = tid; i < kTopBins; i += kTopkThreads) w.hist[i] = 0u;  // for the next call
+#pragma unroll
+    for (int s = 0; s < kAboveSlots; ++s)
+      if (s * kTopkThreads + tid < n_above) sm.sel[s * kTopkThreads + tid] = above_v[s];
+#pragma unroll
+    for (int s = 0; s < kBinSlots; ++s)
+      if (s * kTopkThreads + tid < n_bin) sm.cand[s * kTopkThreads + tid] = bin_v[s];
+    for (int i = kBinSlots * kTopkThreads + tid; i < n_bin; i += kTopkThreads)
+      sm.cand[i] = __ldcg(w.bin + i);
     if (tid == 0) sm.n_sel = n_above;
   }
   __syncthreads();
