@@ -2,7 +2,7 @@
 # Nsight Compute profiles of qsakv_bench cases on the device machine, one report per case
 # (--set full, clocks left alone), with a short summary printed and the hottest kernel's
 # SASS-level stall samples exported (source page), so that a latency-bound chain shows
-# where it waits:
+# where it waits (the overlap kind: both of the grouped route's kernels, one export each):
 #   tools/profile.sh select  BUILD CASE...     selection cases (qsakv_bench --select-cases
 #                                              numbers; E4M3 index keys): the score and
 #                                              top-k kernels of the first two calls
@@ -22,7 +22,7 @@ for c in "$@"; do
       name="select-case$c" regex="select_" hot="select_topk|select_filter" count=4
       args=(--select-only --select-cases "$c" --index-keys e4m3) ;;
     overlap)
-      name="overlap-${c/:/-f}" regex="grouped_|decode_attention" hot="grouped_attention" count=3
+      name="overlap-${c/:/-f}" regex="grouped_|decode_attention" hot="grouped_union grouped_attention" count=3
       args=(--overlap-only --overlap-dtype e4m3 --overlap-shapes "${c%%:*}" --overlap-f "${c#*:}") ;;
     *) echo "profile.sh: unknown kind $kind (select or overlap)" >&2; exit 2 ;;
   esac
@@ -33,7 +33,10 @@ for c in "$@"; do
   ncu -i "$rep.ncu-rep" --page details > "$rep.log" 2>&1
   grep -E "$regex|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
     "$rep.log" | head -48
-  ncu -i "$rep.ncu-rep" -k "regex:$hot" --page source --csv --print-source cuda,sass \
-    > "$rep.hot-source.csv" 2>&1 || true
-  python3 "$(dirname "$0")/ncu-source-top.py" "$rep.hot-source.csv" 20 || true
+  for h in $hot; do
+    echo "-- $h: top source lines by stall samples"
+    ncu -i "$rep.ncu-rep" -k "regex:$h" --page source --csv --print-source cuda,sass \
+      > "$rep.${h//|/-}.source.csv" 2>&1 || true
+    python3 "$(dirname "$0")/ncu-source-top.py" "$rep.${h//|/-}.source.csv" 20 || true
+  done
 done
