@@ -3,20 +3,18 @@ not take refused, --json where a script parses the output, verify/capacity with
 --checkpoint, and inspect of a scale file that no manifest binds.
 Needs QSAKV_LIB (libqsakv.so), QSAKV_TOOL (qsakv) and QSAKV_TEST_DATA (tests/data)."""
 import ctypes
-import hashlib
 import json
 import os
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from cli_support import QSA_LAYERS, run_tool, write_pack
 from qsakv import _cdefs  # struct layouts generated from include/qsakv.h
 
 DATA = Path(os.environ.get("QSAKV_TEST_DATA", Path(__file__).resolve().parents[1] / "data"))
 HF = DATA / "hf_config"
-QSA_LAYERS = [4 * i + 3 for i in range(12)]
 
 AREAS = {
     "overlay": ["inspect", "verify", "make", "materialize"],
@@ -25,48 +23,12 @@ AREAS = {
 }
 
 
-@pytest.fixture(scope="module")
-def env():
-    lib_path, tool = os.environ.get("QSAKV_LIB"), os.environ.get("QSAKV_TOOL")
-    if not lib_path or not tool:
-        pytest.skip("QSAKV_LIB and QSAKV_TOOL must be set")
-    lib = ctypes.CDLL(lib_path)
-    lib.qsakv_last_error.restype = ctypes.c_char_p
-    lib.qsakv_status_string.restype = ctypes.c_char_p
-    for name, fn in _cdefs.FUNCTIONS.items():
-        f = getattr(lib, name, None)
-        if f is not None:
-            f.restype, f.argtypes = fn[0], fn[1]
-    return lib, tool
-
-
-def run(tool, *args):
-    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
-
-
-def write_pack(lib, tmp_path, tp=0):
-    index = tmp_path / "model.safetensors.index.json"
-    index.write_text(json.dumps({"weight_map": {"lm_head.weight": "model-00001.safetensors"}}))
-    opts = _cdefs.qsakv_overlay_write_options()
-    assert lib.qsakv_overlay_write_options_init(ctypes.byref(opts)) == 0
-    opts.base_index_path = str(index).encode()
-    opts.contract_tp_size = tp
-    n = len(QSA_LAYERS)
-    layers = (ctypes.c_int32 * n)(*QSA_LAYERS)
-    k = (ctypes.c_float * n)(*[0.01 * (i + 1) for i in range(n)])
-    v = (ctypes.c_float * n)(*[0.5] * n)
-    out = tmp_path / "pack"
-    assert lib.qsakv_overlay_write(str(out).encode(), layers, k, v, n, ctypes.byref(opts)) == 0, \
-        lib.qsakv_last_error()
-    return out, hashlib.sha256(index.read_bytes()).hexdigest()
-
-
 # --help ---------------------------------------------------------------------------------
 
 def test_help_on_every_area_and_verb(env):
     _, tool = env
     for area, verbs in AREAS.items():
-        area_help = run(tool, area, "--help")
+        area_help = run_tool(tool, area, "--help")
         assert area_help.returncode == 0, area_help.stderr
         assert area_help.stdout.startswith(f"usage: qsakv {area}")
         assert "exit codes: 0 success; 1 the library refused" in area_help.stdout
@@ -74,12 +36,12 @@ def test_help_on_every_area_and_verb(env):
         for verb in verbs:
             assert f"qsakv {area} {verb}" in area_help.stdout, (area, verb)
             for args in ([verb, "--help"], [verb, "-h"], [verb, "x", "--help"]):
-                r = run(tool, area, *args)
+                r = run_tool(tool, area, *args)
                 assert r.returncode == 0, (args, r.stderr)
                 # The same wording for the area and each of its verbs.
                 assert r.stdout == area_help.stdout, args
                 assert r.stderr == ""
-    top = run(tool, "--help")
+    top = run_tool(tool, "--help")
     assert top.returncode == 0 and "qsakv <area> <verb> --help" in top.stdout
     for area, verbs in AREAS.items():
         for verb in verbs:
@@ -89,9 +51,9 @@ def test_help_on_every_area_and_verb(env):
 def test_area_without_verb_is_a_usage_error(env):
     _, tool = env
     for area in ("overlay", "calib"):
-        r = run(tool, area)
+        r = run_tool(tool, area)
         assert r.returncode == 2 and r.stderr.startswith(f"usage: qsakv {area}")
-    r = run(tool, "overlay", "frobnicate", "x")
+    r = run_tool(tool, "overlay", "frobnicate", "x")
     assert r.returncode == 2 and "inspect, verify, make, materialize" in r.stderr
 
 
@@ -119,7 +81,7 @@ def test_area_without_verb_is_a_usage_error(env):
 ])
 def test_unsupported_option_refused(env, args, needle):
     _, tool = env
-    r = run(tool, *args)
+    r = run_tool(tool, *args)
     assert r.returncode == 2, (args, r.stdout, r.stderr)
     assert needle in r.stderr, r.stderr
     assert r.stdout == ""
@@ -130,14 +92,14 @@ def test_unsupported_option_refused(env, args, needle):
 def test_verify_json(env, tmp_path):
     lib, tool = env
     pack, rev = write_pack(lib, tmp_path, tp=4)
-    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "4", "--json")
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "4", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["valid"] is True and doc["revision"] == rev and doc["path"] == str(pack)
     assert doc["config"]["tp_size"] == 4 and doc["config"]["qsa_layers"] == QSA_LAYERS
     assert doc["config"]["source_kind"] == "preset"
     # Refused (the contract says TP4): a JSON verdict on stdout, the usual line on stderr.
-    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "2", "--json")
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--tp", "2", "--json")
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert doc["valid"] is False and doc["status"] == "QSAKV_ERROR_CONTRACT"
@@ -149,18 +111,18 @@ def test_verify_with_checkpoint_config(env, tmp_path):
     lib, tool = env
     pack, rev = write_pack(lib, tmp_path)
     for ckpt in (HF / "qwen4_exp", HF / "qwen4_exp" / "config.json"):
-        r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", ckpt)
+        r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", ckpt)
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("OK:") and f"checkpoint config {ckpt}" in r.stdout
-    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint",
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint",
             HF / "qwen4_exp", "--json")
     assert json.loads(r.stdout)["config"]["source_kind"] == "checkpoint"
     # A checkpoint whose QSA layers differ from the overlay's: the overlay does not fit.
-    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", HF / "multimodal")
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", HF / "multimodal")
     assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_"), r.stderr
     # A broken config.json: the library's refusal, naming the key and the file.
     bad = HF / "missing_kv_heads.json"
-    r = run(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", bad)
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", bad)
     assert r.returncode == 1
     assert r.stderr.startswith("QSAKV_ERROR_FORMAT:") and "num_key_value_heads" in r.stderr
     assert str(bad) in r.stderr
@@ -172,29 +134,29 @@ def test_inspect_scale_file_without_manifest(env, tmp_path):
     lib, tool = env
     pack, _ = write_pack(lib, tmp_path)
     scale = pack / "model-kvscales.safetensors"
-    bound = json.loads(run(tool, "overlay", "inspect", pack, "--json").stdout)
+    bound = json.loads(run_tool(tool, "overlay", "inspect", pack, "--json").stdout)
     assert bound["bound"] is True
     (pack / "qsakv-overlay.json").unlink()
     for target in (scale, pack):
-        r = run(tool, "overlay", "inspect", target)
+        r = run_tool(tool, "overlay", "inspect", target)
         assert r.returncode == 0, r.stderr
         assert "no manifest binds this file" in r.stdout
         assert bound["scale_file_sha256"] in r.stdout
         assert "     3  0.00999999978" in r.stdout
-        r = run(tool, "overlay", "inspect", target, "--json")
+        r = run_tool(tool, "overlay", "inspect", target, "--json")
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["bound"] is False and doc["num_scales"] == 24
         assert doc["scale_file_sha256"] == bound["scale_file_sha256"]
         assert doc["layers"] == bound["layers"]
     # Inspecting is not validating: verify still refuses it.
-    r = run(tool, "overlay", "verify", scale, "--revision", "0" * 64)
+    r = run_tool(tool, "overlay", "verify", scale, "--revision", "0" * 64)
     assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
     # A manifest asked for by name that is missing is still a refusal.
-    r = run(tool, "overlay", "inspect", scale, "--manifest", tmp_path / "nope.json")
+    r = run_tool(tool, "overlay", "inspect", scale, "--manifest", tmp_path / "nope.json")
     assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
     # No scale file at all: refused as before.
-    r = run(tool, "overlay", "inspect", tmp_path / "nothing")
+    r = run_tool(tool, "overlay", "inspect", tmp_path / "nothing")
     assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING")
 
 
@@ -204,7 +166,7 @@ def test_inspect_half_pair_shows_null(env, tmp_path):
                          {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}).encode()
     path = tmp_path / "model-kvscales.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<f", 0.25))
-    r = run(tool, "overlay", "inspect", path, "--json")
+    r = run_tool(tool, "overlay", "inspect", path, "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["num_scales"] == 1
@@ -215,10 +177,10 @@ def test_inspect_half_pair_shows_null(env, tmp_path):
 
 def test_capacity_json_and_checkpoint(env):
     lib, tool = env
-    preset = json.loads(run(tool, "capacity", "--tp", "4", "--budget-gib", "40", "--json").stdout)
+    preset = json.loads(run_tool(tool, "capacity", "--tp", "4", "--budget-gib", "40", "--json").stdout)
     assert preset["bytes_per_token"] == 6912 and preset["fp16_bytes_per_token"] == 13056
     assert preset["model"] == "qwen4_exp" and preset["index_key_dtype"] == "fp16"
-    r = run(tool, "capacity", "--checkpoint", HF / "qwen4_exp", "--tp", "4", "--budget-gib", "40",
+    r = run_tool(tool, "capacity", "--checkpoint", HF / "qwen4_exp", "--tp", "4", "--budget-gib", "40",
             "--json")
     assert r.returncode == 0, r.stderr
     ckpt = json.loads(r.stdout)
@@ -232,7 +194,7 @@ def test_capacity_json_and_checkpoint(env):
     cap = _cdefs.qsakv_capacity()
     cap.struct_size = ctypes.sizeof(cap)
     assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 1 << 30, ctypes.byref(cap)) == 0
-    doc = json.loads(run(tool, "capacity", "--checkpoint", HF / "multimodal", "--budget-gib", "1",
+    doc = json.loads(run_tool(tool, "capacity", "--checkpoint", HF / "multimodal", "--budget-gib", "1",
                          "--json").stdout)
     assert doc["num_qsa_layers"] == 3
     assert doc["bytes_per_token"] == cap.bytes_per_token and doc["num_blocks"] == cap.num_blocks
@@ -242,7 +204,7 @@ def test_capacity_e4m3_index_keys(env):
     """--index-keys e4m3: 132 bytes per key of 128 dims (33 per token per layer), so the
     reference model at TP4 takes 6,540 bytes per token against 13,056 (FP16 baseline)."""
     lib, tool = env
-    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3",
+    r = run_tool(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3",
             "--budget-gib", "40", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -259,13 +221,13 @@ def test_capacity_e4m3_index_keys(env):
     assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 40 << 30, ctypes.byref(cap)) == 0
     assert doc["num_blocks"] == cap.num_blocks and doc["num_tokens"] == cap.num_tokens
     # The default is fp16; spelled out it is the same table.
-    fp16 = json.loads(run(tool, "capacity", "--tp", "4", "--index-keys", "fp16", "--budget-gib",
+    fp16 = json.loads(run_tool(tool, "capacity", "--tp", "4", "--index-keys", "fp16", "--budget-gib",
                           "40", "--json").stdout)
-    assert fp16 == json.loads(run(tool, "capacity", "--tp", "4", "--budget-gib", "40",
+    assert fp16 == json.loads(run_tool(tool, "capacity", "--tp", "4", "--budget-gib", "40",
                                   "--json").stdout)
     assert fp16["bytes_per_token"] == 6912
     # The text table says which index keys it counts and prints the same figures.
-    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3")
+    r = run_tool(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "e4m3")
     assert r.returncode == 0, r.stderr
     assert "e4m3 index keys" in r.stdout.splitlines()[0]
     total = next(l for l in r.stdout.splitlines() if l.strip().startswith("total"))
@@ -273,10 +235,10 @@ def test_capacity_e4m3_index_keys(env):
     ratio = next(l for l in r.stdout.splitlines() if l.strip().startswith("ratio"))
     assert float(ratio.split()[1]) >= 1.99
     # A refused value: a usage error, nothing on stdout.
-    r = run(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "bf16")
+    r = run_tool(tool, "capacity", "--preset", "qwen4_exp", "--tp", "4", "--index-keys", "bf16")
     assert r.returncode == 2 and r.stdout == ""
     assert "--index-keys must be fp16 or e4m3, not bf16" in r.stderr
-    assert "--index-keys fp16|e4m3" in run(tool, "capacity", "--help").stdout
+    assert "--index-keys fp16|e4m3" in run_tool(tool, "capacity", "--help").stdout
 
 
 # calib summarize --json ---------------------------------------------------------------
@@ -289,7 +251,7 @@ def test_calib_summarize_json(env, tmp_path):
         p = tmp_path / f"rank{r}.st"
         write_stats_rank(lib, p, r)
         ranks.append(p)
-    r = run(tool, "calib", "summarize", *ranks, "--json")
+    r = run_tool(tool, "calib", "summarize", *ranks, "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tp_size"] == 4 and doc["ranks_covered"] == 4
@@ -297,10 +259,10 @@ def test_calib_summarize_json(env, tmp_path):
     k3 = next(e for e in doc["layers"] if e["layer"] == 3 and e["kind"] == "k")
     assert k3["max_abs"] == 1.0 and k3["count"] == 4 * 4 * 256
     assert "histogram" not in k3
-    r = run(tool, "calib", "summarize", *ranks, "--json", "--histograms")
+    r = run_tool(tool, "calib", "summarize", *ranks, "--json", "--histograms")
     assert "histogram" in json.loads(r.stdout)["layers"][0]
     # Incomplete (one rank of four): refused, nothing on stdout.
-    r = run(tool, "calib", "summarize", ranks[0], "--json")
+    r = run_tool(tool, "calib", "summarize", ranks[0], "--json")
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE")
 

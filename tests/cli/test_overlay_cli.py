@@ -2,57 +2,21 @@
 same verdict, the status name and the library's own message on stderr, exit codes as
 documented in `qsakv --help`. Needs QSAKV_LIB (libqsakv.so) and QSAKV_TOOL (qsakv)."""
 import ctypes
-import hashlib
 import json
 import os
 import subprocess
 
 import pytest
 
-# Struct layouts: the declarations generated from include/qsakv.h (drift-checked).
-from qsakv import _cdefs  # noqa: E402
+from cli_support import QSA_LAYERS, run_tool, write_pack
+from qsakv import _cdefs
 
 ModelConfig = _cdefs.qsakv_model_config
-WriteOptions = _cdefs.qsakv_overlay_write_options
-
-
-QSA_LAYERS = [4 * i + 3 for i in range(12)]
-
-
-@pytest.fixture(scope="module")
-def env():
-    lib_path, tool = os.environ.get("QSAKV_LIB"), os.environ.get("QSAKV_TOOL")
-    if not lib_path or not tool:
-        pytest.skip("QSAKV_LIB and QSAKV_TOOL must be set")
-    lib = ctypes.CDLL(lib_path)
-    lib.qsakv_last_error.restype = ctypes.c_char_p
-    lib.qsakv_status_string.restype = ctypes.c_char_p
-    lib.qsakv_overlay_load.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
-                                       ctypes.c_char_p]
-    lib.qsakv_overlay_validate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
-    lib.qsakv_overlay_destroy.argtypes = [ctypes.c_void_p]
-    return lib, tool
-
-
-def write_pack(lib, tmp_path, num_layers=12, tp=0):
-    index = tmp_path / "model.safetensors.index.json"
-    index.write_text(json.dumps({"weight_map": {"lm_head.weight": "model-00001.safetensors"}}))
-    opts = WriteOptions()
-    assert lib.qsakv_overlay_write_options_init(ctypes.byref(opts)) == 0
-    opts.base_index_path = str(index).encode()
-    opts.contract_tp_size = tp
-    layers = (ctypes.c_int32 * num_layers)(*QSA_LAYERS[:num_layers])
-    k = (ctypes.c_float * num_layers)(*[0.01 * (i + 1) for i in range(num_layers)])
-    v = (ctypes.c_float * num_layers)(*[0.5] * num_layers)
-    out = tmp_path / "pack"
-    assert lib.qsakv_overlay_write(str(out).encode(), layers, k, v, num_layers,
-                                   ctypes.byref(opts)) == 0, lib.qsakv_last_error()
-    return out, hashlib.sha256(index.read_bytes()).hexdigest()
 
 
 def api_verdict(lib, path, revision, tp=1):
     """(status name, message) of load + validate through the C API."""
-    handle = ctypes.c_void_p()
+    handle = ctypes.POINTER(_cdefs.qsakv_overlay)()
     status = lib.qsakv_overlay_load(ctypes.byref(handle), str(path).encode(), None)
     if status == 0:
         cfg = ModelConfig()
@@ -61,10 +25,6 @@ def api_verdict(lib, path, revision, tp=1):
         status = lib.qsakv_overlay_validate(handle, ctypes.byref(cfg), revision.encode())
         lib.qsakv_overlay_destroy(handle)
     return lib.qsakv_status_string(status).decode(), lib.qsakv_last_error().decode()
-
-
-def run_tool(tool, *args):
-    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
 
 
 def test_help_documents_exit_codes(env):
