@@ -8,7 +8,9 @@
 #   3. tools/output_digest.py against both libraries: equal lines = bit-identical outputs
 #      (a refactor must show 0 differing; a numerics change says which cases moved);
 #   4. the bench's decode and selection tables and the 8192- and 2048-row overlap sweeps
-#      for both builds, compared by tools/bench_compare.py (rows >2% slower listed);
+#      for both builds, compared by tools/bench_compare.py (rows >2% slower listed); with
+#      SWEEP="rows:s1,s2 ..." (e.g. "256:1,2,3 1024:1,3"), the working tree's decode table
+#      at those rows with each forced split count;
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel forced onto warpgroup MMAs, in parallel
 #      groups (the sanitizer is CPU-bound; one group in sequence takes longer than a call),
@@ -65,7 +67,7 @@ if [ -z "${ONLY_SAN:-}" ]; then
   [ -n "$basepid" ] && [ -f $base/build/libqsakv.so ] && sides="new base"
   for v in $sides; do
     lib=build-gpu/libqsakv.so
-    [ $v = base ] && lib=$base/build/libqsakv.so
+    [ "$v" = base ] && lib=$base/build/libqsakv.so
     QSAKV_LIBRARY=$lib timeout 120 python3 tools/output_digest.py > "$OUT/digest-$v.txt" \
       2> "$OUT/digest-$v.err"
     rc=$?
@@ -81,7 +83,7 @@ if [ -z "${ONLY_SAN:-}" ]; then
   pairs=()
   for v in $sides; do
     b=build-gpu/qsakv_bench
-    [ $v = base ] && b=$base/build/qsakv_bench
+    [ "$v" = base ] && b=$base/build/qsakv_bench
     timeout 60 $b --decode-only --json "$OUT/bench-decode-$v.json" > "$OUT/bench-decode-$v.log" 2>&1
     echo "bench decode $v rc=$?"
     timeout 90 $b --select-only --no-multirow --json "$OUT/bench-select-$v.json" \
@@ -97,6 +99,16 @@ if [ -z "${ONLY_SAN:-}" ]; then
     done
     python3 tools/bench_compare.py "${pairs[@]}"
   fi
+  # Optional split sweeps of the working tree's decode table: SWEEP="rows:s1,s2,... ...",
+  # e.g. SWEEP="256:1,2,3 1024:1,3" (qsakv_bench --splits forces the split count).
+  for case in ${SWEEP:-}; do
+    r=${case%%:*} counts=${case#*:}
+    for n in ${counts//,/ }; do
+      timeout 120 build-gpu/qsakv_bench --decode-only --e4m3-only --rows "$r" --splits "$n" \
+        > "$OUT/sweep-$r-$n.log" 2>&1
+      echo "sweep rows=$r splits=$n: $(grep -E "^ +$r " "$OUT/sweep-$r-$n.log")"
+    done
+  done
 fi
 
 if [ -z "${SKIP_SAN:-}" ]; then
