@@ -13,7 +13,8 @@
 #      at those rows with each forced split count;
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel forced onto warpgroup MMAs, in parallel
-#      groups (the sanitizer is CPU-bound; one group in sequence takes longer than a call),
+#      (the sanitizer is CPU-bound; one group in sequence takes longer than a call):
+#      memchecks by suite, racechecks one process per GPU test,
 #      all of them within $SAN_SECONDS (default 330) from the step's start: a run that
 #      would start after that is skipped and says so, one running then is stopped.
 # SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5. Logs go
@@ -127,20 +128,32 @@ if [ -z "${SKIP_SAN:-}" ]; then
     echo "$name rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED' \
       "$OUT/san-$name.log" | paste -sd' ' | cut -c1-200) $(el)"
   }
+  # A suite's GPU tests by name (its cmocka list in tests/SUITE.c).
+  cuda_tests() {
+    grep -o 'cmocka_unit_test(test_[a-z0-9_]*cuda[a-z0-9_]*)' "tests/$1.c" | sed 's/.*(\(.*\))/\1/'
+  }
   pids=()
   (for s in test_store test_select test_attention; do san tc-mem-$s memcheck $s; done
    san tc-mem-test_graph memcheck test_graph QSAKV_TEST_FILTER='*') & pids+=($!)
-  (san tc-race-test_select racecheck test_select) & pids+=($!)
-  (san tc-race-test_attention racecheck test_attention) & pids+=($!)
   (san sm70-mem-test_attention memcheck test_attention QSAKV_CUDA_TIER=sm70
    san sm70-mem-test_select memcheck test_select QSAKV_CUDA_TIER=sm70) & pids+=($!)
-  # Each SM70 racecheck alone: in sequence after the memchecks they outran 360 s (run 33).
-  (san sm70-race-test_attention racecheck test_attention QSAKV_CUDA_TIER=sm70) & pids+=($!)
-  (san sm70-race-test_select racecheck test_select QSAKV_CUDA_TIER=sm70) & pids+=($!)
   (san wg-mem-test_attention memcheck test_attention QSAKV_GROUPED_MMA=wgmma
-   san wg-race-test_attention racecheck test_attention QSAKV_GROUPED_MMA=wgmma
    san wg-mem-test_graph memcheck test_graph QSAKV_GROUPED_MMA=wgmma QSAKV_TEST_FILTER='*') &
   pids+=($!)
+  # Racechecks one process per GPU test (racecheck is CPU-bound, and the machine has the
+  # cores): with a whole suite per process, the SM70 tier's ran out of the time in every
+  # run from 33 to 35, and the warpgroup one in run 35.
+  for s in test_attention test_select; do
+    for t in $(cuda_tests "$s"); do
+      (san "tc-race-$t" racecheck "$s" QSAKV_TEST_FILTER="$t") & pids+=($!)
+      (san "sm70-race-$t" racecheck "$s" QSAKV_CUDA_TIER=sm70 QSAKV_TEST_FILTER="$t") &
+      pids+=($!)
+    done
+  done
+  for t in $(cuda_tests test_attention); do
+    (san "wg-race-$t" racecheck test_attention QSAKV_GROUPED_MMA=wgmma QSAKV_TEST_FILTER="$t") &
+    pids+=($!)
+  done
   wait "${pids[@]}"
 fi
 el
