@@ -459,6 +459,58 @@ static int32_t* edge_topk(const tu_world* w, int64_t stride) {
   return topk;
 }
 
+/* Lists whose groups span several union windows (`window` positions each: the union
+ * kernel's variant for several windows). share_window[r] says where request r's rows share
+ * tokens: -1 nowhere (disjoint lists, so no window lists), else only in that window (min(1000,
+ * width / 2) tokens shared by all its rows; each row also has 100 tokens of its own there and
+ * the rest of its list elsewhere). A request whose first listing window is not the first
+ * makes the kernel write the earlier windows' own entries after it finds that window
+ * (grouped_union.cuh). One-row requests get decode rows. */
+static int32_t* window_wait_topk(const tu_world* w, int64_t stride, int window,
+                                 const int* share_window) {
+  const int width = w->geo.topk_width, n_shared = width / 2 < 1000 ? width / 2 : 1000;
+  const int n_inside = 100;
+  int32_t* topk = malloc(sizeof(int32_t) * ((size_t)w->rows * stride + 1));
+  for (int row = 0; row < w->rows; ++row)
+    tu_place_list(topk + (size_t)row * stride, stride, width, NULL, 0);
+  int32_t* a = malloc(sizeof(int32_t) * (size_t)16 * width);
+  int32_t* own = malloc(sizeof(int32_t) * (size_t)width);
+  int g0 = 0;
+  for (int r = 0; r < w->shape.num_requests; g0 += w->shape.rows[r++]) {
+    const int n = w->shape.rows[r], L = w->shape.seq_lens[r], p0 = tu_row_pos(w, g0);
+    uint8_t* mark = calloc((size_t)L + 1, 1);
+    if (n == 1) {
+      edge_row(w, topk, stride, g0, NULL, 0, mark, width);
+    } else if (share_window[r] < 0) { /* disjoint lists of the full width, anywhere */
+      assert_int_equal(tu_draw_tokens(p0, mark, n * width, a), n * width);
+      for (int i = 0; i < n; ++i) edge_row(w, topk, stride, g0 + i, a + i * width, width, mark, 0);
+    } else {
+      /* The shared tokens and each row's n_inside from the window only (every other
+       * position marked taken for those draws), then the row's others from elsewhere. */
+      const int lo = share_window[r] * window, hi = lo + window - 1;
+      assert_true(p0 > lo + n_shared + 16 * n_inside);
+      for (int t = 0; t <= L; ++t) mark[t] = t < lo || t > hi;
+      assert_int_equal(tu_draw_tokens(p0, mark, n_shared, a), n_shared);
+      for (int i = 0; i < n; ++i) {
+        memcpy(own, a, sizeof(int32_t) * (size_t)n_shared);
+        uint8_t* in_window = malloc((size_t)L + 1);
+        memcpy(in_window, mark, (size_t)L + 1); /* the window, less the shared tokens */
+        assert_int_equal(tu_draw_tokens(p0, in_window, n_inside, own + n_shared), n_inside);
+        free(in_window);
+        uint8_t* outside = malloc((size_t)L + 1);
+        for (int t = 0; t <= L; ++t) outside[t] = t >= lo && t <= hi;
+        edge_row(w, topk, stride, g0 + i, own, n_shared + n_inside, outside,
+                 width - n_shared - n_inside);
+        free(outside);
+      }
+    }
+    free(mark);
+  }
+  free(own);
+  free(a);
+  return topk;
+}
+
 /* The overlap worlds of one geometry on ctx, each on routes 1 (grouped), -1 (decode) and 0
  * (auto). full: every overlap of the main world, the automatic routing's world and (with
  * long_context) the long one; otherwise (the CPU backend's check of the lists) overlaps
@@ -556,6 +608,29 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     free(kv);
     tu_world_destroy(&w);
   }
+  /* Groups over three union windows that wait for a window that lists: none does, the
+   * last does, the middle one does. (Also on the CPU backend: the lists' own check.) */
+  if (!full || long_context) {
+    qsakv_model_config cw = c;
+    cw.max_model_len = 1 << 18;
+    tu_shape shape = {4, {16, 16, 16, 1}, {140000, 140000, 140000, 3000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &cw, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    const int64_t stride = w.geo.topk_width + 2;
+    const int share_window[4] = {-1, 2, 1, -1};
+    int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
+    check_routes(&w,
+                 "3 x 16 rows at 140000 tokens (3 union windows: none lists / the last lists /"
+                 " the middle lists) + 1",
+                 kv, q, topk, stride, routes, 3, 0);
+    free(topk);
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
   /* Lists wider than one pass of the union kernel's registers (2304 entries a row: each
    * phase reloads its pass), in one window and in two. */
   if (full && long_context) {
@@ -577,6 +652,15 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
         char what[96];
         snprintf(what, sizeof what, "16 rows of width %d at %d tokens + 1, f=%.2f",
                  (int)w.geo.topk_width, shape.seq_lens[0], f);
+        check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
+        free(topk);
+      }
+      if (m) { /* two windows, several passes: shared only in the second (a late listing) */
+        const int share_window[2] = {1, -1};
+        int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
+        char what[96];
+        snprintf(what, sizeof what, "16 rows of width %d at %d tokens + 1, shared in window 1",
+                 (int)w.geo.topk_width, shape.seq_lens[0]);
         check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
         free(topk);
       }

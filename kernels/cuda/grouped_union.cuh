@@ -35,9 +35,13 @@
 //   6. each entry's own bit by warp ballot (a warp's 32 entries are one word of its
 //      row); a block scan of the words' popcounts gives each own entry its place in its
 //      row's own list.
-// A group of one window that lists nothing (rows that share almost nothing, as
-// independent selections do) skips step 6: its rows' own lists are their top-k rows, and
-// row_split says so (kOwnIsTopk), so such groups cost steps 1-3 and no writes.
+// A group that lists nothing (rows that share almost nothing, as independent selections
+// do) skips step 6: its rows' own lists are their top-k rows, and row_split says so
+// (kOwnIsTopk), so such groups cost steps 1-3 and no writes. With several windows that
+// is known only at the last one, so step 6 waits for the first window that lists; if that
+// is not window 0, the loop goes back to window 0 once. (docs/perf.md run 35: groups
+// that list nothing took 241 us at 128K, writing every window's own entries, against
+// 58 us at 32K, where they skip step 6.)
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
 #pragma once
@@ -159,7 +163,6 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   const int used_words = rows * row_words;
   const int T = grouped_share_min_rows(rows, p.share_rows);
   const int last = pos0 + rows - 1;
-  const bool one_window = !kReload || last < p.window;
   const int per = p.window / kUnionThreads;  // positions this thread owns, consecutive
   const int64_t base = static_cast<int64_t>(group) * p.union_cap;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -225,14 +228,22 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   // Position x's mask (a 16-bit read: little-endian halves of the words).
   const uint16_t* pmask16 = reinterpret_cast<const uint16_t*>(pmask);
   auto mask_at = [&](int x) { return static_cast<uint32_t>(pmask16[x]); };
-  if (!reload) load(0, 0);
+  if (!kReload) load(0, 0);  // the one window's entries, once
 
   int count = 0;  // listed tokens of the earlier windows
+  // Several windows: until a window lists, windows only count (steps 1-3) and write no
+  // own entries, so that if none lists, the rows' own lists are their top-k rows
+  // (kOwnIsTopk). The first window that lists, if not the first, sends the loop back to
+  // window 0 to write the own entries of the windows before it in order; those windows
+  // are then known to list nothing, so they skip the counting (steps 1-3).
+  // listed_from: -1 while waiting, then the first window that lists.
+  int listed_from = kReload ? -1 : 0;
   for (int w0 = 0; w0 <= last; w0 += p.window) {
-    if (kReload && !reload && w0 > 0) load(0, w0);
+    if (kReload && !reload) load(0, w0);  // this window's entries
     // Positions past the group's last row cannot be selected: the masks are cleared and
     // scanned only up to it (this thread's 8-position chunks below `chunks`).
-    const int span = min(p.window, last + 1 - w0);
+    const bool known_empty = kReload && w0 < listed_from;  // uniform: nothing to count
+    const int span = known_empty ? 0 : min(p.window, last + 1 - w0);
     const int chunks = max(0, min(per / 8, (span - tid * per + 7) / 8));
     uint4* my_masks = reinterpret_cast<uint4*>(pmask) + tid * (per / 8);
     // This thread's positions' masks, 8 at a time (16-byte reads): f(position offset, mask).
@@ -250,7 +261,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     for (int i = 0; i < chunks; ++i) my_masks[i] = make_uint4(0u, 0u, 0u, 0u);
     if (tid < kGroupedMaxRows) row_own[tid] = 0;
     __syncthreads();
-    for (int pass = 0; pass < passes; ++pass) {
+    for (int pass = 0; pass < (known_empty ? 0 : passes); ++pass) {
       if (reload) load(pass, w0);
       launder();
 #pragma unroll
@@ -355,9 +366,18 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
         }
       }
     }
+    if (kReload && listed_from < 0) {  // uniform: no window listed before this one
+      if (!listing) continue;          // nothing reads the masks or row_own past the barrier above
+      listed_from = w0;
+      if (w0 > 0) {      // the first that lists: back to window 0 (see `listed_from`)
+        w0 = -p.window;  // (the loop's increment)
+        continue;
+      }
+    }
     if (listing) count += listed;
-    // A group of one window that lists nothing: its rows' own lists are their top-k rows.
-    if (one_window && !listing) break;
+    // A group that listed nothing, in its one window: its rows' own lists are their top-k
+    // rows.
+    if (!kReload && !listing) break;
     // The own entries (valid, in the window, not listed for their row), a word per warp
     // and slot, then their places in their rows' own lists.
     const bool row_listed = listing && (moved & rbit) != 0u;  // all its entries listed
@@ -425,7 +445,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   }
   if (tid < rows)
     p.row_split[row0 + tid] =
-        one_window && count == 0 ? make_int2(kOwnIsTopk, 0) : make_int2(row_done[tid], count);
+        count == 0 ? make_int2(kOwnIsTopk, 0) : make_int2(row_done[tid], count);
   if (tid == 0) p.union_count[group] = count;
 #endif
 }
