@@ -370,11 +370,17 @@ static const char* const edge_what =
     "of 3 rows against 7 / 3 / 1, a causal tail listed by every row, 64 and 63 tokens shared "
     "by all, 2 identical rows, a decode row";
 
-static int32_t* edge_topk(const tu_world* w, int64_t stride) {
-  const int width = w->geo.topk_width;
+/* Every row's list empty (all -1), to be filled request by request. */
+static int32_t* empty_topk(const tu_world* w, int64_t stride) {
   int32_t* topk = malloc(sizeof(int32_t) * ((size_t)w->rows * stride + 1));
   for (int row = 0; row < w->rows; ++row)
-    tu_place_list(topk + (size_t)row * stride, stride, width, NULL, 0);
+    tu_place_list(topk + (size_t)row * stride, stride, w->geo.topk_width, NULL, 0);
+  return topk;
+}
+
+static int32_t* edge_topk(const tu_world* w, int64_t stride) {
+  const int width = w->geo.topk_width;
+  int32_t* topk = empty_topk(w, stride);
   int32_t* a = malloc(sizeof(int32_t) * (size_t)16 * width);
   int32_t* b = malloc(sizeof(int32_t) * (size_t)width);
   int g0 = 0;
@@ -470,9 +476,7 @@ static int32_t* window_wait_topk(const tu_world* w, int64_t stride, int window,
                                  const int* share_window) {
   const int width = w->geo.topk_width, n_shared = width / 2 < 1000 ? width / 2 : 1000;
   const int n_inside = 100;
-  int32_t* topk = malloc(sizeof(int32_t) * ((size_t)w->rows * stride + 1));
-  for (int row = 0; row < w->rows; ++row)
-    tu_place_list(topk + (size_t)row * stride, stride, width, NULL, 0);
+  int32_t* topk = empty_topk(w, stride);
   int32_t* a = malloc(sizeof(int32_t) * (size_t)16 * width);
   int32_t* own = malloc(sizeof(int32_t) * (size_t)width);
   int g0 = 0;
