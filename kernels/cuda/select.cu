@@ -321,9 +321,16 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
 // ---------------------------------------------------------------------------------------
 
 struct TopkSmem {
-  uint32_t hist[kTopBins];
-  unsigned long long sel[kTopkMaxBlocks];
-  unsigned long long cand[kCandidateCap];
+  // The histogram, or (once the last radix round has read it) the winners of the one-list
+  // route (select_by_passes).
+  union {
+    uint32_t hist[kTopBins + 1];  // + a bin that build_top_hist sends unmapped keys to
+    unsigned long long win[kTopkMaxBlocks];
+  };
+  // sel (kTopkMaxBlocks), then cand (kCandidateCap); the one-list route uses both as one list.
+  unsigned long long list[kTopkMaxBlocks + kCandidateCap];
+  __device__ __forceinline__ unsigned long long* sel() { return list; }
+  __device__ __forceinline__ unsigned long long* cand() { return list + kTopkMaxBlocks; }
   int warp_sums[kTopkThreads / 32];
   int digit;
   int need;
@@ -416,6 +423,103 @@ __device__ __forceinline__ void split_at_bin(const uint32_t* keys, int64_t b_beg
   }
 }
 
+// A batch of kWords 16-byte words of keys[0..n) per thread, the warp's words consecutive
+// (word w0 + lane + u * kTopkThreads), zero past the row. 32-bit indices (positions are
+// int32). Only the row's last word can hold keys past n: one per-thread test per batch
+// finds the thread that holds it (n % 4 != 0), which alone zeroes them.
+template <int kWords>
+__device__ __forceinline__ void load_row_words(const uint32_t* keys, uint32_t w0, uint32_t n,
+                                               uint4 (&v)[kWords]) {
+  const uint32_t n4 = (n + 3u) / 4u, lane = threadIdx.x & 31u;
+  const uint4* p = reinterpret_cast<const uint4*>(keys) + (w0 + lane);  // 64-bit offsets below
+#pragma unroll
+  for (int u = 0; u < kWords; ++u)
+    v[u] = w0 + lane + u * kTopkThreads < n4 ? p[u * kTopkThreads] : make_uint4(0u, 0u, 0u, 0u);
+  const uint32_t rel = n4 - 1u - (w0 + lane);  // the last word's offset from this thread's first
+  if ((n & 3u) != 0u && rel < kWords * kTopkThreads && rel % kTopkThreads == 0u) {
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      if (rel == u * kTopkThreads) {
+        if ((n & 3u) < 2u) v[u].y = 0u;
+        if ((n & 3u) < 3u) v[u].z = 0u;
+        v[u].w = 0u;
+      }
+    }
+  }
+}
+
+// The row's top-bits histogram (hist zero on entry, kTopBins + 1 entries): one pass,
+// kLoadsInFlight words per thread per batch. Unmapped keys (0) and the zeros past the row
+// go to the extra bin, which no one reads: no branch per key.
+__device__ __forceinline__ void build_top_hist(const uint32_t* keys, uint32_t n, uint32_t* hist) {
+  const uint32_t n4 = (n + 3u) / 4u, lane = threadIdx.x & 31u;
+  for (uint32_t w0 = threadIdx.x - lane; w0 < n4; w0 += kLoadsInFlight * kTopkThreads) {
+    uint4 v[kLoadsInFlight];
+    load_row_words<kLoadsInFlight>(keys, w0, n, v);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        atomicAdd(&hist[w[j] != 0u ? w[j] >> (32 - kTopBits) : kTopBins], 1u);
+    }
+  }
+}
+
+// Appends to list (capacity cap, counter *count; shared) the composites of the keys of
+// keys[0..n) at or above thr. thr >= 1, so unmapped keys (0) and the zeros past the row
+// never qualify. One pass, kWords words per thread per batch: a per-thread count, a warp
+// scan, one shared atomic per warp and batch, then a predicated store per key. The caller
+// sizes the list for every qualifying key (the histogram counts them exactly); should a
+// thread's slots not fit anyway, it writes none of them (they stay counted).
+template <int kWords>
+__device__ __forceinline__ void collect_at_or_above(const uint32_t* keys, uint32_t n, uint32_t thr,
+                                                    unsigned long long* list, int* count, int cap) {
+  const uint32_t n4 = (n + 3u) / 4u, lane = threadIdx.x & 31u;
+  for (uint32_t w0 = threadIdx.x - lane; w0 < n4; w0 += kWords * kTopkThreads) {
+    uint4 v[kWords];
+    load_row_words<kWords>(keys, w0, n, v);
+    static_assert(kWords * 4 <= 32, "one bit per key");
+    uint32_t take = 0u;  // bit 4u + j: key j of word u qualifies (one register, not 16)
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) take |= static_cast<uint32_t>(w[j] >= thr) << (4 * u + j);
+    }
+    const int mine = __popc(take);
+    int incl = mine;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= static_cast<uint32_t>(d)) incl += y;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total == 0) continue;  // warp-uniform
+    int base = 0;
+    if (lane == 31) base = atomicAdd(count, total);
+    int slot = __shfl_sync(0xffffffffu, base, 31) + incl - mine;
+    const bool room = slot + mine <= cap;
+    // A 32-bit shared address: with a generic pointer ptxas rebuilds the shared window's
+    // base for every predicated store (3 instructions a key).
+    uint32_t out = static_cast<uint32_t>(__cvta_generic_to_shared(list)) + 8u * slot;
+#pragma unroll
+    for (int u = 0; u < kWords; ++u) {
+      const uint32_t b0 = 4u * (w0 + lane + u * kTopkThreads);
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool t = (take >> (4 * u + j)) & 1u;
+        if (room && t)
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(out), "r"(0xFFFFFFFFu - (b0 + j)),
+                       "r"(w[j])
+                       : "memory");
+        out += t ? 8u : 0u;
+      }
+    }
+  }
+}
+
 // The candidates of the threshold bin: in shared memory, or (when they did not fit) the
 // row's keys in the workspace.
 struct SharedCandidates {
@@ -447,9 +551,12 @@ struct WorkspaceCandidates {
 // at the latest on the last digit. The first digits are wide (53 = 11 + 10 + 4 x 8,
 // 42 = 10 + 4 x 8): a threshold bin of ~1,500 keys spread over 2,048 sub-bins usually
 // resolves in the first round.
+// with_above: the candidates also hold every composite above the bin (the one-list route),
+// which is taken too. The winners go to dst (counter sm.n_sel).
 template <class Src>
 __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top, int need,
-                                        TopkSmem& sm) {
+                                        TopkSmem& sm, bool with_above = false,
+                                        unsigned long long* dst = nullptr) {
   const int resolved0 = 64 - known;  // bits at and above this are known
   uint64_t prefix = static_cast<uint64_t>(top) << resolved0;
   int shift = resolved0;
@@ -477,29 +584,42 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   }
   // Take every candidate of the bin at or above the threshold: exactly `need` of them
   // from the last digit, and everything the earlier digits ranked higher.
+  // (v >> shift) >= (prefix >> shift) holds for every composite above the bin (its top bits
+  // exceed top, prefix's top bits), so with_above only drops the in-bin test.
+  unsigned long long* out = dst ? dst : sm.sel();
   src.each([&](uint64_t v) {
     warp_append<kTopkMaxBlocks>(
-        sm.sel, &sm.n_sel,
-        v != 0ull && (v >> resolved0) == top && (v >> shift) >= (prefix >> shift), v);
+        out, &sm.n_sel,
+        v != 0ull && (with_above || (v >> resolved0) == top) && (v >> shift) >= (prefix >> shift),
+        v);
   });
   __syncthreads();
 }
 
-// Fills sm.sel with the row's top composites (unsorted) by passes over its keys, given
-// the row's top-bits histogram in sm.hist and the threshold bin `top` of which `need`
-// keys are taken. sm.n_sel and sm.n_cand start at 0.
-__device__ void select_by_passes(const uint32_t* keys, int64_t n, uint32_t top, int need,
-                                 TopkSmem& sm) {
+// Fills sm.sel (returned) or, on the one-list route, sm.win (returned) with the row's top
+// composites (unsorted) by passes over its keys, given the row's top-bits histogram in
+// sm.hist and the threshold bin `top` of which `need` keys are taken. sm.n_sel and
+// sm.n_cand start at 0.
+__device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n, uint32_t top,
+                                                int need, TopkSmem& sm) {
   const int in_bin = static_cast<int>(sm.hist[top]);
   const bool fits = in_bin <= kCandidateCap;
-  // Keys above the threshold bin are taken; the bin's keys are gathered when they fit.
-  split_at_bin<kSplitWords>(keys, 0, n, kTopBits, top, sm.sel, &sm.n_sel, kTopkMaxBlocks, sm.cand,
-                            &sm.n_cand, fits ? kCandidateCap : 0);
-  __syncthreads();
   if (fits) {
-    take_from_threshold_bin(SharedCandidates{sm.cand, in_bin}, kTopBits, top, need, sm);
-    return;
+    // One list of every key at or above the bin (K - need <= kTopkMaxBlocks above it, in_bin
+    // in it: sm.list holds them), then the radix select over it, winners to sm.win.
+    const uint32_t thr = top == 0u ? 1u : top << (32 - kTopBits);
+    collect_at_or_above<kLoadsInFlight>(keys, static_cast<uint32_t>(n), thr, sm.list, &sm.n_cand,
+                                        kTopkMaxBlocks + kCandidateCap);
+    __syncthreads();
+    const int listed = min(sm.n_cand, kTopkMaxBlocks + kCandidateCap);
+    take_from_threshold_bin(SharedCandidates{sm.list, listed}, kTopBits, top, need, sm, true,
+                            sm.win);
+    return sm.win;
   }
+  // Keys above the threshold bin are taken; the bin's keys are gathered when they fit.
+  split_at_bin<kSplitWords>(keys, 0, n, kTopBits, top, sm.sel(), &sm.n_sel, kTopkMaxBlocks,
+                            sm.cand(), &sm.n_cand, 0);
+  __syncthreads();
   // Too many equal top bits (thousands of near-equal scores): narrow the bin by the next
   // 11 bits (one more pass), then gather the narrower bin.
   for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
@@ -516,21 +636,22 @@ __device__ void select_by_passes(const uint32_t* keys, int64_t n, uint32_t top, 
   const bool fits2 = in_bin2 <= kCandidateCap;
   const uint32_t top2 = (top << kTopBits) | mid;
   __syncthreads();
-  split_at_bin<kSplitWords>(keys, 0, n, 2 * kTopBits, top2, sm.sel, &sm.n_sel, kTopkMaxBlocks,
-                            sm.cand, &sm.n_cand, fits2 ? kCandidateCap : 0);
+  split_at_bin<kSplitWords>(keys, 0, n, 2 * kTopBits, top2, sm.sel(), &sm.n_sel, kTopkMaxBlocks,
+                            sm.cand(), &sm.n_cand, fits2 ? kCandidateCap : 0);
   __syncthreads();
   if (fits2)
-    take_from_threshold_bin(SharedCandidates{sm.cand, in_bin2}, 2 * kTopBits, top2, need2, sm);
+    take_from_threshold_bin(SharedCandidates{sm.cand(), in_bin2}, 2 * kTopBits, top2, need2, sm);
   else
     take_from_threshold_bin(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
+  return sm.sel();
 }
 
-// Sorts sm.sel[0..n) (n <= kTopkMaxBlocks; composites are unique and nonzero) descending
-// into sm.cand. Each warp sorts a run of 32 in registers (bitonic over lanes: no barriers);
-// then an element's position is, summed over every run, how many of that run's elements
+// Sorts sel[0..n) (sm.sel() or sm.win; n <= kTopkMaxBlocks; composites are unique and nonzero)
+// descending into sm.cand. Each warp sorts a run of 32 in registers (bitonic over lanes: no
+// barriers); then an element's position is, summed over every run, how many of that run's elements
 // are larger (a branch-free binary search; in its own run that is its lane). Two barriers
 // instead of one per bitonic stride, and no shared-memory exchange stages.
-__device__ void sort_selection_descending(TopkSmem& sm, int n) {
+__device__ void sort_selection_descending(TopkSmem& sm, unsigned long long* sel, int n) {
   constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
   const int lane = threadIdx.x & 31;
   const int n_runs = (n + 31) / 32;
@@ -538,7 +659,7 @@ __device__ void sort_selection_descending(TopkSmem& sm, int n) {
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
-    v[s] = i < n ? sm.sel[i] : 0ull;                // 0 pads the last run (below every composite)
+    v[s] = i < n ? sel[i] : 0ull;                   // 0 pads the last run (below every composite)
     if (s * kTopkThreads >= n_runs * 32) continue;  // block-uniform
 #pragma unroll
     for (int size = 2; size <= 32; size <<= 1) {
@@ -554,7 +675,7 @@ __device__ void sort_selection_descending(TopkSmem& sm, int n) {
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
-    if (i < n_runs * 32) sm.sel[i] = v[s];
+    if (i < n_runs * 32) sel[i] = v[s];
   }
   __syncthreads();
 #pragma unroll
@@ -564,28 +685,29 @@ __device__ void sort_selection_descending(TopkSmem& sm, int n) {
     int rank = 0;
 #pragma unroll 4
     for (int r = 0; r < n_runs; ++r) {
-      const unsigned long long* run = sm.sel + 32 * r;
+      const unsigned long long* run = sel + 32 * r;
       int cnt = 0;
 #pragma unroll
       for (int st = 16; st > 0; st >>= 1) cnt += run[cnt + st - 1] > v[s] ? st : 0;
       rank += cnt + (run[31] > v[s] ? 1 : 0);
     }
-    sm.cand[rank] = v[s];
+    sm.cand()[rank] = v[s];
   }
   __syncthreads();
 }
 
 // Sorts the row's K winners and writes its top-k row: the chosen blocks' tokens, then the
 // open group's tail, then -1.
-__device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, TopkSmem& sm) {
-  sort_selection_descending(sm, K);
+__device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, TopkSmem& sm,
+                                unsigned long long* sel) {
+  sort_selection_descending(sm, sel, K);
   int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
   const int tail_start = (pos + 1) / p.ratio * p.ratio;
   const int tail = pos + 1 - tail_start;
   for (int j = threadIdx.x; j < p.topk_width; j += kTopkThreads) {
     int32_t v = -1;
     if (j < K * p.ratio) {
-      const uint32_t b = composite_block(sm.cand[j / p.ratio]);
+      const uint32_t b = composite_block(sm.cand()[j / p.ratio]);
       v = static_cast<int32_t>(b) * p.ratio + j % p.ratio;
     } else if (j < K * p.ratio + tail) {
       v = tail_start + (j - K * p.ratio);
@@ -607,14 +729,13 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
   } else {  // the multi-row scoring kernel builds no histogram
     for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
     __syncthreads();
-    for_each_key(w.keys, n, [&](int64_t, uint32_t key) {
-      if (key != 0u) atomicAdd(&sm.hist[key >> (32 - kTopBits)], 1u);
-    });
+    build_top_hist(w.keys, static_cast<uint32_t>(n), sm.hist);
   }
   __syncthreads();
   const int K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
-  if (K > 0) select_by_passes(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm);
-  sort_and_expand(p, row, pos, K, sm);
+  unsigned long long* sel = sm.sel();
+  if (K > 0) sel = select_by_passes(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm);
+  sort_and_expand(p, row, pos, K, sm, sel);
 }
 
 // The head of both top-k kernels for their row: waits for the wave's scores (before any
@@ -720,12 +841,12 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     for (int i = tid; i < kTopBins; i += kTopkThreads) w.hist[i] = 0u;  // for the next call
 #pragma unroll
     for (int s = 0; s < kAboveSlots; ++s)
-      if (s * kTopkThreads + tid < n_above) sm.sel[s * kTopkThreads + tid] = above_v[s];
+      if (s * kTopkThreads + tid < n_above) sm.sel()[s * kTopkThreads + tid] = above_v[s];
 #pragma unroll
     for (int s = 0; s < kBinSlots; ++s)
-      if (s * kTopkThreads + tid < n_bin) sm.cand[s * kTopkThreads + tid] = bin_v[s];
+      if (s * kTopkThreads + tid < n_bin) sm.cand()[s * kTopkThreads + tid] = bin_v[s];
     for (int i = kBinSlots * kTopkThreads + tid; i < n_bin; i += kTopkThreads)
-      sm.cand[i] = __ldcg(w.bin + i);
+      sm.cand()[i] = __ldcg(w.bin + i);
     if (tid == 0) sm.n_sel = n_above;
   }
   __syncthreads();
@@ -737,8 +858,8 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     topk_row_in_one_cta(p, row, pos, n, w, true, sm);
     return;
   }
-  if (K > 0) take_from_threshold_bin(SharedCandidates{sm.cand, n_bin}, kTopBits, top, need, sm);
-  sort_and_expand(p, row, pos, K, sm);
+  if (K > 0) take_from_threshold_bin(SharedCandidates{sm.cand(), n_bin}, kTopBits, top, need, sm);
+  sort_and_expand(p, row, pos, K, sm, sm.sel());
 }
 
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
