@@ -458,6 +458,9 @@ __device__ __forceinline__ void build_top_hist(const uint32_t* keys, uint32_t n,
     load_row_words<kLoadsInFlight>(keys, w0, n, v);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
+      // A slot past the row for the whole warp (warp-uniform) counts nothing: at 32K a
+      // prefill row fills one batch only partly.
+      if (w0 + u * kTopkThreads >= n4) break;
       const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
