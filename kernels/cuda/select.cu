@@ -238,14 +238,24 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
                              int tiles_per_cta, float inv_sqrt_dim) {
   constexpr int kRowsPerTile = 8 / kHeadsPad;
   constexpr int kNTiles = kRowsPerBlock / kRowsPerTile;
+  // Lanes that store: kHeadsPad >= 4, a pair of lanes per row (t4 even key g, odd g + 8);
+  // kHeadsPad = 2, every lane both keys of its row.
+  constexpr bool kSplit = kHeadsPad >= 4;
+  constexpr int kGroup = 2;  // n-tiles whose MMA chains interleave (kNTiles % kGroup == 0)
+  static_assert(kNTiles % kGroup == 0, "whole groups of n-tiles");
   __shared__ uint4 q_frag[kNTiles][D / 32][32];
-  wait_for_predecessors();  // the compressed keys, the workspace's last reader
+  __shared__ int32_t row_n[kRowsPerBlock];  // visible keys of the run's rows (0: no row)
+  wait_for_predecessors();                  // the compressed keys, the workspace's last reader
   const int num_rows = p.meta.header->num_rows;
   const int r_first = row0 + static_cast<int>(blockIdx.y) * kRowsPerBlock;
   const int r_last = min(min(r_first + kRowsPerBlock, row0 + wave_rows), num_rows);  // exclusive
   const int64_t cta0 = static_cast<int64_t>(blockIdx.x) * tiles_per_cta * kScoreTileKeys;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3;
+  const bool odd = (t4 & 1) != 0;
+  // The lane's row within an n-tile, and its key within the tile's pair (g or g + 8).
+  const int lane_row = 2 * t4 / kHeadsPad;
+  const bool lane_stores = !kSplit || t4 % (kHeadsPad / 2) < 2;
   for (int r_begin = r_first; r_begin < r_last;) {
     const int req = p.meta.row_request[r_begin];
     int r_end = r_begin + 1;
@@ -255,22 +265,45 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
     const int n_run = r_end - r_begin;
     const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
     if (cta0 < n_max) {  // block-uniform
-      __syncthreads();   // the previous run is done with q_frag
-      for (int e = threadIdx.x; e < kNTiles * (D / 32) * 32; e += kScoreWarps * 32) {
-        const int j = e / ((D / 32) * 32), i = (e / 32) % (D / 32), l = e % 32;
-        const int row = j * kRowsPerTile + (l >> 2) / kHeadsPad, head = (l >> 2) % kHeadsPad;
-        q_frag[j][i][l] =
-            row < n_run && head < p.index_heads
-                ? __ldg(reinterpret_cast<const uint4*>(
-                      p.index_q + (static_cast<int64_t>(r_begin + row) * p.index_heads + head) * D +
-                      query_run_offset<kFp8>(i, l & 3)))
-                : make_uint4(0u, 0u, 0u, 0u);
+      __syncthreads();   // the previous run is done with q_frag and row_n
+      {
+        // Thread (warp, lane) fills run i = warp % (D / 32) of lane `lane` for the n-tiles
+        // j = warp / (D / 32) + kJStep * it: one (row, head) column pair per thread, whose
+        // row advances by kJStep * kRowsPerTile rows per step (a pointer increment).
+        constexpr int kRunsPerTile = D / 32;
+        static_assert(kScoreWarps % kRunsPerTile == 0, "whole n-tiles per pass of the CTA");
+        constexpr int kJStep = kScoreWarps / kRunsPerTile;
+        const int i = warp % kRunsPerTile, j0 = warp / kRunsPerTile;
+        const int row0_l = j0 * kRowsPerTile + g / kHeadsPad, head = g % kHeadsPad;
+        const uint16_t* src = p.index_q +
+                              (static_cast<int64_t>(r_begin + row0_l) * p.index_heads + head) * D +
+                              query_run_offset<kFp8>(i, t4);
+        const int64_t src_step = static_cast<int64_t>(kJStep) * kRowsPerTile * p.index_heads * D;
+#pragma unroll
+        for (int it = 0; it < kNTiles / kJStep; ++it) {
+          const int row = row0_l + it * kJStep * kRowsPerTile;
+          q_frag[j0 + it * kJStep][i][lane] =
+              row < n_run && head < p.index_heads
+                  ? __ldg(reinterpret_cast<const uint4*>(src + it * src_step))
+                  : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
+      if (threadIdx.x < kRowsPerBlock)
+        row_n[threadIdx.x] =
+            static_cast<int>(threadIdx.x) < n_run
+                ? static_cast<int32_t>(min(
+                      static_cast<int64_t>((p.meta.row_pos[r_begin + threadIdx.x] + 1) / p.ratio),
+                      p.max_blocks))
+                : 0;
       __syncthreads();
       const int32_t* bt = p.meta.header->block_table +
                           static_cast<int64_t>(req) * p.meta.header->block_table_stride;
       const int n_tiles_used = (n_run + kRowsPerTile - 1) / kRowsPerTile;
       const TilePages pages = tile_pages(p, bt, cta0, tiles_per_cta, n_max, lane);
+      // The lane's first row's scores; n-tile j's row is kRowsPerTile * j rows further.
+      uint32_t* const ws_lane = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                                static_cast<int64_t>(r_begin + lane_row - row0) * ws_stride;
+      const int64_t ws_tile_step = kRowsPerTile * ws_stride;
       for (int t = warp; t < tiles_per_cta; t += kScoreWarps) {
         const int64_t b = cta0 + static_cast<int64_t>(t) * kScoreTileKeys + g;
         if (b - g >= n_max) break;  // warp-uniform
@@ -279,36 +312,57 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
         tile_key_addresses(p, bt, pages, t, b, n_max, true, klo, khi);
         load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
         load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
-        float c[kNTiles][4];
+        // The tile's A fragments, converted once for all n-tiles (32 registers at D = 128).
+        uint32_t a[D / 16][4];
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+        for (int ks = 0; ks < D / 16; ++ks) k.a_frag(ks, a[ks]);
+        // Block indices fit in 32 bits (positions are int32).
+        const uint32_t b32 = static_cast<uint32_t>(b);
+        const CompressedKeyAddress ka = odd ? khi : klo;  // kSplit: the lane's key
+        const float f = key_score_factor<kFp8>(ka.scale);
+        const float f_lo = kSplit ? f : key_score_factor<kFp8>(klo.scale);
+        const float f_hi = kSplit ? f : key_score_factor<kFp8>(khi.scale);
+        const bool mapped = ka.codes != nullptr;
+        const bool mapped_lo = klo.codes != nullptr, mapped_hi = khi.codes != nullptr;
+        const uint32_t key = b32 + (kSplit && odd ? 8u : 0u);
+        uint32_t* ws = ws_lane + key;
+        // kGroup n-tiles at a time (independent MMA chains that interleave): each takes its
+        // k-steps 0 .. D/16 - 1 in order into a fresh accumulator, as in score_tile (one
+        // 16-byte query load feeds two k-steps), then its scores.
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t a[4];
-          k.a_frag(ks, a);
+        for (int j0 = 0; j0 < kNTiles; j0 += kGroup) {
+          if (j0 >= n_tiles_used) break;  // warp-uniform
+          float c[kGroup][4];
 #pragma unroll
-          for (int j = 0; j < kNTiles; ++j) {
-            if (j >= n_tiles_used) break;  // warp-uniform
-            const uint4 qv = q_frag[j][ks >> 1][lane];
-            mma_16816<false>(c[j], a, word(qv, 2 * (ks & 1)), word(qv, 2 * (ks & 1) + 1));
+          for (int u = 0; u < kGroup; ++u) c[u][0] = c[u][1] = c[u][2] = c[u][3] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+              const uint4 qv = q_frag[j0 + u][i][lane];
+              mma_16816<false>(c[u], a[2 * i], qv.x, qv.y);
+              mma_16816<false>(c[u], a[2 * i + 1], qv.z, qv.w);
+            }
           }
-        }
-        const float f_lo = key_score_factor<kFp8>(klo.scale);
-        const float f_hi = key_score_factor<kFp8>(khi.scale);
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-          if (j >= n_tiles_used) break;
-          float s_lo, s_hi;
-          sum_row_heads<kHeadsPad>(c[j], inv_sqrt_dim, s_lo, s_hi);
-          const int row = j * kRowsPerTile + 2 * t4 / kHeadsPad;
-          if ((t4 % (kHeadsPad / 2)) != 0 || row >= n_run) continue;
-          const int rr = r_begin + row;
-          const int64_t n =
-              min(static_cast<int64_t>((p.meta.row_pos[rr] + 1) / p.ratio), p.max_blocks);
-          uint32_t* ws = reinterpret_cast<uint32_t*>(p.score_workspace) +
-                         static_cast<int64_t>(rr - row0) * ws_stride;
-          if (b < n) ws[b] = klo.codes ? score_key(s_lo * f_lo) : 0u;
-          if (b + 8 < n) ws[b + 8] = khi.codes ? score_key(s_hi * f_hi) : 0u;
+          for (int u = 0; u < kGroup; ++u) {
+            // n-tiles and rows past the run have row_n 0 (no store). Values are computed by
+            // every lane and the stores predicated: no branch.
+            const uint32_t n = static_cast<uint32_t>(row_n[(j0 + u) * kRowsPerTile + lane_row]);
+            if constexpr (kSplit) {
+              const float s = sum_row_heads_split<kHeadsPad>(c[u], inv_sqrt_dim, odd);
+              const uint32_t v = mapped ? score_key(s * f) : 0u;
+              if (lane_stores && key < n) *ws = v;
+            } else {
+              float s_lo, s_hi;
+              sum_row_heads<kHeadsPad>(c[u], inv_sqrt_dim, s_lo, s_hi);
+              const uint32_t v_lo = mapped_lo ? score_key(s_lo * f_lo) : 0u;
+              const uint32_t v_hi = mapped_hi ? score_key(s_hi * f_hi) : 0u;
+              if (b32 < n) ws[0] = v_lo;
+              if (b32 + 8 < n) ws[8] = v_hi;
+            }
+            ws += ws_tile_step;
+          }
         }
       }
     }

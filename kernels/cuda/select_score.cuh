@@ -210,5 +210,24 @@ __device__ __forceinline__ void sum_row_heads(const float (&c)[4], float inv_sqr
   hi *= inv_sqrt_dim;
 }
 
+// sum_row_heads with the two keys split between the lanes of a pair (kHeadsPad >= 4):
+// on return the lanes with t4 % (kHeadsPad / 2) < 2 hold the score of key g (t4 even) or
+// g + 8 (t4 odd) for row 2 * t4 / kHeadsPad of the tile. The first exchange sends the sum
+// the lane does not keep, so each lane adds its partner's partial to its own: the same
+// two operands as sum_row_heads (an FP32 addition is commutative bit for bit), one
+// shuffle and one addition instead of two each per level.
+template <int kHeadsPad>
+__device__ __forceinline__ float sum_row_heads_split(const float (&c)[4], float inv_sqrt_dim,
+                                                     bool odd) {
+  static_assert(kHeadsPad >= 4, "a pair of lanes per row");
+  const float lo = relu_like_reference(c[0]) + relu_like_reference(c[1]);
+  const float hi = relu_like_reference(c[2]) + relu_like_reference(c[3]);
+  float keep = odd ? hi : lo;
+  keep += __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
+#pragma unroll
+  for (int s = 2; s < kHeadsPad / 2; s <<= 1) keep += __shfl_xor_sync(0xffffffffu, keep, s);
+  return keep * inv_sqrt_dim;
+}
+
 }  // namespace cuda
 }  // namespace qsakv
