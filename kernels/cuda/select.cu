@@ -273,6 +273,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
         constexpr int kRunsPerTile = D / 32;
         static_assert(kScoreWarps % kRunsPerTile == 0, "whole n-tiles per pass of the CTA");
         constexpr int kJStep = kScoreWarps / kRunsPerTile;
+        static_assert(kNTiles % kJStep == 0, "every n-tile filled by the loop below");
         const int i = warp % kRunsPerTile, j0 = warp / kRunsPerTile;
         const int row0_l = j0 * kRowsPerTile + g / kHeadsPad, head = g % kHeadsPad;
         const uint16_t* src = p.index_q +
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
 #pragma unroll
           for (int u = 0; u < kGroup; ++u) {
             // n-tiles and rows past the run have row_n 0 (no store). Values are computed by
-            // every lane and the stores predicated: no branch.
+            // every lane and the stores predicated (the `mapped` select may still branch).
             const uint32_t n = static_cast<uint32_t>(row_n[(j0 + u) * kRowsPerTile + lane_row]);
             if constexpr (kSplit) {
               const float s = sum_row_heads_split<kHeadsPad>(c[u], inv_sqrt_dim, odd);
