@@ -8,6 +8,7 @@
 int tu_multi_row_min_rows = 0;
 int tu_plan_max_rows = 0;
 int tu_reserve_block0 = 0;
+int tu_store_kv = 1;
 
 uint64_t tu_rng_next(tu_rng* r) {
   uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
@@ -151,25 +152,28 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   for (int r = 0; r < shape->num_requests; ++r) {
     const int L = shape->seq_lens[r];
     if (L == 0) continue;
-    uint16_t* k = malloc(act_size() * (size_t)L * row_elems);
-    uint16_t* v = malloc(act_size() * (size_t)L * row_elems);
+    const size_t kv_elems = tu_store_kv ? (size_t)L * row_elems : 0;
+    uint16_t* k = malloc(act_size() * kv_elems + 1);
+    uint16_t* v = malloc(act_size() * kv_elems + 1);
     int64_t* slots = malloc(sizeof(int64_t) * L);
     for (int t = 0; t < L; ++t) {
       slots[t] = (int64_t)w->block_table[r * w->bt_stride + t / bs] * bs + t % bs;
-      for (int e = 0; e < row_elems; ++e) {
+      for (int e = 0; e < (tu_store_kv ? row_elems : 0); ++e) {
         k[(size_t)t * row_elems + e] =
             tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
         v[(size_t)t * row_elems + e] =
             tu_f32_to_act((float)(amplitude * tu_rng_normal(&rng)), cfg->activation_dtype);
       }
     }
-    void* dk = tu_to_device(ctx, k, act_size() * (size_t)L * row_elems);
-    void* dv = tu_to_device(ctx, v, act_size() * (size_t)L * row_elems);
-    void* ds = tu_to_device(ctx, slots, sizeof(int64_t) * L);
-    TU_OK(qsakv_store_kv(w->cache, w->layer, dk, dv, ds, L, NULL));
-    qsakv_free(ctx, dk);
-    qsakv_free(ctx, dv);
-    qsakv_free(ctx, ds);
+    if (tu_store_kv) {
+      void* dk = tu_to_device(ctx, k, act_size() * kv_elems);
+      void* dv = tu_to_device(ctx, v, act_size() * kv_elems);
+      void* ds = tu_to_device(ctx, slots, sizeof(int64_t) * L);
+      TU_OK(qsakv_store_kv(w->cache, w->layer, dk, dv, ds, L, NULL));
+      qsakv_free(ctx, dk);
+      qsakv_free(ctx, dv);
+      qsakv_free(ctx, ds);
+    }
     const int groups = L / ratio;
     if (groups > 0) {
       uint16_t* ck = malloc(2 * (size_t)groups * idim);

@@ -40,6 +40,10 @@ extern int tu_plan_max_rows;
 /* Nonzero: the next worlds built map no page to physical block 0, which stays
  * NaN-poisoned (a route that reads offset 0 for a token it should skip or mask reads NaN). */
 extern int tu_reserve_block0;
+/* Zero: the next worlds built store no K/V (the layer's K/V stay NaN-poisoned), only the
+ * compressed keys. For suites that only select: drawing random K/V for every token was
+ * most of their run time (default 1). */
+extern int tu_store_kv;
 
 /* Builds everything; k_scale/v_scale are used for E4M3 caches. amplitude scales K/V. */
 void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* cfg,
