@@ -163,6 +163,18 @@ static void test_dependent_launch_variable(void** state) {
   env_restore("QSAKV_CUDA_TIER", keep_tier);
 }
 
+/* QSAKV_SELECT_STAGES (the scoring kernels alone, a benchmark hook) likewise. That "score"
+ * launches no top-k is checked by test_select on a GPU. */
+static void test_select_stages_variable(void** state) {
+  (void)state;
+  char* keep = env_save("QSAKV_SELECT_STAGES");
+  const char* bad[] = {"bogus", "Score", "ALL", "topk", " score", "score,", "0"};
+  expect_env_refused("QSAKV_SELECT_STAGES", bad, sizeof bad / sizeof bad[0], "all or score");
+  const char* good[] = {"", "all", "score"};
+  expect_env_taken_on_cpu("QSAKV_SELECT_STAGES", good, sizeof good / sizeof good[0]);
+  env_restore("QSAKV_SELECT_STAGES", keep);
+}
+
 static void test_auto_chooses_and_says_why(void** state) {
   (void)state;
   qsakv_context* ctx = NULL;
@@ -267,10 +279,15 @@ static void test_memory_helpers(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cpu_backend),          cmocka_unit_test(test_auto_chooses_and_says_why),
-      cmocka_unit_test(test_cuda_explicit),        cmocka_unit_test(test_bad_options),
-      cmocka_unit_test(test_memory_helpers),       cmocka_unit_test(test_cuda_tier_variable),
-      cmocka_unit_test(test_grouped_mma_variable), cmocka_unit_test(test_dependent_launch_variable),
+      cmocka_unit_test(test_cpu_backend),
+      cmocka_unit_test(test_auto_chooses_and_says_why),
+      cmocka_unit_test(test_cuda_explicit),
+      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_memory_helpers),
+      cmocka_unit_test(test_cuda_tier_variable),
+      cmocka_unit_test(test_grouped_mma_variable),
+      cmocka_unit_test(test_dependent_launch_variable),
+      cmocka_unit_test(test_select_stages_variable),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

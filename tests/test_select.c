@@ -356,6 +356,54 @@ static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed,
   *q = random_index_q(w, seed ^ 0xC0FFEEull);
 }
 
+/* QSAKV_SELECT_STAGES=score (the bench's scoring-alone timing): a context created with it
+ * launches the scoring kernels only, so its selections leave every output as it was, on
+ * each route (decode rows on the filter and the one-CTA top-k, a multi-row chunk); the
+ * same world on a plain context writes them. */
+static void test_select_score_only_cuda(void** state) {
+  (void)state;
+  qsakv_context* plain = tu_cuda_context_or_skip();
+  const char* was = getenv("QSAKV_SELECT_STAGES");
+  char* keep = was ? strdup(was) : NULL;
+  setenv("QSAKV_SELECT_STAGES", "score", 1);
+  qsakv_context* scoring = tu_context(QSAKV_BACKEND_CUDA); /* the hook is read here */
+  if (keep) {
+    setenv("QSAKV_SELECT_STAGES", keep, 1);
+    free(keep);
+  } else {
+    unsetenv("QSAKV_SELECT_STAGES");
+  }
+  assert_non_null(scoring);
+  qsakv_model_config c;
+  contract_config(&c);
+  const tu_shape shape = {3, {1, 1, 37}, {4099, 70001, 9000}};
+  const uint64_t seed = tu_next();
+  for (int shared = 0; shared <= 1; ++shared) {
+    tu_world ws, wp;
+    tu_world_build(&ws, scoring, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+    tu_world_build(&wp, plain, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+    uint16_t* q = random_index_q(&ws, seed ^ 0xC0FFEEull);
+    int32_t* untouched = run_select(&ws, q, shared);
+    int32_t* written = run_select(&wp, q, shared);
+    const size_t n = (size_t)ws.rows * ws.geo.topk_width;
+    size_t changed = 0, differ = 0;
+    for (size_t i = 0; i < n; ++i) {
+      changed += untouched[i] != 0x7B7B7B7B;
+      differ += written[i] != 0x7B7B7B7B;
+    }
+    if (changed) fail_msg("score only, shared=%d: %zu of %zu outputs written", shared, changed, n);
+    assert_int_equal(differ, n); /* the plain context writes every entry (tokens or -1) */
+    free(written);
+    free(untouched);
+    free(q);
+    tu_world_destroy(&wp);
+    tu_world_destroy(&ws);
+  }
+  print_message("score only: no output written on any route; the plain context wrote them all\n");
+  qsakv_context_destroy(scoring);
+  qsakv_context_destroy(plain);
+}
+
 /* The FP64 exact selection (reference_select's ordering on FP64 scores) of a world whose
  * pages may be unmapped. */
 static void reference_select_mapped(const tu_world* w, const void* comp, const uint16_t* q,
@@ -785,6 +833,7 @@ int main(void) {
       cmocka_unit_test(test_select_contract_cuda),
       cmocka_unit_test(test_select_many_rows_cuda),
       cmocka_unit_test(test_select_repeated_cuda),
+      cmocka_unit_test(test_select_score_only_cuda),
       cmocka_unit_test(test_select_e4m3_keys_cpu),
       cmocka_unit_test(test_select_e4m3_keys_cuda),
       cmocka_unit_test(test_select_e4m3_keys_special_cpu),

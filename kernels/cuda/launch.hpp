@@ -77,8 +77,9 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
 bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
+// score_only: the scoring kernels alone, no top-k (a benchmark hook: QSAKV_SELECT_STAGES).
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
-                        cudaStream_t stream);
+                        bool score_only, cudaStream_t stream);
 
 // Calibration: accumulates K and V statistics of one layer into p's device entries.
 // Async on `stream`; no allocation; capturable. k and v must be 16-byte aligned.

@@ -977,7 +977,7 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks) {
 }
 
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
-                        cudaStream_t stream) {
+                        bool score_only, cudaStream_t stream) {
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
   const int64_t stride = workspace_stride(p.max_blocks);
   const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
@@ -1012,6 +1012,7 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     else if (!multi_row)
       launch_score_one_row<false>(p, chunks, rows, row0, wave, stride, tiles_per_cta, inv_sqrt_dim,
                                   programmatic, stream);
+    if (score_only) continue;
     // Programmatic dependent launch: the top-k grid is scheduled while the scoring grid
     // drains; it waits in wait_for_predecessors() for the scores.
     cudaError_t e;

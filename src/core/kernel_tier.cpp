@@ -55,11 +55,20 @@ unsigned parse_dependent_launch(const char* value) {
        kDependentLaunchEnv, value);
 }
 
+bool parse_select_score_only(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "all") == 0) return false;
+  if (std::strcmp(value, "score") == 0) return true;
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be all or score (or unset)", kSelectStagesEnv,
+       value);
+}
+
 KernelHooks read_kernel_hooks() {
   KernelHooks h;
   h.tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
   h.grouped_mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
   h.dependent_launch = parse_dependent_launch(std::getenv(kDependentLaunchEnv));
+  h.select_score_only = parse_select_score_only(std::getenv(kSelectStagesEnv));
   return h;
 }
 

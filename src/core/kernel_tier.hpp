@@ -49,12 +49,22 @@ enum DependentLaunch : unsigned {
 constexpr unsigned kDependentLaunchDefault = kDependentStore | kDependentSelect;
 unsigned parse_dependent_launch(const char* value);
 
+// Which stages of a selection the CUDA backend launches: QSAKV_SELECT_STAGES, a benchmark
+// hook that times the scoring kernels alone (a selection's top-k time is then the
+// difference). Unset, "" or "all": every stage; "score": the scoring kernels only, so the
+// context's qsakv_select_topk writes no top-k rows (its outputs are left as they were) and
+// the histograms that the top-k would have read and cleared keep counting. The CPU backend
+// ignores it. Anything else fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
+constexpr const char* kSelectStagesEnv = "QSAKV_SELECT_STAGES";
+bool parse_select_score_only(const char* value);
+
 // Every test and benchmark hook of the CUDA backend, read from the environment once, at
 // context creation (and checked on every backend, so that a typo fails loudly).
 struct KernelHooks {
   qsakv_kernel_tier tier;  // NONE: from the GPU
   GroupedMma grouped_mma;
   unsigned dependent_launch;  // DependentLaunch bits
+  bool select_score_only;     // QSAKV_SELECT_STAGES=score
 };
 KernelHooks read_kernel_hooks();
 

@@ -790,10 +790,13 @@ static double time_store(bench_cache* b, int tokens, cudaStream_t s, double* us_
 }
 
 typedef struct {
-  double us;         /* per call, 8 calls per graph (L2 warm for small cases) */
-  double us_flushed; /* one-call graph, L2 flushed before each replay */
-  double key_bytes;  /* compressed-key bytes the rows read (each row its visible keys) */
-  double flops;      /* 2 * heads * dim per row and visible key */
+  double us;               /* per call, 8 calls per graph (L2 warm for small cases) */
+  double us_flushed;       /* one-call graph, L2 flushed before each replay */
+  double key_bytes;        /* compressed-key bytes the rows read (each row its visible keys) */
+  double flops;            /* 2 * heads * dim per row and visible key */
+  double score_bytes;      /* FP32 scores the scoring kernels write (4 B per row and visible key) */
+  double score_us_flushed; /* the scoring kernels alone (QSAKV_SELECT_STAGES=score), as
+                              us_flushed; NAN where not measured */
 } select_timing;
 
 /* 64 MiB of N(0,1) FP16 values on the device, made once (the selection and step tables
@@ -862,7 +865,7 @@ static void fill_compressed_keys(qsakv_cache* cache, int layer, const qsakv_cach
  * rows each (the last positions: decode 1, verify 4, a prefill chunk 8192): scores over
  * the visible compressed keys, exact top-k (topk_blocks), expansion. */
 static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_request, int seq,
-                                 qsakv_dtype index_keys, cudaStream_t s) {
+                                 qsakv_dtype index_keys, int flushed_only, cudaStream_t s) {
   const size_t chunk = kRandomChunk;
   const void* d = random_fp16_chunk();
   const int rows = requests * rows_per_request;
@@ -885,7 +888,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   int32_t* bt = malloc(sizeof(int32_t) * (size_t)requests * pages);
   int32_t* qs = malloc(sizeof(int32_t) * (requests + 1));
   int32_t* lens = malloc(sizeof(int32_t) * requests);
-  select_timing t = {0, 0, 0, 0};
+  select_timing t = {0, 0, 0, 0, 0, NAN};
   for (int r = 0; r < requests; ++r) {
     for (int p = 0; p < pages; ++p) bt[(size_t)r * pages + p] = r * pages + p;
     qs[r] = r * rows_per_request;
@@ -894,6 +897,7 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
       const double visible = (double)((seq - rows_per_request + i + 1) / c.compress_ratio);
       t.key_bytes += visible * key_bytes;
       t.flops += visible * c.index_num_heads * c.index_head_dim * 2;
+      t.score_bytes += visible * 4;
     }
   }
   qs[requests] = rows;
@@ -923,10 +927,13 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
                   cudaMemcpyDeviceToDevice);
   enum { kSelectCalls = 8 };
   const int reps = t.key_bytes > 4e9 ? 5 : 10;
-  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int k = 0; k < kSelectCalls; ++k)
-    CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
-  t.us = end_capture_and_time(s, reps) * 1e3 / kSelectCalls;
+  t.us = NAN;
+  if (!flushed_only) {
+    CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < kSelectCalls; ++k)
+      CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
+    t.us = end_capture_and_time(s, reps) * 1e3 / kSelectCalls;
+  }
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
   t.us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
@@ -1180,7 +1187,7 @@ static void usage(FILE* f, const char* argv0) {
   fprintf(
       f,
       "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--splits N] [--select-only] "
-      "[--select-cases 0,4,...] [--store-only] [--decode-only] [--multirow-only] "
+      "[--select-cases 0,4,...] [--select-stages] [--store-only] [--decode-only] [--multirow-only] "
       "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
       "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--index-keys fp16|e4m3|both] "
       "[--step-only] [--tier auto|sm70|sm75] [--help]\n"
@@ -1190,7 +1197,9 @@ static void usage(FILE* f, const char* argv0) {
       "  --e4m3-only          the decode table without its software-decoder and FP16 columns\n"
       "  --splits N           the decode table's plans take N splits\n"
       "  --select-only        no decode table, no store\n"
-      "  --select-cases LIST  only these selection cases (indices)\n"
+      "  --select-cases LIST  only these selection cases (indices; 15: prefill 2048 at 32K)\n"
+      "  --select-stages      the scoring kernels alone on the decode rows too (always on the\n"
+      "                       verify and prefill rows; the top-k column is the rest)\n"
       "  --index-keys K       the selection table with FP16 or E4M3 index keys, or both (default)\n"
       "  --store-only         only the store (no multi-row, decode or selection tables)\n"
       "  --decode-only        only the decode table\n"
@@ -1232,6 +1241,7 @@ int main(int argc, char** argv) {
   int overlap_dtypes = 3;  /* the sweep's KV dtypes (bit 0: E4M3, bit 1: FP16) */
   int overlap_shapes = -1; /* the sweep's workloads (bit i: shapes[i] below) */
   int select_keys = 3;     /* the selection table's index keys (bit 0: FP16, bit 1: E4M3) */
+  int select_stages = 0;   /* the scoring kernels alone on the decode rows too */
   double overlap_f[16] = {1.0, 0.9, 0.75, 0.5, 0.25, 0.0};
   int n_overlap_f = 6;
   for (int i = 1; i < argc; ++i) {
@@ -1302,6 +1312,8 @@ int main(int argc, char** argv) {
       case_mask = 0;
     } else if (!strcmp(argv[i], "--splits") && i + 1 < argc)
       g_forced_splits = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--select-stages"))
+      select_stages = 1;
     else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
@@ -1638,12 +1650,32 @@ int main(int argc, char** argv) {
     int requests, rows_per_request, seq;
   } sel_case;
   const sel_case cases[] = {
-      {"decode", 1, 1, 32768},   {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
-      {"decode", 256, 1, 32768}, {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
-      {"decode", 64, 1, 131072}, {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
-      {"decode", 8, 1, 262144},  {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
-      {"verify", 64, 4, 131072}, {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
+      {"decode", 1, 1, 32768},     {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
+      {"decode", 256, 1, 32768},   {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
+      {"decode", 64, 1, 131072},   {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
+      {"decode", 8, 1, 262144},    {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
+      {"verify", 64, 4, 131072},   {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
+      {"prefill", 1, 2048, 32768},
   };
+  /* The scoring kernels alone, through a context made with QSAKV_SELECT_STAGES=score (the
+   * library reads it at context creation): the top-k column is the whole call's time less
+   * that. On the verify and prefill rows (issue 32's cases), or every row with
+   * --select-stages (each decode row then fills its caches twice). */
+  qsakv_context* scoring = NULL;
+  {
+    const char* was = getenv("QSAKV_SELECT_STAGES");
+    char* keep = was ? strdup(was) : NULL;
+    setenv("QSAKV_SELECT_STAGES", "score", 1);
+    qsakv_context_options so;
+    CHECK(qsakv_context_options_init(&so));
+    so.backend = QSAKV_BACKEND_CUDA;
+    CHECK(qsakv_context_create(&scoring, &so));
+    if (keep)
+      setenv("QSAKV_SELECT_STAGES", keep, 1);
+    else
+      unsetenv("QSAKV_SELECT_STAGES");
+    free(keep);
+  }
   const int n_cases = (int)(sizeof cases / sizeof cases[0]);
   printf(
       "\nindexer selection (%d heads x %d, top-%d of the visible compressed keys), E4M3 "
@@ -1651,9 +1683,10 @@ int main(int argc, char** argv) {
       "same row count from the table above (32K contexts; nan where that row count is not in "
       "it)\n",
       g_geo.index_heads, g_geo.index_dim, g_geo.topk_blocks);
-  printf("%8s %5s %5s %7s %5s %10s %9s %7s %11s %9s %7s %9s %10s %10s\n", "kind", "reqs", "rows",
-         "context", "keys", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s", "%copy", "TFLOP/s",
-         "attn us", "sel+attn");
+  printf("%8s %5s %5s %7s %5s %10s %9s %7s %11s %9s %7s %9s %10s %10s %10s %10s %9s %10s\n", "kind",
+         "reqs", "rows", "context", "keys", "key MB", "sel us", "GB/s", "sel us L2f", "GB/s",
+         "%copy", "TFLOP/s", "attn us", "sel+attn", "score L2f", "top-k L2f", "score TF",
+         "scores MB");
   if (js) fprintf(js, ",\n  \"select\": [\n");
   int printed = 0;
   for (int ci = 0; ci < 2 * n_cases; ++ci) {
@@ -1661,8 +1694,13 @@ int main(int argc, char** argv) {
     if (!((case_mask >> i) & 1) || !((select_keys >> fp8_keys) & 1)) continue;
     const sel_case* c = &cases[i];
     const int rows = c->requests * c->rows_per_request;
-    const select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq,
-                                        fp8_keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16, s);
+    const qsakv_dtype keys = fp8_keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+    select_timing t = time_select(hw, c->requests, c->rows_per_request, c->seq, keys, 0, s);
+    if (select_stages || strcmp(c->kind, "decode") != 0)
+      t.score_us_flushed =
+          time_select(scoring, c->requests, c->rows_per_request, c->seq, keys, 1, s).us_flushed;
+    const double topk_us = t.us_flushed - t.score_us_flushed; /* NAN where not measured */
+    const double score_tflops = t.flops / (t.score_us_flushed * 1e-6) / 1e12;
     const double gbs = t.key_bytes / (t.us * 1e-6) / 1e9,
                  gbs_f = t.key_bytes / (t.us_flushed * 1e-6) / 1e9;
     const double tflops = t.flops / (t.us_flushed * 1e-6) / 1e12;
@@ -1672,18 +1710,29 @@ int main(int argc, char** argv) {
       snprintf(att_json, sizeof att_json, "null");
     else
       snprintf(att_json, sizeof att_json, "%.3f", att);
-    printf("%8s %5d %5d %7d %5s %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f\n",
-           c->kind, c->requests, rows, c->seq, fp8_keys ? "e4m3" : "fp16", t.key_bytes / 1e6, t.us,
-           gbs, t.us_flushed, gbs_f, 100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att);
+    printf(
+        "%8s %5d %5d %7d %5s %10.1f %9.2f %7.0f %11.2f %9.0f %6.1f%% %9.1f %10.2f %10.2f %10.2f "
+        "%10.2f %9.1f %10.1f\n",
+        c->kind, c->requests, rows, c->seq, fp8_keys ? "e4m3" : "fp16", t.key_bytes / 1e6, t.us,
+        gbs, t.us_flushed, gbs_f, 100.0 * gbs_f / copy_gbs, tflops, att, t.us_flushed + att,
+        t.score_us_flushed, topk_us, score_tflops, t.score_bytes / 1e6);
+    char score_json[96];
+    if (isnan(t.score_us_flushed))
+      snprintf(score_json, sizeof score_json, "null, \"score_tflops\": null");
+    else
+      snprintf(score_json, sizeof score_json, "%.3f, \"score_tflops\": %.2f", t.score_us_flushed,
+               score_tflops);
     if (js)
       fprintf(js,
               "%s    {\"kind\": \"%s\", \"requests\": %d, \"rows\": %d, \"tokens\": %d, "
               "\"index_keys\": \"%s\", \"key_bytes\": %.0f, "
               "\"us\": %.3f, \"us_l2_flushed\": %.3f, \"gbs_l2_flushed\": %.1f, \"tflops\": %.2f, "
-              "\"attention_us\": %s}",
+              "\"attention_us\": %s, \"score_bytes\": %.0f, \"score_us_l2_flushed\": %s}",
               printed++ ? ",\n" : "", c->kind, c->requests, rows, c->seq,
-              fp8_keys ? "e4m3" : "fp16", t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json);
+              fp8_keys ? "e4m3" : "fp16", t.key_bytes, t.us, t.us_flushed, gbs_f, tflops, att_json,
+              t.score_bytes, score_json);
   }
   if (js) fprintf(js, "\n  ]");
+  qsakv_context_destroy(scoring);
   return finish_run(js, s, sw, hw);
 }

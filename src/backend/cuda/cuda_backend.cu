@@ -56,8 +56,9 @@ class DeviceGuard {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
-              GroupedMma grouped_mma, unsigned dependent_launch, bool compiled_for_sm90)
-      : grouped_mma_(grouped_mma) {
+              GroupedMma grouped_mma, unsigned dependent_launch, bool compiled_for_sm90,
+              bool select_score_only)
+      : grouped_mma_(grouped_mma), select_score_only_(select_score_only) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
@@ -205,7 +206,8 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
     cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
-                             info_.multiprocessor_count, programmatic(kDependentSelect), stream);
+                             info_.multiprocessor_count, programmatic(kDependentSelect),
+                             select_score_only_, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
@@ -257,6 +259,7 @@ class CudaBackend final : public Backend {
   // The grouped route's MMA: kSync, kWgmma (forced), or kAuto where both exist (the
   // warpgroup MMA for large batches of groups).
   GroupedMma grouped_mma_;
+  bool select_score_only_;  // QSAKV_SELECT_STAGES=score (kernel_tier.hpp)
   // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
   // stream's previous kernel: SM90+, not the SM70 tier, as QSAKV_DEPENDENT_LAUNCH says
   // (kernels/cuda/dependent_launch.cuh).
@@ -349,7 +352,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
   }
   return std::make_unique<CudaBackend>(device, prop, chosen, tier,
                                        wgmma_available ? mma : GroupedMma::kSync,
-                                       hooks.dependent_launch, pdl_code);
+                                       hooks.dependent_launch, pdl_code, hooks.select_score_only);
 }
 
 }  // namespace qsakv
