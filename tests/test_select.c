@@ -358,8 +358,9 @@ static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed,
 
 /* QSAKV_SELECT_STAGES=score (the bench's scoring-alone timing): a context created with it
  * launches the scoring kernels only, so its selections leave every output as it was, on
- * each route (decode rows on the filter and the one-CTA top-k, a multi-row chunk); the
- * same world on a plain context writes them. */
+ * both routes (a batch of decode rows: the one-row scorer and the filter kernel; a batch
+ * with a 37-row chunk: the multi-row scorer and the one-CTA top-k); the same worlds on a
+ * plain context write them. */
 static void test_select_score_only_cuda(void** state) {
   (void)state;
   qsakv_context* plain = tu_cuda_context_or_skip();
@@ -376,12 +377,13 @@ static void test_select_score_only_cuda(void** state) {
   assert_non_null(scoring);
   qsakv_model_config c;
   contract_config(&c);
-  const tu_shape shape = {3, {1, 1, 37}, {4099, 70001, 9000}};
+  const tu_shape shapes[2] = {{2, {1, 1}, {4099, 70001}}, {3, {1, 1, 37}, {4099, 70001, 9000}}};
   const uint64_t seed = tu_next();
-  for (int shared = 0; shared <= 1; ++shared) {
+  for (int k = 0; k < 4; ++k) {
+    const int shared = k % 2;
     tu_world ws, wp;
-    tu_world_build(&ws, scoring, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
-    tu_world_build(&wp, plain, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+    tu_world_build(&ws, scoring, &c, &shapes[k / 2], seed, 1.0f, 1.0f, 1.0f, 0);
+    tu_world_build(&wp, plain, &c, &shapes[k / 2], seed, 1.0f, 1.0f, 1.0f, 0);
     uint16_t* q = random_index_q(&ws, seed ^ 0xC0FFEEull);
     int32_t* untouched = run_select(&ws, q, shared);
     int32_t* written = run_select(&wp, q, shared);
@@ -391,7 +393,9 @@ static void test_select_score_only_cuda(void** state) {
       changed += untouched[i] != 0x7B7B7B7B;
       differ += written[i] != 0x7B7B7B7B;
     }
-    if (changed) fail_msg("score only, shared=%d: %zu of %zu outputs written", shared, changed, n);
+    if (changed)
+      fail_msg("score only, %s, shared=%d: %zu of %zu outputs written",
+               k < 2 ? "decode rows" : "a multi-row chunk", shared, changed, n);
     assert_int_equal(differ, n); /* the plain context writes every entry (tokens or -1) */
     free(written);
     free(untouched);
@@ -399,7 +403,9 @@ static void test_select_score_only_cuda(void** state) {
     tu_world_destroy(&wp);
     tu_world_destroy(&ws);
   }
-  print_message("score only: no output written on any route; the plain context wrote them all\n");
+  print_message(
+      "score only: no output written (decode rows; a multi-row chunk); the plain context wrote "
+      "them all\n");
   qsakv_context_destroy(scoring);
   qsakv_context_destroy(plain);
 }
