@@ -257,12 +257,24 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
   // The lane's row within an n-tile, and its key within the tile's pair (g or g + 8).
   const int lane_row = 2 * t4 / kHeadsPad;
   const bool lane_stores = !kSplit || t4 % (kHeadsPad / 2) < 2;
+  // Lane l of every warp holds row r_first + l's request and position (l < kRowsPerBlock;
+  // -1 past the block's rows): one round trip for the whole block. A loop that read them
+  // row after row was a fifth of the scorer's stall samples (perf.md run 37).
+  static_assert(kRowsPerBlock <= 32, "a lane per row");
+  const int n_block_rows = r_last - r_first;
+  const int lane_req = lane < n_block_rows ? p.meta.row_request[r_first + lane] : -1;
+  const int lane_pos = lane < n_block_rows ? p.meta.row_pos[r_first + lane] : -1;
   for (int r_begin = r_first; r_begin < r_last;) {
-    const int req = p.meta.row_request[r_begin];
-    int r_end = r_begin + 1;
-    int pos_max = p.meta.row_pos[r_begin];
-    while (r_end < r_last && p.meta.row_request[r_end] == req)
-      pos_max = max(pos_max, p.meta.row_pos[r_end++]);
+    // The run: rows from r_begin while the request stays the same.
+    const int first = r_begin - r_first;
+    const int req = __shfl_sync(0xffffffffu, lane_req, first);
+    const uint32_t other = __ballot_sync(0xffffffffu, lane < n_block_rows && lane_req != req) &
+                           ~((2u << first) - 1u);  // lanes after `first` only
+    const int r_end = r_first + (other ? __ffs(other) - 1 : n_block_rows);
+    int pos_max = lane >= first && lane < r_end - r_first ? lane_pos : -1;
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1)
+      pos_max = max(pos_max, __shfl_xor_sync(0xffffffffu, pos_max, s));
     const int n_run = r_end - r_begin;
     const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
     if (cta0 < n_max) {  // block-uniform
@@ -290,13 +302,15 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
                   : make_uint4(0u, 0u, 0u, 0u);
         }
       }
-      if (threadIdx.x < kRowsPerBlock)
-        row_n[threadIdx.x] =
-            static_cast<int>(threadIdx.x) < n_run
-                ? static_cast<int32_t>(min(
-                      static_cast<int64_t>((p.meta.row_pos[r_begin + threadIdx.x] + 1) / p.ratio),
-                      p.max_blocks))
-                : 0;
+      {
+        // Thread t < kRowsPerBlock (warp 0) takes row r_begin + t's position from its lane.
+        const int t = static_cast<int>(threadIdx.x);
+        const int pos = __shfl_sync(0xffffffffu, lane_pos, min(first + lane, 31));
+        if (t < kRowsPerBlock)
+          row_n[t] = t < n_run ? static_cast<int32_t>(
+                                     min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks))
+                               : 0;
+      }
       __syncthreads();
       const int32_t* bt = p.meta.header->block_table +
                           static_cast<int64_t>(req) * p.meta.header->block_table_stride;
