@@ -337,6 +337,10 @@ static void unmap_page(tu_world* w, int r, int page) {
 /* Long and short contexts (1 token to 256K), decode and verify rows, a 37-row chunk (row
  * blocks of the multi-row route hold several requests), an unmapped page. */
 static const tu_shape kContractShape = {6, {1, 2, 1, 3, 1, 37}, {1, 5, 262144, 70001, 2051, 9000}};
+/* A batch of prefill chunks alone (every request 16+ rows, as in a prefill step): the 40-row
+ * chunk across the multi-row scorer's 16-row blocks, the next chunk starting in its last. */
+static const tu_shape kPrefillShape = {2, {40, 24}, {70001, 5000}};
+static const tu_shape* const kContractShapes[2] = {&kContractShape, &kPrefillShape};
 
 static void contract_config(qsakv_model_config* c) {
   tu_small_config(c, 4, 1, 64, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 64);
@@ -346,12 +350,12 @@ static void contract_config(qsakv_model_config* c) {
   if (g_index_dim) c->index_head_dim = g_index_dim;
 }
 
-static void build_contract_world(tu_world* w, qsakv_context* ctx, uint64_t seed, void** comp,
-                                 uint16_t** q) {
+static void build_contract_world(tu_world* w, qsakv_context* ctx, const tu_shape* shape,
+                                 uint64_t seed, void** comp, uint16_t** q) {
   qsakv_model_config c;
   contract_config(&c);
-  tu_world_build(w, ctx, &c, &kContractShape, seed, 1.0f, 1.0f, 1.0f, 0);
-  unmap_page(w, 3, 17);
+  tu_world_build(w, ctx, &c, shape, seed, 1.0f, 1.0f, 1.0f, 0);
+  unmap_page(w, shape->num_requests > 3 ? 3 : shape->num_requests - 1, 17);
   *comp = randomise_keys(w, seed ^ 0x5EEDull);
   *q = random_index_q(w, seed ^ 0xC0FFEEull);
 }
@@ -443,28 +447,32 @@ static void reference_select_mapped(const tu_world* w, const void* comp, const u
 
 /* The CPU backend against the exact FP64 selection: FP32 scores in sequential order are
  * held to the same contract (and make the checker itself run on every machine). */
-static void test_select_contract_cpu(void** state) {
-  (void)state;
+static void check_contract_cpu(const tu_shape* shape) {
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
   tu_world w;
   void* comp;
   uint16_t* q;
-  build_contract_world(&w, ctx, tu_next(), &comp, &q);
+  build_contract_world(&w, ctx, shape, tu_next(), &comp, &q);
   int32_t* exact = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
   reference_select_mapped(&w, comp, q, exact);
   int32_t* got = run_select(&w, q, 0);
   const int boundary = check_contract(&w, comp, q, exact, got, "cpu vs fp64");
   print_message(
-      "contract, cpu vs fp64, %s keys, %d index heads x %d: %d rows (contexts 1..262144 "
-      "tokens), %d boundary blocks\n",
+      "contract, cpu vs fp64, %s keys, %d index heads x %d: %d rows of %d requests, %d "
+      "boundary blocks\n",
       g_index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16", w.cfg.index_num_heads,
-      w.cfg.index_head_dim, w.rows, boundary);
+      w.cfg.index_head_dim, w.rows, shape->num_requests, boundary);
   free(got);
   free(exact);
   free(q);
   free(comp);
   tu_world_destroy(&w);
   qsakv_context_destroy(ctx);
+}
+
+static void test_select_contract_cpu(void** state) {
+  (void)state;
+  for (int i = 0; i < 2; ++i) check_contract_cpu(kContractShapes[i]);
 }
 
 /* Selection of the rows of `batch_rows` rows ending at request r's last row, through a
@@ -499,16 +507,14 @@ static int32_t* select_single_row(tu_world* w, int r, const uint16_t* q_row, int
 /* The GPU against the CPU backend under the contract; then determinism (the same call
  * twice: identical bytes) and batch invariance (each request's last row selected alone,
  * through plans of other sizes, hence other grids and waves: identical to the batch). */
-static void test_select_contract_cuda(void** state) {
-  (void)state;
-  qsakv_context* gpu = tu_cuda_context_or_skip();
+static void check_contract_cuda(qsakv_context* gpu, const tu_shape* shape) {
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
   const uint64_t seed = tu_next();
   tu_world wc, wg;
   void *comp, *comp_g;
   uint16_t *q, *q_g;
-  build_contract_world(&wc, cpu, seed, &comp, &q);
-  build_contract_world(&wg, gpu, seed, &comp_g, &q_g);
+  build_contract_world(&wc, cpu, shape, seed, &comp, &q);
+  build_contract_world(&wg, gpu, shape, seed, &comp_g, &q_g);
   assert_memory_equal(comp, comp_g, wc.layout.compressed_bytes_per_layer);
   int32_t* want = run_select(&wc, q, 0);
   int32_t* got = run_select(&wg, q, 0);
@@ -531,10 +537,10 @@ static void test_select_contract_cuda(void** state) {
     }
   }
   print_message(
-      "contract, cuda vs cpu, %s keys, %d index heads x %d: %d rows (contexts 1..262144 "
-      "tokens), %d boundary blocks; deterministic; %d rows batch-invariant\n",
+      "contract, cuda vs cpu, %s keys, %d index heads x %d: %d rows of %d requests, %d "
+      "boundary blocks; deterministic; %d rows batch-invariant\n",
       g_index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16", wg.cfg.index_num_heads,
-      wg.cfg.index_head_dim, wg.rows, boundary, invariant);
+      wg.cfg.index_head_dim, wg.rows, shape->num_requests, boundary, invariant);
   free(again);
   free(got);
   free(want);
@@ -545,6 +551,12 @@ static void test_select_contract_cuda(void** state) {
   tu_world_destroy(&wg);
   tu_world_destroy(&wc);
   qsakv_context_destroy(cpu);
+}
+
+static void test_select_contract_cuda(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  for (int i = 0; i < 2; ++i) check_contract_cuda(gpu, kContractShapes[i]);
   qsakv_context_destroy(gpu);
 }
 
