@@ -19,6 +19,9 @@
 #      start: a run that would start after that is skipped and says so, one running then
 #      is stopped. The SM70 tier's racecheck of test_cuda_overlap needs more than 360 s
 #      even then (run 36): it gives no verdict in this script.
+# Shorter runs (a call has 600 s): SUITES (plain suites, default all five), SM70_SUITES
+# (default attention and selection; "" for none) and BENCHES (besides the selection table:
+# default "decode overlap"; "" for none).
 # SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5. Logs go
 # to $OUT as one archive (the device tool brings back a few files only) plus all.log and
 # the digests. The steps were first run as separate scripts in docs/perf.md run 33.
@@ -55,12 +58,12 @@ cmocka_lib=$(dirname "$(find $cmocka -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$cmocka_lib:${LD_LIBRARY_PATH:-}
 
 if [ -z "${ONLY_SAN:-}" ]; then
-  for t in test_attention test_graph test_context test_select test_store; do
-    timeout 120 build-gpu/tests/$t > "$OUT/t-$t.log" 2>&1
+  for t in ${SUITES:-test_attention test_graph test_context test_select test_store}; do
+    timeout 120 "build-gpu/tests/$t" > "$OUT/t-$t.log" 2>&1
     echo "$t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t-$t.log" | paste -sd' ' | cut -c1-150)"
   done
-  for t in test_attention test_select; do
-    QSAKV_CUDA_TIER=sm70 timeout 120 build-gpu/tests/$t > "$OUT/t70-$t.log" 2>&1
+  for t in ${SM70_SUITES-test_attention test_select}; do
+    QSAKV_CUDA_TIER=sm70 timeout 120 "build-gpu/tests/$t" > "$OUT/t70-$t.log" 2>&1
     echo "sm70 tier $t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t70-$t.log" | paste -sd' ')"
   done
   el
@@ -84,20 +87,25 @@ if [ -z "${ONLY_SAN:-}" ]; then
       "$OUT/digest-base.txt") lines, new $(wc -l < "$OUT/digest-new.txt"))"
   fi
   pairs=()
+  has_bench() { case " ${BENCHES-decode overlap} " in *" $1 "*) return 0 ;; esac; return 1; }
   for v in $sides; do
     b=build-gpu/qsakv_bench
     [ "$v" = base ] && b=$base/build/qsakv_bench
-    timeout 60 $b --decode-only --json "$OUT/bench-decode-$v.json" > "$OUT/bench-decode-$v.log" 2>&1
-    echo "bench decode $v rc=$?"
+    if has_bench decode; then
+      timeout 60 $b --decode-only --json "$OUT/bench-decode-$v.json" > "$OUT/bench-decode-$v.log" 2>&1
+      echo "bench decode $v rc=$?"
+    fi
     timeout 90 $b --select-only --no-multirow --json "$OUT/bench-select-$v.json" \
       > "$OUT/bench-select-$v.log" 2>&1
     echo "bench select $v rc=$?"
-    timeout 90 $b --overlap-only --overlap-dtype e4m3 --overlap-shapes 0,1 \
-      --json "$OUT/bench-overlap-$v.json" > "$OUT/bench-overlap-$v.log" 2>&1
-    echo "bench overlap $v rc=$? $(el)"
+    if has_bench overlap; then
+      timeout 90 $b --overlap-only --overlap-dtype e4m3 --overlap-shapes 0,1 \
+        --json "$OUT/bench-overlap-$v.json" > "$OUT/bench-overlap-$v.log" 2>&1
+      echo "bench overlap $v rc=$? $(el)"
+    fi
   done
   if [ "$sides" = "new base" ]; then
-    for t in decode select overlap; do
+    for t in select ${BENCHES-decode overlap}; do
       pairs+=("$OUT/bench-$t-base.json" "$OUT/bench-$t-new.json")
     done
     python3 tools/bench_compare.py "${pairs[@]}"
