@@ -1008,8 +1008,9 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
   const int64_t chunks = (tiles + tiles_per_cta - 1) / tiles_per_cta;
   // The multi-row scorer's CTAs take twice the tiles (when the plan is large enough for
   // the full count above): a CTA's start (the rows' run, queries and pages) is then paid
-  // half as often. H200, perf.md run 37: prefill 8192 rows 8% less scoring time, verify
-  // 64 x 4 at 128K 3-4% less selection time. 32 is tile_pages' limit (a lane per tile).
+  // half as often. H200, perf.md run 38 (with the one-round-trip runs above): prefill
+  // 8192 rows 12% less scoring time, verify 64 x 4 at 128K 4-5% less selection time, no
+  // bench row slower. 32 is tile_pages' limit (a lane per tile).
   const int rows_tiles_per_cta =
       tiles_per_cta == kScoreMaxTilesPerCta ? kScoreRowsMaxTilesPerCta : tiles_per_cta;
   const int64_t rows_chunks = (tiles + rows_tiles_per_cta - 1) / rows_tiles_per_cta;
