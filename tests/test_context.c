@@ -99,31 +99,45 @@ static void test_cuda_tier_variable(void** state) {
   env_restore("QSAKV_CUDA_TIER", keep);
 }
 
-/* QSAKV_GROUPED_MMA (the grouped kernel's MMA, a test and benchmark hook) likewise: read at
- * context creation, checked on every backend; on a GPU, "wgmma" is honoured only where the
- * GPU and the build have the warpgroup-MMA kernel, and refused by name elsewhere. */
-static void test_grouped_mma_variable(void** state) {
-  (void)state;
-  char* keep = env_save("QSAKV_GROUPED_MMA");
-  const char* bad[] = {"bogus", "WGMMA", "mma", " sync"};
-  expect_env_refused("QSAKV_GROUPED_MMA", bad, sizeof bad / sizeof bad[0], "wgmma");
+/* An MMA-choice hook (auto, sync, wgmma): bad values are refused naming the variable, good
+ * ones taken on the CPU backend; "wgmma" on a GPU either works (SM 9.0 with sm_90a code) or
+ * is refused as unsupported, naming the variable and SM 9.0. */
+static void check_mma_hook(const char* var) {
+  char* keep = env_save(var);
+  const char* bad[] = {"bogus", "WGMMA", "mma", " sync", "wgmma,"};
+  expect_env_refused(var, bad, sizeof bad / sizeof bad[0], "wgmma");
   const char* good[] = {"", "auto", "sync", "wgmma"};
-  expect_env_taken_on_cpu("QSAKV_GROUPED_MMA", good, sizeof good / sizeof good[0]);
-  setenv("QSAKV_GROUPED_MMA", "wgmma", 1);
+  expect_env_taken_on_cpu(var, good, sizeof good / sizeof good[0]);
+  setenv(var, "wgmma", 1);
   qsakv_context* gpu = NULL;
   const qsakv_status s = cuda_context_create(&gpu);
   if (s == QSAKV_ERROR_NO_DEVICE) {
-    print_message("[ SKIP     ] QSAKV_GROUPED_MMA=wgmma on a GPU: no usable GPU\n");
+    print_message("[ SKIP     ] %s=wgmma on a GPU: no usable GPU\n", var);
   } else if (s == QSAKV_ERROR_UNSUPPORTED) { /* not SM 9.0, or no sm_90a code */
     assert_null(gpu);
-    assert_non_null(strstr(qsakv_last_error(), "QSAKV_GROUPED_MMA"));
+    assert_non_null(strstr(qsakv_last_error(), var));
     assert_non_null(strstr(qsakv_last_error(), "SM 9.0"));
   } else {
     TU_OK(s);
     assert_int_equal(info_of(gpu).sm_version, 90);
     qsakv_context_destroy(gpu);
   }
-  env_restore("QSAKV_GROUPED_MMA", keep);
+  env_restore(var, keep);
+}
+
+/* QSAKV_GROUPED_MMA (the grouped kernel's MMA, a test and benchmark hook) likewise: read at
+ * context creation, checked on every backend; on a GPU, "wgmma" is honoured only where the
+ * GPU and the build have the warpgroup-MMA kernel, and refused by name elsewhere. */
+static void test_grouped_mma_variable(void** state) {
+  (void)state;
+  check_mma_hook("QSAKV_GROUPED_MMA");
+}
+
+/* QSAKV_SELECT_MMA (the multi-row selection scorer's MMA) likewise; that both MMAs give the
+ * same selections is checked by test_select on an SM 9.0 GPU. */
+static void test_select_mma_variable(void** state) {
+  (void)state;
+  check_mma_hook("QSAKV_SELECT_MMA");
 }
 
 /* QSAKV_DEPENDENT_LAUNCH (programmatic dependent launch, a benchmark hook) likewise: read at
@@ -286,6 +300,7 @@ int main(void) {
       cmocka_unit_test(test_memory_helpers),
       cmocka_unit_test(test_cuda_tier_variable),
       cmocka_unit_test(test_grouped_mma_variable),
+      cmocka_unit_test(test_select_mma_variable),
       cmocka_unit_test(test_dependent_launch_variable),
       cmocka_unit_test(test_select_stages_variable),
   };

@@ -75,6 +75,7 @@ void test_requests_from_min_rows_are_grouped(void** state) {
   assert_int_equal(f.routed.num_groups, 7);
   assert_int_equal(f.routed.grouped_rows, 4 + 16 + 27 + 40);
   assert_int_equal(f.routed.max_request_rows, 40);
+  assert_int_equal(f.routed.min_request_rows, 1);  // the request of 0 rows does not count
   assert_int_equal(f.v.group_rows[3], 11);
   assert_int_equal(f.v.group_rows[6], 8);
   check_groups(f, b, rule);
@@ -90,12 +91,14 @@ void test_batch_minimum(void** state) {
   assert_int_equal(f.routed.num_groups, 0);
   assert_int_equal(f.routed.grouped_rows, 0);  // long enough, but too few in the batch
   assert_int_equal(f.routed.max_request_rows, 8);
+  assert_int_equal(f.routed.min_request_rows, 8);
   const Filled e = fill(enough, rule, 512, 64);
   assert_int_equal(e.routed.num_groups, 40);
   assert_int_equal(e.routed.grouped_rows, 280);
   check_groups(e, enough, rule);
   const Filled s = fill(short_rows, rule, 512, 64);
   assert_int_equal(s.routed.num_groups, 0);
+  assert_int_equal(s.routed.min_request_rows, 6);
   check_groups(s, short_rows, rule);
 }
 

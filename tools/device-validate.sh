@@ -2,9 +2,10 @@
 # The device-side check of a kernel change in one call (fits the device tool's 600 s):
 #   1. the working tree built in build-gpu (tools/device-run.sh none) and, beside it, a base
 #      tree from $BASE_TAR (default .deps-device/base.tar; make it here with
-#      `git archive -o .deps-device/base.tar <commit>`): library and bench only;
+#      `git archive -o .deps-device/base.tar <commit>`): library and bench only,
+#      then tools/mma_bits.cu (wgmma against mma.sync, bit for bit);
 #   2. every GPU suite, plain, on the tensor-core tier and (attention, selection) the SM70
-#      tier;
+#      tier; test_select with the multi-row scorer forced to each MMA (QSAKV_SELECT_MMA);
 #   3. tools/output_digest.py against both libraries: equal lines = bit-identical outputs
 #      (a refactor must show 0 differing; a numerics change says which cases moved);
 #   4. the bench's decode and selection tables and the 8192- and 2048-row overlap sweeps
@@ -12,7 +13,8 @@
 #      SWEEP="rows:s1,s2 ..." (e.g. "256:1,2,3 1024:1,3"), the working tree's decode table
 #      at those rows with each forced split count;
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
-#      the SM70 tier and with the grouped kernel forced onto warpgroup MMAs, in parallel
+#      the SM70 tier and with the grouped kernel (attention) or the multi-row scorer
+#      (selection) forced onto warpgroup MMAs, in parallel
 #      (the sanitizer is CPU-bound; one group in sequence takes longer than a call):
 #      attention and selection one process per GPU test (store and graph by suite),
 #      all of them within $SAN_SECONDS (default 330, 450 with ONLY_SAN) from the step's
@@ -53,6 +55,13 @@ if [ $rc -ne 0 ]; then  # never test a stale build-gpu of an earlier call
   tail -30 "$OUT/device-run.log"
   exit 1
 fi
+# The warpgroup scorer's premise on this GPU: wgmma and mma.sync give the same bits
+# (tools/mma_bits.cu; SM 9.0 only, it says so elsewhere).
+if [ -z "${ONLY_SAN:-}" ]; then
+  nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -o /tmp/mma_bits tools/mma_bits.cu \
+    > "$OUT/mma-bits.log" 2>&1 && timeout 60 /tmp/mma_bits >> "$OUT/mma-bits.log" 2>&1
+  echo "mma_bits rc=$? $(tail -1 "$OUT/mma-bits.log") $(el)"
+fi
 cmocka=/tmp/cmocka  # unpacked by device-run.sh
 cmocka_lib=$(dirname "$(find $cmocka -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$cmocka_lib:${LD_LIBRARY_PATH:-}
@@ -65,6 +74,12 @@ if [ -z "${ONLY_SAN:-}" ]; then
   for t in ${SM70_SUITES-test_attention test_select}; do
     QSAKV_CUDA_TIER=sm70 timeout 120 "build-gpu/tests/$t" > "$OUT/t70-$t.log" 2>&1
     echo "sm70 tier $t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t70-$t.log" | paste -sd' ')"
+  done
+  # The selection's multi-row scorer forced each way (auto takes the warpgroup one for
+  # requests of 16+ rows only).
+  for m in sync wgmma; do
+    QSAKV_SELECT_MMA=$m timeout 120 build-gpu/tests/test_select > "$OUT/tsel-$m.log" 2>&1
+    echo "test_select QSAKV_SELECT_MMA=$m rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tsel-$m.log" | paste -sd' ')"
   done
   el
   [ -n "$basepid" ] && wait "$basepid"  # not a bare wait: that would wait for tee too
@@ -98,6 +113,13 @@ if [ -z "${ONLY_SAN:-}" ]; then
     timeout 90 $b --select-only --no-multirow --json "$OUT/bench-select-$v.json" \
       > "$OUT/bench-select-$v.log" 2>&1
     echo "bench select $v rc=$?"
+    if [ "$v" = new ]; then  # the automatic scorer choice against each forced one
+      for m in sync wgmma; do
+        QSAKV_SELECT_MMA=$m timeout 90 $b --select-only --no-multirow \
+          --json "$OUT/bench-select-$m.json" > "$OUT/bench-select-$m.log" 2>&1
+        echo "bench select QSAKV_SELECT_MMA=$m rc=$?"
+      done
+    fi
     if has_bench overlap; then
       timeout 90 $b --overlap-only --overlap-dtype e4m3 --overlap-shapes 0,1 \
         --json "$OUT/bench-overlap-$v.json" > "$OUT/bench-overlap-$v.log" 2>&1
@@ -162,6 +184,9 @@ if [ -z "${SKIP_SAN:-}" ]; then
         pids+=($!)
         if [ "$s" = test_attention ]; then
           (san "wg-$k-$t" $tool "$s" QSAKV_GROUPED_MMA=wgmma QSAKV_TEST_FILTER="$t") &
+          pids+=($!)
+        else  # every multi-row selection on the warpgroup scorer
+          (san "wg-$k-$t" $tool "$s" QSAKV_SELECT_MMA=wgmma QSAKV_TEST_FILTER="$t") &
           pids+=($!)
         fi
       done

@@ -8,45 +8,16 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/decode_attention.cuh"
 #include "cuda/e4m3_decode.cuh"
+#include "cuda/kernel_smem.hpp"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
 namespace cuda {
-
-// Refuses the launch when raising a kernel's dynamic shared-memory limit failed (the
-// result of cudaFuncSetAttribute, a host call that does not touch a stream: capture-safe).
-inline void require_smem_limit(cudaError_t attr, int bytes) {
-  if (attr != cudaSuccess)
-    refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", bytes,
-                  cudaGetErrorString(attr));
-}
-
-// Raises a kernel's dynamic shared-memory limit to `bytes` (and, with max_carveout, asks
-// for the largest shared-memory carveout) on the current device, once per kernel and
-// device: cudaFuncSetAttribute acts on the current device only, so a process driving
-// several GPUs needs it on each. `ready` is the kernel's own mask of devices done (one
-// static per kernel); devices past 63 set it on every launch. Host calls that touch no
-// stream: capture-safe.
-template <class Kernel>
-void prepare_kernel_smem(Kernel* kernel, int bytes, bool max_carveout,
-                         std::atomic<uint64_t>& ready) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 64;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit != 0 && (ready.load(std::memory_order_acquire) & bit) != 0) return;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess && max_carveout)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-  require_smem_limit(e, bytes);
-  ready.fetch_or(bit, std::memory_order_release);
-}
 
 // The compile-time shape a launcher receives.
 template <class ActT, KvKind KvT, int DimT, Decoder DecT>

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -29,8 +30,10 @@
 #include "cuda/last_arrival.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/radix_topk.cuh"
+#include "cuda/kernel_smem.hpp"
 #include "cuda/select_score.cuh"
 #include "cuda/select_score_simt.cuh"
+#include "cuda/select_score_wgmma.cuh"
 #include "limits.hpp"
 
 namespace qsakv {
@@ -106,44 +109,6 @@ __device__ __forceinline__ WaveRow wave_row(float* ws, int wave_rows, int64_t st
 // ---------------------------------------------------------------------------------------
 // 1. Scores
 // ---------------------------------------------------------------------------------------
-
-// Tiles of 16 keys start at multiples of 16, so with pages of a power-of-two multiple of
-// 16 keys (the reference geometry: 64-token blocks, ratio 4) each tile lies in one page.
-// Then lane l of every warp looks up the page of the CTA's tile l once, before the loop
-// (tiles_per_cta <= 32), and the loop takes it by a shuffle: no block-table load, and no
-// load-to-load dependency, in front of each tile's key loads.
-struct TilePages {
-  bool active;
-  int32_t lane_phys;  // the page of tile `lane` of the CTA (-1: none)
-};
-__device__ __forceinline__ TilePages tile_pages(const SelectParams& p, const int32_t* bt,
-                                                int64_t cta0, int tiles_per_cta, int64_t n,
-                                                int lane) {
-  TilePages tp = {p.keys.keys_per_block_log2 >= 4, -1};
-  const int64_t b = cta0 + static_cast<int64_t>(lane) * kScoreTileKeys;
-  if (tp.active && lane < tiles_per_cta && b < n)
-    tp.lane_phys = __ldg(bt + (static_cast<uint32_t>(b) >> p.keys.keys_per_block_log2));
-  return tp;
-}
-// Key b of tile `tile` of the CTA: as key_address, with the tile's page from TilePages
-// when active. Every lane of the warp must call it (the shuffle), with the same tile.
-__device__ __forceinline__ void tile_key_addresses(const SelectParams& p, const int32_t* bt,
-                                                   const TilePages& tp, int tile, int64_t b,
-                                                   int64_t n, bool own, CompressedKeyAddress& lo,
-                                                   CompressedKeyAddress& hi) {
-  const int32_t phys = __shfl_sync(0xffffffffu, tp.lane_phys, tile & 31);
-  lo = hi = CompressedKeyAddress{nullptr, nullptr};
-  if (!own) return;
-  if (!tp.active) {
-    lo = key_address(p, bt, b, n);
-    hi = key_address(p, bt, b + 8, n);
-    return;
-  }
-  if (phys < 0 || phys >= p.num_blocks) return;
-  const int slot = static_cast<int>(static_cast<uint32_t>(b) & (p.keys.keys_per_block - 1));
-  if (b < n) lo = compressed_key_in_page(p.keys, phys, slot);
-  if (b + 8 < n) hi = compressed_key_in_page(p.keys, phys, slot + 8);
-}
 
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(kScoreWarps * 32, 5)
@@ -257,24 +222,13 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
   // The lane's row within an n-tile, and its key within the tile's pair (g or g + 8).
   const int lane_row = 2 * t4 / kHeadsPad;
   const bool lane_stores = !kSplit || t4 % (kHeadsPad / 2) < 2;
-  // Lane l of every warp holds row r_first + l's request and position (l < kRowsPerBlock;
-  // -1 past the block's rows): one round trip for the whole block. A loop that read them
-  // row after row was a fifth of the scorer's stall samples (perf.md run 37).
   static_assert(kRowsPerBlock <= 32, "a lane per row");
-  const int n_block_rows = r_last - r_first;
-  const int lane_req = lane < n_block_rows ? p.meta.row_request[r_first + lane] : -1;
-  const int lane_pos = lane < n_block_rows ? p.meta.row_pos[r_first + lane] : -1;
+  const BlockRuns block(p.meta, r_first, r_last, lane);
   for (int r_begin = r_first; r_begin < r_last;) {
-    // The run: rows from r_begin while the request stays the same.
     const int first = r_begin - r_first;
-    const int req = __shfl_sync(0xffffffffu, lane_req, first);
-    const uint32_t other = __ballot_sync(0xffffffffu, lane < n_block_rows && lane_req != req) &
-                           ~((2u << first) - 1u);  // lanes after `first` only
-    const int r_end = r_first + (other ? __ffs(other) - 1 : n_block_rows);
-    int pos_max = lane >= first && lane < r_end - r_first ? lane_pos : -1;
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1)
-      pos_max = max(pos_max, __shfl_xor_sync(0xffffffffu, pos_max, s));
+    int req, end, pos_max;
+    block.run_at(first, lane, req, end, pos_max);
+    const int r_end = r_first + end;
     const int n_run = r_end - r_begin;
     const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
     if (cta0 < n_max) {  // block-uniform
@@ -305,7 +259,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
       {
         // Thread t < kRowsPerBlock (warp 0) takes row r_begin + t's position from its lane.
         const int t = static_cast<int>(threadIdx.x);
-        const int pos = __shfl_sync(0xffffffffu, lane_pos, min(first + lane, 31));
+        const int pos = block.pos_of(min(first + lane, 31));
         if (t < kRowsPerBlock)
           row_n[t] = t < n_run ? static_cast<int32_t>(
                                      min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks))
@@ -935,13 +889,44 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   sort_and_expand(p, row, pos, K, sm, sm.sel());
 }
 
+// The warpgroup-MMA scorer (select_score_wgmma.cuh) for this selection: available (the
+// backend passes kSync where the GPU or the build lacks it), built for its shape (128-dim
+// index keys, 3 or 4 heads), and chosen (forced, or every request with enough rows: a CTA
+// of the warpgroup scorer pays for 32 rows whatever its runs hold, so a batch that mixes
+// decode rows with a prefill chunk keeps mma.sync).
+bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma) {
+  return mma != SelectScorerMma::kSync && p.index_dim == kWgScoreDim && p.index_heads >= 3 &&
+         p.index_heads <= kWgScoreHeads &&
+         (mma == SelectScorerMma::kWarpgroup || p.min_request_rows >= kSelectWarpgroupMinRows);
+}
+
+template <bool kFp8>
+void launch_score_rows_wgmma(const SelectParams& p, int rows, int row0, int wave, int64_t stride,
+                             float inv_sqrt_dim, bool programmatic, cudaStream_t stream) {
+  constexpr int smem = WgScoreSmem::kBytes;
+  static std::atomic<uint64_t> ready{0};
+  // The largest carveout, so that 3 CTAs of ~34 KB fit on an SM whatever the driver's
+  // default (its registers allow 3; its loads bypass L1).
+  prepare_kernel_smem(select_score_rows_wgmma_kernel<kFp8>, smem, true, ready);
+  constexpr int64_t kKeysPerCta = kWgScoreTilesPerCta * kWgScoreKeys;
+  const int64_t chunks = (std::max<int64_t>(p.max_blocks, 1) + kKeysPerCta - 1) / kKeysPerCta;
+  const dim3 grid(static_cast<unsigned>(chunks),
+                  static_cast<unsigned>((rows + kWgScoreRows - 1) / kWgScoreRows));
+  launch_kernel(programmatic, select_score_rows_wgmma_kernel<kFp8>, grid, kWgScoreThreads, smem,
+                stream, p, row0, wave, stride, inv_sqrt_dim);
+}
+
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
 // index keys with up to 8 heads, the reference geometry; 64 dims with 3-4 heads); false
 // for other shapes, which take the one-row route (same scores, more key reads).
 template <bool kFp8>
-bool launch_score_rows(const SelectParams& p, int64_t chunks, int rows, int row0, int wave,
-                       int64_t stride, int tiles_per_cta, float inv_sqrt_dim, bool programmatic,
-                       cudaStream_t stream) {
+bool launch_score_rows(const SelectParams& p, SelectScorerMma mma, int64_t chunks, int rows,
+                       int row0, int wave, int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
+                       bool programmatic, cudaStream_t stream) {
+  if (score_rows_on_warpgroups(p, mma)) {
+    launch_score_rows_wgmma<kFp8>(p, rows, row0, wave, stride, inv_sqrt_dim, programmatic, stream);
+    return true;
+  }
   const dim3 grid(static_cast<unsigned>(chunks),
                   static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
   const int hp = p.index_heads <= 2 ? 2 : p.index_heads <= 4 ? 4 : 8;
@@ -991,8 +976,19 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks) {
          (index_dim == 64 || index_dim == 128 || index_dim == 256) && topk_blocks <= kTopkMaxBlocks;
 }
 
+bool select_warpgroup_mma_built() {
+#ifdef QSAKV_HAVE_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
-                        bool score_only, cudaStream_t stream) {
+                        SelectScorerMma scorer_mma, bool score_only, cudaStream_t stream) {
+  // The warpgroup scorer's code is sm_90a: nowhere else, whatever the caller asked.
+  if (sm_version != kSmWarpgroupMma || !select_warpgroup_mma_built())
+    scorer_mma = SelectScorerMma::kSync;
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
   const int64_t stride = workspace_stride(p.max_blocks);
   const int wave = select_rows_per_wave(p.meta.max_rows, p.max_blocks);
@@ -1022,9 +1018,9 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     const bool fp8 = p.keys.dtype == QSAKV_DTYPE_E4M3;
     const bool multi_row =
         !simt && p.rows_share_requests &&
-        (fp8 ? launch_score_rows<true>(p, rows_chunks, rows, row0, wave, stride, rows_tiles_per_cta,
-                                       inv_sqrt_dim, programmatic, stream)
-             : launch_score_rows<false>(p, rows_chunks, rows, row0, wave, stride,
+        (fp8 ? launch_score_rows<true>(p, scorer_mma, rows_chunks, rows, row0, wave, stride,
+                                       rows_tiles_per_cta, inv_sqrt_dim, programmatic, stream)
+             : launch_score_rows<false>(p, scorer_mma, rows_chunks, rows, row0, wave, stride,
                                         rows_tiles_per_cta, inv_sqrt_dim, programmatic, stream));
     if (simt)  // launched as on a V100 (the backend passes programmatic = false)
       launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,

@@ -60,6 +60,44 @@ __device__ __forceinline__ CompressedKeyAddress key_address(const SelectParams& 
   return compressed_key_in_page(p.keys, phys, static_cast<int>(key - page * kpb));
 }
 
+// Tiles of 16 keys start at multiples of 16, so with pages of a power-of-two multiple of
+// 16 keys (the reference geometry: 64-token blocks, ratio 4) each tile lies in one page.
+// Then lane l of every warp looks up the page of the CTA's tile l once, before the loop
+// (tiles_per_cta <= 32), and the loop takes it by a shuffle: no block-table load, and no
+// load-to-load dependency, in front of each tile's key loads.
+struct TilePages {
+  bool active;
+  int32_t lane_phys;  // the page of tile `lane` of the CTA (-1: none)
+};
+__device__ __forceinline__ TilePages tile_pages(const SelectParams& p, const int32_t* bt,
+                                                int64_t cta0, int tiles_per_cta, int64_t n,
+                                                int lane) {
+  TilePages tp = {p.keys.keys_per_block_log2 >= 4, -1};
+  const int64_t b = cta0 + static_cast<int64_t>(lane) * kScoreTileKeys;
+  if (tp.active && lane < tiles_per_cta && b < n)
+    tp.lane_phys = __ldg(bt + (static_cast<uint32_t>(b) >> p.keys.keys_per_block_log2));
+  return tp;
+}
+// Key b of tile `tile` of the CTA: as key_address, with the tile's page from TilePages
+// when active. Every lane of the warp must call it (the shuffle), with the same tile.
+__device__ __forceinline__ void tile_key_addresses(const SelectParams& p, const int32_t* bt,
+                                                   const TilePages& tp, int tile, int64_t b,
+                                                   int64_t n, bool own, CompressedKeyAddress& lo,
+                                                   CompressedKeyAddress& hi) {
+  const int32_t phys = __shfl_sync(0xffffffffu, tp.lane_phys, tile & 31);
+  lo = hi = CompressedKeyAddress{nullptr, nullptr};
+  if (!own) return;
+  if (!tp.active) {
+    lo = key_address(p, bt, b, n);
+    hi = key_address(p, bt, b + 8, n);
+    return;
+  }
+  if (phys < 0 || phys >= p.num_blocks) return;
+  const int slot = static_cast<int>(static_cast<uint32_t>(b) & (p.keys.keys_per_block - 1));
+  if (b < n) lo = compressed_key_in_page(p.keys, phys, slot);
+  if (b + 8 < n) hi = compressed_key_in_page(p.keys, phys, slot + 8);
+}
+
 // Order-preserving map of a float to uint32 (larger float -> larger key). 0 is reserved
 // for "not a candidate" (blocks on unmapped pages): real keys are never 0.
 __device__ __forceinline__ uint32_t score_key(float f) {
@@ -193,6 +231,42 @@ __device__ __forceinline__ void score_tile(const KeyFrags<D, kFp8>& k, const Que
 // routes give every (row, key) the same score bits.
 
 constexpr int kRowsPerBlock = 16;
+
+// The rows of a multi-row scoring CTA (at most 32 consecutive rows of the batch), split into
+// runs of one request each. Lane l of every warp holds row l's request and position (-1
+// past the block): one round trip for the whole block (a loop that read them row after row
+// held a fifth of the scorer's stall samples, docs/perf.md run 37). Every thread of the
+// block calls the members in block-uniform control flow, with the same `first` (each lane
+// passes its own lane index; pos_of's row may differ by lane).
+struct BlockRuns {
+  int rows;      // rows in the block
+  int lane_req;  // row `lane`'s request
+  int lane_pos;  // row `lane`'s position
+
+  __device__ __forceinline__ BlockRuns(const PlanMetaView& meta, int r_first, int r_last, int lane)
+      : rows(r_last - r_first),
+        lane_req(lane < r_last - r_first ? meta.row_request[r_first + lane] : -1),
+        lane_pos(lane < r_last - r_first ? meta.row_pos[r_first + lane] : -1) {}
+
+  // The run that starts at block row `first` (< rows): its request, its end (a block row,
+  // exclusive: the first later row of another request) and its rows' largest position.
+  __device__ __forceinline__ void run_at(int first, int lane, int& req, int& end,
+                                         int& pos_max) const {
+    req = __shfl_sync(0xffffffffu, lane_req, first);
+    const uint32_t other = __ballot_sync(0xffffffffu, lane < rows && lane_req != req) &
+                           ~((2u << first) - 1u);  // lanes after `first` only
+    end = other ? __ffs(other) - 1 : rows;
+    pos_max = lane >= first && lane < end ? lane_pos : -1;
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1)
+      pos_max = max(pos_max, __shfl_xor_sync(0xffffffffu, pos_max, s));
+  }
+
+  // Block row `row`'s position (row < 32; -1 past the block).
+  __device__ __forceinline__ int pos_of(int row) const {
+    return __shfl_sync(0xffffffffu, lane_pos, row);
+  }
+};
 
 // Column sums of one n-tile: on return the lanes with t4 % (kHeadsPad / 2) == 0 hold the
 // scores of keys g (lo) and g + 8 (hi) for row 2 * t4 / kHeadsPad of the tile.

@@ -45,6 +45,7 @@ struct qsakv_plan {
   int32_t num_rows = -1;  // -1: no update yet
   int32_t num_requests = 0;
   int32_t max_request_rows = 0;  // most query rows of one request in the last update
+  int32_t min_request_rows = 0;  // fewest (of a request with any) in the last update
   int64_t max_context = 0;
   qsakv::PlanMetaShape shape{};     // metadata array sizes
   qsakv::GroupingRule grouping{};   // which requests take the grouped route

@@ -233,6 +233,7 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
     plan->num_requests = b.num_requests;
     plan->num_groups = routed.num_groups;
     plan->max_request_rows = routed.max_request_rows;
+    plan->min_request_rows = routed.min_request_rows;
     plan->grouped_rows = routed.grouped_rows;
   });
 }
@@ -289,6 +290,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     p.score_workspace_elems = static_cast<int64_t>(plan->select_ws.bytes() / sizeof(float));
     p.max_blocks = c.max_model_len / c.compress_ratio;
     p.rows_share_requests = plan->max_request_rows > 1;
+    p.min_request_rows = plan->min_request_rows;
     cache->context->backend->select_topk(p, stream);
   });
 }

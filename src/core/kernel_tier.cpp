@@ -21,15 +21,19 @@ qsakv_kernel_tier parse_cuda_tier(const char* value) {
        value);
 }
 
-GroupedMma parse_grouped_mma(const char* value) {
+namespace {
+MmaChoice parse_mma_choice(const char* env, const char* value) {
   if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
-    return GroupedMma::kAuto;
-  if (std::strcmp(value, "sync") == 0) return GroupedMma::kSync;
-  if (std::strcmp(value, "wgmma") == 0) return GroupedMma::kWgmma;
+    return MmaChoice::kAuto;
+  if (std::strcmp(value, "sync") == 0) return MmaChoice::kSync;
+  if (std::strcmp(value, "wgmma") == 0) return MmaChoice::kWgmma;
   fail(QSAKV_ERROR_INVALID_ARGUMENT,
-       "environment variable %s is \"%.64s\"; must be auto, sync or wgmma (or unset)",
-       kGroupedMmaEnv, value);
+       "environment variable %s is \"%.64s\"; must be auto, sync or wgmma (or unset)", env, value);
 }
+}  // namespace
+
+MmaChoice parse_grouped_mma(const char* value) { return parse_mma_choice(kGroupedMmaEnv, value); }
+MmaChoice parse_select_mma(const char* value) { return parse_mma_choice(kSelectMmaEnv, value); }
 
 unsigned parse_dependent_launch(const char* value) {
   if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
@@ -67,6 +71,7 @@ KernelHooks read_kernel_hooks() {
   KernelHooks h;
   h.tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
   h.grouped_mma = parse_grouped_mma(std::getenv(kGroupedMmaEnv));
+  h.select_mma = parse_select_mma(std::getenv(kSelectMmaEnv));
   h.dependent_launch = parse_dependent_launch(std::getenv(kDependentLaunchEnv));
   h.select_score_only = parse_select_score_only(std::getenv(kSelectStagesEnv));
   return h;

@@ -27,8 +27,19 @@ const char* cuda_tier_name(qsakv_kernel_tier tier);
 // CUDA backend fails with QSAKV_ERROR_UNSUPPORTED where it is not available). Anything else
 // fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
 constexpr const char* kGroupedMmaEnv = "QSAKV_GROUPED_MMA";
-enum class GroupedMma { kAuto, kSync, kWgmma };
-GroupedMma parse_grouped_mma(const char* value);
+enum class MmaChoice { kAuto, kSync, kWgmma };
+MmaChoice parse_grouped_mma(const char* value);
+
+// Which MMA the multi-row selection scorer (verify rows, prefill chunks) uses on a GPU that
+// has both (SM 9.0 with sm_90a code): QSAKV_SELECT_MMA, a test and benchmark hook read and
+// checked like QSAKV_GROUPED_MMA, with the same values. "auto": the warpgroup MMA when every
+// request of the last update has 16 rows or more (prefill chunks; kSelectWarpgroupMinRows),
+// mma.sync otherwise; "wgmma": the warpgroup MMA for every multi-row selection (the CUDA
+// backend fails with QSAKV_ERROR_UNSUPPORTED where it is not available). Either way only for
+// the shapes it is built for (128-dim index keys, 3 or 4 heads); others keep mma.sync, which
+// gives the same scores bit for bit.
+constexpr const char* kSelectMmaEnv = "QSAKV_SELECT_MMA";
+MmaChoice parse_select_mma(const char* value);
 
 // Which kernel families the CUDA backend launches as programmatic dependents of the
 // previous kernel in the stream (SM90+, outside the SM70 tier;
@@ -62,7 +73,8 @@ bool parse_select_score_only(const char* value);
 // context creation (and checked on every backend, so that a typo fails loudly).
 struct KernelHooks {
   qsakv_kernel_tier tier;  // NONE: from the GPU
-  GroupedMma grouped_mma;
+  MmaChoice grouped_mma;
+  MmaChoice select_mma;
   unsigned dependent_launch;  // DependentLaunch bits
   bool select_score_only;     // QSAKV_SELECT_STAGES=score
 };

@@ -70,12 +70,13 @@ PlanRouting fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const Plan
       if (n >= rule.min_rows) eligible += n;
     }
   const bool route = eligible > 0 && eligible >= rule.min_batch_rows;
-  int groups = 0, most = 0;
+  int groups = 0, most = 0, least = 0;
   for (int r = 0; r < b.num_requests; ++r) {
     const int first = b.query_start[r];
     const int n = b.query_start[r + 1] - first;
     const bool grouped = route && n >= rule.min_rows;
     most = std::max(most, n);
+    if (n > 0) least = least == 0 ? n : std::min(least, n);
     for (int j = 0; j < n; ++j) {
       row_request[first + j] = r;
       row_pos[first + j] = b.seq_lens[r] - n + j;
@@ -100,7 +101,7 @@ PlanRouting fill_plan_meta(void* dst, const qsakv_batch& b, int rows, const Plan
   h->block_table_stride = b.block_table_stride;
   h->num_groups = groups;
   h->block_table = b.block_table;
-  return PlanRouting{groups, route ? eligible : 0, most};
+  return PlanRouting{groups, route ? eligible : 0, most, least};
 }
 
 int validate_batch(const qsakv_batch& b, const qsakv_model_config& c, int max_rows,

@@ -61,6 +61,7 @@ struct PlanRouting {
   int num_groups;
   int grouped_rows;
   int max_request_rows;
+  int min_request_rows;  // fewest rows of a request that has any (0: no rows)
 };
 
 // Writes the metadata of a validated batch of `rows` rows into `dst`, applying the rule

@@ -56,9 +56,13 @@ class DeviceGuard {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
-              GroupedMma grouped_mma, unsigned dependent_launch, bool compiled_for_sm90,
-              bool select_score_only)
-      : grouped_mma_(grouped_mma), select_score_only_(select_score_only) {
+              MmaChoice grouped_mma, MmaChoice select_mma, unsigned dependent_launch,
+              bool compiled_for_sm90, bool select_score_only)
+      : grouped_mma_(grouped_mma),
+        select_mma_(select_mma == MmaChoice::kWgmma  ? cuda::SelectScorerMma::kWarpgroup
+                    : select_mma == MmaChoice::kSync ? cuda::SelectScorerMma::kSync
+                                                     : cuda::SelectScorerMma::kAuto),
+        select_score_only_(select_score_only) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
@@ -207,7 +211,7 @@ class CudaBackend final : public Backend {
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
     cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
                              info_.multiprocessor_count, programmatic(kDependentSelect),
-                             select_score_only_, stream);
+                             select_mma_, select_score_only_, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
@@ -226,8 +230,8 @@ class CudaBackend final : public Backend {
       // two waves of groups (H200, docs/perf.md run 30: 513 groups 7-9% faster than mma.sync
       // at f >= 0.75, 129 groups 0-3% slower, 32 groups ~15% slower); the choice is the
       // host's, from the last update, like the grouped launch itself.
-      const bool wgmma = grouped_mma_ == GroupedMma::kWgmma ||
-                         (grouped_mma_ == GroupedMma::kAuto &&
+      const bool wgmma = grouped_mma_ == MmaChoice::kWgmma ||
+                         (grouped_mma_ == MmaChoice::kAuto &&
                           p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
       cuda::launch_grouped_attention(p, hw, wgmma, programmatic(kDependentAttention), stream);
       check_launch("grouped attention kernel launch");
@@ -258,7 +262,10 @@ class CudaBackend final : public Backend {
   bool sm70_tier() const { return info_.tier == QSAKV_KERNEL_TIER_SM70; }
   // The grouped route's MMA: kSync, kWgmma (forced), or kAuto where both exist (the
   // warpgroup MMA for large batches of groups).
-  GroupedMma grouped_mma_;
+  MmaChoice grouped_mma_;
+  // The multi-row scorer's MMA (QSAKV_SELECT_MMA): kSync where the warpgroup scorer is not
+  // available, else as asked (kAuto by the rows per request).
+  cuda::SelectScorerMma select_mma_;
   bool select_score_only_;  // QSAKV_SELECT_STAGES=score (kernel_tier.hpp)
   // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
   // stream's previous kernel: SM90+, not the SM70 tier, as QSAKV_DEPENDENT_LAUNCH says
@@ -293,7 +300,7 @@ std::string no_gpu_reason(cudaError_t e) {
 std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
                                            const KernelHooks& hooks, std::string* why) {
   const qsakv_kernel_tier forced = hooks.tier;
-  const GroupedMma mma = hooks.grouped_mma;
+  const MmaChoice mma = hooks.grouped_mma;
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -336,22 +343,33 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
           ? (sm >= kSmFp8Convert && tier != QSAKV_KERNEL_TIER_SM70 ? QSAKV_DECODER_HARDWARE
                                                                    : QSAKV_DECODER_SOFTWARE)
           : decoder;
-  // sm_90a code runs on SM 9.0 alone; the SM70 tier has no grouped route.
-  const bool wgmma_available = cuda::grouped_warpgroup_mma_built() && sm == kSmWarpgroupMma &&
-                               tier == QSAKV_KERNEL_TIER_SM75;
-  if (mma == GroupedMma::kWgmma && !wgmma_available)
-    fail(QSAKV_ERROR_UNSUPPORTED,
-         "%s=wgmma asks for the grouped route's warpgroup-MMA kernel, which needs an SM 9.0 GPU "
-         "on the tensor-core tier and a build with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU "
-         "%s is SM %d, this build %s sm_90a code",
-         kGroupedMmaEnv, prop.name, sm, cuda::grouped_warpgroup_mma_built() ? "has" : "has no");
+  // sm_90a code runs on SM 9.0 alone; the SM70 tier has no grouped route and no multi-row
+  // scorer. A hook that forces a warpgroup-MMA kernel where it cannot run is refused.
+  const auto warpgroup_available = [&](bool built, MmaChoice asked, const char* env,
+                                       const char* what) {
+    const bool available = built && sm == kSmWarpgroupMma && tier == QSAKV_KERNEL_TIER_SM75;
+    if (!available && asked == MmaChoice::kWgmma)
+      fail(QSAKV_ERROR_UNSUPPORTED,
+           "%s=wgmma asks for %s, which needs an SM 9.0 GPU on the tensor-core tier and a build "
+           "with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU %s is SM %d, this build %s sm_90a "
+           "code",
+           env, what, prop.name, sm, built ? "has" : "has no");
+    return available;
+  };
+  const bool wgmma_available =
+      warpgroup_available(cuda::grouped_warpgroup_mma_built(), mma, kGroupedMmaEnv,
+                          "the grouped route's warpgroup-MMA kernel");
+  const bool select_wgmma_available =
+      warpgroup_available(cuda::select_warpgroup_mma_built(), hooks.select_mma, kSelectMmaEnv,
+                          "the selection's warpgroup-MMA scorer");
   bool pdl_code = false;
   {
     DeviceGuard g(device);
     pdl_code = cuda::dependent_launch_compiled();
   }
   return std::make_unique<CudaBackend>(device, prop, chosen, tier,
-                                       wgmma_available ? mma : GroupedMma::kSync,
+                                       wgmma_available ? mma : MmaChoice::kSync,
+                                       select_wgmma_available ? hooks.select_mma : MmaChoice::kSync,
                                        hooks.dependent_launch, pdl_code, hooks.select_score_only);
 }
 

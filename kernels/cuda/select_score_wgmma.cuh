@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+// The multi-row scorer on Hopper's warpgroup MMAs (sm_90a code, launched on SM 9.0 GPUs
+// only): 128-dim index keys, 3 or 4 index heads (the reference geometry). Other shapes and
+// GPUs keep select_score_rows_kernel (mma.sync), which gives the same bits.
+//
+// One warpgroup per CTA scores 64-key tiles for 32 rows of one request at a time:
+//   D[64 keys x 128 (row, head) columns] = K[64 x 128 dims] Q^T, m64n128k16, 8 k-steps.
+// The keys are A, in registers: warp w loads keys 16w .. 16w + 15 of the tile exactly as
+// select_score_rows_kernel's warps load a 16-key tile (KeyFrags, straight from global
+// memory, E4M3 codes bitcast to FP16 in registers), because a warpgroup MMA's A fragment
+// per warp is mma.sync's. The queries are B, staged once per run in shared memory (K-major,
+// 128-byte swizzled, wgmma.cuh's layout) with the mma.sync scorers' dimension permutation,
+// so each k-step holds the dims that the mma.sync scorers' k-step holds in the same
+// columns, and each (row, key) dot product is the same 8-step FP32 accumulation from zero,
+// which the warpgroup MMA computes to the same bits as mma.sync (measured:
+// tools/mma_bits.cu, docs/perf.md runs 37-38). The accumulator layout per warp is
+// mma.sync's (warp w: keys 16w + g and 16w + g + 8; n-tile j: columns 8j .. 8j + 7 = rows
+// 2j, 2j + 1 x 4 heads), so the head sum, the scale and the store are
+// select_score_rows_kernel's, in the same order.
+//
+// No key tile goes through shared memory, and the next tile's key loads are issued before
+// this tile's MMAs, so they arrive while the MMAs and the epilogue run. (A first version
+// staged the keys in shared memory and ran load, convert, barrier, MMA and epilogue in
+// sequence: 20% of issue slots busy, slower than mma.sync; docs/perf.md run 38.)
+#pragma once
+
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
+#include "cuda/select_score.cuh"
+#include "cuda/smem_tile.cuh"
+#include "cuda/wgmma.cuh"
+#include "params.hpp"
+
+namespace qsakv {
+namespace cuda {
+
+constexpr int kWgScoreRows = 32;        // rows of a CTA's block: N = 32 rows x 4 heads
+constexpr int kWgScoreKeys = 64;        // keys of a tile: M (16 per warp)
+constexpr int kWgScoreDim = 128;        // index dims: K (two 64-dim atoms)
+constexpr int kWgScoreThreads = 128;    // one warpgroup
+constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per CTA (32 16-key subtiles: tile_pages)
+constexpr int kWgScoreHeads = 4;        // (row, head) columns per row
+// The automatic choice takes this scorer when every request of the batch has this many rows
+// or more (half a CTA's 32 rows): batches of prefill chunks, not verify or decode rows. A
+// first guess, not measured yet against mma.sync between 4 and 8,192 rows a request.
+constexpr int kSelectWarpgroupMinRows = 16;
+
+// Dynamic shared memory, byte offsets from a 1024-byte boundary (atoms start on one).
+struct WgScoreSmem {
+  static constexpr int kQ = 0;  // 128 columns x 256 bytes: 2 atoms of 16 KB
+  static constexpr int kRowN = kQ + kWgScoreRows * kWgScoreHeads * kWgScoreDim * 2;  // int per row
+  static constexpr int kEnd = kRowN + kWgScoreRows * 4;
+  static constexpr int kBytes = kEnd + 1024;  // + the slack for the alignment
+};
+
+// The 8 chunks (16 bytes, 4 words) of one 64-dim half of a row as the operand stores them,
+// from the half's 32 words of FP16 pairs in dim order (w[i] = dims 2i, 2i + 1): chunk q's
+// word t is the pair that select_score.cuh's permutation puts in k-step column 2t + 8 (q % 2)
+// of the half's k-step q / 2. FP16 keys permute within 32 dims (16 words: src 4t + q of
+// each group of 4 chunks), E4M3 within 64 (32 words: src 8t + q).
+template <bool kFp8>
+__device__ __forceinline__ void permute_half(const uint32_t (&w)[32], uint4 (&chunk)[8]) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    uint32_t v[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) v[t] = kFp8 ? w[8 * t + c] : w[16 * (c >> 2) + 4 * t + (c & 3)];
+    chunk[c] = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// Stores the 8 chunks of half h of operand row `row` (of `rows`) into the atom-major tile.
+__device__ __forceinline__ void store_half(uint8_t* tile, int rows, int row, int h,
+                                           const uint4 (&chunk)[8]) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    *reinterpret_cast<uint4*>(tile + sw128_offset(rows, row, 8 * h + c)) = chunk[c];
+}
+
+// 64 FP16 values (128 bytes at src, 16-byte aligned; nullptr: zeros) as 32 words.
+__device__ __forceinline__ void load_half_fp16(const char* src, uint32_t (&w)[32]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint4 v = src ? ld_stream16(src + 16 * i) : make_uint4(0u, 0u, 0u, 0u);
+    w[4 * i] = v.x;
+    w[4 * i + 1] = v.y;
+    w[4 * i + 2] = v.z;
+    w[4 * i + 3] = v.w;
+  }
+}
+
+// Rows of one request scored together on warpgroup MMAs. Grid: (key chunks of
+// kWgScoreTilesPerCta tiles, blocks of kWgScoreRows rows). A block's rows are split into
+// runs of one request each, as in select_score_rows_kernel; a run's queries are staged
+// once, then each key tile is staged and scored for all of them.
+template <bool kFp8>
+__global__ void __launch_bounds__(kWgScoreThreads, 3)
+    select_score_rows_wgmma_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
+                                   float inv_sqrt_dim) {
+#if !QSAKV_WGMMA
+  (void)p, (void)row0, (void)wave_rows, (void)ws_stride, (void)inv_sqrt_dim;
+  __trap();  // sm_90a code only (the host launches it on SM 9.0 GPUs alone)
+#else
+  using L = WgScoreSmem;
+  constexpr int D = kWgScoreDim;
+  constexpr int kSubTiles = kWgScoreTilesPerCta * (kWgScoreKeys / kScoreTileKeys);
+  static_assert(kSubTiles <= 32, "tile_pages: a lane per 16-key subtile");
+  extern __shared__ uint4 wg_score_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(wg_score_smem_raw);
+  smem += (1024u - (smem_addr(smem) & 1023u)) & 1023u;  // kBytes has the slack
+  uint8_t* const q_tile = smem + L::kQ;
+  int* const row_n = reinterpret_cast<int*>(smem + L::kRowN);
+
+  wait_for_predecessors();  // the compressed keys, the workspace's last reader
+  const int num_rows = p.meta.header->num_rows;
+  const int r_first = row0 + static_cast<int>(blockIdx.y) * kWgScoreRows;
+  const int r_last = min(min(r_first + kWgScoreRows, row0 + wave_rows), num_rows);  // exclusive
+  const int64_t cta0 = static_cast<int64_t>(blockIdx.x) * kWgScoreTilesPerCta * kWgScoreKeys;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const bool odd = (t4 & 1) != 0;
+  // The lane's key in its warp's 16 (the pair's g or g + 8) and its row in an n-tile.
+  const int lane_row = t4 >> 1;
+  static_assert(kWgScoreRows <= 32, "a lane per row");
+  const BlockRuns block(p.meta, r_first, r_last, lane);
+  for (int r_begin = r_first; r_begin < r_last;) {
+    const int first = r_begin - r_first;
+    int req, end, pos_max;
+    block.run_at(first, lane, req, end, pos_max);
+    const int r_end = r_first + end;
+    const int n_run = r_end - r_begin;
+    const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
+    if (cta0 < n_max) {  // block-uniform
+      __syncthreads();   // the previous run's MMAs and epilogue are done with q_tile and row_n
+      {
+        // The run's queries, column n = 4 x row + head (zeros past the run's rows and
+        // heads): thread t stages half u of column t, for u = 0, 1.
+        static_assert(kWgScoreRows * kWgScoreHeads == kWgScoreThreads, "a column per thread");
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int n = tid, h = u;
+          const int row = n / kWgScoreHeads, head = n % kWgScoreHeads;
+          const char* src =
+              row < n_run && head < p.index_heads
+                  ? reinterpret_cast<const char*>(
+                        p.index_q +
+                        (static_cast<int64_t>(r_begin + row) * p.index_heads + head) * D + 64 * h)
+                  : nullptr;
+          uint32_t w[32];
+          load_half_fp16(src, w);
+          uint4 chunk[8];
+          permute_half<kFp8>(w, chunk);
+          store_half(q_tile, kWgScoreRows * kWgScoreHeads, n, h, chunk);
+        }
+        // Thread t < kWgScoreRows (warp 0) takes row r_begin + t's position from its lane.
+        const int pos = block.pos_of(min(first + lane, 31));
+        if (tid < kWgScoreRows)
+          row_n[tid] =
+              tid < n_run
+                  ? static_cast<int>(min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks))
+                  : 0;
+      }
+      fence_smem_for_wgmma();  // this thread's query writes, to the MMAs' proxy
+      __syncthreads();
+      const int32_t* bt = p.meta.header->block_table +
+                          static_cast<int64_t>(req) * p.meta.header->block_table_stride;
+      const TilePages pages = tile_pages(p, bt, cta0, kSubTiles, n_max, lane);
+      // The lane's first row's scores; n-tile j's rows are 2j rows further.
+      uint32_t* const ws_lane = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                                static_cast<int64_t>(r_begin + lane_row - row0) * ws_stride;
+      const uint64_t q_desc = sw128_desc(smem_addr(q_tile), 16, 1024);
+      constexpr int kQAtom = kWgScoreRows * kWgScoreHeads * 128;
+      // Tiles with a visible key (warpgroup-uniform: every warp takes part in each MMA;
+      // a warp whose 16 keys are all past n_max loads zeros and stores nothing).
+      const int n_tiles = static_cast<int>(min(static_cast<int64_t>(kWgScoreTilesPerCta),
+                                               (n_max - cta0 + kWgScoreKeys - 1) / kWgScoreKeys));
+      // Key b = cta0 + 64 t + 16 w + g (and b + 8) of tile t: subtile 4 t + w of the CTA.
+      KeyFrags<D, kFp8> k;
+      CompressedKeyAddress klo, khi;
+      const int64_t b0 = cta0 + kScoreTileKeys * warp + g;
+      tile_key_addresses(p, bt, pages, warp, b0, n_max, true, klo, khi);
+      load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
+      load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int64_t b = b0 + static_cast<int64_t>(t) * kWgScoreKeys;
+        // This tile's A fragments (32 registers), then the next tile's loads into k: they
+        // arrive while the MMAs and the epilogue below run.
+        uint32_t a[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) k.a_frag(ks, a[ks]);
+        const CompressedKeyAddress ka = odd ? khi : klo;  // the lane's key (a pair per row)
+        const float f = key_score_factor<kFp8>(ka.scale);
+        // An unmapped key's score key is 0, by a mask rather than a select (which compiles
+        // to a branch around every score's conversion).
+        const uint32_t mapped_mask = ka.codes != nullptr ? ~0u : 0u;
+        if (t + 1 < n_tiles) {  // block-uniform
+          tile_key_addresses(p, bt, pages, 4 * (t + 1) + warp, b + kWgScoreKeys, n_max, true, klo,
+                             khi);
+          load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
+          load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
+        }
+        float d[16][4];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+          wgmma_m64n128k16_rs<false>(d, a[ks], q_desc + ((ks >> 2) * kQAtom + (ks & 3) * 32) / 16);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_accumulators(d);
+        pin_fragments(a);
+        // Block indices fit in 32 bits (positions are int32).
+        const uint32_t key = static_cast<uint32_t>(b) + (odd ? 8u : 0u);
+        uint32_t* ws = ws_lane + key;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          // Rows past the run have row_n 0 (no store); every lane of a pair stores.
+          const uint32_t n = static_cast<uint32_t>(row_n[2 * j + lane_row]);
+          const float s = sum_row_heads_split<kWgScoreHeads>(d[j], inv_sqrt_dim, odd);
+          const uint32_t v = score_key(s * f) & mapped_mask;
+          if (key < n) *ws = v;
+          ws += 2 * ws_stride;
+        }
+      }
+    }
+    r_begin = r_end;
+  }
+  // No allow_dependents(): as select_score_rows_kernel.
+#endif
+}
+
+}  // namespace cuda
+}  // namespace qsakv
