@@ -12,8 +12,9 @@
 // 128-byte swizzled, wgmma.cuh's layout) with the mma.sync scorers' dimension permutation,
 // so each k-step holds the dims that the mma.sync scorers' k-step holds in the same
 // columns, and each (row, key) dot product is the same 8-step FP32 accumulation from zero,
-// which the warpgroup MMA computes to the same bits as mma.sync (measured:
-// tools/mma_bits.cu, docs/perf.md runs 37-38). The accumulator layout per warp is
+// which the warpgroup MMA computes to the same bits as mma.sync (measured on an H200 with
+// both operands in shared memory, docs/perf.md runs 37-38; tools/mma_bits.cu's kinds 5-6
+// measure this form, A from registers). The accumulator layout per warp is
 // mma.sync's (warp w: keys 16w + g and 16w + g + 8; n-tile j: columns 8j .. 8j + 7 = rows
 // 2j, 2j + 1 x 4 heads), so the head sum, the scale and the store are
 // select_score_rows_kernel's, in the same order.
@@ -91,10 +92,23 @@ __device__ __forceinline__ void load_half_fp16(const char* src, uint32_t (&w)[32
   }
 }
 
+// A warp's 16 keys of a 64-key tile (keys g and g + 8 of its quad rows), loaded into
+// registers, and what the epilogue needs of the lane's own key (the pair's g or g + 8).
+template <bool kFp8>
+struct WgKeyTile {
+  KeyFrags<kWgScoreDim, kFp8> k;
+  // E4M3: the key's scale as loaded, 2^-8 where it has none; the factor is this x 2^8 (=
+  // key_score_factor's, bit for bit), multiplied where it is used so that the scale's load
+  // is not waited for when the tile is loaded.
+  float scale;
+  uint32_t mask;  // ~0: the key is visible and mapped; 0: its score key is 0
+};
+
 // Rows of one request scored together on warpgroup MMAs. Grid: (key chunks of
 // kWgScoreTilesPerCta tiles, blocks of kWgScoreRows rows). A block's rows are split into
 // runs of one request each, as in select_score_rows_kernel; a run's queries are staged
-// once, then each key tile is staged and scored for all of them.
+// once in shared memory, then each key tile is loaded into registers and scored for all of
+// them.
 template <bool kFp8>
 __global__ void __launch_bounds__(kWgScoreThreads, 3)
     select_score_rows_wgmma_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
@@ -178,33 +192,33 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
       const int n_tiles = static_cast<int>(min(static_cast<int64_t>(kWgScoreTilesPerCta),
                                                (n_max - cta0 + kWgScoreKeys - 1) / kWgScoreKeys));
       // Key b = cta0 + 64 t + 16 w + g (and b + 8) of tile t: subtile 4 t + w of the CTA.
-      KeyFrags<D, kFp8> k;
-      CompressedKeyAddress klo, khi;
-      const int64_t b0 = cta0 + kScoreTileKeys * warp + g;
-      tile_key_addresses(p, bt, pages, warp, b0, n_max, true, klo, khi);
-      load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
-      load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
-      for (int t = 0; t < n_tiles; ++t) {
-        const int64_t b = b0 + static_cast<int64_t>(t) * kWgScoreKeys;
-        // This tile's A fragments (32 registers), then the next tile's loads into k: they
-        // arrive while the MMAs and the epilogue below run.
-        uint32_t a[D / 16][4];
+      const int64_t b0 = cta0 + kScoreTileKeys * warp + g;  // key g of the warp in tile 0
+      // Tile t's keys into kt (loads in flight on return).
+      auto load_tile = [&](WgKeyTile<kFp8>& kt, int t) {
+        CompressedKeyAddress lo, hi;
+        tile_key_addresses(p, bt, pages, 4 * t + warp, b0 + static_cast<int64_t>(t) * kWgScoreKeys,
+                           n_max, true, lo, hi);
+        load_key_runs<D, kFp8>(kt.k.lo, lo.codes, t4);
+        load_key_runs<D, kFp8>(kt.k.hi, hi.codes, t4);
+        const CompressedKeyAddress ka = odd ? hi : lo;
+        kt.scale = kFp8 && ka.scale ? __ldg(ka.scale) : 1.0f / 256.0f;
+        kt.mask = ka.codes != nullptr ? ~0u : 0u;
+      };
+      // Scores tile t from cur, after issuing tile t + 1's loads into next: they arrive
+      // while the MMAs and the epilogue run. Two buffers, alternated by the caller, so that
+      // no register copies from one to the other.
+      auto score_tile = [&](const WgKeyTile<kFp8>& cur, WgKeyTile<kFp8>& next, int t) {
+        uint32_t a[D / 16][4];  // the A fragments, converted once (32 registers)
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) k.a_frag(ks, a[ks]);
-        const CompressedKeyAddress ka = odd ? khi : klo;  // the lane's key (a pair per row)
-        const float f = key_score_factor<kFp8>(ka.scale);
-        // An unmapped key's score key is 0, by a mask rather than a select (which compiles
-        // to a branch around every score's conversion).
-        const uint32_t mapped_mask = ka.codes != nullptr ? ~0u : 0u;
-        if (t + 1 < n_tiles) {  // block-uniform
-          tile_key_addresses(p, bt, pages, 4 * (t + 1) + warp, b + kWgScoreKeys, n_max, true, klo,
-                             khi);
-          load_key_runs<D, kFp8>(k.lo, klo.codes, t4);
-          load_key_runs<D, kFp8>(k.hi, khi.codes, t4);
-        }
+        for (int ks = 0; ks < D / 16; ++ks) cur.k.a_frag(ks, a[ks]);
+        const float f = kFp8 ? cur.scale * 256.0f : 1.0f;
+        const uint32_t mask = cur.mask;               // (a mask, not a select: no branch per score)
+        if (t + 1 < n_tiles) load_tile(next, t + 1);  // block-uniform
         float d[16][4];
 #pragma unroll
         for (int j = 0; j < 16; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+        pin_accumulators(d);  // every operand register written before the fence
+        pin_fragments(a);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks)
@@ -214,17 +228,24 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
         pin_accumulators(d);
         pin_fragments(a);
         // Block indices fit in 32 bits (positions are int32).
-        const uint32_t key = static_cast<uint32_t>(b) + (odd ? 8u : 0u);
+        const uint32_t key =
+            static_cast<uint32_t>(b0 + static_cast<int64_t>(t) * kWgScoreKeys) + (odd ? 8u : 0u);
         uint32_t* ws = ws_lane + key;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           // Rows past the run have row_n 0 (no store); every lane of a pair stores.
           const uint32_t n = static_cast<uint32_t>(row_n[2 * j + lane_row]);
           const float s = sum_row_heads_split<kWgScoreHeads>(d[j], inv_sqrt_dim, odd);
-          const uint32_t v = score_key(s * f) & mapped_mask;
+          const uint32_t v = score_key(s * f) & mask;
           if (key < n) *ws = v;
           ws += 2 * ws_stride;
         }
+      };
+      WgKeyTile<kFp8> kt0, kt1;
+      load_tile(kt0, 0);
+      for (int t = 0; t < n_tiles; t += 2) {
+        score_tile(kt0, kt1, t);
+        if (t + 1 < n_tiles) score_tile(kt1, kt0, t + 1);  // block-uniform
       }
     }
     r_begin = r_end;
