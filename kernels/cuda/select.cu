@@ -893,11 +893,14 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // backend passes kSync where the GPU or the build lacks it), built for its shape (128-dim
 // index keys, 3 or 4 heads), and chosen (forced, or every request with enough rows: a CTA
 // of the warpgroup scorer pays for 32 rows whatever its runs hold, so a batch that mixes
-// decode rows with a prefill chunk keeps mma.sync).
-bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma) {
+// decode rows with a prefill chunk keeps mma.sync; and a grid large enough that the
+// mma.sync scorer keeps its full CTAs: the warpgroup scorer's CTAs, 512 keys x 32 rows, do
+// not shrink, so a small plan would leave SMs idle that mma.sync's smaller CTAs fill).
+bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma, bool full_grid) {
   return mma != SelectScorerMma::kSync && p.index_dim == kWgScoreDim && p.index_heads >= 3 &&
          p.index_heads <= kWgScoreHeads &&
-         (mma == SelectScorerMma::kWarpgroup || p.min_request_rows >= kSelectWarpgroupMinRows);
+         (mma == SelectScorerMma::kWarpgroup ||
+          (full_grid && p.min_request_rows >= kSelectWarpgroupMinRows));
 }
 
 template <bool kFp8>
@@ -923,7 +926,7 @@ template <bool kFp8>
 bool launch_score_rows(const SelectParams& p, SelectScorerMma mma, int64_t chunks, int rows,
                        int row0, int wave, int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
                        bool programmatic, cudaStream_t stream) {
-  if (score_rows_on_warpgroups(p, mma)) {
+  if (score_rows_on_warpgroups(p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta)) {
     launch_score_rows_wgmma<kFp8>(p, rows, row0, wave, stride, inv_sqrt_dim, programmatic, stream);
     return true;
   }
