@@ -249,17 +249,25 @@ struct BlockRuns {
         lane_pos(lane < r_last - r_first ? meta.row_pos[r_first + lane] : -1) {}
 
   // The run that starts at block row `first` (< rows): its request, its end (a block row,
-  // exclusive: the first later row of another request) and its rows' largest position.
-  __device__ __forceinline__ void run_at(int first, int lane, int& req, int& end,
-                                         int& pos_max) const {
-    req = __shfl_sync(0xffffffffu, lane_req, first);
-    const uint32_t other = __ballot_sync(0xffffffffu, lane < rows && lane_req != req) &
+  // exclusive: the first later row of another request) and the keys its rows see at most
+  // (the largest position's, capped at max_blocks).
+  struct Run {
+    int req;
+    int end;
+    int64_t n_max;
+  };
+  __device__ __forceinline__ Run run_at(int first, int lane, int ratio, int64_t max_blocks) const {
+    Run run;
+    run.req = __shfl_sync(0xffffffffu, lane_req, first);
+    const uint32_t other = __ballot_sync(0xffffffffu, lane < rows && lane_req != run.req) &
                            ~((2u << first) - 1u);  // lanes after `first` only
-    end = other ? __ffs(other) - 1 : rows;
-    pos_max = lane >= first && lane < end ? lane_pos : -1;
+    run.end = other ? __ffs(other) - 1 : rows;
+    int pos_max = lane >= first && lane < run.end ? lane_pos : -1;
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1)
       pos_max = max(pos_max, __shfl_xor_sync(0xffffffffu, pos_max, s));
+    run.n_max = min(static_cast<int64_t>((pos_max + 1) / ratio), max_blocks);
+    return run;
   }
 
   // Block row `row`'s position (row < 32; -1 past the block).

@@ -142,11 +142,9 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
   const BlockRuns block(p.meta, r_first, r_last, lane);
   for (int r_begin = r_first; r_begin < r_last;) {
     const int first = r_begin - r_first;
-    int req, end, pos_max;
-    block.run_at(first, lane, req, end, pos_max);
-    const int r_end = r_first + end;
-    const int n_run = r_end - r_begin;
-    const int64_t n_max = min(static_cast<int64_t>((pos_max + 1) / p.ratio), p.max_blocks);
+    const BlockRuns::Run run = block.run_at(first, lane, p.ratio, p.max_blocks);
+    const int req = run.req, r_end = r_first + run.end, n_run = r_end - r_begin;
+    const int64_t n_max = run.n_max;
     if (cta0 < n_max) {  // block-uniform
       __syncthreads();   // the previous run's MMAs and epilogue are done with q_tile and row_n
       {
