@@ -143,8 +143,10 @@ struct SelectParams {
   // Some request of the batch has several rows (verify rows, a prefill chunk): the CUDA
   // backend then scores each key once for all rows of its request (same scores).
   int32_t rows_share_requests;
-  // Fewest rows of a request of the batch (that has rows): the multi-row scorer's MMA choice.
+  // Fewest rows of a request of the batch (that has rows), and the batch's rows: the
+  // multi-row scorer's MMA choice (host-side; the kernels read the rows from the metadata).
   int32_t min_request_rows;
+  int32_t batch_rows;
 };
 
 // The grouped multi-row route's shape and workspace (CUDA backend; zero when a plan has

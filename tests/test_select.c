@@ -562,6 +562,44 @@ static void test_select_contract_cuda(void** state) {
   qsakv_context_destroy(gpu);
 }
 
+/* The multi-row scorer on warpgroup MMAs (SM 9.0 with sm_90a code), which the automatic
+ * choice takes only for plans of several waves whose every request has 32+ rows (larger
+ * than these tests' worlds): forced through QSAKV_SELECT_MMA=wgmma, read at context
+ * creation, on both contract shapes with FP16 and E4M3 keys, against the CPU backend. Where
+ * the GPU or the build lacks it, the context refuses the hook (UNSUPPORTED) and the test
+ * says that it skipped. A QSAKV_SELECT_MMA already set is overridden here and restored. */
+static void test_select_warpgroup_scorer_cuda(void** state) {
+  (void)state;
+  qsakv_context_destroy(tu_cuda_context_or_skip()); /* no GPU: skipped, saying so */
+  const char* was = getenv("QSAKV_SELECT_MMA");
+  char* keep = was ? strdup(was) : NULL;
+  setenv("QSAKV_SELECT_MMA", "wgmma", 1);
+  qsakv_context_options o;
+  TU_OK(qsakv_context_options_init(&o));
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* gpu = NULL;
+  const qsakv_status st = qsakv_context_create(&gpu, &o); /* the hook is read here */
+  if (keep) {
+    setenv("QSAKV_SELECT_MMA", keep, 1);
+    free(keep);
+  } else {
+    unsetenv("QSAKV_SELECT_MMA");
+  }
+  if (st == QSAKV_ERROR_UNSUPPORTED) {
+    fprintf(stderr, "[ SKIP     ] no warpgroup scorer on this GPU or build: %s\n",
+            qsakv_last_error());
+    skip();
+  }
+  TU_OK(st);
+  for (int keys = 0; keys < 2; ++keys) {
+    g_index_keys = keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+    for (int i = 0; i < 2; ++i) check_contract_cuda(gpu, kContractShapes[i]);
+  }
+  g_index_keys = QSAKV_DTYPE_FP16;
+  print_message("warpgroup scorer (QSAKV_SELECT_MMA=wgmma): both contract shapes, FP16 and E4M3\n");
+  qsakv_context_destroy(gpu);
+}
+
 /* Ties everywhere and NaN keys, exactly: every key equal (all scores tie: the lowest
  * blocks win, in order), then some keys with a NaN element (a NaN dot product counts as
  * 0 under ReLU, as in the CPU reference), some with +inf elements, all-zero keys and keys
@@ -851,6 +889,7 @@ int main(void) {
       cmocka_unit_test(test_select_special_cuda),
       cmocka_unit_test(test_select_contract_cpu),
       cmocka_unit_test(test_select_contract_cuda),
+      cmocka_unit_test(test_select_warpgroup_scorer_cuda),
       cmocka_unit_test(test_select_many_rows_cuda),
       cmocka_unit_test(test_select_repeated_cuda),
       cmocka_unit_test(test_select_score_only_cuda),

@@ -78,8 +78,8 @@ bool select_supports(int index_heads, int index_dim, int topk_blocks);
 int select_rows_per_wave(int max_rows, int64_t max_blocks);
 size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
 // Which MMA the multi-row scorer uses where the warpgroup scorer exists (an SM 9.0 GPU, a
-// build with sm_90a code; the backend passes kSync elsewhere): kAuto decides by the rows
-// per request (select_score_wgmma.cuh's kSelectWarpgroupMinRows).
+// build with sm_90a code; the backend passes kSync elsewhere): kAuto decides by the batch's
+// rows and rows per request (select_score_wgmma.cuh's kSelectWarpgroupMinRows).
 enum class SelectScorerMma { kAuto, kSync, kWarpgroup };
 bool select_warpgroup_mma_built();
 // score_only: the scoring kernels alone, no top-k (a benchmark hook: QSAKV_SELECT_STAGES).

@@ -889,16 +889,17 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 
 // The warpgroup-MMA scorer (select_score_wgmma.cuh) for this selection: available (the
 // backend passes kSync where the GPU or the build lacks it), built for its shape (128-dim
-// index keys, 3 or 4 heads), and chosen (forced, or every request with enough rows: a CTA
-// of the warpgroup scorer pays for 32 rows whatever its runs hold, so a batch that mixes
-// decode rows with a prefill chunk keeps mma.sync; and a grid large enough that the
-// mma.sync scorer keeps its full CTAs: the warpgroup scorer's CTAs, 512 keys x 32 rows, do
-// not shrink, so a small plan would leave SMs idle that mma.sync's smaller CTAs fill).
-bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma, bool full_grid) {
+// index keys, 3 or 4 heads), and chosen: forced, or automatically where it measured faster
+// (kSelectWarpgroupMinRows' note): a batch whose rows take several waves of the workspace
+// (multi_wave) and whose every request fills a CTA's 32 rows, on a grid where the mma.sync
+// scorer keeps its full CTAs (full_grid: the warpgroup scorer's 512-key x 32-row CTAs do
+// not shrink for small plans).
+bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma, bool full_grid,
+                              bool multi_wave) {
   return mma != SelectScorerMma::kSync && p.index_dim == kWgScoreDim && p.index_heads >= 3 &&
          p.index_heads <= kWgScoreHeads &&
          (mma == SelectScorerMma::kWarpgroup ||
-          (full_grid && p.min_request_rows >= kSelectWarpgroupMinRows));
+          (full_grid && multi_wave && p.min_request_rows >= kSelectWarpgroupMinRows));
 }
 
 template <bool kFp8>
@@ -924,7 +925,8 @@ template <bool kFp8>
 bool launch_score_rows(const SelectParams& p, SelectScorerMma mma, int64_t chunks, int rows,
                        int row0, int wave, int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
                        bool programmatic, cudaStream_t stream) {
-  if (score_rows_on_warpgroups(p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta)) {
+  if (score_rows_on_warpgroups(p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta,
+                               p.batch_rows > wave)) {
     launch_score_rows_wgmma<kFp8>(p, rows, row0, wave, stride, inv_sqrt_dim, programmatic, stream);
     return true;
   }

@@ -13,8 +13,8 @@
 // so each k-step holds the dims that the mma.sync scorers' k-step holds in the same
 // columns, and each (row, key) dot product is the same 8-step FP32 accumulation from zero,
 // which the warpgroup MMA computes to the same bits as mma.sync (measured on an H200 with
-// both operands in shared memory, docs/perf.md runs 37-38; tools/mma_bits.cu's kinds 5-6
-// measure this form, A from registers). The accumulator layout per warp is
+// both operands in shared memory, docs/perf.md runs 37-38, and in this form, A from
+// registers: tools/mma_bits.cu's kinds 5-6, run 39). The accumulator layout per warp is
 // mma.sync's (warp w: keys 16w + g and 16w + g + 8; n-tile j: columns 8j .. 8j + 7 = rows
 // 2j, 2j + 1 x 4 heads), so the head sum, the scale and the store are
 // select_score_rows_kernel's, in the same order.
@@ -43,10 +43,14 @@ constexpr int kWgScoreDim = 128;        // index dims: K (two 64-dim atoms)
 constexpr int kWgScoreThreads = 128;    // one warpgroup
 constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per CTA (32 16-key subtiles: tile_pages)
 constexpr int kWgScoreHeads = 4;        // (row, head) columns per row
-// The automatic choice takes this scorer when every request of the batch has this many rows
-// or more (half a CTA's 32 rows): batches of prefill chunks, not verify or decode rows. A
-// first guess, not measured yet against mma.sync between 4 and 8,192 rows a request.
-constexpr int kSelectWarpgroupMinRows = 16;
+// The automatic choice takes this scorer only for batches whose rows take more than one
+// wave of the workspace (select_rows_per_wave: 4,096 rows at 32K, 1,024 at 128K) and whose
+// every request has a CTA's full 32 rows or more. H200, docs/perf.md run 39, every
+// selection bench row against both forced scorers: 8,192 prefill rows (2 waves at 32K, 8
+// at 128K) 2-12% less selection time; one wave (2,048 rows at 32K, 2 x 512 at 8K, 8 x 32
+// at 32K) equal or up to 14% slower; requests of 16 rows (two runs per CTA) 33-75% slower,
+// of 8-12 rows ~1.6-2.2x.
+constexpr int kSelectWarpgroupMinRows = kWgScoreRows;
 
 // Dynamic shared memory, byte offsets from a 1024-byte boundary (atoms start on one).
 struct WgScoreSmem {

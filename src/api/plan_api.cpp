@@ -291,6 +291,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     p.max_blocks = c.max_model_len / c.compress_ratio;
     p.rows_share_requests = plan->max_request_rows > 1;
     p.min_request_rows = plan->min_request_rows;
+    p.batch_rows = plan->num_rows;
     cache->context->backend->select_topk(p, stream);
   });
 }

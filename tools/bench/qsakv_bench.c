@@ -1197,7 +1197,8 @@ static void usage(FILE* f, const char* argv0) {
       "  --e4m3-only          the decode table without its software-decoder and FP16 columns\n"
       "  --splits N           the decode table's plans take N splits\n"
       "  --select-only        no decode table, no store\n"
-      "  --select-cases LIST  only these selection cases (indices; 15: prefill 2048 at 32K)\n"
+      "  --select-cases LIST  only these selection cases (indices; 15: prefill 2048 at 32K,\n"
+      "                       16-22: the rows-per-request sweep)\n"
       "  --select-stages      the scoring kernels alone on the decode rows too (always on the\n"
       "                       verify and prefill rows; the top-k column is the rest)\n"
       "  --index-keys K       the selection table with FP16 or E4M3 index keys, or both (default)\n"
@@ -1650,12 +1651,32 @@ int main(int argc, char** argv) {
     int requests, rows_per_request, seq;
   } sel_case;
   const sel_case cases[] = {
-      {"decode", 1, 1, 32768},     {"decode", 8, 1, 32768},     {"decode", 64, 1, 32768},
-      {"decode", 256, 1, 32768},   {"decode", 1, 1, 131072},    {"decode", 8, 1, 131072},
-      {"decode", 64, 1, 131072},   {"decode", 256, 1, 131072},  {"decode", 1, 1, 262144},
-      {"decode", 8, 1, 262144},    {"decode", 64, 1, 262144},   {"decode", 256, 1, 262144},
-      {"verify", 64, 4, 131072},   {"prefill", 1, 8192, 32768}, {"prefill", 1, 8192, 131072},
+      {"decode", 1, 1, 32768},
+      {"decode", 8, 1, 32768},
+      {"decode", 64, 1, 32768},
+      {"decode", 256, 1, 32768},
+      {"decode", 1, 1, 131072},
+      {"decode", 8, 1, 131072},
+      {"decode", 64, 1, 131072},
+      {"decode", 256, 1, 131072},
+      {"decode", 1, 1, 262144},
+      {"decode", 8, 1, 262144},
+      {"decode", 64, 1, 262144},
+      {"decode", 256, 1, 262144},
+      {"verify", 64, 4, 131072},
+      {"prefill", 1, 8192, 32768},
+      {"prefill", 1, 8192, 131072},
       {"prefill", 1, 2048, 32768},
+      /* 16-22: rows per request around the automatic choice of the multi-row scorer's MMA
+       * (docs/perf.md run 39), all one wave: 16 rows (one request: a plan too small for full
+       * CTAs; 4 and 16 requests), 32, 512 at 8K, and fewer than 16 (8 and 12). */
+      {"prefill", 1, 16, 32768},
+      {"prefill", 4, 16, 32768},
+      {"prefill", 16, 16, 131072},
+      {"prefill", 8, 32, 32768},
+      {"prefill", 2, 512, 8192},
+      {"verify", 32, 8, 131072},
+      {"prefill", 8, 12, 32768},
   };
   /* The scoring kernels alone, through a context made with QSAKV_SELECT_STAGES=score (the
    * library reads it at context creation): the top-k column is the whole call's time less
