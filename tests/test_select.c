@@ -337,10 +337,10 @@ static void unmap_page(tu_world* w, int r, int page) {
 /* Long and short contexts (1 token to 256K), decode and verify rows, a 37-row chunk (row
  * blocks of the multi-row route hold several requests), an unmapped page. */
 static const tu_shape kContractShape = {6, {1, 2, 1, 3, 1, 37}, {1, 5, 262144, 70001, 2051, 9000}};
-/* A batch of prefill chunks alone (every request 16+ rows, as in a prefill step, where the
- * automatic choice takes the warpgroup scorer on an SM 9.0 GPU): the 40-row chunk across
- * the mma.sync scorer's 16-row blocks and the warpgroup scorer's 32-row ones, the next
- * chunk starting in its last block. */
+/* A batch of prefill chunks alone (every request 16+ rows, as in a prefill step): the
+ * 40-row chunk across the mma.sync scorer's 16-row blocks and the warpgroup scorer's 32-row
+ * ones (test_select_warpgroup_scorer_cuda forces it), the next chunk starting in its last
+ * block. */
 static const tu_shape kPrefillShape = {2, {40, 24}, {70001, 5000}};
 static const tu_shape* const kContractShapes[2] = {&kContractShape, &kPrefillShape};
 

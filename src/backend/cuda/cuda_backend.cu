@@ -264,7 +264,7 @@ class CudaBackend final : public Backend {
   // warpgroup MMA for large batches of groups).
   MmaChoice grouped_mma_;
   // The multi-row scorer's MMA (QSAKV_SELECT_MMA): kSync where the warpgroup scorer is not
-  // available, else as asked (kAuto by the rows per request).
+  // available, else as asked (kAuto: large prefill batches, select.cu).
   cuda::SelectScorerMma select_mma_;
   bool select_score_only_;  // QSAKV_SELECT_STAGES=score (kernel_tier.hpp)
   // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
