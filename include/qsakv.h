@@ -681,6 +681,42 @@ QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t l
                                                    const void* keys, const int64_t* slot_mapping,
                                                    int64_t num_keys, qsakv_stream_t stream);
 
+/* One step's stores of `layer` together: the K/V of qsakv_store_kv, the raw index keys of
+ * qsakv_store_index_keys and the compressed keys of qsakv_store_compressed_keys, each part
+ * with that call's arguments, checks and effects; a part whose count is 0 is skipped and
+ * its pointers are not read. Every part is checked before anything is enqueued, so a
+ * refused call stores nothing. The parts write disjoint memory. On the GPU they take one
+ * kernel launch instead of three (a K/V part too large for one launch, e.g. a long
+ * prefill's, takes its own). Async on `stream`; run: no allocation, no synchronisation,
+ * capturable. */
+#define QSAKV_STEP_STORES_VERSION 1
+typedef struct qsakv_step_stores {
+  size_t struct_size;
+  uint32_t version;
+  /* qsakv_store_kv's k, v, slot_mapping and num_tokens */
+  const void* k;
+  const void* v;
+  const int64_t* kv_slot_mapping;
+  int64_t num_tokens;
+  /* qsakv_store_index_keys' keys, request_slots, positions and num_tokens */
+  const void* index_keys;
+  const int32_t* index_request_slots;
+  const int64_t* index_positions;
+  int64_t num_index_keys;
+  /* qsakv_store_compressed_keys' keys, slot_mapping and num_keys */
+  const void* compressed_keys;
+  const int64_t* compressed_slot_mapping;
+  int64_t num_compressed_keys;
+} qsakv_step_stores;
+/* struct_size and version set, every part empty. */
+#define QSAKV_STEP_STORES_INIT                                                                   \
+  {                                                                                              \
+    sizeof(qsakv_step_stores), QSAKV_STEP_STORES_VERSION, NULL, NULL, NULL, 0, NULL, NULL, NULL, \
+        0, NULL, NULL, 0                                                                         \
+  }
+QSAKV_API qsakv_status qsakv_store_step(qsakv_cache* cache, int32_t layer,
+                                        const qsakv_step_stores* stores, qsakv_stream_t stream);
+
 /* ---------------------------------------------------------------------------------- */
 /* Plan: a batch's metadata, made on the host, consumed by select and attention         */
 /* ---------------------------------------------------------------------------------- */

@@ -98,6 +98,15 @@ struct StoreRowsParams {
   int32_t max_requests;
 };
 
+// One step's stores of a layer (qsakv_store_step): each part as its own call's params,
+// `has_*` false where the step has none of it.
+struct StoreStepParams {
+  StoreKvParams kv;
+  StoreRowsParams ring;
+  StoreCompressedParams compressed;
+  bool has_kv, has_ring, has_compressed;
+};
+
 // Batch metadata a plan keeps in device memory, rewritten by each update.
 // One buffer: this header, then row_request[max_rows], row_pos[max_rows],
 // row_group[max_rows], req_len[max_requests], req_slot[max_requests],

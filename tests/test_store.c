@@ -489,6 +489,241 @@ static void test_cuda_e4m3_index_keys_every_fp16(void** state) {
   qsakv_context_destroy(gpu);
 }
 
+/* ---- qsakv_store_step --------------------------------------------------------------- */
+
+/* A layer's three buffers, poisoned (0xA5) before a store and read back after it. */
+typedef struct {
+  uint8_t *kv, *ring, *comp;
+} layer_bytes;
+
+static void poison_layer(store_world* w, int layer) {
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  TU_OK(qsakv_cache_get_layer_buffers(w->cache, layer, &lb));
+  void* const dst[3] = {lb.kv, lb.ring_keys, lb.compressed_keys};
+  const uint64_t bytes[3] = {w->L.kv_bytes_per_layer, w->L.ring_bytes_per_layer,
+                             w->L.compressed_bytes_per_layer};
+  for (int b = 0; b < 3; ++b) {
+    void* poison = tu_device_filled(w->ctx, bytes[b], 0xA5);
+    TU_OK(qsakv_memcpy(w->ctx, dst[b], poison, bytes[b], QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+    qsakv_free(w->ctx, poison);
+  }
+}
+
+static layer_bytes read_layer(store_world* w, int layer) {
+  qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+  TU_OK(qsakv_cache_get_layer_buffers(w->cache, layer, &lb));
+  layer_bytes out = {malloc(w->L.kv_bytes_per_layer), malloc(w->L.ring_bytes_per_layer),
+                     malloc(w->L.compressed_bytes_per_layer)};
+  tu_to_host(w->ctx, out.kv, lb.kv, w->L.kv_bytes_per_layer);
+  tu_to_host(w->ctx, out.ring, lb.ring_keys, w->L.ring_bytes_per_layer);
+  tu_to_host(w->ctx, out.comp, lb.compressed_keys, w->L.compressed_bytes_per_layer);
+  return out;
+}
+
+static void free_layer(layer_bytes* b) {
+  free(b->kv);
+  free(b->ring);
+  free(b->comp);
+}
+
+static void expect_same_layer(const store_world* w, const layer_bytes* a, const layer_bytes* b,
+                              const char* what) {
+  if (memcmp(a->kv, b->kv, w->L.kv_bytes_per_layer) != 0) fail_msg("%s: K/V bytes differ", what);
+  if (memcmp(a->ring, b->ring, w->L.ring_bytes_per_layer) != 0)
+    fail_msg("%s: ring bytes differ", what);
+  if (memcmp(a->comp, b->comp, w->L.compressed_bytes_per_layer) != 0)
+    fail_msg("%s: compressed-key bytes differ", what);
+}
+
+/* A cache for the step tests: `kv` main cache, `index_keys` compressed keys (scales 0.75
+ * and 1.5 where E4M3). */
+static void make_step_world(store_world* w, qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
+                            qsakv_dtype index_keys) {
+  memset(w, 0, sizeof *w);
+  w->ctx = ctx;
+  qsakv_model_config c;
+  tu_small_config(&c, 8, 2, 128, act, kv, 16);
+  c.index_key_dtype = index_keys;
+  if (kv == QSAKV_DTYPE_E4M3) {
+    float k[2] = {0.75f, 0.75f}, v[2] = {1.5f, 1.5f};
+    w->ov = tu_make_overlay(&c, k, v);
+  }
+  qsakv_cache_options o;
+  TU_OK(qsakv_cache_options_init(&o));
+  o.num_blocks = 40;
+  TU_OK(qsakv_cache_create(&w->cache, ctx, &c, w->ov, &o));
+  w->L.struct_size = sizeof w->L;
+  TU_OK(qsakv_cache_get_layout(w->cache, &w->L));
+}
+
+/* A step's host inputs: n tokens of K/V with their slots (specials, -1 slots), n index
+ * keys (make_index_keys: zero, NaN, inf, subnormal keys...), ring places naming every
+ * (request, pos % 4) at most once and compressed entries once each (the GPU's order among
+ * duplicates is not defined). */
+enum { kStepTokens = 48 };
+typedef struct {
+  uint16_t *k, *v, *keys;
+  int64_t* slots;
+  int32_t req[kStepTokens];
+  int64_t pos[kStepTokens], cslots[kStepTokens];
+} step_inputs;
+
+static void make_step_inputs(step_inputs* in, qsakv_dtype act) {
+  make_inputs(kStepTokens, 40 * 16, act, &in->k, &in->v, &in->slots);
+  in->keys = malloc(2 * (size_t)kStepTokens * 128);
+  make_index_keys(in->keys, kStepTokens);
+  for (int i = 0; i < kStepTokens; ++i) {
+    in->req[i] = i % 8;
+    in->pos[i] = i < 32 ? 200 + i / 8 : -1;
+    in->cslots[i] = i == 11 ? -1 : (int64_t)(i * 4 + tu_int(0, 3)); /* entry i, any token */
+  }
+}
+
+static void free_step_inputs(step_inputs* in) {
+  free(in->k);
+  free(in->v);
+  free(in->keys);
+  free(in->slots);
+}
+
+/* qsakv_store_step against the three calls it stands for: the same bytes in all three
+ * buffers of the layer (poisoned first), with every part and with parts left out (whose
+ * buffers keep the poison). Returns the bytes of the step with every part. */
+static layer_bytes check_step_stores(qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
+                                     qsakv_dtype index_keys, const step_inputs* in) {
+  const int n = kStepTokens, layer = 7;
+  const size_t kv_bytes = (size_t)n * 2 * 128 * 2;
+  void* dk = tu_to_device(ctx, in->k, kv_bytes);
+  void* dv = tu_to_device(ctx, in->v, kv_bytes);
+  void* ds = tu_to_device(ctx, in->slots, 8 * (size_t)n);
+  void* dkeys = tu_to_device(ctx, in->keys, 2 * (size_t)n * 128);
+  void* dreq = tu_to_device(ctx, in->req, sizeof in->req);
+  void* dpos = tu_to_device(ctx, in->pos, sizeof in->pos);
+  void* dcs = tu_to_device(ctx, in->cslots, sizeof in->cslots);
+  layer_bytes all = {NULL, NULL, NULL};
+  for (int parts = 1; parts < 8; ++parts) { /* bit 0: K/V, 1: ring, 2: compressed */
+    store_world calls, step;
+    make_step_world(&calls, ctx, act, kv, index_keys);
+    make_step_world(&step, ctx, act, kv, index_keys);
+    poison_layer(&calls, layer);
+    poison_layer(&step, layer);
+    if (parts & 1) TU_OK(qsakv_store_kv(calls.cache, layer, dk, dv, ds, n, NULL));
+    if (parts & 2) TU_OK(qsakv_store_index_keys(calls.cache, layer, dkeys, dreq, dpos, n, NULL));
+    if (parts & 4) TU_OK(qsakv_store_compressed_keys(calls.cache, layer, dkeys, dcs, n, NULL));
+    qsakv_step_stores st = QSAKV_STEP_STORES_INIT;
+    if (parts & 1) {
+      st.k = dk;
+      st.v = dv;
+      st.kv_slot_mapping = ds;
+      st.num_tokens = n;
+    }
+    if (parts & 2) {
+      st.index_keys = dkeys;
+      st.index_request_slots = dreq;
+      st.index_positions = dpos;
+      st.num_index_keys = n;
+    }
+    if (parts & 4) {
+      st.compressed_keys = dkeys;
+      st.compressed_slot_mapping = dcs;
+      st.num_compressed_keys = n;
+    }
+    TU_OK(qsakv_store_step(step.cache, layer, &st, NULL));
+    layer_bytes a = read_layer(&calls, layer), b = read_layer(&step, layer);
+    char what[64];
+    snprintf(what, sizeof what, "store_step (parts %d) vs the calls", parts);
+    expect_same_layer(&calls, &a, &b, what);
+    if (parts == 7)
+      all = a;
+    else
+      free_layer(&a);
+    free_layer(&b);
+    free_world(&calls);
+    free_world(&step);
+  }
+  qsakv_free(ctx, dk);
+  qsakv_free(ctx, dv);
+  qsakv_free(ctx, ds);
+  qsakv_free(ctx, dkeys);
+  qsakv_free(ctx, dreq);
+  qsakv_free(ctx, dpos);
+  qsakv_free(ctx, dcs);
+  return all;
+}
+
+/* On the CPU backend, and on a GPU against the CPU's bytes: E4M3 K/V from FP16 with E4M3
+ * index keys, E4M3 from BF16 with FP16 keys, FP16 with FP16 keys. */
+static void test_store_step(void** state) {
+  (void)state;
+  const qsakv_dtype kinds[3][3] = {{QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_E4M3},
+                                   {QSAKV_DTYPE_BF16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16},
+                                   {QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16}};
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  for (int i = 0; i < 3; ++i) {
+    step_inputs in;
+    make_step_inputs(&in, kinds[i][0]);
+    layer_bytes on_cpu = check_step_stores(cpu, kinds[i][0], kinds[i][1], kinds[i][2], &in);
+    if (gpu) {
+      layer_bytes on_gpu = check_step_stores(gpu, kinds[i][0], kinds[i][1], kinds[i][2], &in);
+      store_world w;
+      make_step_world(&w, cpu, kinds[i][0], kinds[i][1], kinds[i][2]);
+      expect_same_layer(&w, &on_cpu, &on_gpu, "store_step, cuda vs cpu");
+      free_world(&w);
+      free_layer(&on_gpu);
+    }
+    free_layer(&on_cpu);
+    free_step_inputs(&in);
+  }
+  if (!gpu) print_message("[ SKIP part] store_step on a GPU: no GPU\n");
+  print_message("store_step: the three calls' bytes, every combination of parts, %s\n",
+                gpu ? "CPU and CUDA" : "CPU");
+  if (gpu) qsakv_context_destroy(gpu);
+  qsakv_context_destroy(cpu);
+}
+
+/* qsakv_store_step refuses a bad struct or part before storing anything: the K/V part of
+ * a call whose ring part is bad leaves the cache as it was. */
+static void test_store_step_errors(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  store_world w;
+  make_step_world(&w, ctx, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16);
+  uint16_t k[256], keys[128];
+  for (int i = 0; i < 256; ++i) k[i] = 0x3C00;
+  for (int i = 0; i < 128; ++i) keys[i] = 0x3C00;
+  int64_t s[1] = {0};
+  int32_t r[1] = {0};
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, NULL, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  qsakv_step_stores st = QSAKV_STEP_STORES_INIT;
+  st.version = 0;
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "stores.version"));
+  st = (qsakv_step_stores)QSAKV_STEP_STORES_INIT;
+  TU_OK(qsakv_store_step(w.cache, 7, &st, NULL)); /* every part empty: nothing to do */
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 4, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  poison_layer(&w, 7);
+  st.k = k;
+  st.v = k;
+  st.kv_slot_mapping = s;
+  st.num_tokens = 1;
+  st.index_keys = keys;
+  st.index_request_slots = r;
+  st.num_index_keys = 1; /* index_positions left NULL */
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "stores.index_positions"));
+  st.num_index_keys = -1;
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "stores.num_index_keys"));
+  layer_bytes after = read_layer(&w, 7);
+  for (uint64_t i = 0; i < w.L.kv_bytes_per_layer; ++i)
+    if (after.kv[i] != 0xA5)
+      fail_msg("a refused store_step wrote K/V byte %llu", (unsigned long long)i);
+  free_layer(&after);
+  free_world(&w);
+  qsakv_context_destroy(ctx);
+}
+
 static void test_store_errors(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
@@ -516,6 +751,8 @@ int main(void) {
       cmocka_unit_test(test_e4m3_index_key_store),
       cmocka_unit_test(test_cuda_e4m3_index_keys_every_fp16),
       cmocka_unit_test(test_store_errors),
+      cmocka_unit_test(test_store_step),
+      cmocka_unit_test(test_store_step_errors),
   };
   tu_apply_filter();
   return cmocka_run_group_tests_name("store", tests, NULL, NULL);

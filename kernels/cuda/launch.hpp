@@ -52,6 +52,10 @@ void launch_store_ring(const StoreRowsParams& p, int sm_count, bool programmatic
                        cudaStream_t stream);
 void launch_store_compressed(const StoreCompressedParams& p, int sm_count, bool programmatic,
                              cudaStream_t stream);
+// The three in one launch (store_step_kernel); false, launching nothing, for a K/V part too
+// large for one launch's 32-bit thread indices (the caller then makes the three launches).
+bool launch_store_step(const StoreStepParams& p, bool fp8_instructions, int sm_count,
+                       bool programmatic, cudaStream_t stream);
 // hardware_decoder: use the FP8 conversion instructions (SM89+) for E4M3 caches. simt:
 // the SM70 tier (CUDA-core FP32, decode_attention_simt.cuh), same semantics.
 // ring_sms: the GPU's SM count where the copy ring is routed (SM90+, where it was

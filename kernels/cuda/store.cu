@@ -14,13 +14,19 @@ int grid_for(int64_t work, int sm_count) {
   const int64_t cap = static_cast<int64_t>(sm_count) * 8;  // enough to fill the GPU
   return static_cast<int>(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
 }
+// Threads of a K/V store per token (one per run of K or V); a store's thread indices stay
+// within 32 bits (launch_store_kv splits larger stores; launch_store_step does not fuse them).
+int64_t store_kv_threads_per_token(const StoreKvParams& p) {
+  const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
+  const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
+  return 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));
+}
 }  // namespace
 
 void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, bool programmatic,
                      cudaStream_t stream) {
   const bool fp8 = p.cache.dtype == QSAKV_DTYPE_E4M3;
-  const int chunks = fp8 ? store_chunks<true>() : store_chunks<false>();
-  const int64_t per_token = 2 * (p.cache.kv_heads * p.cache.head_dim / (8 * chunks));
+  const int64_t per_token = store_kv_threads_per_token(p);
   const bool bf16 = p.act_dtype == QSAKV_DTYPE_BF16;
   // Pieces small enough for 32-bit thread indices.
   const int64_t max_tokens = (int64_t{1} << 30) / per_token;
@@ -44,6 +50,37 @@ void launch_store_kv(const StoreKvParams& p, bool fp8_instructions, bool program
       launch_kernel(programmatic, store_kv_kernel<__half, false>, grid, 256, 0, stream, p, begin,
                     total);  // a bit copy
   }
+}
+
+bool launch_store_step(const StoreStepParams& p, bool fp8_instructions, int sm_count,
+                       bool programmatic, cudaStream_t stream) {
+  const int64_t kv_threads = p.has_kv ? p.kv.num_tokens * store_kv_threads_per_token(p.kv) : 0;
+  if (kv_threads >= (int64_t{1} << 30)) return false;  // a prefill's worth: separate launches
+  const uint32_t kv_total = static_cast<uint32_t>(kv_threads);
+  const unsigned kv_blocks = (kv_total + 255) / 256;
+  const unsigned ring_blocks =
+      p.has_ring ? grid_for(p.ring.num_rows * (p.ring.row_elems / 8), sm_count) : 0;
+  const unsigned compressed_blocks =
+      p.has_compressed ? grid_for(p.compressed.num_keys * 32, sm_count) : 0;
+  const unsigned grid = kv_blocks + ring_blocks + compressed_blocks;
+  if (grid == 0) return true;
+  const bool fp8 = p.has_kv && p.kv.cache.dtype == QSAKV_DTYPE_E4M3;
+  const bool bf16 = p.has_kv && p.kv.act_dtype == QSAKV_DTYPE_BF16;
+  // The K/V part's variants, as launch_store_kv picks them (any one without a K/V part).
+  auto launch = [&](auto kernel) {
+    launch_kernel(programmatic, kernel, grid, 256, 0, stream, p, kv_total, kv_blocks, ring_blocks);
+  };
+  if (fp8 && !fp8_instructions && bf16)
+    launch(store_step_kernel<__nv_bfloat16, true, false>);
+  else if (fp8 && !fp8_instructions)
+    launch(store_step_kernel<__half, true, false>);
+  else if (fp8 && bf16)
+    launch(store_step_kernel<__nv_bfloat16, true>);
+  else if (fp8)
+    launch(store_step_kernel<__half, true>);
+  else
+    launch(store_step_kernel<__half, false>);
+  return true;
 }
 
 bool dependent_launch_compiled() {

@@ -130,15 +130,15 @@ __host__ __device__ constexpr int store_chunks() {
   return kFp8 ? 4 : 1;
 }
 
-template <class Act, bool kFp8, bool kCvt = true>
-__global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
-  wait_for_predecessors();  // dependent_launch.cuh
-  allow_dependents();
+// Thread i (< total) of a K/V store of the tokens from token_begin: one run of one token's
+// K or V (store_kv_kernel, store_step_kernel).
+template <class Act, bool kFp8, bool kCvt>
+__device__ __forceinline__ void store_kv_thread(const StoreKvParams& p, int64_t token_begin,
+                                                uint32_t total, uint32_t i) {
   constexpr int kStoreChunks = store_chunks<kFp8>();
   const KvCacheView c = p.cache;
   const uint32_t row = static_cast<uint32_t>(c.kv_heads * c.head_dim);
   const uint32_t runs = row / (8 * kStoreChunks);
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const uint32_t run = i % runs;
   const int kv = static_cast<int>((i / runs) & 1u);
@@ -194,14 +194,20 @@ __global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint
   }
 }
 
-// Row scatter of FP16 index keys into the raw ring: 16 bytes per thread.
-__global__ void store_ring_kernel(const StoreRowsParams p) {
-  wait_for_predecessors();
+template <class Act, bool kFp8, bool kCvt = true>
+__global__ void store_kv_kernel(const StoreKvParams p, int64_t token_begin, uint32_t total) {
+  wait_for_predecessors();  // dependent_launch.cuh
   allow_dependents();
+  store_kv_thread<Act, kFp8, kCvt>(p, token_begin, total, blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+// Row scatter of FP16 index keys into the raw ring, 16 bytes per thread: thread `first` of
+// `threads` (a grid stride; store_ring_kernel, store_step_kernel).
+__device__ __forceinline__ void store_ring_threads(const StoreRowsParams& p, int64_t first,
+                                                   int64_t threads) {
   const int chunks = p.row_elems / 8;
   const int64_t total = p.num_rows * chunks;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = first; i < total; i += threads) {
     const int64_t r = i / chunks;
     const int chunk = static_cast<int>(i % chunks);
     const int32_t req = __ldg(p.request_slots + r);
@@ -213,22 +219,28 @@ __global__ void store_ring_kernel(const StoreRowsParams p) {
   }
 }
 
+__global__ void store_ring_kernel(const StoreRowsParams p) {
+  wait_for_predecessors();
+  allow_dependents();
+  store_ring_threads(p, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                     static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
 // Compressed index keys into their pages, one warp per key, 8 values (16 input bytes) per
 // lane and step. FP16: a copy. E4M3 (kFp8): the warp's max |x| gives the key's scale
 // (e4m3::key_scale), then each value is quantised with the IEEE division, exactly as the
 // CPU backend does (e4m3::key_code): these keys are 1 per compress_ratio tokens, so the
-// division's cost does not show.
+// division's cost does not show. Thread `first` of `threads` (whole warps; a grid stride
+// of warps: store_compressed_kernel, store_step_kernel).
 template <bool kFp8>
-__global__ void store_compressed_kernel(const StoreCompressedParams p) {
-  wait_for_predecessors();
-  allow_dependents();
+__device__ __forceinline__ void store_compressed_threads(const StoreCompressedParams& p,
+                                                         int64_t first, int64_t threads) {
   const CompressedKeysView& c = p.cache;
   const int lane = threadIdx.x & 31;
   const int chunks = c.dim / 8;
   const int64_t entries = c.num_blocks * c.keys_per_block;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-       i < p.num_keys; i += warps) {  // warp-uniform
+  const int64_t warps = threads / 32;
+  for (int64_t i = first / 32; i < p.num_keys; i += warps) {  // warp-uniform
     const int64_t slot = __ldg(p.slot_mapping + i);
     if (slot < 0) continue;
     const int64_t entry = slot / p.compress_ratio;
@@ -272,6 +284,44 @@ __global__ void store_compressed_kernel(const StoreCompressedParams p) {
       if (lane == 0) *a.scale = scale;
     }
   }
+}
+
+template <bool kFp8>
+__global__ void store_compressed_kernel(const StoreCompressedParams p) {
+  wait_for_predecessors();
+  allow_dependents();
+  store_compressed_threads<kFp8>(p, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                                 static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+// A step's three stores in one launch (qsakv_store_step): the grid's first kv_blocks CTAs
+// store K/V (as store_kv_kernel with token_begin 0), the next ring_blocks the raw index
+// keys (as store_ring_kernel), the rest the compressed keys (as store_compressed_kernel).
+// The parts write disjoint memory; each CTA takes one part, so the parts' code paths stay
+// those of their own kernels, and the launch latency is paid once instead of three times.
+template <class Act, bool kFp8, bool kCvt = true>
+__global__ void store_step_kernel(const StoreStepParams p, uint32_t kv_total, unsigned kv_blocks,
+                                  unsigned ring_blocks) {
+  wait_for_predecessors();
+  allow_dependents();
+  unsigned b = blockIdx.x;
+  if (b < kv_blocks) {
+    store_kv_thread<Act, kFp8, kCvt>(p.kv, 0, kv_total, b * blockDim.x + threadIdx.x);
+    return;
+  }
+  b -= kv_blocks;
+  if (b < ring_blocks) {
+    store_ring_threads(p.ring, b * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                       static_cast<int64_t>(ring_blocks) * blockDim.x);
+    return;
+  }
+  b -= ring_blocks;
+  const int64_t first = b * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x - kv_blocks - ring_blocks) * blockDim.x;
+  if (p.compressed.cache.dtype == QSAKV_DTYPE_E4M3)  // CTA-uniform
+    store_compressed_threads<true>(p.compressed, first, threads);
+  else
+    store_compressed_threads<false>(p.compressed, first, threads);
 }
 
 }  // namespace cuda

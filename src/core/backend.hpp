@@ -68,6 +68,13 @@ class Backend {
   virtual void store_kv(const StoreKvParams& p, qsakv_stream_t stream) = 0;
   virtual void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) = 0;
   virtual void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) = 0;
+  // A step's stores together (qsakv_store_step): the parts present, as the calls above. A
+  // backend that can do it in fewer launches overrides this.
+  virtual void store_step(const StoreStepParams& p, qsakv_stream_t stream) {
+    if (p.has_kv) store_kv(p.kv, stream);
+    if (p.has_ring) store_ring(p.ring, stream);
+    if (p.has_compressed) store_compressed(p.compressed, stream);
+  }
   virtual void select_topk(const SelectParams& p, qsakv_stream_t stream) = 0;
   virtual void attention(const AttentionParams& p, qsakv_stream_t stream) = 0;
 

@@ -199,6 +199,21 @@ class CudaBackend final : public Backend {
                                   stream);
     check_launch("store_compressed_keys kernel launch");
   }
+  void store_step(const StoreStepParams& p, qsakv_stream_t stream) override {
+    if (p.has_kv) {
+      require_aligned(p.kv.k, "k");
+      require_aligned(p.kv.v, "v");
+    }
+    if (p.has_ring) require_aligned(p.ring.src, "index_keys");
+    if (p.has_compressed) require_aligned(p.compressed.src, "compressed_keys");
+    DeviceGuard g(info_.device);
+    if (!cuda::launch_store_step(p, !sm70_tier(), info_.multiprocessor_count,
+                                 programmatic(kDependentStore), stream)) {
+      Backend::store_step(p, stream);  // a K/V part too large for one launch
+      return;
+    }
+    check_launch("store_step kernel launch");
+  }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
     if (!cuda::select_supports(p.index_heads, p.index_dim, p.topk_blocks))
       fail(QSAKV_ERROR_UNSUPPORTED,
