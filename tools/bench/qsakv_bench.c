@@ -955,12 +955,16 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
  * step (one graph of the five calls: one call L2 flushed, and a graph of kStepCalls steps
  * back to back, per step). */
 enum { kStepStages = 5, kStepCalls = 8 };
+/* step_stage's pseudo-stage: stages 0-2 as one qsakv_store_step. */
+enum { kStepFusedStores = 100 };
 static const char* const kStepStageNames[kStepStages] = {"store_kv", "store_ring", "store_ckey",
                                                          "select", "attention"};
 typedef struct {
   double stage_us[kStepStages]; /* each alone, one call, L2 flushed */
   double step_us;               /* the whole step, one call, L2 flushed */
   double step_graph_us;         /* per step, a graph of kStepCalls steps */
+  /* The same with the three stores as one qsakv_store_step: alone, the step, per step. */
+  double stores_fused_us, step_fused_us, step_fused_graph_us;
 } step_timing;
 
 typedef struct {
@@ -989,6 +993,22 @@ static void step_stage(const step_args* a, int stage, cudaStream_t s) {
     case 3:
       CHECK(qsakv_select_topk(a->plan, a->layer, a->index_q, NULL, 0, st));
       break;
+    case kStepFusedStores: {
+      qsakv_step_stores ss = QSAKV_STEP_STORES_INIT;
+      ss.k = a->k;
+      ss.v = a->v;
+      ss.kv_slot_mapping = a->slots;
+      ss.num_tokens = a->rows;
+      ss.index_keys = a->ring_keys;
+      ss.index_request_slots = a->request_slots;
+      ss.index_positions = a->positions;
+      ss.num_index_keys = a->rows;
+      ss.compressed_keys = a->ckeys;
+      ss.compressed_slot_mapping = a->slots;
+      ss.num_compressed_keys = a->rows;
+      CHECK(qsakv_store_step(a->cache, a->layer, &ss, st));
+      break;
+    }
     default:
       CHECK(qsakv_attention_run(a->plan, a->layer, QSAKV_ATTENTION_SPARSE, a->q, NULL, 0, a->out,
                                 st));
@@ -1108,6 +1128,17 @@ static step_timing time_decode_step(qsakv_context* ctx, qsakv_dtype kv, qsakv_dt
   for (int k = 0; k < kStepCalls; ++k)
     for (int st = 0; st < kStepStages; ++st) step_stage(&a, st, s);
   t.step_graph_us = end_capture_and_time_ex(s, reps, 0) * 1e3 / kStepCalls;
+  const int fused[3] = {kStepFusedStores, 3, 4};
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  step_stage(&a, kStepFusedStores, s);
+  t.stores_fused_us = end_capture_and_time_ex(s, reps, 1) * 1e3;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int st = 0; st < 3; ++st) step_stage(&a, fused[st], s);
+  t.step_fused_us = end_capture_and_time_ex(s, reps, 1) * 1e3;
+  CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int k = 0; k < kStepCalls; ++k)
+    for (int st = 0; st < 3; ++st) step_stage(&a, fused[st], s);
+  t.step_fused_graph_us = end_capture_and_time_ex(s, reps, 0) * 1e3 / kStepCalls;
 
   qsakv_plan_destroy(a.plan);
   qsakv_cache_destroy(a.cache);
@@ -1134,11 +1165,12 @@ static void run_decode_step_table(qsakv_context* ctx, cudaStream_t s, FILE* js) 
       "\ndecode step of one QSA layer (store K/V, raw index key and compressed key of one new "
       "token per row,\nselect, attend; the reference geometry at TP4), us; stages alone and the "
       "whole step one call L2 flushed,\n'graph/step' a graph of %d steps back to back, per "
-      "step\n",
+      "step; '1x': the three stores as one qsakv_store_step\n",
       kStepCalls);
   printf("%5s %5s %7s", "cache", "rows", "context");
   for (int st = 0; st < kStepStages; ++st) printf(" %10s", kStepStageNames[st]);
-  printf(" %10s %10s %10s\n", "stage sum", "step", "graph/step");
+  printf(" %10s %10s %10s %10s %10s %10s\n", "stage sum", "step", "graph/step", "stores 1x",
+         "step 1x", "graph 1x");
   if (js) fprintf(js, ",\n  \"decode_step\": [");
   int printed = 0;
   for (int dt = 0; dt < 2; ++dt)
@@ -1150,14 +1182,19 @@ static void run_decode_step_table(qsakv_context* ctx, cudaStream_t s, FILE* js) 
         for (int st = 0; st < kStepStages; ++st) sum += t.stage_us[st];
         printf("%5s %5d %7d", dt == 0 ? "e4m3" : "fp16", rows_list[ri], seqs[si]);
         for (int st = 0; st < kStepStages; ++st) printf(" %10.2f", t.stage_us[st]);
-        printf(" %10.2f %10.2f %10.2f\n", sum, t.step_us, t.step_graph_us);
+        printf(" %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", sum, t.step_us, t.step_graph_us,
+               t.stores_fused_us, t.step_fused_us, t.step_fused_graph_us);
         if (js) {
           fprintf(js, "%s\n    {\"cache\": \"%s\", \"rows\": %d, \"tokens\": %d",
                   printed++ ? "," : "", dt == 0 ? "e4m3" : "fp16", rows_list[ri], seqs[si]);
           for (int st = 0; st < kStepStages; ++st)
             fprintf(js, ", \"%s_us_l2_flushed\": %.3f", kStepStageNames[st], t.stage_us[st]);
-          fprintf(js, ", \"step_us_l2_flushed\": %.3f, \"step_us_graph\": %.3f}", t.step_us,
-                  t.step_graph_us);
+          fprintf(js,
+                  ", \"step_us_l2_flushed\": %.3f, \"step_us_graph\": %.3f, "
+                  "\"store_step_us_l2_flushed\": %.3f, \"step_store_step_us_l2_flushed\": %.3f, "
+                  "\"step_store_step_us_graph\": %.3f}",
+                  t.step_us, t.step_graph_us, t.stores_fused_us, t.step_fused_us,
+                  t.step_fused_graph_us);
         }
       }
   if (js) fprintf(js, "\n  ]");

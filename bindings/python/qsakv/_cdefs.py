@@ -27,6 +27,7 @@ QSAKV_CACHE_OPTIONS_VERSION = 1
 QSAKV_CACHE_LAYOUT_VERSION = 1
 QSAKV_LAYER_BUFFERS_VERSION = 1
 QSAKV_CACHE_MEMORY_VERSION = 1
+QSAKV_STEP_STORES_VERSION = 1
 QSAKV_PLAN_OPTIONS_VERSION = 2
 QSAKV_BATCH_VERSION = 1
 QSAKV_PLAN_INFO_VERSION = 2
@@ -267,6 +268,10 @@ class qsakv_cache_memory(ctypes.Structure):
     pass
 
 
+class qsakv_step_stores(ctypes.Structure):
+    pass
+
+
 class qsakv_plan_options(ctypes.Structure):
     pass
 
@@ -488,6 +493,22 @@ qsakv_cache_memory._fields_ = [
     ('layers', ctypes.POINTER(qsakv_layer_memory)),
 ]
 
+qsakv_step_stores._fields_ = [
+    ('struct_size', ctypes.c_size_t),
+    ('version', ctypes.c_uint32),
+    ('k', ctypes.c_void_p),
+    ('v', ctypes.c_void_p),
+    ('kv_slot_mapping', ctypes.POINTER(ctypes.c_int64)),
+    ('num_tokens', ctypes.c_int64),
+    ('index_keys', ctypes.c_void_p),
+    ('index_request_slots', ctypes.POINTER(ctypes.c_int32)),
+    ('index_positions', ctypes.POINTER(ctypes.c_int64)),
+    ('num_index_keys', ctypes.c_int64),
+    ('compressed_keys', ctypes.c_void_p),
+    ('compressed_slot_mapping', ctypes.POINTER(ctypes.c_int64)),
+    ('num_compressed_keys', ctypes.c_int64),
+]
+
 qsakv_plan_options._fields_ = [
     ('struct_size', ctypes.c_size_t),
     ('version', ctypes.c_uint32),
@@ -622,6 +643,7 @@ FUNCTIONS = {
     'qsakv_store_kv': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'k', 'v', 'slot_mapping', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_index_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'request_slots', 'positions', 'num_tokens', 'stream', ), 'qsakv_status'),
     'qsakv_store_compressed_keys': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, qsakv_stream_t], ('cache', 'layer', 'keys', 'slot_mapping', 'num_keys', 'stream', ), 'qsakv_status'),
+    'qsakv_store_step': Function(qsakv_status, [ctypes.POINTER(qsakv_cache), ctypes.c_int32, ctypes.POINTER(qsakv_step_stores), qsakv_stream_t], ('cache', 'layer', 'stores', 'stream', ), 'qsakv_status'),
     'qsakv_plan_options_init': Function(qsakv_status, [ctypes.POINTER(qsakv_plan_options)], ('options', ), 'qsakv_status'),
     'qsakv_plan_create': Function(qsakv_status, [ctypes.POINTER(ctypes.POINTER(qsakv_plan)), ctypes.POINTER(qsakv_cache), ctypes.POINTER(qsakv_plan_options)], ('out', 'cache', 'options', ), 'qsakv_status'),
     'qsakv_plan_destroy': Function(None, [ctypes.POINTER(qsakv_plan)], ('plan', ), 'void'),

@@ -392,6 +392,42 @@ class Cache(Handle):
         if status:
             raise_status(status, "qsakv_store_compressed_keys")
 
+    def store_step(self, layer: int, *, k=None, v=None, slot_mapping=None, index_keys=None,
+                   request_slots=None, positions=None, compressed_keys=None,
+                   compressed_slot_mapping=None, stream=None) -> None:
+        """A step's stores together (qsakv_store_step): store_kv's k, v and slot_mapping,
+        store_index_keys' index_keys, request_slots and positions, and
+        store_compressed_keys' compressed_keys and compressed_slot_mapping, each part
+        with that method's arrays and meaning, any part left out (None). Every part is
+        checked before anything is stored; on a GPU the parts take one kernel launch
+        instead of three. Asynchronous on `stream`; capturable."""
+        a = self._addr
+        if not a:
+            self._closed_error()
+        st = _structs.new(_cdefs.qsakv_step_stores)
+        types = dict(st._fields_)
+
+        def part(count, *fields):  # (name, spec, array) in order; the first sets the count
+            n = None
+            for name, spec, array in fields:
+                address, rows = spec.ptr(array) if n is None else spec.ptr(array, n)
+                n = rows if n is None else n
+                setattr(st, name, ctypes.cast(address, types[name]))
+            setattr(st, count, n)
+
+        if k is not None or v is not None or slot_mapping is not None:
+            part("num_tokens", ("k", self._k, k), ("v", self._v, v),
+                 ("kv_slot_mapping", self._slots, slot_mapping))
+        if index_keys is not None or request_slots is not None or positions is not None:
+            part("num_index_keys", ("index_keys", self._keys, index_keys),
+                 ("index_request_slots", self._request_slots, request_slots),
+                 ("index_positions", self._positions, positions))
+        if compressed_keys is not None or compressed_slot_mapping is not None:
+            part("num_compressed_keys", ("compressed_keys", self._keys, compressed_keys),
+                 ("compressed_slot_mapping", self._slots, compressed_slot_mapping))
+        lib.qsakv_store_step(self._p, layer, ctypes.byref(st),
+                             stream_arg(resolve_stream(stream, self._cuda, self._device)))
+
     # -- reading back ------------------------------------------------------------------
     def read_kv(self, layer: int, *, stream=None):
         """A host (NumPy) copy of a layer's main cache, shaped [num_blocks, 2,

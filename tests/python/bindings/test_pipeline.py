@@ -394,3 +394,40 @@ def test_e4m3_index_key_store_matches_ml_dtypes(cpu, small_cfg):
             .max(axis=1) == 448).all()
     assert (got_codes[4:] & 0x7F != 0x7F).all()  # never a NaN code
     assert ((got_codes[4:] & 0x78 == 0) & (got_codes[4:] & 0x07 != 0)).any()  # subnormals
+
+
+def test_store_step_equals_the_three_stores(overlay, small_cfg, world, checkpoint):
+    """Cache.store_step (qsakv_store_step) stores the bytes of store_kv, store_index_keys
+    and store_compressed_keys, with every part and with parts left out."""
+    ov, _, _ = overlay
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    w, layer = world, small_cfg.qsa_layers[0]
+    n = len(w.cslots)
+    keys = w.ck
+    req = (np.arange(n) % small_cfg.max_requests).astype(np.int32)
+    pos = np.arange(n, dtype=np.int64)
+    with qsakv.Context("cpu") as ctx:
+        def stored(fn):
+            with qsakv.Cache(ctx, small_cfg, ov, num_blocks=w.num_blocks) as cache:
+                fn(cache)
+                lb = cache.layer_buffers(layer)  # host views on the CPU backend
+                return tuple(np.asarray(b).tobytes()
+                             for b in (lb.kv, lb.ring_keys, lb.compressed_keys))
+
+        for kv, ring, comp in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)]:
+            def calls(cache):
+                if kv:
+                    cache.store_kv(layer, w.k, w.v, w.slots)
+                if ring:
+                    cache.store_index_keys(layer, keys, req, pos)
+                if comp:
+                    cache.store_compressed_keys(layer, keys, w.cslots)
+
+            def step(cache):
+                cache.store_step(layer, **(dict(k=w.k, v=w.v, slot_mapping=w.slots) if kv else {}),
+                                 **(dict(index_keys=keys, request_slots=req, positions=pos)
+                                    if ring else {}),
+                                 **(dict(compressed_keys=keys, compressed_slot_mapping=w.cslots)
+                                    if comp else {}))
+
+            assert stored(calls) == stored(step), (kv, ring, comp)
