@@ -234,6 +234,17 @@ class Cache {
                              int64_t num_keys, qsakv_stream_t stream = nullptr) {
     check(qsakv_store_compressed_keys(h_.get(), layer, keys, slot_mapping, num_keys, stream));
   }
+  void store_index_keys(int32_t layer, const void* keys, const int32_t* request_slots,
+                        const int64_t* positions, int64_t num_tokens,
+                        qsakv_stream_t stream = nullptr) {
+    check(qsakv_store_index_keys(h_.get(), layer, keys, request_slots, positions, num_tokens,
+                                 stream));
+  }
+  /* A step's stores together (qsakv_store_step); fill the parts of step_stores(). */
+  static qsakv_step_stores step_stores() { return QSAKV_STEP_STORES_INIT; }
+  void store_step(int32_t layer, const qsakv_step_stores& stores, qsakv_stream_t stream = nullptr) {
+    check(qsakv_store_step(h_.get(), layer, &stores, stream));
+  }
 
  private:
   detail::Unique<qsakv_cache, qsakv_cache_destroy> h_;

@@ -261,6 +261,7 @@ QSAKV_VERSIONED(qsakv_overlay_write_options, QSAKV_OVERLAY_WRITE_OPTIONS_VERSION
 QSAKV_VERSIONED(qsakv_cache_options, QSAKV_CACHE_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_plan_options, QSAKV_PLAN_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_batch, QSAKV_BATCH_VERSION)
+QSAKV_VERSIONED(qsakv_step_stores, QSAKV_STEP_STORES_VERSION)
 QSAKV_OUT_STRUCT(qsakv_context_info, QSAKV_CONTEXT_INFO_VERSION)
 QSAKV_OUT_STRUCT(qsakv_rank_geometry, QSAKV_RANK_GEOMETRY_VERSION)
 QSAKV_OUT_STRUCT(qsakv_overlay_info, QSAKV_OVERLAY_INFO_VERSION)
@@ -396,6 +397,9 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
     _buffer(keys, "keys", _F16, num_keys * g["ihd"])
     _buffer(slot_mapping, "slot_mapping", _I64, num_keys)
 %}
+%pythonprepend qsakv_store_step %{
+    _check_step_stores(cache, stores)
+%}
 %pythonprepend qsakv_calib_observe %{
     g = _geom_of(calib)
     _buffer(k, "k", g["act"], num_tokens * g["kv"])
@@ -439,6 +443,7 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 /* Batch and cache-option members remember the arrays they were set from, so that
  * plan_update / cache_create can check them. */
 %pythondynamic qsakv_batch;
+%pythondynamic qsakv_step_stores;
 %pythondynamic qsakv_cache_options;
 
 /* The version macros live in the generated qsakv_version.h (CMake's project version),
@@ -601,6 +606,38 @@ def _options_setattr(self, name, value):
 
 _swig_setattr_options = qsakv_cache_options.__setattr__
 qsakv_cache_options.__setattr__ = _options_setattr
+
+
+_STEP_ARRAYS = ("k", "v", "kv_slot_mapping", "index_keys", "index_request_slots",
+                "index_positions", "compressed_keys", "compressed_slot_mapping")
+
+
+def _step_setattr(self, name, value):
+    if name in _STEP_ARRAYS:  # kept alive with the struct, and checked at the call
+        self.__dict__.setdefault("_arrays", {})[name] = value
+    _swig_setattr_step(self, name, value)
+
+
+_swig_setattr_step = qsakv_step_stores.__setattr__
+qsakv_step_stores.__setattr__ = _step_setattr
+
+
+def _check_step_stores(cache, stores):
+    """The arrays of each part present against its count (qsakv_store_step)."""
+    arrays = getattr(stores, "__dict__", {}).get("_arrays", {})
+    g = _geom_of(cache)
+    parts = (("num_tokens", (("k", g["act"], g["kv"]), ("v", g["act"], g["kv"]),
+                             ("kv_slot_mapping", _I64, 1))),
+             ("num_index_keys", (("index_keys", _F16, g["ihd"]),
+                                 ("index_request_slots", _I32, 1), ("index_positions", _I64, 1))),
+             ("num_compressed_keys", (("compressed_keys", _F16, g["ihd"]),
+                                      ("compressed_slot_mapping", _I64, 1))))
+    for count, fields in parts:
+        n = getattr(stores, count, 0) if stores is not None else 0
+        if n > 0:
+            for name, types, per in fields:
+                if name in arrays:
+                    _buffer(arrays[name], "stores." + name, types, n * per)
 
 
 def _check_external_topk(options):

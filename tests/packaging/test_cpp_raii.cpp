@@ -117,6 +117,73 @@ static void test_pipeline_matches_fp64(void** state) {
   }
 }
 
+// Cache::store_step stores what store_kv, store_index_keys and store_compressed_keys do.
+static void test_store_step_equals_the_three_stores(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  const auto g = qsakv::ModelConfig::rank_geometry(cfg);
+  const int n = 8, layer = cfg.qsa_layers[0];
+  std::vector<uint16_t> kv((size_t)n * g.kv_heads * cfg.head_dim),
+      keys((size_t)n * cfg.index_head_dim);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = to_half(0.125f * (float)(i % 13));
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = to_half(0.25f * (float)(i % 7));
+  std::vector<int64_t> slots(n), pos(n);
+  std::vector<int32_t> req(n);
+  for (int t = 0; t < n; ++t) {
+    slots[t] = 3 * t + 1;
+    pos[t] = t;
+    req[t] = t % 2;
+  }
+  auto up = [&](const void* src, size_t bytes) {
+    qsakv::DeviceBuffer b(ctx, bytes);
+    b.upload(src, bytes);
+    return b;
+  };
+  auto dkv = up(kv.data(), kv.size() * 2), dkeys = up(keys.data(), keys.size() * 2);
+  auto ds = up(slots.data(), slots.size() * 8), dp = up(pos.data(), pos.size() * 8);
+  auto dr = up(req.data(), req.size() * 4);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 4;
+  qsakv::Cache calls(ctx, cfg, nullptr, co), step(ctx, cfg, nullptr, co);
+  calls.store_kv(layer, dkv.get(), dkv.get(), ds.as<int64_t>(), n);
+  calls.store_index_keys(layer, dkeys.get(), dr.as<int32_t>(), dp.as<int64_t>(), n);
+  calls.store_compressed_keys(layer, dkeys.get(), ds.as<int64_t>(), n);
+  auto st = qsakv::Cache::step_stores();
+  st.k = st.v = dkv.get();
+  st.kv_slot_mapping = ds.as<int64_t>();
+  st.num_tokens = n;
+  st.index_keys = dkeys.get();
+  st.index_request_slots = dr.as<int32_t>();
+  st.index_positions = dp.as<int64_t>();
+  st.num_index_keys = n;
+  st.compressed_keys = dkeys.get();
+  st.compressed_slot_mapping = ds.as<int64_t>();
+  st.num_compressed_keys = n;
+  step.store_step(layer, st);
+  const auto L = calls.layout();
+  qsakv_layer_buffers a, b;
+  a.struct_size = b.struct_size = sizeof a;
+  assert_int_equal(qsakv_cache_get_layer_buffers(calls.get(), layer, &a), QSAKV_SUCCESS);
+  assert_int_equal(qsakv_cache_get_layer_buffers(step.get(), layer, &b), QSAKV_SUCCESS);
+  assert_memory_equal(a.kv, b.kv, L.kv_bytes_per_layer);  // host memory on the CPU backend
+  assert_memory_equal(a.ring_keys, b.ring_keys, L.ring_bytes_per_layer);
+  assert_memory_equal(a.compressed_keys, b.compressed_keys, L.compressed_bytes_per_layer);
+  st.index_positions = nullptr;  // a bad part: refused, naming the field
+  try {
+    step.store_step(layer, st);
+    fail_msg("store_step with a NULL index_positions did not throw");
+  } catch (const qsakv::Error& e) {
+    assert_int_equal(e.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(e.what(), "stores.index_positions"));
+  }
+}
+
 static void test_errors_carry_status_and_message(void** state) {
   (void)state;
   try {
@@ -214,6 +281,7 @@ static void test_index_key_dtype(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
+      cmocka_unit_test(test_store_step_equals_the_three_stores),
       cmocka_unit_test(test_errors_carry_status_and_message),
       cmocka_unit_test(test_handles_move_and_free),
       cmocka_unit_test(test_index_key_dtype),

@@ -293,6 +293,77 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 	})
 }
 
+// StepStores is a step's stores for StoreStep: each part as its own call takes it, a
+// part with a count of 0 skipped (its buffers are not read).
+type StepStores struct {
+	// K/V: as StoreKV.
+	K, V, KVSlotMapping *DeviceBuffer
+	NumTokens           int
+	// Raw index keys (FP16 [n, index_head_dim]) into the per-request ring: entry
+	// (IndexRequestSlots[i] (int32), IndexPositions[i] (int64) % ring_length); a
+	// negative position skips.
+	IndexKeys, IndexRequestSlots, IndexPositions *DeviceBuffer
+	NumIndexKeys                                 int
+	// Compressed keys: as StoreCompressedKeys.
+	CompressedKeys, CompressedSlotMapping *DeviceBuffer
+	NumCompressedKeys                     int
+}
+
+// StoreStep makes a step's stores together (qsakv_store_step): every part is checked
+// before anything is stored, and on a GPU the parts take one kernel launch.
+func (c *Cache) StoreStep(layer int32, s StepStores) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	st := C.qsakv_step_stores{struct_size: C.size_t(unsafe.Sizeof(C.qsakv_step_stores{})),
+		version: C.QSAKV_STEP_STORES_VERSION}
+	keyRow := int(c.cfg.index_head_dim) * 2
+	type need struct {
+		name  string
+		b     *DeviceBuffer
+		bytes int
+	}
+	check := func(ns []need) error {
+		for _, x := range ns {
+			if err := x.b.need(x.name, x.bytes); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if s.NumTokens > 0 {
+		row := int(c.geo.KVHeads) * int(c.cfg.head_dim) * c.actBytes()
+		if err := check([]need{{"k", s.K, s.NumTokens * row}, {"v", s.V, s.NumTokens * row},
+			{"kv slot_mapping", s.KVSlotMapping, s.NumTokens * 8}}); err != nil {
+			return err
+		}
+		st.k, st.v = s.K.ptr, s.V.ptr
+		st.kv_slot_mapping = (*C.int64_t)(s.KVSlotMapping.ptr)
+		st.num_tokens = C.int64_t(s.NumTokens)
+	}
+	if s.NumIndexKeys > 0 {
+		if err := check([]need{{"index keys", s.IndexKeys, s.NumIndexKeys * keyRow},
+			{"request_slots", s.IndexRequestSlots, s.NumIndexKeys * 4},
+			{"positions", s.IndexPositions, s.NumIndexKeys * 8}}); err != nil {
+			return err
+		}
+		st.index_keys = s.IndexKeys.ptr
+		st.index_request_slots = (*C.int32_t)(s.IndexRequestSlots.ptr)
+		st.index_positions = (*C.int64_t)(s.IndexPositions.ptr)
+		st.num_index_keys = C.int64_t(s.NumIndexKeys)
+	}
+	if s.NumCompressedKeys > 0 {
+		if err := check([]need{{"compressed keys", s.CompressedKeys, s.NumCompressedKeys * keyRow},
+			{"compressed slot_mapping", s.CompressedSlotMapping, s.NumCompressedKeys * 8}}); err != nil {
+			return err
+		}
+		st.compressed_keys = s.CompressedKeys.ptr
+		st.compressed_slot_mapping = (*C.int64_t)(s.CompressedSlotMapping.ptr)
+		st.num_compressed_keys = C.int64_t(s.NumCompressedKeys)
+	}
+	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) })
+}
+
 // ---------------------------------------------------------------------------------
 // Plan, selection, attention
 // ---------------------------------------------------------------------------------

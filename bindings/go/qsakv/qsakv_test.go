@@ -57,11 +57,13 @@ func smallFP16Config(t *testing.T) *ModelConfig {
 // against an FP64 reference, with FP16 and with E4M3 compressed index keys (keys of 0.5
 // are stored as scale 0.5 / 448 and codes 448: the same selection).
 func TestPipelineMatchesFP64(t *testing.T) {
-	t.Run("fp16_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeFP16) })
-	t.Run("e4m3_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3) })
+	t.Run("fp16_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeFP16, false) })
+	t.Run("e4m3_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3, false) })
+	// The stores as one StoreStep (qsakv_store_step), with a raw index-key part too.
+	t.Run("store_step", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3, true) })
 }
 
-func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype) {
+func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
 	if !LibraryMatchesHeader() {
 		t.Fatalf("library %s does not match the header", Version())
 	}
@@ -125,11 +127,29 @@ func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype) {
 		}
 	}()
 
-	if err := cache.StoreKV(layer, dk, dv, ds, l); err != nil {
-		t.Fatal(err)
-	}
-	if err := cache.StoreCompressedKeys(layer, dck, dcs, len(cslots)); err != nil {
-		t.Fatal(err)
+	if storeStep {
+		req := make([]int32, len(cslots))
+		pos := make([]int64, len(cslots))
+		for i := range pos {
+			pos[i] = int64(i)
+		}
+		dreq, dpos := must(BufferFrom(ctx, req)), must(BufferFrom(ctx, pos))
+		bufs = append(bufs, dreq, dpos)
+		if err := cache.StoreStep(layer, StepStores{K: dk, V: dv, KVSlotMapping: ds, NumTokens: l,
+			IndexKeys: dck, IndexRequestSlots: dreq, IndexPositions: dpos, NumIndexKeys: len(cslots),
+			CompressedKeys: dck, CompressedSlotMapping: dcs, NumCompressedKeys: len(cslots)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cache.StoreStep(layer, StepStores{NumIndexKeys: 1}); err == nil {
+			t.Fatal("StoreStep with a nil index-key buffer did not fail")
+		}
+	} else {
+		if err := cache.StoreKV(layer, dk, dv, ds, l); err != nil {
+			t.Fatal(err)
+		}
+		if err := cache.StoreCompressedKeys(layer, dck, dcs, len(cslots)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	plan := must(NewPlan(cache, 1, 1))
 	defer plan.Close()

@@ -167,6 +167,41 @@ def test_index_key_dtype_and_the_compressed_page():
     assert cap.ideal_ratio >= 1.99
 
 
+def test_store_step_equals_the_compressed_key_store():
+    """qsakv_store_step with a compressed-key part stores the bytes of
+    qsakv_store_compressed_keys; its arrays are checked against its counts, naming the
+    field."""
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 4
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16, index_key_dtype=q.QSAKV_DTYPE_E4M3)
+    ctx = cpu_context()
+    keys = np.arange(2 * 128, dtype=np.float16).reshape(2, 128) / np.float16(64)
+    slots = np.array([64 + 7, 5], np.int64)
+    pages = []
+    for step in (False, True):
+        cache = q.qsakv_cache_create(ctx, cfg, None, co)
+        if step:
+            st = q.qsakv_step_stores()
+            assert st.struct_size > 0 and st.version == q.QSAKV_STEP_STORES_VERSION
+            st.compressed_keys = keys
+            st.compressed_slot_mapping = slots
+            st.num_compressed_keys = 2
+            q.qsakv_store_step(cache, 3, st, None)
+            st.num_compressed_keys = 3
+            with pytest.raises(q.InvalidArgumentError, match="stores.compressed_keys"):
+                q.qsakv_store_step(cache, 3, st, None)
+        else:
+            q.qsakv_store_compressed_keys(cache, 3, keys, slots, 2, None)
+        out = np.empty(4 * 2112, np.uint8)
+        buf = q.qsakv_cache_get_layer_buffers(cache, 3)
+        q.qsakv_memcpy(ctx, out, buf.compressed_keys, out.nbytes, q.QSAKV_COPY_DEVICE_TO_HOST,
+                       None)
+        pages.append(out)
+        q.qsakv_cache_destroy(cache)
+    assert pages[0].tobytes() == pages[1].tobytes() and pages[0].any()
+
+
 def test_ownership_no_leak_no_double_free():
     from test_ownership import heap_in_use
 

@@ -18,6 +18,7 @@ pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_LAYOUT_VERSION: u32 = 1;
 pub const QSAKV_LAYER_BUFFERS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_MEMORY_VERSION: u32 = 1;
+pub const QSAKV_STEP_STORES_VERSION: u32 = 1;
 pub const QSAKV_PLAN_OPTIONS_VERSION: u32 = 2;
 pub const QSAKV_BATCH_VERSION: u32 = 1;
 pub const QSAKV_PLAN_INFO_VERSION: u32 = 2;
@@ -3160,6 +3161,266 @@ extern "C" {
         keys: *const ::std::os::raw::c_void,
         slot_mapping: *const i64,
         num_keys: i64,
+        stream: qsakv_stream_t,
+    ) -> qsakv_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qsakv_step_stores {
+    pub struct_size: usize,
+    pub version: u32,
+    pub k: *const ::std::os::raw::c_void,
+    pub v: *const ::std::os::raw::c_void,
+    pub kv_slot_mapping: *const i64,
+    pub num_tokens: i64,
+    pub index_keys: *const ::std::os::raw::c_void,
+    pub index_request_slots: *const i32,
+    pub index_positions: *const i64,
+    pub num_index_keys: i64,
+    pub compressed_keys: *const ::std::os::raw::c_void,
+    pub compressed_slot_mapping: *const i64,
+    pub num_compressed_keys: i64,
+}
+#[test]
+fn bindgen_test_layout_qsakv_step_stores() {
+    assert_eq!(
+        ::std::mem::size_of::<qsakv_step_stores>(),
+        104usize,
+        concat!("Size of: ", stringify!(qsakv_step_stores))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<qsakv_step_stores>(),
+        8usize,
+        concat!("Alignment of ", stringify!(qsakv_step_stores))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(k)
+            )
+        );
+    }
+    test_field_k();
+    fn test_field_v() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(v)
+            )
+        );
+    }
+    test_field_v();
+    fn test_field_kv_slot_mapping() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kv_slot_mapping) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(kv_slot_mapping)
+            )
+        );
+    }
+    test_field_kv_slot_mapping();
+    fn test_field_num_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_tokens) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(num_tokens)
+            )
+        );
+    }
+    test_field_num_tokens();
+    fn test_field_index_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_keys) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(index_keys)
+            )
+        );
+    }
+    test_field_index_keys();
+    fn test_field_index_request_slots() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_request_slots) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(index_request_slots)
+            )
+        );
+    }
+    test_field_index_request_slots();
+    fn test_field_index_positions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_positions) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(index_positions)
+            )
+        );
+    }
+    test_field_index_positions();
+    fn test_field_num_index_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_index_keys) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(num_index_keys)
+            )
+        );
+    }
+    test_field_num_index_keys();
+    fn test_field_compressed_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_keys) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(compressed_keys)
+            )
+        );
+    }
+    test_field_compressed_keys();
+    fn test_field_compressed_slot_mapping() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).compressed_slot_mapping) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(compressed_slot_mapping)
+            )
+        );
+    }
+    test_field_compressed_slot_mapping();
+    fn test_field_num_compressed_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_step_stores>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_compressed_keys) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_step_stores),
+                "::",
+                stringify!(num_compressed_keys)
+            )
+        );
+    }
+    test_field_num_compressed_keys();
+}
+extern "C" {
+    #[must_use]
+    pub fn qsakv_store_step(
+        cache: *mut qsakv_cache,
+        layer: i32,
+        stores: *const qsakv_step_stores,
         stream: qsakv_stream_t,
     ) -> qsakv_status;
 }

@@ -614,6 +614,77 @@ impl<'c> Cache<'c> {
             )
         })
     }
+
+    /// A step's stores together (`qsakv_store_step`): the parts of `stores` present, each
+    /// as `store_kv`, the raw index-key store and `store_compressed_keys` take them. Every
+    /// part is checked before anything is stored; on a GPU the parts take one launch.
+    pub fn store_step(&self, layer: i32, stores: &StepStores) -> Result<()> {
+        let mut s: sys::qsakv_step_stores = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of::<sys::qsakv_step_stores>();
+        s.version = sys::QSAKV_STEP_STORES_VERSION;
+        let key_row = self.config.index_head_dim as usize * 2;
+        if let Some(p) = &stores.kv {
+            let row =
+                self.geometry.kv_heads as usize * self.config.head_dim as usize * self.act_bytes();
+            need("k", p.k, p.num_tokens * row)?;
+            need("v", p.v, p.num_tokens * row)?;
+            need("slot_mapping", p.slot_mapping, p.num_tokens * 8)?;
+            s.k = p.k.as_ptr();
+            s.v = p.v.as_ptr();
+            s.kv_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
+            s.num_tokens = p.num_tokens as i64;
+        }
+        if let Some(p) = &stores.index_keys {
+            need("index keys", p.keys, p.num_keys * key_row)?;
+            need("request_slots", p.request_slots, p.num_keys * 4)?;
+            need("positions", p.positions, p.num_keys * 8)?;
+            s.index_keys = p.keys.as_ptr();
+            s.index_request_slots = p.request_slots.as_ptr() as *const i32;
+            s.index_positions = p.positions.as_ptr() as *const i64;
+            s.num_index_keys = p.num_keys as i64;
+        }
+        if let Some(p) = &stores.compressed_keys {
+            need("compressed keys", p.keys, p.num_keys * key_row)?;
+            need("compressed slot_mapping", p.slot_mapping, p.num_keys * 8)?;
+            s.compressed_keys = p.keys.as_ptr();
+            s.compressed_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
+            s.num_compressed_keys = p.num_keys as i64;
+        }
+        check(unsafe { sys::qsakv_store_step(self.as_ptr(), layer, &s, ptr::null_mut()) })
+    }
+}
+
+/// The K/V part of a step's stores (`Cache::store_step`): `store_kv`'s arguments.
+pub struct KvStore<'a, 'c> {
+    pub k: &'a DeviceBuffer<'c>,
+    pub v: &'a DeviceBuffer<'c>,
+    pub slot_mapping: &'a DeviceBuffer<'c>,
+    pub num_tokens: usize,
+}
+
+/// The raw index keys of a step (FP16 [n, index_head_dim]) into the per-request ring,
+/// entry (request_slots[i] (int32), positions[i] (int64) % ring_length); a negative
+/// position skips.
+pub struct IndexKeyStore<'a, 'c> {
+    pub keys: &'a DeviceBuffer<'c>,
+    pub request_slots: &'a DeviceBuffer<'c>,
+    pub positions: &'a DeviceBuffer<'c>,
+    pub num_keys: usize,
+}
+
+/// The compressed keys of a step: `store_compressed_keys`' arguments.
+pub struct CompressedKeyStore<'a, 'c> {
+    pub keys: &'a DeviceBuffer<'c>,
+    pub slot_mapping: &'a DeviceBuffer<'c>,
+    pub num_keys: usize,
+}
+
+/// A step's stores for `Cache::store_step`; parts left `None` are skipped.
+#[derive(Default)]
+pub struct StepStores<'a, 'c> {
+    pub kv: Option<KvStore<'a, 'c>>,
+    pub index_keys: Option<IndexKeyStore<'a, 'c>>,
+    pub compressed_keys: Option<CompressedKeyStore<'a, 'c>>,
 }
 
 impl Drop for Cache<'_> {

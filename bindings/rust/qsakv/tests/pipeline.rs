@@ -262,3 +262,62 @@ fn crate_version_equals_the_library_version() {
     // The library's version is CMakeLists.txt's project(VERSION): the one place.
     assert_eq!(env!("CARGO_PKG_VERSION"), version_string(), "bindings/rust/*/Cargo.toml version");
 }
+
+/// The bytes of a layer's three buffers (host memory on the CPU backend).
+fn layer_bytes(cache: &Cache, layer: i32) -> Result<[Vec<u8>; 3]> {
+    let l = cache.layout()?;
+    let mut b: sys::qsakv_layer_buffers = unsafe { std::mem::zeroed() };
+    b.struct_size = std::mem::size_of::<sys::qsakv_layer_buffers>();
+    let status = unsafe { sys::qsakv_cache_get_layer_buffers(cache.as_ptr(), layer, &mut b) };
+    assert_eq!(status, sys::qsakv_status::QSAKV_SUCCESS);
+    let read = |p: *mut std::os::raw::c_void, n: u64| unsafe {
+        std::slice::from_raw_parts(p as *const u8, n as usize).to_vec()
+    };
+    Ok([
+        read(b.kv, l.kv_bytes_per_layer),
+        read(b.ring_keys, l.ring_bytes_per_layer),
+        read(b.compressed_keys, l.compressed_bytes_per_layer),
+    ])
+}
+
+#[test]
+fn store_step_equals_the_three_stores() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 4;
+    let n = 8usize;
+    let row = cfg.head_dim as usize; // one KV head at TP4
+    let kv: Vec<u16> = (0..n * row).map(|i| to_half(0.125 * (i % 13) as f32)).collect();
+    let keys: Vec<u16> =
+        (0..n * cfg.index_head_dim as usize).map(|i| to_half(0.25 * (i % 7) as f32)).collect();
+    let slots: Vec<i64> = (0..n as i64).map(|t| 3 * t + 1).collect();
+    let req: Vec<i32> = (0..n as i32).map(|t| t % 2).collect();
+    let pos: Vec<i64> = (0..n as i64).collect();
+    let (dkv, dkeys) = (DeviceBuffer::from_slice(&ctx, &kv)?, DeviceBuffer::from_slice(&ctx, &keys)?);
+    let (ds, dr, dp) = (
+        DeviceBuffer::from_slice(&ctx, &slots)?,
+        DeviceBuffer::from_slice(&ctx, &req)?,
+        DeviceBuffer::from_slice(&ctx, &pos)?,
+    );
+    let calls = Cache::new(&ctx, &cfg, None, &opts)?;
+    let step = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+    calls.store_kv(layer, &dkv, &dkv, &ds, n)?;
+    calls.store_compressed_keys(layer, &dkeys, &ds, n)?;
+    // The raw index-key store has no safe wrapper of its own: the C call.
+    let status = unsafe {
+        sys::qsakv_store_index_keys(calls.as_ptr(), layer, dkeys.as_ptr(), dr.as_ptr() as *const i32,
+                                    dp.as_ptr() as *const i64, n as i64, std::ptr::null_mut())
+    };
+    assert_eq!(status, sys::qsakv_status::QSAKV_SUCCESS);
+    step.store_step(layer, &StepStores {
+        kv: Some(KvStore { k: &dkv, v: &dkv, slot_mapping: &ds, num_tokens: n }),
+        index_keys: Some(IndexKeyStore { keys: &dkeys, request_slots: &dr, positions: &dp, num_keys: n }),
+        compressed_keys: Some(CompressedKeyStore { keys: &dkeys, slot_mapping: &ds, num_keys: n }),
+    })?;
+    assert!(layer_bytes(&calls, layer)? == layer_bytes(&step, layer)?);
+    // Nothing present: nothing to do.
+    step.store_step(layer, &StepStores::default())?;
+    Ok(())
+}
