@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_trace.h"
 #include "qsakv.h"
 
 #define CHECK(call)                                                                              \
@@ -116,10 +117,12 @@ static int cmp_float(const void* a, const void* b) {
 /* Median milliseconds of `reps` replays of a graph. flush_l2: a 256 MiB memset before
  * each replay, outside the timed events, so nothing is served from L2 (how peers are
  * measured); otherwise replays follow each other after three warm-ups. */
+static void* g_flush = NULL; /* time_graph_ex's L2 flush buffer */
+static const size_t kFlushBytes = 256ull << 20;
 static float time_graph_ex(cudaGraphExec_t exec, cudaStream_t s, int reps, int flush_l2) {
-  static void* flush = NULL;
-  const size_t flush_bytes = 256ull << 20;
-  if (flush_l2 && !flush) CUDA(cudaMalloc(&flush, flush_bytes));
+  if (flush_l2 && !g_flush) CUDA(cudaMalloc(&g_flush, kFlushBytes));
+  void* const flush = g_flush;
+  const size_t flush_bytes = kFlushBytes;
   cudaEvent_t a, b;
   CUDA(cudaEventCreate(&a));
   CUDA(cudaEventCreate(&b));
@@ -139,6 +142,12 @@ static float time_graph_ex(cudaGraphExec_t exec, cudaStream_t s, int reps, int f
   CUDA(cudaEventDestroy(a));
   CUDA(cudaEventDestroy(b));
   return m;
+}
+
+/* One L2 flush on `s`, as time_graph_ex makes before each flushed replay. */
+static void flush_l2_now(cudaStream_t s) {
+  if (!g_flush) CUDA(cudaMalloc(&g_flush, kFlushBytes));
+  CUDA(cudaMemsetAsync(g_flush, 0x5A, kFlushBytes, s));
 }
 
 /* Ends the capture begun on `s` and times the graph: median ms of `reps` replays, each
@@ -349,6 +358,9 @@ typedef struct {
 
 /* --splits N: the decode table's plans take N splits instead of their own choice. */
 static int g_forced_splits = 0;
+/* --trace-select: each selection case also prints its kernels' timeline (one call, after an
+ * L2 flush; tools/bench/kernel_trace.h). */
+static int g_trace_select = 0;
 
 static void make_plans(plans_t* P, bench_cache* b, int rows, cudaStream_t s) {
   const int width = g_geo.topk_width, ratio = g_geo.ratio, pos = kSeq - 1,
@@ -936,7 +948,30 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
   }
   CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(qsakv_select_topk(plan, 3, iq, NULL, 0, (qsakv_stream_t)s));
-  t.us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
+  if (g_trace_select && !flushed_only) {
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    CUDA(cudaStreamEndCapture(s, &g));
+    CUDA(cudaGraphInstantiate(&e, g, 0));
+    t.us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
+    char label[160];
+    const char* mma = getenv("QSAKV_SELECT_MMA");
+    const char* pdl = getenv("QSAKV_DEPENDENT_LAUNCH");
+    snprintf(label, sizeof label,
+             "select, %d x %d rows at %d, %s keys, QSAKV_SELECT_MMA=%s, QSAKV_DEPENDENT_LAUNCH=%s",
+             requests, rows_per_request, seq, index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16",
+             mma ? mma : "(auto)", pdl ? pdl : "(auto)");
+    time_graph_ex(e, s, 1, 1); /* the flush buffer exists, the graph is warm */
+    flush_l2_now(s);
+    CUDA(cudaStreamSynchronize(s));
+    kernel_trace_begin();
+    CUDA(cudaGraphLaunch(e, s));
+    kernel_trace_end(stdout, label);
+    CUDA(cudaGraphExecDestroy(e));
+    CUDA(cudaGraphDestroy(g));
+  } else {
+    t.us_flushed = end_capture_and_time_ex(s, 2 * reps, 1) * 1e3;
+  }
   qsakv_plan_destroy(plan);
   qsakv_cache_destroy(cache);
   qsakv_overlay_destroy(ov);
@@ -1224,7 +1259,8 @@ static void usage(FILE* f, const char* argv0) {
   fprintf(
       f,
       "usage: %s [--json PATH] [--rows 1,8,...] [--e4m3-only] [--splits N] [--select-only] "
-      "[--select-cases 0,4,...] [--select-stages] [--store-only] [--decode-only] [--multirow-only] "
+      "[--select-cases 0,4,...] [--select-stages] [--trace-select] [--store-only] [--decode-only] "
+      "[--multirow-only] "
       "[--no-multirow] [--overlap-only] [--no-overlap] [--overlap-f 1,0.5,...] "
       "[--overlap-dtype e4m3|fp16] [--overlap-shapes 0,3,...] [--index-keys fp16|e4m3|both] "
       "[--step-only] [--tier auto|sm70|sm75] [--help]\n"
@@ -1236,6 +1272,8 @@ static void usage(FILE* f, const char* argv0) {
       "  --select-only        no decode table, no store\n"
       "  --select-cases LIST  only these selection cases (indices; 15: prefill 2048 at 32K,\n"
       "                       16-22: the rows-per-request sweep)\n"
+      "  --trace-select       each selection case also prints its kernels' timeline (one call\n"
+      "                       after an L2 flush, CUPTI): starts, ends, overlaps\n"
       "  --select-stages      the scoring kernels alone on the decode rows too (always on the\n"
       "                       verify and prefill rows; the top-k column is the rest)\n"
       "  --index-keys K       the selection table with FP16 or E4M3 index keys, or both (default)\n"
@@ -1352,7 +1390,13 @@ int main(int argc, char** argv) {
       g_forced_splits = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--select-stages"))
       select_stages = 1;
-    else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
+    else if (!strcmp(argv[i], "--trace-select")) {
+      if (!kernel_trace_available()) {
+        fprintf(stderr, "--trace-select: this bench was built without CUPTI\n");
+        return 2;
+      }
+      g_trace_select = 1;
+    } else if (!strcmp(argv[i], "--select-cases") && i + 1 < argc) {
       case_mask = 0;
       for (char* t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) case_mask |= 1 << atoi(t);
     } else if (!strcmp(argv[i], "--tier") && i + 1 < argc) {
