@@ -42,6 +42,10 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreWarps = 4;
+// The longest rows (keys: compressed blocks of the plan's longest request) that the one-CTA
+// top-k runs at 3 CTAs per SM (select_topk_kernel): 32K tokens at ratio 4, the longest
+// measured faster that way; 128K (32,768 keys) measured slower (docs/perf.md run 39).
+constexpr int64_t kTopkThreeCtasMaxKeys = 8192;
 constexpr int kScoreMaxTilesPerCta = 16;              // 256 keys: 4 tiles per warp
 constexpr int kScoreRowsMaxTilesPerCta = 32;          // the multi-row scorer's, at most
 constexpr int kTopkMaxBlocks = kSelectMaxTopkBlocks;  // configs with more are refused
@@ -782,8 +786,14 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
 }
 
 // One CTA per row: the route for rows whose scores come from the multi-row kernel (no
-// histogram yet) and for waves with a row per SM or more.
-__global__ void __launch_bounds__(kTopkThreads, 2)
+// histogram yet) and for waves with a row per SM or more. kCtasPerSm: 3 for rows of at most
+// kTopkThreeCtasMaxKeys keys (40 registers, 44 bytes spilled), 2 for longer ones: a row's
+// time is a chain of barriers and dependent shared-memory steps (Nsight Compute,
+// docs/perf.md run 37), so more rows in flight per SM hide more of it, but at 32K keys a
+// row the third CTA cost more than it hid (H200, run 39: the prefill top-k of 8192 rows
+// at 32K -7%, at 128K +4.5%; decode rows within 1%).
+template <int kCtasPerSm>
+__global__ void __launch_bounds__(kTopkThreads, kCtasPerSm)
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready) {
   __shared__ TopkSmem sm;
@@ -1043,8 +1053,11 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
     // One CTA per row builds the histogram itself when the multi-row kernel scored.
     if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
-      e = launch_kernel(programmatic, select_topk_kernel, dim3(static_cast<unsigned>(rows)),
-                        kTopkThreads, 0, stream, p, row0, wave, stride, !multi_row);
+      e = launch_kernel(
+          programmatic,
+          p.max_blocks <= kTopkThreeCtasMaxKeys ? select_topk_kernel<3> : select_topk_kernel<2>,
+          dim3(static_cast<unsigned>(rows)), kTopkThreads, 0, stream, p, row0, wave, stride,
+          !multi_row);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
