@@ -685,10 +685,11 @@ QSAKV_API qsakv_status qsakv_store_compressed_keys(qsakv_cache* cache, int32_t l
  * qsakv_store_index_keys and the compressed keys of qsakv_store_compressed_keys, each part
  * with that call's arguments, checks and effects; a part whose count is 0 is skipped and
  * its pointers are not read. Every part is checked before anything is enqueued, so a
- * refused call stores nothing. The parts write disjoint memory. On the GPU they take one
- * kernel launch instead of three (a K/V part too large for one launch, e.g. a long
- * prefill's, takes its own). Async on `stream`; run: no allocation, no synchronisation,
- * capturable. */
+ * refused call stores nothing. The parts run at the same time, not in order: no part's
+ * input may lie in the cache's buffers (e.g. compressed keys read from the ring). On the
+ * GPU they take one kernel launch instead of three (a K/V part too large for one launch,
+ * e.g. a long prefill's, takes its own, the others one together). Async on `stream`;
+ * run: no allocation, no synchronisation, capturable. */
 #define QSAKV_STEP_STORES_VERSION 1
 typedef struct qsakv_step_stores {
   size_t struct_size;

@@ -682,6 +682,90 @@ static void test_store_step(void** state) {
   qsakv_context_destroy(cpu);
 }
 
+/* On a GPU, parts larger than one pass of their grid (the compressed keys' grid holds 8
+ * CTAs per SM of 8 warps, a key a warp; the ring's 8 CTAs per SM of 256 threads, 16 per
+ * row): 9,000 compressed keys and 20,000 ring rows (all but 32 skipped, so that no ring
+ * entry has two writers) beside 64 tokens of K/V, against the separate calls. */
+static void test_cuda_store_step_strides(void** state) {
+  (void)state;
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  const int nk = 9000, nr = 20000, nt = 64, layer = 7;
+  qsakv_model_config c;
+  tu_small_config(&c, 8, 2, 128, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 16);
+  c.index_key_dtype = QSAKV_DTYPE_E4M3;
+  float kscale[2] = {0.5f, 0.5f}, vscale[2] = {2.0f, 2.0f};
+  qsakv_overlay* ov = tu_make_overlay(&c, kscale, vscale);
+  qsakv_cache_options o;
+  TU_OK(qsakv_cache_options_init(&o));
+  o.num_blocks = (nk * 4 + 15) / 16; /* an entry per compressed key */
+  uint16_t *k, *v;
+  int64_t* slots;
+  make_inputs(nt, (int)o.num_blocks * 16, QSAKV_DTYPE_FP16, &k, &v, &slots);
+  uint16_t* keys = malloc(2 * (size_t)nr * 128);
+  make_index_keys(keys, nr);
+  int64_t* cslots = malloc(sizeof(int64_t) * (size_t)nk);
+  int64_t* pos = malloc(sizeof(int64_t) * (size_t)nr);
+  int32_t* req = malloc(sizeof(int32_t) * (size_t)nr);
+  for (int i = 0; i < nk; ++i) cslots[i] = i == 17 ? -1 : (int64_t)i * 4 + tu_int(0, 3);
+  for (int i = 0; i < nr; ++i) {
+    req[i] = i % 8;
+    pos[i] = i >= nr - 32 ? 500 + (nr - 1 - i) / 8 : -1; /* the last 32 rows, once each */
+  }
+  void* dk = tu_to_device(gpu, k, (size_t)nt * 2 * 128 * 2);
+  void* dv = tu_to_device(gpu, v, (size_t)nt * 2 * 128 * 2);
+  void* ds = tu_to_device(gpu, slots, 8 * (size_t)nt);
+  void* dkeys = tu_to_device(gpu, keys, 2 * (size_t)nr * 128);
+  void* dcs = tu_to_device(gpu, cslots, 8 * (size_t)nk);
+  void* dpos = tu_to_device(gpu, pos, 8 * (size_t)nr);
+  void* dreq = tu_to_device(gpu, req, 4 * (size_t)nr);
+  store_world calls, step;
+  store_world* worlds[2] = {&calls, &step};
+  for (int i = 0; i < 2; ++i) {
+    store_world* w = worlds[i];
+    memset(w, 0, sizeof *w);
+    w->ctx = gpu;
+    TU_OK(qsakv_cache_create(&w->cache, gpu, &c, ov, &o));
+    w->L.struct_size = sizeof w->L;
+    TU_OK(qsakv_cache_get_layout(w->cache, &w->L));
+    poison_layer(w, layer);
+  }
+  TU_OK(qsakv_store_kv(calls.cache, layer, dk, dv, ds, nt, NULL));
+  TU_OK(qsakv_store_index_keys(calls.cache, layer, dkeys, dreq, dpos, nr, NULL));
+  TU_OK(qsakv_store_compressed_keys(calls.cache, layer, dkeys, dcs, nk, NULL));
+  qsakv_step_stores st = QSAKV_STEP_STORES_INIT;
+  st.k = dk;
+  st.v = dv;
+  st.kv_slot_mapping = ds;
+  st.num_tokens = nt;
+  st.index_keys = dkeys;
+  st.index_request_slots = dreq;
+  st.index_positions = dpos;
+  st.num_index_keys = nr;
+  st.compressed_keys = dkeys;
+  st.compressed_slot_mapping = dcs;
+  st.num_compressed_keys = nk;
+  TU_OK(qsakv_store_step(step.cache, layer, &st, NULL));
+  layer_bytes a = read_layer(&calls, layer), b = read_layer(&step, layer);
+  expect_same_layer(&calls, &a, &b, "store_step with strided parts vs the calls");
+  print_message("cuda: store_step of %d compressed keys, %d ring rows, %d tokens = the calls\n", nk,
+                nr, nt);
+  free_layer(&a);
+  free_layer(&b);
+  qsakv_cache_destroy(calls.cache);
+  qsakv_cache_destroy(step.cache);
+  void* dev[7] = {dk, dv, ds, dkeys, dcs, dpos, dreq};
+  for (int i = 0; i < 7; ++i) qsakv_free(gpu, dev[i]);
+  free(k);
+  free(v);
+  free(slots);
+  free(keys);
+  free(cslots);
+  free(pos);
+  free(req);
+  qsakv_overlay_destroy(ov);
+  qsakv_context_destroy(gpu);
+}
+
 /* qsakv_store_step refuses a bad struct or part before storing anything: the K/V part of
  * a call whose ring part is bad leaves the cache as it was. */
 static void test_store_step_errors(void** state) {
@@ -699,6 +783,10 @@ static void test_store_step_errors(void** state) {
   st.version = 0;
   TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(qsakv_last_error(), "stores.version"));
+  st = (qsakv_step_stores)QSAKV_STEP_STORES_INIT;
+  st.struct_size = 4;
+  TU_EXPECT_STATUS(qsakv_store_step(w.cache, 7, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "stores.struct_size"));
   st = (qsakv_step_stores)QSAKV_STEP_STORES_INIT;
   TU_OK(qsakv_store_step(w.cache, 7, &st, NULL)); /* every part empty: nothing to do */
   TU_EXPECT_STATUS(qsakv_store_step(w.cache, 4, &st, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
@@ -752,6 +840,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_e4m3_index_keys_every_fp16),
       cmocka_unit_test(test_store_errors),
       cmocka_unit_test(test_store_step),
+      cmocka_unit_test(test_cuda_store_step_strides),
       cmocka_unit_test(test_store_step_errors),
   };
   tu_apply_filter();

@@ -36,13 +36,14 @@ int require_index_key_rows(const qsakv_cache* cache, int32_t layer, const void* 
 // Each store's checks and params: the call's own, and qsakv_store_step's parts (every part
 // checked before any is launched, so a bad part leaves the caches as they were).
 StoreKvParams kv_params(qsakv_cache* cache, int i, const void* k, const void* v,
-                        const int64_t* slot_mapping, int64_t num_tokens) {
+                        const int64_t* slot_mapping, int64_t num_tokens,
+                        const char* count_name = "num_tokens") {
   require_ptr(k, "k");
   require_ptr(v, "v");
   require_ptr(slot_mapping, "slot_mapping");
   // k and v are [num_tokens, kv_heads, head_dim]: a count no buffer can hold would make
   // the element offsets wrap.
-  require_bytes("num_tokens", num_tokens,
+  require_bytes(count_name, num_tokens,
                 static_cast<uint64_t>(cache->geometry.kv_heads) * cache->config.head_dim *
                     dtype_size(cache->config.activation_dtype));
   StoreKvParams p;
@@ -143,7 +144,7 @@ qsakv_status qsakv_store_step(qsakv_cache* cache, int32_t layer, const qsakv_ste
       require_ptr(s.k, "stores.k");
       require_ptr(s.v, "stores.v");
       require_ptr(s.kv_slot_mapping, "stores.kv_slot_mapping");
-      p.kv = kv_params(cache, i, s.k, s.v, s.kv_slot_mapping, s.num_tokens);
+      p.kv = kv_params(cache, i, s.k, s.v, s.kv_slot_mapping, s.num_tokens, "stores.num_tokens");
     }
     if (p.has_ring) {
       require_ptr(s.index_keys, "stores.index_keys");

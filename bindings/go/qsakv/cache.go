@@ -315,6 +315,14 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 	if err := c.live(); err != nil {
 		return err
 	}
+	for _, n := range []struct {
+		name  string
+		count int
+	}{{"NumTokens", s.NumTokens}, {"NumIndexKeys", s.NumIndexKeys}, {"NumCompressedKeys", s.NumCompressedKeys}} {
+		if n.count < 0 {
+			return invalid("stores.%s is %d; must be >= 0", n.name, n.count)
+		}
+	}
 	st := C.qsakv_step_stores{struct_size: C.size_t(unsafe.Sizeof(C.qsakv_step_stores{})),
 		version: C.QSAKV_STEP_STORES_VERSION}
 	keyRow := int(c.cfg.index_head_dim) * 2
@@ -361,7 +369,10 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.compressed_slot_mapping = (*C.int64_t)(s.CompressedSlotMapping.ptr)
 		st.num_compressed_keys = C.int64_t(s.NumCompressedKeys)
 	}
-	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) })
+	err := call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) })
+	// The buffers' finalizers must not free them while the call reads them.
+	runtime.KeepAlive(s)
+	return err
 }
 
 // ---------------------------------------------------------------------------------

@@ -143,6 +143,9 @@ func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
 		if err := cache.StoreStep(layer, StepStores{NumIndexKeys: 1}); err == nil {
 			t.Fatal("StoreStep with a nil index-key buffer did not fail")
 		}
+		if err := cache.StoreStep(layer, StepStores{NumTokens: -1}); err == nil {
+			t.Fatal("StoreStep with a negative count did not fail")
+		}
 	} else {
 		if err := cache.StoreKV(layer, dk, dv, ds, l); err != nil {
 			t.Fatal(err)

@@ -201,16 +201,21 @@ class CudaBackend final : public Backend {
   }
   void store_step(const StoreStepParams& p, qsakv_stream_t stream) override {
     if (p.has_kv) {
-      require_aligned(p.kv.k, "k");
-      require_aligned(p.kv.v, "v");
+      require_aligned(p.kv.k, "stores.k");
+      require_aligned(p.kv.v, "stores.v");
     }
-    if (p.has_ring) require_aligned(p.ring.src, "index_keys");
-    if (p.has_compressed) require_aligned(p.compressed.src, "compressed_keys");
+    if (p.has_ring) require_aligned(p.ring.src, "stores.index_keys");
+    if (p.has_compressed) require_aligned(p.compressed.src, "stores.compressed_keys");
     DeviceGuard g(info_.device);
     if (!cuda::launch_store_step(p, !sm70_tier(), info_.multiprocessor_count,
                                  programmatic(kDependentStore), stream)) {
-      Backend::store_step(p, stream);  // a K/V part too large for one launch
-      return;
+      // A K/V part too large for one launch's thread indices (a long prefill's): its own
+      // launches, then the other parts together.
+      store_kv(p.kv, stream);
+      StoreStepParams rest = p;
+      rest.has_kv = false;
+      cuda::launch_store_step(rest, !sm70_tier(), info_.multiprocessor_count,
+                              programmatic(kDependentStore), stream);
     }
     check_launch("store_step kernel launch");
   }

@@ -200,6 +200,23 @@ def test_store_step_equals_the_compressed_key_store():
         pages.append(out)
         q.qsakv_cache_destroy(cache)
     assert pages[0].tobytes() == pages[1].tobytes() and pages[0].any()
+    # The other parts' arrays are checked against their counts too, naming the field.
+    cache = q.qsakv_cache_create(ctx, cfg, None, co)
+    st = q.qsakv_step_stores()
+    st.k = np.zeros((2, 256), np.float16)
+    st.v = np.zeros((1, 256), np.float16)
+    st.kv_slot_mapping = np.zeros(2, np.int64)
+    st.num_tokens = 2
+    with pytest.raises(q.InvalidArgumentError, match="stores.v"):
+        q.qsakv_store_step(cache, 3, st, None)
+    st = q.qsakv_step_stores()
+    st.index_keys = np.zeros((2, 128), np.float16)
+    st.index_request_slots = np.zeros(2, np.int64)  # int32 wanted
+    st.index_positions = np.zeros(2, np.int64)
+    st.num_index_keys = 2
+    with pytest.raises(q.InvalidArgumentError, match="stores.index_request_slots"):
+        q.qsakv_store_step(cache, 3, st, None)
+    q.qsakv_cache_destroy(cache)
 
 
 def test_ownership_no_leak_no_double_free():

@@ -288,36 +288,52 @@ fn store_step_equals_the_three_stores() -> Result<()> {
     opts.num_blocks = 4;
     let n = 8usize;
     let row = cfg.head_dim as usize; // one KV head at TP4
-    let kv: Vec<u16> = (0..n * row).map(|i| to_half(0.125 * (i % 13) as f32)).collect();
-    let keys: Vec<u16> =
-        (0..n * cfg.index_head_dim as usize).map(|i| to_half(0.25 * (i % 7) as f32)).collect();
-    let slots: Vec<i64> = (0..n as i64).map(|t| 3 * t + 1).collect();
-    let req: Vec<i32> = (0..n as i32).map(|t| t % 2).collect();
-    let pos: Vec<i64> = (0..n as i64).collect();
-    let (dkv, dkeys) = (DeviceBuffer::from_slice(&ctx, &kv)?, DeviceBuffer::from_slice(&ctx, &keys)?);
-    let (ds, dr, dp) = (
-        DeviceBuffer::from_slice(&ctx, &slots)?,
-        DeviceBuffer::from_slice(&ctx, &req)?,
-        DeviceBuffer::from_slice(&ctx, &pos)?,
-    );
-    let calls = Cache::new(&ctx, &cfg, None, &opts)?;
-    let step = Cache::new(&ctx, &cfg, None, &opts)?;
-    let layer = cfg.qsa_layers()[0];
-    calls.store_kv(layer, &dkv, &dkv, &ds, n)?;
-    calls.store_compressed_keys(layer, &dkeys, &ds, n)?;
-    // The raw index-key store has no safe wrapper of its own: the C call.
-    let status = unsafe {
-        sys::qsakv_store_index_keys(calls.as_ptr(), layer, dkeys.as_ptr(), dr.as_ptr() as *const i32,
-                                    dp.as_ptr() as *const i64, n as i64, std::ptr::null_mut())
+    let ihd = cfg.index_head_dim as usize;
+    // Distinct inputs for every field, so that a swap of two shows.
+    let half = |n: usize, a: f32, m: usize| -> Vec<u16> {
+        (0..n).map(|i| to_half(a * (i % m) as f32)).collect()
     };
-    assert_eq!(status, sys::qsakv_status::QSAKV_SUCCESS);
-    step.store_step(layer, &StepStores {
-        kv: Some(KvStore { k: &dkv, v: &dkv, slot_mapping: &ds, num_tokens: n }),
-        index_keys: Some(IndexKeyStore { keys: &dkeys, request_slots: &dr, positions: &dp, num_keys: n }),
-        compressed_keys: Some(CompressedKeyStore { keys: &dkeys, slot_mapping: &ds, num_keys: n }),
-    })?;
-    assert!(layer_bytes(&calls, layer)? == layer_bytes(&step, layer)?);
+    let (k, v) = (half(n * row, 0.125, 13), half(n * row, -0.25, 11));
+    let (ring_keys, ckeys) = (half(n * ihd, 0.25, 7), half(n * ihd, 0.5, 5));
+    let slots: Vec<i64> = (0..n as i64).map(|t| 3 * t + 1).collect();
+    let cslots: Vec<i64> = (0..n as i64).map(|t| 4 * t + 2).collect();
+    let req: Vec<i32> = (0..n as i32).map(|t| t % 2).collect();
+    let pos: Vec<i64> = (0..n as i64).map(|t| 10 + t / 2).collect();
+    let up16 = |x: &Vec<u16>| DeviceBuffer::from_slice(&ctx, x);
+    let (dk, dv, drk, dck) = (up16(&k)?, up16(&v)?, up16(&ring_keys)?, up16(&ckeys)?);
+    let (ds, dcs) = (DeviceBuffer::from_slice(&ctx, &slots)?, DeviceBuffer::from_slice(&ctx, &cslots)?);
+    let (dr, dp) = (DeviceBuffer::from_slice(&ctx, &req)?, DeviceBuffer::from_slice(&ctx, &pos)?);
+    let layer = cfg.qsa_layers()[0];
+    // Each part alone, then all three, against the separate stores.
+    for parts in [1u32, 2, 4, 7] {
+        let calls = Cache::new(&ctx, &cfg, None, &opts)?;
+        let step = Cache::new(&ctx, &cfg, None, &opts)?;
+        if parts & 1 != 0 {
+            calls.store_kv(layer, &dk, &dv, &ds, n)?;
+        }
+        if parts & 2 != 0 {
+            // The raw index-key store has no safe wrapper of its own: the C call.
+            let status = unsafe {
+                sys::qsakv_store_index_keys(calls.as_ptr(), layer, drk.as_ptr(),
+                                            dr.as_ptr() as *const i32, dp.as_ptr() as *const i64,
+                                            n as i64, std::ptr::null_mut())
+            };
+            assert_eq!(status, sys::qsakv_status::QSAKV_SUCCESS);
+        }
+        if parts & 4 != 0 {
+            calls.store_compressed_keys(layer, &dck, &dcs, n)?;
+        }
+        step.store_step(layer, &StepStores {
+            kv: (parts & 1 != 0).then(|| KvStore { k: &dk, v: &dv, slot_mapping: &ds, num_tokens: n }),
+            index_keys: (parts & 2 != 0).then(|| IndexKeyStore {
+                keys: &drk, request_slots: &dr, positions: &dp, num_keys: n }),
+            compressed_keys: (parts & 4 != 0)
+                .then(|| CompressedKeyStore { keys: &dck, slot_mapping: &dcs, num_keys: n }),
+        })?;
+        assert!(layer_bytes(&calls, layer)? == layer_bytes(&step, layer)?, "parts {parts}");
+    }
     // Nothing present: nothing to do.
-    step.store_step(layer, &StepStores::default())?;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    cache.store_step(layer, &StepStores::default())?;
     Ok(())
 }
