@@ -22,22 +22,30 @@ typedef struct {
   qsakv_cache_layout L;
 } store_world;
 
-static void make_world(store_world* w, qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
-                       float ks, float vs) {
+/* A cache of `num_blocks` blocks: `kv` main cache (K scale ks, V scale vs where E4M3),
+ * `index_keys` compressed keys. */
+static void make_world_ex(store_world* w, qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
+                          qsakv_dtype index_keys, float ks, float vs, int64_t num_blocks) {
   memset(w, 0, sizeof *w);
   w->ctx = ctx;
   qsakv_model_config c;
   tu_small_config(&c, 8, 2, 128, act, kv, 16);
+  c.index_key_dtype = index_keys;
   if (kv == QSAKV_DTYPE_E4M3) {
     float k[2] = {ks, ks}, v[2] = {vs, vs};
     w->ov = tu_make_overlay(&c, k, v);
   }
   qsakv_cache_options o;
   TU_OK(qsakv_cache_options_init(&o));
-  o.num_blocks = 40;
+  o.num_blocks = num_blocks;
   TU_OK(qsakv_cache_create(&w->cache, ctx, &c, w->ov, &o));
   w->L.struct_size = sizeof w->L;
   TU_OK(qsakv_cache_get_layout(w->cache, &w->L));
+}
+
+static void make_world(store_world* w, qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
+                       float ks, float vs) {
+  make_world_ex(w, ctx, act, kv, QSAKV_DTYPE_FP16, ks, vs, 40);
 }
 
 static void free_world(store_world* w) {
@@ -535,25 +543,10 @@ static void expect_same_layer(const store_world* w, const layer_bytes* a, const 
     fail_msg("%s: compressed-key bytes differ", what);
 }
 
-/* A cache for the step tests: `kv` main cache, `index_keys` compressed keys (scales 0.75
- * and 1.5 where E4M3). */
+/* A cache for the step tests (scales 0.75 and 1.5 where E4M3). */
 static void make_step_world(store_world* w, qsakv_context* ctx, qsakv_dtype act, qsakv_dtype kv,
                             qsakv_dtype index_keys) {
-  memset(w, 0, sizeof *w);
-  w->ctx = ctx;
-  qsakv_model_config c;
-  tu_small_config(&c, 8, 2, 128, act, kv, 16);
-  c.index_key_dtype = index_keys;
-  if (kv == QSAKV_DTYPE_E4M3) {
-    float k[2] = {0.75f, 0.75f}, v[2] = {1.5f, 1.5f};
-    w->ov = tu_make_overlay(&c, k, v);
-  }
-  qsakv_cache_options o;
-  TU_OK(qsakv_cache_options_init(&o));
-  o.num_blocks = 40;
-  TU_OK(qsakv_cache_create(&w->cache, ctx, &c, w->ov, &o));
-  w->L.struct_size = sizeof w->L;
-  TU_OK(qsakv_cache_get_layout(w->cache, &w->L));
+  make_world_ex(w, ctx, act, kv, index_keys, 0.75f, 1.5f, 40);
 }
 
 /* A step's host inputs: n tokens of K/V with their slots (specials, -1 slots), n index
@@ -690,17 +683,10 @@ static void test_cuda_store_step_strides(void** state) {
   (void)state;
   qsakv_context* gpu = tu_cuda_context_or_skip();
   const int nk = 9000, nr = 20000, nt = 64, layer = 7;
-  qsakv_model_config c;
-  tu_small_config(&c, 8, 2, 128, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 16);
-  c.index_key_dtype = QSAKV_DTYPE_E4M3;
-  float kscale[2] = {0.5f, 0.5f}, vscale[2] = {2.0f, 2.0f};
-  qsakv_overlay* ov = tu_make_overlay(&c, kscale, vscale);
-  qsakv_cache_options o;
-  TU_OK(qsakv_cache_options_init(&o));
-  o.num_blocks = (nk * 4 + 15) / 16; /* an entry per compressed key */
+  const int64_t num_blocks = (nk * 4 + 15) / 16; /* an entry per compressed key */
   uint16_t *k, *v;
   int64_t* slots;
-  make_inputs(nt, (int)o.num_blocks * 16, QSAKV_DTYPE_FP16, &k, &v, &slots);
+  make_inputs(nt, (int)num_blocks * 16, QSAKV_DTYPE_FP16, &k, &v, &slots);
   uint16_t* keys = malloc(2 * (size_t)nr * 128);
   make_index_keys(keys, nr);
   int64_t* cslots = malloc(sizeof(int64_t) * (size_t)nk);
@@ -719,16 +705,12 @@ static void test_cuda_store_step_strides(void** state) {
   void* dpos = tu_to_device(gpu, pos, 8 * (size_t)nr);
   void* dreq = tu_to_device(gpu, req, 4 * (size_t)nr);
   store_world calls, step;
-  store_world* worlds[2] = {&calls, &step};
-  for (int i = 0; i < 2; ++i) {
-    store_world* w = worlds[i];
-    memset(w, 0, sizeof *w);
-    w->ctx = gpu;
-    TU_OK(qsakv_cache_create(&w->cache, gpu, &c, ov, &o));
-    w->L.struct_size = sizeof w->L;
-    TU_OK(qsakv_cache_get_layout(w->cache, &w->L));
-    poison_layer(w, layer);
-  }
+  make_world_ex(&calls, gpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_E4M3, 0.5f, 2.0f,
+                num_blocks);
+  make_world_ex(&step, gpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_E4M3, 0.5f, 2.0f,
+                num_blocks);
+  poison_layer(&calls, layer);
+  poison_layer(&step, layer);
   TU_OK(qsakv_store_kv(calls.cache, layer, dk, dv, ds, nt, NULL));
   TU_OK(qsakv_store_index_keys(calls.cache, layer, dkeys, dreq, dpos, nr, NULL));
   TU_OK(qsakv_store_compressed_keys(calls.cache, layer, dkeys, dcs, nk, NULL));
@@ -751,8 +733,8 @@ static void test_cuda_store_step_strides(void** state) {
                 nr, nt);
   free_layer(&a);
   free_layer(&b);
-  qsakv_cache_destroy(calls.cache);
-  qsakv_cache_destroy(step.cache);
+  free_world(&calls);
+  free_world(&step);
   void* dev[7] = {dk, dv, ds, dkeys, dcs, dpos, dreq};
   for (int i = 0; i < 7; ++i) qsakv_free(gpu, dev[i]);
   free(k);
@@ -762,7 +744,6 @@ static void test_cuda_store_step_strides(void** state) {
   free(cslots);
   free(pos);
   free(req);
-  qsakv_overlay_destroy(ov);
   qsakv_context_destroy(gpu);
 }
 
