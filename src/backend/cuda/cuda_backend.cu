@@ -371,9 +371,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
     if (!available && asked == MmaChoice::kWgmma)
       fail(QSAKV_ERROR_UNSUPPORTED,
            "%s=wgmma asks for %s, which needs an SM 9.0 GPU on the tensor-core tier and a build "
-           "with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU %s is SM %d, this build %s sm_90a "
-           "code",
-           env, what, prop.name, sm, built ? "has" : "has no");
+           "with sm_90a code (QSAKV_CUDA_ARCHS with 90); GPU %s is SM %d, the kernel tier is "
+           "%s, this build %s sm_90a code",
+           env, what, prop.name, sm, tier == QSAKV_KERNEL_TIER_SM70 ? "sm70" : "sm75",
+           built ? "has" : "has no");
     return available;
   };
   const bool wgmma_available =
