@@ -792,8 +792,15 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
 // docs/perf.md run 37), so more rows in flight per SM hide more of it, but at 32K keys a
 // row the third CTA cost more than it hid (H200, run 39: the prefill top-k of 8192 rows
 // at 32K -7%, at 128K +4.5%; decode rows within 1%).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+// sm_70 code (the SM70 tier, which the host never gives 3 CTAs per SM): 3 spilled 164
+// bytes there with CUDA 12.9, so that code keeps 2 whatever the template says.
+#define QSAKV_TOPK_CTAS_PER_SM(n) 2
+#else
+#define QSAKV_TOPK_CTAS_PER_SM(n) (n)
+#endif
 template <int kCtasPerSm>
-__global__ void __launch_bounds__(kTopkThreads, kCtasPerSm)
+__global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerSm))
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready) {
   __shared__ TopkSmem sm;
@@ -1053,11 +1060,11 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
     // One CTA per row builds the histogram itself when the multi-row kernel scored.
     if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
-      e = launch_kernel(
-          programmatic,
-          p.max_blocks <= kTopkThreeCtasMaxKeys ? select_topk_kernel<3> : select_topk_kernel<2>,
-          dim3(static_cast<unsigned>(rows)), kTopkThreads, 0, stream, p, row0, wave, stride,
-          !multi_row);
+      e = launch_kernel(programmatic,
+                        p.max_blocks <= kTopkThreeCtasMaxKeys && !simt ? select_topk_kernel<3>
+                                                                       : select_topk_kernel<2>,
+                        dim3(static_cast<unsigned>(rows)), kTopkThreads, 0, stream, p, row0, wave,
+                        stride, !multi_row);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
