@@ -20,15 +20,15 @@ typedef struct {
 static traced_kernel g_kernels[kMaxKernels];
 static int g_count = 0, g_dropped = 0;
 
-#define CUPTI_CHECK(call)                                                              \
-  do {                                                                                 \
-    CUptiResult r_ = (call);                                                           \
-    if (r_ != CUPTI_SUCCESS) {                                                         \
-      const char* m_ = NULL;                                                           \
-      cuptiGetResultString(r_, &m_);                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_ ? m_ : "?");    \
-      exit(1);                                                                         \
-    }                                                                                  \
+#define CUPTI_CHECK(call)                                                           \
+  do {                                                                              \
+    CUptiResult r_ = (call);                                                        \
+    if (r_ != CUPTI_SUCCESS) {                                                      \
+      const char* m_ = NULL;                                                        \
+      cuptiGetResultString(r_, &m_);                                                \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_ ? m_ : "?"); \
+      exit(1);                                                                      \
+    }                                                                               \
   } while (0)
 
 /* "_ZN5qsakv4cuda30select_score_rows_wgmma_kernelILb1EEEv..." -> the name after the
@@ -56,8 +56,8 @@ static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* ma
   *max_records = 0;
 }
 
-static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer,
-                                      size_t size, size_t valid) {
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t size,
+                                      size_t valid) {
   (void)ctx, (void)stream, (void)size;
   CUpti_Activity* rec = NULL;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
