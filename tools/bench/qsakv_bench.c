@@ -277,7 +277,8 @@ static void make_cache(bench_cache* b, qsakv_context* ctx, qsakv_dtype kv, int r
   c->block_size = kBlock;
   c->max_requests = requests > rows_max ? requests : rows_max;
   c->max_batched_tokens = rows_max;
-  c->max_model_len = seq + 1;
+  /* Rows sit at positions below seq: a model of seq tokens (128K: the default length). */
+  c->max_model_len = seq;
   b->pages = (seq + kBlock - 1) / kBlock;
   if (kv == QSAKV_DTYPE_E4M3) b->overlay = make_overlay(c);
   qsakv_cache_options o;
