@@ -86,6 +86,18 @@ constexpr int grouped_union_window(int max_model_len) {
   const int rounded = (max_model_len + kStep - 1) / kStep * kStep;
   return rounded < kGroupedUnionWindow ? rounded : kGroupedUnionWindow;
 }
+// Past one such window and up to this many positions, the union kernel's wide variant
+// keeps an 8-bit count per position instead (196 KB of shared memory for 2051-entry lists
+// at 128K: GPUs that let a CTA have that much, SM90 and SM100; others keep the windows),
+// so the group is one window; docs/perf.md run 41. Its window, or 0 where it does not
+// apply.
+constexpr int kGroupedUnionWideWindow = 131072;
+constexpr int grouped_union_wide_window(int max_model_len) {
+  // Each thread owns whole 32-position words of listed bits.
+  constexpr int kStep = 32 * kGroupedUnionThreads;
+  if (max_model_len <= kGroupedUnionWindow || max_model_len > kGroupedUnionWideWindow) return 0;
+  return (max_model_len + kStep - 1) / kStep * kStep;
+}
 
 // Split-K of the grouped route: CTAs per KV head it aims for (x SMs) and at most.
 constexpr int kGroupedCtasPerSm = 2;

@@ -176,6 +176,7 @@ struct GroupedView {
   int32_t union_cap;     // list entries per group
   int32_t window;        // the union kernel's positions per pass
   int32_t one_window;    // max_model_len <= window: every group's positions fit one pass
+  int32_t wide_window;   // the union kernel's wide variant's window (0: none; limits.hpp)
   int32_t max_items;     // (group, split) work items the partials hold per KV head
   int32_t* union_count;  // [max_groups] listed tokens of the group
   int64_t* union_off;    // [max_groups, union_cap] K row byte offset (KV head 0); -1 none

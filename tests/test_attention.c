@@ -635,6 +635,40 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
     free(kv);
     tu_world_destroy(&w);
   }
+  /* A model of 131072 tokens: on GPUs that give a CTA ~200 KB of shared memory (SM90,
+   * SM100) the union kernel's wide variant takes each group as one window of counts
+   * (docs/attention.md), elsewhere the 64K windows do. Groups sharing only past position
+   * 65535 (offsets past 16 bits), only below it, nothing, and then f = 1, 0.5 and 0 over
+   * the whole context. */
+  if (!full || long_context) {
+    qsakv_model_config cw = c;
+    cw.max_model_len = 1 << 17;
+    tu_shape shape = {4, {16, 16, 16, 1}, {131072, 120000, 100000, 3000}};
+    tu_world w;
+    tu_world_build(&w, ctx, &cw, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+    tu_assert_block0_unmapped(&w);
+    void* kv = tu_world_read_kv(&w);
+    uint16_t* q = random_q(&w);
+    const int64_t stride = w.geo.topk_width + 1;
+    const int share_window[4] = {1, 0, -1, -1};
+    int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
+    check_routes(&w,
+                 "16 rows at 131072 tokens sharing past 65535, 16 at 120000 sharing below it, "
+                 "16 at 100000 sharing nothing + 1 (a model of 131072 tokens)",
+                 kv, q, topk, stride, routes, 3, 0);
+    free(topk);
+    for (int k = 0; k < (full ? 3 : 0); ++k) {
+      const double f = k == 0 ? 1.0 : k == 1 ? 0.5 : 0.0;
+      topk = tu_overlap_topk(&w, stride, f, w.geo.topk_width);
+      char what[96];
+      snprintf(what, sizeof what, "16 rows at 131072 / 120000 / 100000 tokens + 1, f=%.2f", f);
+      check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
+      free(topk);
+    }
+    free(q);
+    free(kv);
+    tu_world_destroy(&w);
+  }
   /* Lists wider than one pass of the union kernel's registers (2304 entries a row: each
    * phase reloads its pass), in one window and in two. */
   if (full && long_context) {

@@ -6,6 +6,7 @@
 #include "cuda/dependent_launch.cuh"
 #include "cuda/grouped_attention.cuh"
 #include "cuda/grouped_union.cuh"
+#include "cuda/kernel_smem.hpp"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
@@ -62,7 +63,6 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     up.stride_block = gp.in.stride_block;
     up.stride_token = gp.in.stride_token;
     up.share_rows = c.dtype == QSAKV_DTYPE_E4M3 ? kGroupedShareRowsE4M3 : kGroupedShareRows16;
-    up.window = g.window;
     up.entry_words = g.rows_per_group * union_row_words(p.topk_width);
     up.union_cap = g.union_cap;
     up.union_count = g.union_count;
@@ -70,12 +70,17 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     up.union_mask = g.union_mask;
     up.own_lists = g.own_lists;
     up.row_split = reinterpret_cast<int2*>(g.row_split);
-    // The size follows the plan's geometry: set for each launch.
-    const int smem = static_cast<int>(sizeof(uint32_t) *
-                                      union_layout(up.window, up.union_cap, up.entry_words).words);
-    const bool reload = !g.one_window || union_row_words(p.topk_width) >
-                                             kUnionEntries * kUnionWarps / kGroupedMaxRows;
-    auto kernel = reload ? grouped_union_kernel<true> : grouped_union_kernel<false>;
+    // The variant and its shared memory follow the plan's geometry: set for each launch.
+    const bool one_pass =
+        union_row_words(p.topk_width) <= kUnionEntries * kUnionWarps / kGroupedMaxRows;
+    const bool wide = !g.one_window && one_pass && g.wide_window > 0 &&
+                      kernel_smem_fits(grouped_union_kernel<kUnionWide>,
+                                       union_smem_bytes(g.wide_window, true, up));
+    up.window = wide ? g.wide_window : g.window;
+    const int smem = union_smem_bytes(up.window, wide, up);
+    auto kernel = wide                       ? grouped_union_kernel<kUnionWide>
+                  : g.one_window && one_pass ? grouped_union_kernel<kUnionOneWindow>
+                                             : grouped_union_kernel<kUnionReload>;
     require_smem_limit(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem);
     launch_kernel(programmatic, kernel, max_groups, kUnionThreads, smem, stream, up);

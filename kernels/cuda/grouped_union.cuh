@@ -44,6 +44,16 @@
 // 58 us at 32K, where they skip step 6.)
 // A token on an unmapped page keeps its place in the list with offset -1 and an empty
 // mask (the attention kernel reads zeros for it, and no row sees it).
+//
+// The wide variant (kUnionWide) keeps one window of up to kGroupedUnionWideWindow
+// positions (128K) where the several-window variant would take two: instead of a 16-bit
+// row mask per position it keeps an 8-bit count of the rows that select it (half the
+// bytes), so step 2 adds where it ORed and step 3 compares counts. Which rows select a
+// listed token is then rebuilt for the listed tokens only: the listed positions are a
+// bitmap (the rule's, plus the moved rows' entries), numbered by a scan of its words, and
+// each listed entry ORs its row's bit into its token's mask at that number. A group that
+// lists nothing exits after step 3 as in one window (docs/perf.md run 41: at 128K the
+// several-window variant took 190 us where such groups list nothing).
 #pragma once
 
 #include <stdint.h>
@@ -66,6 +76,7 @@ static_assert(kUnionWarps % kGroupedMaxRows == 0, "each row of a group takes who
 constexpr int kUnionEntries = 36;
 static_assert(kUnionEntries % 2 == 0 && kUnionEntries <= 64, "slots pair up; one bit each");
 static_assert(kGroupedUnionWindow <= 65536, "a slot keeps its offset in its window in 16 bits");
+static_assert(kGroupedUnionWideWindow <= 131072, "the wide variant keeps one more offset bit");
 // row_split's own count of a row whose own list is its top-k row (its group listed
 // nothing): the decode kernel reads the top-k row instead.
 constexpr int kOwnIsTopk = -1;
@@ -108,27 +119,45 @@ struct SlotBits {
 
 __host__ __device__ constexpr int union_row_words(int topk_width) { return (topk_width + 31) / 32; }
 
-// Dynamic shared memory, in 32-bit words: the window's masks (two positions a word), the
-// window's listed tokens and their masks, the own-entry words and their prefixes.
+// Dynamic shared memory, in 32-bit words: the window's per-position words (masks, two
+// positions a word; the wide variant's below), the window's listed tokens and their masks,
+// the own-entry words and their prefixes.
 struct UnionLayout {
   int tokens, token_masks, own, own_prefix, words;
 };
-__host__ __device__ inline UnionLayout union_layout(int window, int union_cap, int entry_words) {
+// The wide variant's per-position words: a count byte per position, a listed bit per
+// position, and the number of the listed positions before each 32.
+__host__ __device__ constexpr int union_wide_position_words(int window) {
+  return window / 4 + 2 * (window / 32);
+}
+__host__ __device__ inline UnionLayout union_layout(int window, bool wide, int union_cap,
+                                                    int entry_words) {
   UnionLayout L;
-  L.tokens = window / 2;
+  L.tokens = wide ? union_wide_position_words(window) : window / 2;
   L.token_masks = L.tokens + union_cap;
   L.own = L.token_masks + (union_cap + 1) / 2;
   L.own_prefix = L.own + entry_words;
   L.words = L.own_prefix + entry_words;
   return L;
+}  // The dynamic shared memory of a launch, in bytes.
+inline int union_smem_bytes(int window, bool wide, const UnionParams& p) {
+  return static_cast<int>(sizeof(uint32_t)) *
+         union_layout(window, wide, p.union_cap, p.entry_words).words;
 }
 
-// kReload: the plan's context can outgrow one window (each window loads its entries), or
-// its lists one pass (then each phase reloads its pass of the window); otherwise every
-// group is one window of one pass, loaded once, and the kernel carries no reloading code
-// (fewer live registers).
-template <bool kReload>
+// The kernel's variants (each launch takes one for the whole plan):
+//   kUnionOneWindow: every group is one window of one pass, loaded once; no reloading code
+//     (fewer live registers);
+//   kUnionReload: the plan's context can outgrow one window (each window loads its
+//     entries), or its lists one pass (then each phase reloads its pass of the window);
+//   kUnionWide: one window of up to kGroupedUnionWideWindow positions and one pass, with
+//     counts instead of masks (above).
+enum UnionVariant { kUnionOneWindow, kUnionReload, kUnionWide };
+
+template <int kVariant>
 __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const UnionParams p) {
+  constexpr bool kReload = kVariant == kUnionReload;
+  constexpr bool kWide = kVariant == kUnionWide;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
   // Not part of the SM70 tier (its plans make no groups), so never launched in sm_70 code,
   // where this body spills at 64 registers (CUDA 12.9): a V100 build carries a stub.
@@ -141,8 +170,14 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   if (group >= p.meta.header->num_groups) return;
   extern __shared__ uint4 union_smem_raw[];
   uint32_t* union_smem = reinterpret_cast<uint32_t*>(union_smem_raw);
-  const UnionLayout L = union_layout(p.window, p.union_cap, p.entry_words);
+  const UnionLayout L = union_layout(p.window, kWide, p.union_cap, p.entry_words);
   uint32_t* pmask = union_smem;  // position x's mask: bits 16 (x & 1) .. of word x / 2
+  // Wide: position x's count is byte x (little-endian bytes of the words), its listed bit
+  // bit x & 31 of listed_bits[x / 32], and listed_rank[x / 32] numbers the listed
+  // positions before that word.
+  uint32_t* counts = union_smem;
+  uint32_t* listed_bits = union_smem + p.window / 4;
+  int32_t* listed_rank = reinterpret_cast<int32_t*>(listed_bits + p.window / 32);
   int32_t* tokens = reinterpret_cast<int32_t*>(union_smem + L.tokens);
   uint16_t* token_masks = reinterpret_cast<uint16_t*>(union_smem + L.token_masks);
   uint32_t* own = union_smem + L.own;                                           // this window's
@@ -186,14 +221,17 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
   const int passes = kReload ? (row_words + slot_words - 1) / slot_words : 1;
   auto word_of = [&](int pass, int k) { return (pass * kUnionEntries + k) * wpr + sub; };
   // The slots' entries of the current window: offsets from the window's start, two a word
-  // (a window has at most 64K positions), and a bit per slot for the valid ones (t >= 0,
-  // t <= the row's position, in the window). Half the registers of whole tokens: the
-  // slots stay in registers across the phases instead of spilling.
+  // (a window has at most 64K positions; the wide variant's 128K keep bit 16 in `high`),
+  // and a bit per slot for the valid ones (t >= 0, t <= the row's position, in the
+  // window). Half the registers of whole tokens: the slots stay in registers across the
+  // phases instead of spilling.
   uint32_t offs[kUnionEntries / 2];
   SlotBits valid;
   SlotBits shared_bits;  // the slots the rule shares (from step 3)
+  SlotBits high;         // wide variant: bit 16 of each slot's offset (windows past 64K)
   auto load = [&](int pass, int w0) {
     valid = SlotBits();
+    if constexpr (kWide) high = SlotBits();
 #pragma unroll
     for (int k = 0; k < kUnionEntries; ++k) {
       const int c = (pass * kUnionEntries + k) * 32 * wpr;  // == word_of(pass, k) x 32 + lane
@@ -204,6 +242,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
             static_cast<unsigned>(x - w0) < static_cast<unsigned>(p.window)) {
           valid.set(k);
           x16 = static_cast<uint32_t>(x - w0);
+          if constexpr (kWide) {  // bit 16 apart
+            if (x16 >> 16) high.set(k);
+            x16 &= 0xFFFFu;
+          }
         }
       }
       if (k % 2 == 0)
@@ -219,15 +261,30 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
 #pragma unroll
     for (int i = 0; i < kUnionEntries / 2; ++i) asm volatile("" : "+r"(offs[i]));
     asm volatile("" : "+r"(valid.lo), "+r"(valid.hi), "+r"(shared_bits.lo), "+r"(shared_bits.hi));
+    if constexpr (kWide) asm volatile("" : "+r"(high.lo), "+r"(high.hi));
   };
   auto has = [&](int k) { return valid.test(k); };
-  auto off = [&](int k) { return static_cast<int>(offs[k / 2] >> (16 * (k % 2)) & 0xFFFFu); };
+  auto off = [&](int k) {
+    const int x = static_cast<int>(offs[k / 2] >> (16 * (k % 2)) & 0xFFFFu);
+    if constexpr (kWide)
+      return high.test(k) ? x | 0x10000 : x;
+    else
+      return x;
+  };
   // One pass (lists up to 2304 entries): loaded once per window (the window's offsets).
   // Several passes: each phase loads its pass of the window again.
   const bool reload = kReload && passes > 1;
   // Position x's mask (a 16-bit read: little-endian halves of the words).
   const uint16_t* pmask16 = reinterpret_cast<const uint16_t*>(pmask);
   auto mask_at = [&](int x) { return static_cast<uint32_t>(pmask16[x]); };
+  const uint8_t* count8 = reinterpret_cast<const uint8_t*>(counts);
+  // Step 3's rule for slot k's entry: at least T of the group's rows select its position.
+  auto rule_shares = [&](int k) {
+    if constexpr (kWide)
+      return static_cast<int>(count8[off(k)]) >= T;
+    else
+      return __popc(mask_at(off(k))) >= T;
+  };
   if (!kReload) load(0, 0);  // the one window's entries, once
 
   int count = 0;  // listed tokens of the earlier windows
@@ -258,7 +315,18 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
         }
       }
     };
-    for (int i = 0; i < chunks; ++i) my_masks[i] = make_uint4(0u, 0u, 0u, 0u);
+    // Wide: this thread's positions as 32-position words up to the group's last (a listed-bit
+    // word and two 16-byte count reads each).
+    const int wpt = per / 32;
+    const int my_words = kWide ? max(0, min(wpt, (span - tid * per + 31) / 32)) : 0;
+    uint4* my_counts = reinterpret_cast<uint4*>(counts) + tid * (per / 16);
+    uint32_t* my_bits = listed_bits + tid * wpt;
+    int32_t* my_ranks = listed_rank + tid * wpt;
+    if constexpr (kWide) {
+      for (int i = 0; i < 2 * my_words; ++i) my_counts[i] = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      for (int i = 0; i < chunks; ++i) my_masks[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
     if (tid < kGroupedMaxRows) row_own[tid] = 0;
     __syncthreads();
     for (int pass = 0; pass < (known_empty ? 0 : passes); ++pass) {
@@ -268,15 +336,43 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
       for (int k = 0; k < kUnionEntries; ++k)
         if (has(k)) {
           const int x = off(k);
-          atomicOr(&pmask[x >> 1], rbit << ((x & 1) << 4));
+          // (Wide: at most `rows` per byte, as lists repeat no token; a repeating list could
+          // carry into a neighbour's count, which moves routing, never memory safety.)
+          if constexpr (kWide)
+            atomicAdd(&counts[x >> 2], 1u << ((x & 3) << 3));
+          else
+            atomicOr(&pmask[x >> 1], rbit << ((x & 1) << 4));
         }
     }
     __syncthreads();
     // The positions the rule shares (low half) and those any row selects (high half).
     long long mine = 0;
-    for_my_masks([&](int, uint32_t m) {
-      mine += (__popc(m) >= T ? 1ll : 0ll) + (m != 0u ? 1ll << 32 : 0ll);
-    });
+    if constexpr (kWide) {
+      // Four counts a word: __vcmpgeu4 gives 0xFF in each byte at or over T, whose top bits
+      // gather into the word's 32 listed bits (the rule's positions, for now).
+      const uint32_t t4 = static_cast<uint32_t>(T) * 0x01010101u;
+      for (int j = 0; j < wpt; ++j) {
+        uint32_t bits = 0u;
+        int any = 0;
+        if (j < my_words) {
+          const uint4 a = my_counts[2 * j], b = my_counts[2 * j + 1];
+          const uint32_t c[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            const uint32_t ge = __vcmpgeu4(c[q], t4);
+            bits |= ((ge >> 7 & 1u) | (ge >> 14 & 2u) | (ge >> 21 & 4u) | (ge >> 28 & 8u))
+                    << (4 * q);
+            any += __popc(__vcmpgtu4(c[q], 0u));
+          }
+        }
+        my_bits[j] = bits;
+        mine += __popc(bits) + (static_cast<long long>(any / 8) << 32);
+      }
+    } else {
+      for_my_masks([&](int, uint32_t m) {
+        mine += (__popc(m) >= T ? 1ll : 0ll) + (m != 0u ? 1ll << 32 : 0ll);
+      });
+    }
     long long totals;
     const long long before = block_exclusive_scan<kUnionWarps>(mine, warp_totals, totals);
     const int by_rule = static_cast<int>(totals & 0xFFFFFFFFll);
@@ -287,7 +383,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
       SlotBits b;
 #pragma unroll
       for (int k = 0; k < kUnionEntries; ++k)
-        if (has(k) && __popc(mask_at(off(k))) >= T) b.set(k);
+        if (has(k) && rule_shares(k)) b.set(k);
       return b;
     };
     shared_bits = SlotBits();
@@ -317,7 +413,27 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     // every row moved every selected position: the first scan numbered both.
     auto listed_mask = [&](uint32_t m) { return __popc(m) >= T ? m : m & moved; };
     int listed = 0, slot = 0;
-    if (sharing) {
+    if (kWide && sharing) {
+      // The moved rows' other entries join the rule's listed positions; then the listed
+      // words are numbered in position order.
+      if ((moved & rbit) != 0u) {  // warp-uniform
+        launder();
+#pragma unroll
+        for (int k = 0; k < kUnionEntries; ++k)
+          if (has(k) && !shared_bits.test(k)) {
+            const int x = off(k);
+            atomicOr(&listed_bits[x >> 5], 1u << (x & 31));
+          }
+      }
+      __syncthreads();
+      int n = 0;
+      for (int j = 0; j < my_words; ++j) n += __popc(my_bits[j]);
+      int rank = block_exclusive_scan<kUnionWarps>(n, word_totals, listed);
+      for (int j = 0; j < my_words; ++j) {
+        my_ranks[j] = rank;
+        rank += __popc(my_bits[j]);
+      }
+    } else if (sharing) {
       if (moved == 0u) {
         listed = by_rule;
         slot = static_cast<int>(before & 0xFFFFFFFFll);
@@ -335,7 +451,30 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
     // Uniform. (The rules keep count + listed <= union_cap; the bound is checked anyway,
     // so a broken rule costs speed, never memory safety.)
     const bool listing = sharing && count + listed <= p.union_cap;
-    if (listing)
+    if (kWide && listing) {
+      // The listed positions in order, from this thread's words; the masks cleared, then
+      // each entry listed for its row (the rule shares it, or the row moved) ORs its bit
+      // into its token's mask, found by its word's number and the listed bits before it.
+      for (int j = 0; j < my_words; ++j) {
+        uint32_t bits = my_bits[j];
+        int at = my_ranks[j];
+        const int x0 = w0 + (tid * wpt + j) * 32;
+        for (; bits != 0u; bits &= bits - 1u) tokens[at++] = x0 + __ffs(bits) - 1;
+      }
+      uint32_t* mask_words = reinterpret_cast<uint32_t*>(token_masks);
+      for (int i = tid; i < (listed + 1) / 2; i += kUnionThreads) mask_words[i] = 0u;
+      __syncthreads();
+      const bool row_moved = (moved & rbit) != 0u;
+      launder();
+#pragma unroll
+      for (int k = 0; k < kUnionEntries; ++k)
+        if (has(k) && (row_moved || shared_bits.test(k))) {
+          const int x = off(k);
+          const int at =
+              listed_rank[x >> 5] + __popc(listed_bits[x >> 5] & ((1u << (x & 31)) - 1u));
+          atomicOr(&mask_words[at >> 1], rbit << ((at & 1) << 4));
+        }
+    } else if (listing) {
       for_my_masks([&](int x, uint32_t m) {
         const uint32_t lm = listed_mask(m);
         if (lm) {
@@ -343,6 +482,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
           token_masks[slot++] = static_cast<uint16_t>(lm);
         }
       });
+    }
     __syncthreads();
     if (listing) {
       constexpr int kUnroll = 4;  // independent block-table loads in flight per thread

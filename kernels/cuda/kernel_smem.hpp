@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Raising a kernel's dynamic shared-memory limit before its first launch on a device:
-// the attention kernels' and the warpgroup selection scorer's.
+// Raising a kernel's dynamic shared-memory limit before its first launch on a device (the
+// attention kernels' and the warpgroup selection scorer's), and whether a size fits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +40,21 @@ void prepare_kernel_smem(Kernel* kernel, int bytes, bool max_carveout,
                              cudaSharedmemCarveoutMaxShared);
   require_smem_limit(e, bytes);
   ready.fetch_or(bit, std::memory_order_release);
+}
+
+// Whether `kernel` can have `dynamic_bytes` of dynamic shared memory on the current device:
+// the device's opt-in limit per CTA less the kernel's static shared memory. Host queries
+// that touch no stream (capture-safe); one that fails answers no.
+template <class Kernel>
+bool kernel_smem_fits(Kernel* kernel, int dynamic_bytes) {
+  int device = 0, optin = 0;
+  cudaFuncAttributes attr;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess ||
+      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess)
+    return false;
+  return static_cast<size_t>(dynamic_bytes) + attr.sharedSizeBytes <= static_cast<size_t>(optin);
 }
 
 }  // namespace cuda

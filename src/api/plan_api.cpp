@@ -190,6 +190,7 @@ qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
       gv.union_cap = cap;
       gv.window = grouped_union_window(c.max_model_len);
       gv.one_window = c.max_model_len <= gv.window;
+      gv.wide_window = grouped_union_wide_window(c.max_model_len);
       gv.own_lists = plan->own_lists.as<int32_t>();
       gv.row_split = plan->row_split.as<int32_t>();
       gv.shared_out = plan->shared_out.as<float>();
