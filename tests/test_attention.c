@@ -515,6 +515,38 @@ static int32_t* window_wait_topk(const tu_world* w, int64_t stride, int window,
   return topk;
 }
 
+/* One world of a model of max_model_len tokens (block 0 unmapped): the lists of
+ * window_wait_topk (share_window[r]: the 64K window of request r's shared tokens, -1:
+ * disjoint lists), then those of overlap fs[k] over the whole context, each on every
+ * route against FP64. */
+static void window_cases(qsakv_context* ctx, const qsakv_model_config* c, int max_model_len,
+                         const tu_shape* shape, int stride_pad, const int* share_window,
+                         const char* what, const double* fs, int num_fs) {
+  const int routes[3] = {1, -1, 0};
+  qsakv_model_config cw = *c;
+  cw.max_model_len = max_model_len;
+  tu_world w;
+  tu_world_build(&w, ctx, &cw, shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
+  tu_assert_block0_unmapped(&w);
+  void* kv = tu_world_read_kv(&w);
+  uint16_t* q = random_q(&w);
+  const int64_t stride = w.geo.topk_width + stride_pad;
+  int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
+  check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
+  free(topk);
+  for (int k = 0; k < num_fs; ++k) {
+    topk = tu_overlap_topk(&w, stride, fs[k], w.geo.topk_width);
+    char label[96];
+    snprintf(label, sizeof label, "the same %d requests (model of %d tokens), f=%.2f",
+             shape->num_requests, max_model_len, fs[k]);
+    check_routes(&w, label, kv, q, topk, stride, routes, 3, 0);
+    free(topk);
+  }
+  free(q);
+  free(kv);
+  tu_world_destroy(&w);
+}
+
 /* The overlap worlds of one geometry on ctx, each on routes 1 (grouped), -1 (decode) and 0
  * (auto). full: every overlap of the main world, the automatic routing's world and (with
  * long_context) the long one; otherwise (the CPU backend's check of the lists) overlaps
@@ -615,25 +647,12 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
   /* Groups over three union windows that wait for a window that lists: none does, the
    * last does, the middle one does. (Also on the CPU backend: the lists' own check.) */
   if (!full || long_context) {
-    qsakv_model_config cw = c;
-    cw.max_model_len = 1 << 18;
-    tu_shape shape = {4, {16, 16, 16, 1}, {140000, 140000, 140000, 3000}};
-    tu_world w;
-    tu_world_build(&w, ctx, &cw, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
-    tu_assert_block0_unmapped(&w);
-    void* kv = tu_world_read_kv(&w);
-    uint16_t* q = random_q(&w);
-    const int64_t stride = w.geo.topk_width + 2;
+    const tu_shape shape = {4, {16, 16, 16, 1}, {140000, 140000, 140000, 3000}};
     const int share_window[4] = {-1, 2, 1, -1};
-    int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
-    check_routes(&w,
+    window_cases(ctx, &c, 1 << 18, &shape, 2, share_window,
                  "3 x 16 rows at 140000 tokens (3 union windows: none lists / the last lists /"
                  " the middle lists) + 1",
-                 kv, q, topk, stride, routes, 3, 0);
-    free(topk);
-    free(q);
-    free(kv);
-    tu_world_destroy(&w);
+                 NULL, 0);
   }
   /* A model of 131072 tokens: on GPUs that give a CTA ~200 KB of shared memory (SM90,
    * SM100) the union kernel's wide variant takes each group as one window of counts
@@ -641,33 +660,13 @@ static void overlap_geometry(qsakv_context* ctx, const geometry_case* g, int ful
    * 65535 (offsets past 16 bits), only below it, nothing, and then f = 1, 0.5 and 0 over
    * the whole context. */
   if (!full || long_context) {
-    qsakv_model_config cw = c;
-    cw.max_model_len = 1 << 17;
-    tu_shape shape = {4, {16, 16, 16, 1}, {131072, 120000, 100000, 3000}};
-    tu_world w;
-    tu_world_build(&w, ctx, &cw, &shape, tu_next(), 2.0f, 0.01f, 0.008f, 0);
-    tu_assert_block0_unmapped(&w);
-    void* kv = tu_world_read_kv(&w);
-    uint16_t* q = random_q(&w);
-    const int64_t stride = w.geo.topk_width + 1;
+    const tu_shape shape = {4, {16, 16, 16, 1}, {131072, 120000, 100000, 3000}};
     const int share_window[4] = {1, 0, -1, -1};
-    int32_t* topk = window_wait_topk(&w, stride, 65536, share_window);
-    check_routes(&w,
+    const double wide_fs[3] = {1.0, 0.5, 0.0};
+    window_cases(ctx, &c, 1 << 17, &shape, 1, share_window,
                  "16 rows at 131072 tokens sharing past 65535, 16 at 120000 sharing below it, "
                  "16 at 100000 sharing nothing + 1 (a model of 131072 tokens)",
-                 kv, q, topk, stride, routes, 3, 0);
-    free(topk);
-    for (int k = 0; k < (full ? 3 : 0); ++k) {
-      const double f = k == 0 ? 1.0 : k == 1 ? 0.5 : 0.0;
-      topk = tu_overlap_topk(&w, stride, f, w.geo.topk_width);
-      char what[96];
-      snprintf(what, sizeof what, "16 rows at 131072 / 120000 / 100000 tokens + 1, f=%.2f", f);
-      check_routes(&w, what, kv, q, topk, stride, routes, 3, 0);
-      free(topk);
-    }
-    free(q);
-    free(kv);
-    tu_world_destroy(&w);
+                 wide_fs, full ? 3 : 0);
   }
   /* Lists wider than one pass of the union kernel's registers (2304 entries a row: each
    * phase reloads its pass), in one window and in two. */
