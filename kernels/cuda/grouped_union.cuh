@@ -156,14 +156,14 @@ enum UnionVariant { kUnionOneWindow, kUnionReload, kUnionWide };
 
 template <int kVariant>
 __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const UnionParams p) {
-  constexpr bool kReload = kVariant == kUnionReload;
-  constexpr bool kWide = kVariant == kUnionWide;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
   // Not part of the SM70 tier (its plans make no groups), so never launched in sm_70 code,
   // where this body spills at 64 registers (CUDA 12.9): a V100 build carries a stub.
   (void)p;
   __trap();
 #else
+  constexpr bool kReload = kVariant == kUnionReload;
+  constexpr bool kWide = kVariant == kUnionWide;
   wait_for_predecessors();  // the top-k lists (dependent_launch.cuh)
   allow_dependents();
   const int group = blockIdx.x;
