@@ -88,9 +88,9 @@ constexpr int grouped_union_window(int max_model_len) {
 }
 // Past one such window and up to this many positions, the union kernel's wide variant
 // keeps an 8-bit count per position instead (196 KB of shared memory for 2051-entry lists
-// at 128K: GPUs that let a CTA have that much, SM90 and SM100; others keep the windows),
-// so the group is one window; docs/perf.md run 41. Its window, or 0 where it does not
-// apply.
+// at 128K, 160 KB at 96K: where the GPU's opt-in limit per CTA holds it, SM90 and SM100 at
+// 128K; elsewhere the windows), so the group is one window; docs/perf.md run 41. Its
+// window, or 0 where it does not apply.
 constexpr int kGroupedUnionWideWindow = 131072;
 constexpr int grouped_union_wide_window(int max_model_len) {
   // Each thread owns whole 32-position words of listed bits.

@@ -73,7 +73,10 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     // The variant and its shared memory follow the plan's geometry: set for each launch.
     const bool one_pass =
         union_row_words(p.topk_width) <= kUnionEntries * kUnionWarps / kGroupedMaxRows;
-    const bool wide = !g.one_window && one_pass && g.wide_window > 0 &&
+    // (Blocks of a multiple of 4 tokens: a list that repeats a token, which lists must not,
+    // can carry a count into a neighbour up to 3 positions on, past the rows; its block is
+    // then still the request's last.)
+    const bool wide = !g.one_window && one_pass && g.wide_window > 0 && up.block_size % 4 == 0 &&
                       kernel_smem_fits(grouped_union_kernel<kUnionWide>,
                                        union_smem_bytes(g.wide_window, true, up));
     up.window = wide ? g.wide_window : g.window;

@@ -336,8 +336,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1) grouped_union_kernel(const U
       for (int k = 0; k < kUnionEntries; ++k)
         if (has(k)) {
           const int x = off(k);
-          // (Wide: at most `rows` per byte, as lists repeat no token; a repeating list could
-          // carry into a neighbour's count, which moves routing, never memory safety.)
+          // (Wide: at most `rows` per byte, as lists repeat no token. A repeating list could
+          // carry into the next positions' counts in the word, listing a position up to 3
+          // past the rows with an empty mask: the launch takes this variant only for blocks
+          // of a multiple of 4 tokens, so that position's block is the request's last.)
           if constexpr (kWide)
             atomicAdd(&counts[x >> 2], 1u << ((x & 3) << 3));
           else

@@ -44,7 +44,8 @@ void prepare_kernel_smem(Kernel* kernel, int bytes, bool max_carveout,
 
 // Whether `kernel` can have `dynamic_bytes` of dynamic shared memory on the current device:
 // the device's opt-in limit per CTA less the kernel's static shared memory. Host queries
-// that touch no stream (capture-safe); one that fails answers no.
+// that touch no stream (capture-safe); one that fails answers no, and its error is
+// cleared so that the launch check after it does not report it.
 template <class Kernel>
 bool kernel_smem_fits(Kernel* kernel, int dynamic_bytes) {
   int device = 0, optin = 0;
@@ -52,8 +53,10 @@ bool kernel_smem_fits(Kernel* kernel, int dynamic_bytes) {
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
           cudaSuccess ||
-      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess)
+      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
     return false;
+  }
   return static_cast<size_t>(dynamic_bytes) + attr.sharedSizeBytes <= static_cast<size_t>(optin);
 }
 
