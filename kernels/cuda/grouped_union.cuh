@@ -139,7 +139,8 @@ __host__ __device__ inline UnionLayout union_layout(int window, bool wide, int u
   L.own_prefix = L.own + entry_words;
   L.words = L.own_prefix + entry_words;
   return L;
-}  // The dynamic shared memory of a launch, in bytes.
+}
+// The dynamic shared memory of a launch, in bytes.
 inline int union_smem_bytes(int window, bool wide, const UnionParams& p) {
   return static_cast<int>(sizeof(uint32_t)) *
          union_layout(window, wide, p.union_cap, p.entry_words).words;
