@@ -2,7 +2,9 @@
 # Nsight Compute profiles of qsakv_bench cases on the device machine, one report per case
 # (--set full, clocks left alone), with a short summary printed and the hottest kernel's
 # SASS-level stall samples exported (source page), so that a latency-bound chain shows
-# where it waits (the overlap kind: both of the grouped route's kernels, one export each):
+# where it waits, and its instructions and samples by source function
+# (tools/ncu-sass-by-source.py over the build's disassembly; the overlap kind: both of the
+# grouped route's kernels, one export each):
 #   tools/profile.sh select  BUILD CASE...     selection cases (qsakv_bench --select-cases
 #                                              numbers; E4M3 index keys): the score and
 #                                              top-k kernels of the first two calls
@@ -16,6 +18,14 @@ OUT=${OUT:-/tmp/out}
 kind=${1:?select or overlap}
 build=${2:?build directory}
 shift 2
+# The build's disassembly with line information (the library is built with -lineinfo),
+# for ncu-sass-by-source.py: the cubins of the kernels profiled below.
+dis="$OUT/qsakv-$kind.dis"
+case $kind in select) cubins="select" ;; *) cubins="grouped_attention decode_attention" ;; esac
+lib=$(realpath "$build/libqsakv.so")
+(tmp=$(mktemp -d) && cd "$tmp" && cuobjdump -xelf all "$lib" > /dev/null &&
+  for c in $cubins; do nvdisasm -c -gi "$c".*.cubin; done > "$dis"; rm -rf "$tmp") ||
+  echo "profile.sh: no disassembly of $build/libqsakv.so (cuobjdump, nvdisasm on PATH?)" >&2
 for c in "$@"; do
   case $kind in
     select)
@@ -38,5 +48,10 @@ for c in "$@"; do
     ncu -i "$rep.ncu-rep" -k "regex:$h" --page source --csv --print-source cuda,sass \
       > "$rep.${h//|/-}.source.csv" 2>&1 || true
     python3 "$(dirname "$0")/ncu-source-top.py" "$rep.${h//|/-}.source.csv" 20 || true
+    echo "-- $h: instructions and stall samples by source function (first launch)"
+    ncu -i "$rep.ncu-rep" -k "regex:$h" --launch-count 1 --page source --csv --print-source sass \
+      > "$rep.${h//|/-}.sass.csv" 2>&1 || true
+    python3 "$(dirname "$0")/ncu-sass-by-source.py" "$dis" "$rep.${h//|/-}.sass.csv" \
+      "${h%%|*}" 2>&1 | head -16 || true
   done
 done
