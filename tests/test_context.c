@@ -26,21 +26,6 @@ static void test_cpu_backend(void** state) {
   qsakv_context_destroy(ctx);
 }
 
-/* A context-creation environment variable under test: its value saved on entry, put back
- * on exit, whatever the test set it to. */
-static char* env_save(const char* name) {
-  const char* v = getenv(name);
-  return v ? strdup(v) : NULL;
-}
-static void env_restore(const char* name, char* saved) {
-  if (saved) {
-    setenv(name, saved, 1);
-    free(saved);
-  } else {
-    unsetenv(name);
-  }
-}
-
 /* Every value in bad[] makes context creation fail with INVALID_ARGUMENT, no context, and a
  * message naming the variable and one valid value (`hint`). */
 static void expect_env_refused(const char* name, const char* const* bad, size_t n,
@@ -79,7 +64,7 @@ static qsakv_status cuda_context_create(qsakv_context** gpu) {
  * checked on every backend, so a typo never silently tests the default tier. */
 static void test_cuda_tier_variable(void** state) {
   (void)state;
-  char* keep = env_save("QSAKV_CUDA_TIER");
+  char* keep = tu_env_save("QSAKV_CUDA_TIER");
   const char* bad[] = {"bogus", "SM70", "sm80", "70", " sm70"};
   expect_env_refused("QSAKV_CUDA_TIER", bad, sizeof bad / sizeof bad[0], "sm70");
   /* Valid values: the CPU backend takes them and reports no kernel tier. */
@@ -96,14 +81,14 @@ static void test_cuda_tier_variable(void** state) {
   } else {
     print_message("[ SKIP     ] sm70 on a GPU: no usable GPU\n");
   }
-  env_restore("QSAKV_CUDA_TIER", keep);
+  tu_env_restore("QSAKV_CUDA_TIER", keep);
 }
 
 /* An MMA-choice hook (auto, sync, wgmma): bad values are refused naming the variable, good
  * ones taken on the CPU backend; "wgmma" on a GPU either works (SM 9.0 with sm_90a code) or
  * is refused as unsupported, naming the variable and SM 9.0. */
 static void check_mma_hook(const char* var) {
-  char* keep = env_save(var);
+  char* keep = tu_env_save(var);
   const char* bad[] = {"bogus", "WGMMA", "mma", " sync", "wgmma,"};
   expect_env_refused(var, bad, sizeof bad / sizeof bad[0], "wgmma");
   const char* good[] = {"", "auto", "sync", "wgmma"};
@@ -122,7 +107,7 @@ static void check_mma_hook(const char* var) {
     assert_int_equal(info_of(gpu).sm_version, 90);
     qsakv_context_destroy(gpu);
   }
-  env_restore(var, keep);
+  tu_env_restore(var, keep);
 }
 
 /* QSAKV_GROUPED_MMA (the grouped kernel's MMA, a test and benchmark hook) likewise: read at
@@ -146,7 +131,7 @@ static void test_select_mma_variable(void** state) {
  * tools/output_digest.py's run with it off. */
 static void test_dependent_launch_variable(void** state) {
   (void)state;
-  char* keep = env_save("QSAKV_DEPENDENT_LAUNCH");
+  char* keep = tu_env_save("QSAKV_DEPENDENT_LAUNCH");
   const char* bad[] = {"bogus",         "OFF",           "on",   "0", " off", "store,", ",select",
                        "store,,select", "attention,off", "Store"};
   expect_env_refused("QSAKV_DEPENDENT_LAUNCH", bad, sizeof bad / sizeof bad[0],
@@ -156,8 +141,8 @@ static void test_dependent_launch_variable(void** state) {
   /* On a GPU "off" and a family list are taken whatever its SM (before SM90 there is
    * nothing to turn on or off); the other hooks are unset meanwhile, so that one inherited
    * from the shell cannot refuse the context for its own reason. */
-  char* keep_tier = env_save("QSAKV_CUDA_TIER");
-  char* keep_mma = env_save("QSAKV_GROUPED_MMA");
+  char* keep_tier = tu_env_save("QSAKV_CUDA_TIER");
+  char* keep_mma = tu_env_save("QSAKV_GROUPED_MMA");
   unsetenv("QSAKV_CUDA_TIER");
   unsetenv("QSAKV_GROUPED_MMA");
   const char* on_gpu[] = {"off", "store,select,attention"};
@@ -172,21 +157,21 @@ static void test_dependent_launch_variable(void** state) {
       qsakv_context_destroy(gpu);
     }
   }
-  env_restore("QSAKV_DEPENDENT_LAUNCH", keep);
-  env_restore("QSAKV_GROUPED_MMA", keep_mma);
-  env_restore("QSAKV_CUDA_TIER", keep_tier);
+  tu_env_restore("QSAKV_DEPENDENT_LAUNCH", keep);
+  tu_env_restore("QSAKV_GROUPED_MMA", keep_mma);
+  tu_env_restore("QSAKV_CUDA_TIER", keep_tier);
 }
 
 /* QSAKV_SELECT_STAGES (the scoring kernels alone, a benchmark hook) likewise. That "score"
  * launches no top-k is checked by test_select on a GPU. */
 static void test_select_stages_variable(void** state) {
   (void)state;
-  char* keep = env_save("QSAKV_SELECT_STAGES");
+  char* keep = tu_env_save("QSAKV_SELECT_STAGES");
   const char* bad[] = {"bogus", "Score", "ALL", "topk", " score", "score,", "0"};
   expect_env_refused("QSAKV_SELECT_STAGES", bad, sizeof bad / sizeof bad[0], "all or score");
   const char* good[] = {"", "all", "score"};
   expect_env_taken_on_cpu("QSAKV_SELECT_STAGES", good, sizeof good / sizeof good[0]);
-  env_restore("QSAKV_SELECT_STAGES", keep);
+  tu_env_restore("QSAKV_SELECT_STAGES", keep);
 }
 
 static void test_auto_chooses_and_says_why(void** state) {

@@ -370,16 +370,10 @@ static void build_contract_world(tu_world* w, qsakv_context* ctx, const tu_shape
 static void test_select_score_only_cuda(void** state) {
   (void)state;
   qsakv_context* plain = tu_cuda_context_or_skip();
-  const char* was = getenv("QSAKV_SELECT_STAGES");
-  char* keep = was ? strdup(was) : NULL;
+  char* keep = tu_env_save("QSAKV_SELECT_STAGES");
   setenv("QSAKV_SELECT_STAGES", "score", 1);
   qsakv_context* scoring = tu_context(QSAKV_BACKEND_CUDA); /* the hook is read here */
-  if (keep) {
-    setenv("QSAKV_SELECT_STAGES", keep, 1);
-    free(keep);
-  } else {
-    unsetenv("QSAKV_SELECT_STAGES");
-  }
+  tu_env_restore("QSAKV_SELECT_STAGES", keep);
   assert_non_null(scoring);
   qsakv_model_config c;
   contract_config(&c);
@@ -571,20 +565,14 @@ static void test_select_contract_cuda(void** state) {
 static void test_select_warpgroup_scorer_cuda(void** state) {
   (void)state;
   qsakv_context_destroy(tu_cuda_context_or_skip()); /* no GPU: skipped, saying so */
-  const char* was = getenv("QSAKV_SELECT_MMA");
-  char* keep = was ? strdup(was) : NULL;
+  char* keep = tu_env_save("QSAKV_SELECT_MMA");
   setenv("QSAKV_SELECT_MMA", "wgmma", 1);
   qsakv_context_options o;
   TU_OK(qsakv_context_options_init(&o));
   o.backend = QSAKV_BACKEND_CUDA;
   qsakv_context* gpu = NULL;
   const qsakv_status st = qsakv_context_create(&gpu, &o); /* the hook is read here */
-  if (keep) {
-    setenv("QSAKV_SELECT_MMA", keep, 1);
-    free(keep);
-  } else {
-    unsetenv("QSAKV_SELECT_MMA");
-  }
+  tu_env_restore("QSAKV_SELECT_MMA", keep);
   if (st == QSAKV_ERROR_UNSUPPORTED) {
     fprintf(stderr, "[ SKIP     ] no warpgroup scorer on this GPU or build: %s\n",
             qsakv_last_error());

@@ -122,6 +122,20 @@ qsakv_context* tu_context(qsakv_backend backend) {
   return ctx;
 }
 
+char* tu_env_save(const char* name) {
+  const char* v = getenv(name);
+  return v ? strdup(v) : NULL;
+}
+
+void tu_env_restore(const char* name, char* saved) {
+  if (saved) {
+    setenv(name, saved, 1);
+    free(saved);
+  } else {
+    unsetenv(name);
+  }
+}
+
 qsakv_context* tu_cuda_context_or_skip(void) {
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CUDA);
   if (!ctx) {

@@ -55,6 +55,12 @@ uint8_t tu_e4m3_encode(float q);
   } while (0)
 #define TU_OK(call) TU_EXPECT_STATUS(call, QSAKV_SUCCESS)
 
+/* An environment variable under test (a hook read at context creation): its value saved
+ * (a copy, or NULL when unset) and put back (and the copy freed), whatever the test set it
+ * to in between. */
+char* tu_env_save(const char* name);
+void tu_env_restore(const char* name, char* saved);
+
 qsakv_context* tu_context(qsakv_backend backend); /* NULL if unavailable */
 /* A CUDA context, or NULL after cmocka's skip() when there is no GPU. */
 qsakv_context* tu_cuda_context_or_skip(void);
