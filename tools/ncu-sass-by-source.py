@@ -11,6 +11,7 @@ source function of its inline chain (the nearest definition above its line), lab
 with its caller ("helper < caller"), so that a shared helper shows once per call site.
 
 Usage: ncu-sass-by-source.py DISASM SASS_CSV FUNCTION [--per N] [--lines FILE:LO-HI]
+  SASS_CSV         the export; of several kernels in it, the first
   FUNCTION         a substring of the kernel's mangled name in DISASM (of the instances
                    that match, the one whose opcodes agree with the profile's)
   --per N          also give counts per N (e.g. per row of the batch profiled)
@@ -132,7 +133,12 @@ def main(argv):
         rest = rest[2:]
     rows = list(csv.reader(open(sass_csv, errors="replace")))
     hdr_i = next(i for i, r in enumerate(rows) if "Address" in r)
-    hdr, body = rows[hdr_i], [r for r in rows[hdr_i + 1:] if len(r) > 2]
+    hdr, body = rows[hdr_i], []
+    for r in rows[hdr_i + 1:]:  # the first kernel of the export only
+        if r and r[0] in ("Kernel Name", "Address"):
+            break
+        if len(r) > 2:
+            body.append(r)
     col = {name: hdr.index(name) for name in ("Address", "Source", "Instructions Executed")}
     samp = next(i for i, c in enumerate(hdr) if c.startswith("Warp Stall Sampling (All"))
     base = int(body[0][col["Address"]], 16)
@@ -185,4 +191,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except BrokenPipeError:  # a reader such as `head` stopped early
+        os._exit(0)

@@ -49,7 +49,7 @@ for c in "$@"; do
       > "$rep.${h//|/-}.source.csv" 2>&1 || true
     python3 "$(dirname "$0")/ncu-source-top.py" "$rep.${h//|/-}.source.csv" 20 || true
     echo "-- $h: instructions and stall samples by source function (first launch)"
-    ncu -i "$rep.ncu-rep" -k "regex:$h" --launch-count 1 --page source --csv --print-source sass \
+    ncu -i "$rep.ncu-rep" -k "regex:$h" --page source --csv --print-source sass \
       > "$rep.${h//|/-}.sass.csv" 2>&1 || true
     python3 "$(dirname "$0")/ncu-sass-by-source.py" "$dis" "$rep.${h//|/-}.sass.csv" \
       "${h%%|*}" 2>&1 | head -16 || true
