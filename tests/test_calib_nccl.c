@@ -55,10 +55,13 @@ static void test_missing_nccl(void** state) {
   config(&c, 1);
   qsakv_calib* h = NULL;
   TU_OK(qsakv_calib_create(&h, ctx, &c));
+  /* The caller's own setting (a NCCL outside the loader's path) is put back for the
+   * tests that load NCCL after this one. */
+  char* saved = tu_env_save("QSAKV_NCCL_LIBRARY");
   setenv("QSAKV_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
   TU_EXPECT_STATUS(qsakv_calib_allreduce(h, (void*)0x1, NULL), QSAKV_ERROR_NCCL);
   MSG_HAS("cannot load /nonexistent/libnccl.so.2");
-  unsetenv("QSAKV_NCCL_LIBRARY");
+  tu_env_restore("QSAKV_NCCL_LIBRARY", saved);
   qsakv_calib_info info;
   memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;
