@@ -2,6 +2,7 @@
 // Tensor-parallel consensus, the comparison every rank runs on the all-gathered records
 // (compiled in from src/core: the NCCL part needs GPUs and is in test_calib_nccl.c).
 // Each case breaks one thing on one rank of four and checks the verdict names it.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -73,6 +74,23 @@ static void test_config_field_differs(void** state) {
       },
       ov));
   assert_true(has(d, "config.kv_dtype differs") && has(d, "rank 1 has fp16") && has(d, "e4m3"));
+  /* Ranks selecting on keys of other types pick other tokens. */
+  const std::string k = qsakv::compare_rank_records(records(
+      [](int r, qsakv_model_config& c) {
+        if (r == 2) c.index_key_dtype = QSAKV_DTYPE_E4M3;
+      },
+      ov));
+  assert_true(has(k, "config.index_key_dtype differs") && has(k, "rank 2 has e4m3") &&
+              has(k, "ranks 0, 1, 3 have fp16"));
+  /* A softmax scale one float step apart is a difference, and is shown as one. */
+  const std::string s = qsakv::compare_rank_records(records(
+      [](int r, qsakv_model_config& c) {
+        c.softmax_scale = 0.0625f;
+        if (r == 1) c.softmax_scale = std::nextafter(0.0625f, 1.0f);
+      },
+      ov));
+  assert_true(has(s, "config.softmax_scale differs") && has(s, "rank 1 has 0.0625000075") &&
+              has(s, "ranks 0, 2, 3 have 0.0625"));
   const std::string l = qsakv::compare_rank_records(records(
       [](int r, qsakv_model_config& c) {
         if (r == 3) c.qsa_layers[11] = 46;

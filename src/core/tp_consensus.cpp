@@ -24,7 +24,7 @@ const char* const kFieldNames[RankRecord::kConfigFields] = {
     "num_layers",         "num_qsa_layers",   "num_q_heads",    "num_kv_heads",   "head_dim",
     "softmax_scale",      "index_num_heads",  "index_head_dim", "compress_ratio", "topk_tokens",
     "speculative_tokens", "activation_dtype", "kv_dtype",       "block_size",     "max_requests",
-    "max_batched_tokens", "max_model_len"};
+    "max_batched_tokens", "max_model_len",    "index_key_dtype"};
 
 void copy_string(char* dst, size_t n, const std::string& s) {
   std::memset(dst, 0, n);
@@ -60,9 +60,9 @@ std::string field_value(const RankRecord& r, int i) {
   if (i == 5) {  // softmax_scale, carried as its bits
     float f;
     std::memcpy(&f, &v, 4);
-    return format("%g", static_cast<double>(f));
+    return format("%.9g", static_cast<double>(f));  // 9 digits: one string per float
   }
-  if (i == 11 || i == 12) return dtype_name(static_cast<int32_t>(v));
+  if (i == 11 || i == 12 || i == 17) return dtype_name(static_cast<int32_t>(v));
   return std::to_string(v);
 }
 
@@ -75,7 +75,7 @@ RankRecord make_rank_record(const qsakv_model_config& c, const qsakv_overlay* ov
   RankRecord r;
   std::memset(&r, 0, sizeof r);
   r.magic = RankRecord::kMagic;
-  r.version = 1;
+  r.version = RankRecord::kVersion;
   r.comm_rank = comm_rank;
   r.comm_size = comm_size;
   r.tp_rank = c.tp_rank;
@@ -86,7 +86,7 @@ RankRecord make_rank_record(const qsakv_model_config& c, const qsakv_overlay* ov
       c.num_layers,         c.num_qsa_layers,   c.num_q_heads,    c.num_kv_heads,   c.head_dim,
       scale_bits,           c.index_num_heads,  c.index_head_dim, c.compress_ratio, c.topk_tokens,
       c.speculative_tokens, c.activation_dtype, c.kv_dtype,       c.block_size,     c.max_requests,
-      c.max_batched_tokens, c.max_model_len};
+      c.max_batched_tokens, c.max_model_len,    c.index_key_dtype};
   std::memcpy(r.config, fields, sizeof fields);
   copy_string(r.qsa_layers_sha256, sizeof r.qsa_layers_sha256,
               sha256_hex(c.qsa_layers, sizeof(int32_t) * static_cast<size_t>(c.num_qsa_layers)));
@@ -103,7 +103,7 @@ std::string compare_rank_records(const std::vector<RankRecord>& records) {
   std::string out;
   for (size_t r = 0; r < records.size(); ++r) {
     const RankRecord& x = records[r];
-    if (x.magic != RankRecord::kMagic || x.version != 1)
+    if (x.magic != RankRecord::kMagic || x.version != RankRecord::kVersion)
       out += format("%srank %zu sent no consensus record (another library version?)",
                     out.empty() ? "" : "; ", r);
     else if (x.comm_rank != static_cast<int>(r) || x.tp_rank != static_cast<int>(r))

@@ -15,16 +15,21 @@ namespace qsakv {
 // Plain bytes (all-gathered as uint8): no pointers, no padding surprises.
 struct RankRecord {
   static constexpr uint32_t kMagic = 0x43505451u;  // "QTPC"
-  static constexpr int kConfigFields = 17;
+  static constexpr int kConfigFields = 18;
+  // 2: index_key_dtype compared (version 1 records, from an older library, are refused).
+  static constexpr uint32_t kVersion = 2;
   uint32_t magic;
   uint32_t version;
   int32_t comm_rank;
   int32_t comm_size;
   int32_t tp_rank;
   int32_t tp_size;
-  int32_t config[kConfigFields];  // every config field but tp_rank/tp_size/qsa_layers
-  char qsa_layers_sha256[65];     // of the QSA layer id list
-  char scale_file_sha256[65];     // "" without an overlay
+  // Every config field but tp_rank/tp_size/qsa_layers: a field appended to
+  // qsakv_model_config goes here too (kConfigFields, kFieldNames, kVersion bumped), or
+  // ranks that differ in it pass consensus (index_key_dtype was missing until version 2).
+  int32_t config[kConfigFields];
+  char qsa_layers_sha256[65];  // of the QSA layer id list
+  char scale_file_sha256[65];  // "" without an overlay
   char layer_prefix[128];
   int32_t has_overlay;
   int32_t overlay_validated;
