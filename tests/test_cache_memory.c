@@ -305,6 +305,27 @@ static void test_refusals(void** state) {
   EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
                  "memory.layers[1].kv (layer 7) overlaps memory.layers[0].kv");
   f.layers[1] = saved;
+  /* The caller's top-k buffer: selection writes it, so it may not overlap a layer's buffer
+   * (either create path checks its alignment). The buffer it names is the first one the
+   * top-k's extent meets (the buffers are separate allocations). */
+  o = f.opts;
+  o.external_topk_dtype = QSAKV_DTYPE_INT32;
+  o.external_topk_rows = f.layout.topk_rows;
+  o.external_topk_cols = f.layout.topk_cols;
+  o.external_topk = f.layers[1].compressed_keys;
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                 "options.external_topk overlaps memory.layers[");
+  int32_t* topk = malloc(sizeof(int32_t) * (size_t)(f.layout.topk_rows * f.layout.topk_cols + 1));
+  o.external_topk = (char*)topk + 2;
+  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                 "options.external_topk");
+  assert_non_null(strstr(qsakv_last_error(), "4-byte aligned"));
+  EXPECT_REFUSAL(qsakv_cache_create(&cache, ctx, &f.cfg, f.overlay, &o), "4-byte aligned");
+  o.external_topk = topk; /* a buffer of its own is taken */
+  TU_OK(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m));
+  qsakv_cache_destroy(cache);
+  cache = NULL;
+  free(topk);
   assert_null(cache);
   /* A bigger buffer than needed is fine. */
   f.layers[0].kv_bytes += 4096;

@@ -2,6 +2,7 @@
 // extern "C" entry points: capacity planning and cache creation.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -66,6 +67,13 @@ qsakv_cache_options sized_options(const qsakv_cache_options* options) {
   return o;
 }
 
+// The bytes of the caller's top-k buffer (rows x cols int32; build_layout bounds the
+// product).
+uint64_t external_topk_bytes(const qsakv_cache_options& o) {
+  return static_cast<uint64_t>(o.external_topk_rows) * static_cast<uint64_t>(o.external_topk_cols) *
+         sizeof(int32_t);
+}
+
 // A cache handle of layout L with its scales, NaN flags and top-k buffer; the K/V, ring
 // and compressed buffers are the caller's to attach.
 std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model_config& c,
@@ -85,6 +93,12 @@ std::unique_ptr<qsakv_cache> new_cache(qsakv_context* context, const qsakv_model
   cache->compressed_layers.assign(nl, nullptr);
   cache->ring_layers.assign(nl, nullptr);
   if (o.external_topk) {
+    // The caller's top-k buffer, checked like its other buffers (build_layout has checked
+    // its type and shape): int32 entries, memory of the context's device.
+    if (reinterpret_cast<uintptr_t>(o.external_topk) % sizeof(int32_t) != 0)
+      fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk (%p) must be 4-byte aligned",
+           o.external_topk);
+    be->check_caller_memory(o.external_topk, external_topk_bytes(o), "options.external_topk");
     cache->topk_base = static_cast<int32_t*>(o.external_topk);
   } else {
     const size_t buffers = o.share_topk ? 1 : nl;
@@ -261,6 +275,12 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
             L.compressed_bytes_per_layer);
       check(i, "ring_keys", lm.ring_keys, lm.ring_bytes, L.ring_bytes_per_layer);
     }
+    if (o.external_topk) {  // selection would write into the caller's other buffers
+      const uintptr_t b = reinterpret_cast<uintptr_t>(o.external_topk);
+      for (const Range& r : ranges)
+        if (b < r.end && r.begin < b + external_topk_bytes(o))
+          fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.external_topk overlaps %s", r.name.c_str());
+    }
     auto cache = new_cache(context, c, g, scales, o, L);
     for (int i = 0; i < c.num_qsa_layers; ++i) {
       cache->kv_layers[i] = static_cast<char*>(m.layers[i].kv);
@@ -285,8 +305,7 @@ qsakv_status qsakv_cache_note_external_codes(qsakv_cache* cache, int32_t layer,
                                              qsakv_stream_t stream) {
   return guarded([&] {
     if (!cache) fail(QSAKV_ERROR_INVALID_ARGUMENT, "cache is NULL");
-    const int i = qsa_index(cache->config, layer);
-    if (i < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "layer %d is not a QSA layer", layer);
+    const int i = require_qsa_layer(cache, layer);
     static const int32_t kOne = 1;  // static storage: the async copy may read it later
     cache->context->backend->copy(cache->nan_flags.as<int32_t>() + i, &kOne, sizeof kOne,
                                   QSAKV_COPY_HOST_TO_DEVICE, stream);
