@@ -132,6 +132,13 @@ static void test_refusals(void** state) {
                        write_scalars("d.safetensors", dup, values, 2, NULL), 4, l, k, v, &n, NULL),
                    QSAKV_ERROR_OVERLAY_DUPLICATE);
   assert_non_null(strstr(qsakv_last_error(), "layer 3"));
+  /* A NaN scale is a scale the file gives: the same scale again is still a duplicate. */
+  const float nan_first[] = {NAN, 1.0f};
+  TU_EXPECT_STATUS(
+      qsakv_overlay_read_scale_file(write_scalars("dn.safetensors", dup, nan_first, 2, NULL), 4, l,
+                                    k, v, &n, NULL),
+      QSAKV_ERROR_OVERLAY_DUPLICATE);
+  assert_non_null(strstr(qsakv_last_error(), "\"model.layers.3.k_scale\" is the second"));
   const char* bad[] = {"model.layers.3.self_attn.k_scale", "model.layers.3.self_attn.v_scale"};
   TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(
                        write_scalars("b.safetensors", bad, values, 2, "I32"), 4, l, k, v, &n, NULL),

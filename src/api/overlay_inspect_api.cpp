@@ -31,7 +31,10 @@ qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int32_t capac
     const std::string bytes =
         read_file(scale_file, kMaxHeaderBytes + (64u << 20), "scale file", QSAKV_ERROR_IO);
     const Safetensors st = parse_safetensors(bytes, scale_file);
-    std::map<int32_t, std::pair<float, float>> found;  // layer -> (k, v), NaN = absent
+    // layer -> (k, v), NaN = absent from the file; whether each was seen is kept apart, since
+    // a file may hold a NaN scale (shown as found) and then the same scale again.
+    std::map<int32_t, std::pair<float, float>> found;
+    std::map<int32_t, std::pair<bool, bool>> seen;
     for (const SafetensorsTensor& t : st.tensors) {
       ScaleName n;
       if (!parse_scale_name(t.name, &n))
@@ -44,11 +47,14 @@ qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int32_t capac
              scale_file, t.name.c_str(), t.dtype.c_str(), t.shape.size());
       auto it = found.emplace(n.layer, std::make_pair(NAN, NAN)).first;
       float& slot = n.kind == ScaleKind::k ? it->second.first : it->second.second;
-      if (!std::isnan(slot))
+      auto& was = seen[n.layer];
+      bool& seen_before = n.kind == ScaleKind::k ? was.first : was.second;
+      if (seen_before)
         fail(QSAKV_ERROR_OVERLAY_DUPLICATE,
              "%s: layer %d has two %s tensors (\"%s\" is the "
              "second)",
              scale_file, n.layer, kind_name(n.kind), t.name.c_str());
+      seen_before = true;
       slot = read_f32(st, t);
       // A NaN scale read from the file stays NaN: inspection shows it as found.
     }
