@@ -269,6 +269,8 @@ static void test_sizes_that_would_wrap_are_refused(void** state) {
   TU_OK(qsakv_cache_create(&cache, ctx, &c, NULL, &o));
   TU_OK(qsakv_cache_note_external_codes(cache, 3, NULL));
   TU_EXPECT_STATUS(qsakv_cache_note_external_codes(cache, 4, NULL), QSAKV_ERROR_INVALID_ARGUMENT);
+  /* The same message as every layer argument: which layers are QSA layers. */
+  assert_non_null(strstr(qsakv_last_error(), "layer 4 is not a QSA layer of this config ("));
   qsakv_cache_destroy(cache);
   qsakv_context_destroy(ctx);
 }

@@ -254,7 +254,8 @@ qsakv_status qsakv_calib_get_stats(const qsakv_calib* calib, int32_t layer, qsak
 qsakv_status qsakv_calib_save(const qsakv_calib* calib, const char* path) {
   return guarded([&] {
     require_host(calib, "qsakv_calib_save");
-    if (!path || !*path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL or empty");
+    if (!path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL");
+    if (!*path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is empty");
     calib::save_stats(calib->host, path);
   });
 }
@@ -262,7 +263,8 @@ qsakv_status qsakv_calib_save(const qsakv_calib* calib, const char* path) {
 qsakv_status qsakv_calib_load(qsakv_calib** out, const char* path) {
   return guarded([&] {
     require_out(out, "out");
-    if (!path || !*path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL or empty");
+    if (!path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is NULL");
+    if (!*path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "path is empty");
     *out = host_handle(calib::load_stats(path)).release();
   });
 }
@@ -312,7 +314,8 @@ qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const char* out
                                        const qsakv_overlay_write_options* options) {
   return guarded([&] {
     require_host(calib, "qsakv_calib_write_overlay");
-    if (!out_dir || !*out_dir) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_dir is NULL or empty");
+    if (!out_dir) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_dir is NULL");
+    if (!*out_dir) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_dir is empty");
     const auto opt = read_versioned(options, default_write_options(), "options");
     const calib::HostStats& s = calib->host;
     calib::check_summarizable(s);

@@ -44,8 +44,9 @@ template <class T>
 T read_versioned(const T* in, const T& defaults, const char* what) {
   if (!in) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
   if (in->struct_size < sizeof(size_t) + sizeof(uint32_t))
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s.struct_size is %zu; call its *_init function first",
-         what, in->struct_size);
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "%s.struct_size is %zu; must be at least %zu (call its *_init function first)", what,
+         in->struct_size, sizeof(size_t) + sizeof(uint32_t));
   if (!std::is_same<T, qsakv_model_config>::value &&
       (in->version == 0 || in->version > defaults.version))
     fail(QSAKV_ERROR_INVALID_ARGUMENT,
