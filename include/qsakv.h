@@ -19,7 +19,12 @@
  *   (the same defaults, usable in a declaration: `qsakv_cache_options o =
  *   QSAKV_CACHE_OPTIONS_INIT;`), and pass them by const pointer. Output structs start
  *   the same way: set `struct_size` (and `version`) before the call. Structs only ever
- *   grow at the end; the library reads or writes min(struct_size, its own size) bytes.
+ *   grow at the end; the library reads or writes min(struct_size, its own size) bytes of
+ *   a struct the caller passes with struct_size set. The exceptions are the *_init
+ *   functions and the config presets: they have no struct_size to read yet, so they write
+ *   the whole struct as this library's header declares it. A binary that must run against
+ *   newer libraries without being rebuilt initialises with the QSAKV_*_INIT macros (its
+ *   own struct_size, compiled in) instead.
  * - Device pointers: with the CUDA backend, "device" buffers are CUDA device memory;
  *   with the CPU backend they are ordinary host memory. Each function says which of
  *   its pointers are device pointers.
@@ -493,7 +498,10 @@ typedef struct qsakv_cache_options {
   uint64_t memory_budget_bytes; /* used when num_blocks == 0 */
   int32_t share_topk;           /* 1 (default): one model-level top-k buffer for all
                                    layers; 0: a private buffer per layer */
-  /* An external top-k buffer (device, int32, [rows, cols], row-major); NULL: allocate. */
+  /* An external top-k buffer (int32, [rows, cols], row-major, 4-byte aligned; memory of
+   * the context's GPU, host memory on the CPU backend; with
+   * qsakv_cache_create_with_memory, overlapping none of the layers' buffers); NULL:
+   * allocate. */
   void* external_topk;
   qsakv_dtype external_topk_dtype;
   int64_t external_topk_rows; /* >= max_batched_tokens */
