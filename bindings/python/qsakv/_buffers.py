@@ -63,8 +63,15 @@ class Buffer:
     shape: tuple
     contiguous: bool
     device: str  # "cpu" or "cuda"
-    device_id: int
+    device_id: int  # -1: not known (CPU, or an interface that does not say)
     kind: str  # for messages: "NumPy array", "torch tensor", ...
+    writable: bool = True  # False: a read-only NumPy array or CUDA array interface
+
+
+def _dtype_name(dtype) -> str:
+    """A NumPy dtype's name, marked where its byte order is not the machine's (the
+    library reads native values: a big-endian float16 is another type to it)."""
+    return dtype.name if dtype.isnative else f"{dtype.name} (byte order {dtype.byteorder})"
 
 
 def _contiguous(shape, strides, itemsize) -> bool:
@@ -83,8 +90,8 @@ def _from_numpy_like(a, kind) -> Buffer:
     import numpy as np
 
     a = np.asarray(a)
-    return Buffer(a.__array_interface__["data"][0], a.dtype.name, tuple(a.shape),
-                  bool(a.flags.c_contiguous), "cpu", -1, kind)
+    return Buffer(a.__array_interface__["data"][0], _dtype_name(a.dtype), tuple(a.shape),
+                  bool(a.flags.c_contiguous), "cpu", -1, kind, bool(a.flags.writeable))
 
 
 def _from_torch(t) -> Buffer:
@@ -100,9 +107,21 @@ def _from_cai(obj) -> Buffer:
     cai = obj.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
     shape = tuple(cai["shape"])
-    return Buffer(int(cai["data"][0] or 0), dtype.name, shape,
-                  _contiguous(shape, cai.get("strides"), dtype.itemsize), "cuda", -1,
-                  f"{type(obj).__name__} (__cuda_array_interface__)")
+    # The interface does not say which GPU holds the data; DLPack's device query (CuPy
+    # has it) or a .device.id attribute (CuPy, Numba) does.
+    device_id = -1
+    try:
+        if hasattr(obj, "__dlpack_device__"):
+            dev_type, dev_id = obj.__dlpack_device__()
+            if int(dev_type) in (_DL_CUDA, _DL_CUDA_MANAGED):
+                device_id = int(dev_id)
+        elif hasattr(obj, "device") and hasattr(obj.device, "id"):
+            device_id = int(obj.device.id)
+    except (TypeError, ValueError, AttributeError):
+        device_id = -1
+    return Buffer(int(cai["data"][0] or 0), _dtype_name(dtype), shape,
+                  _contiguous(shape, cai.get("strides"), dtype.itemsize), "cuda", device_id,
+                  f"{type(obj).__name__} (__cuda_array_interface__)", not cai["data"][1])
 
 
 def _from_dlpack(obj) -> Buffer:
@@ -144,11 +163,13 @@ def _dims(shape) -> str:
 
 
 def check(obj, name: str, dtype: str, shape: tuple, *, backend_cuda: bool,
-          device_id: int | None = None, min_rows: int | None = None) -> Buffer:
+          device_id: int | None = None, min_rows: int | None = None,
+          writable: bool = False) -> Buffer:
     """Checks one array argument and returns its description (.ptr, .shape).
 
     shape: ints and ANY; min_rows: the first dimension must be at least this (buffers
-    sized for a maximum shape are fine). Messages name the argument, e.g.
+    sized for a maximum shape are fine); writable: the library writes it (an output), so
+    a read-only array is refused. Messages name the argument, e.g.
     "k: expected float16 [n, 1, 256] contiguous, got float32 [7, 256]".
     """
     if obj is None:
@@ -175,6 +196,8 @@ def check(obj, name: str, dtype: str, shape: tuple, *, backend_cuda: bool,
     if backend_cuda and device_id is not None and b.device_id not in (-1, device_id):
         raise argument_error(f"{name}: expected CUDA device {device_id}, got device "
                              f"{b.device_id}")
+    if writable and not b.writable:
+        raise argument_error(f"{name}: the library writes it, got a read-only {b.kind}")
     return b
 
 
@@ -200,14 +223,16 @@ class ArgSpec:
 
     ptr(obj, rows=None, min_rows=None) -> (address, number of rows): the first dimension
     is free, equal to `rows`, or at least `min_rows`; the others equal `tail`.
+    writable: an output (read-only arrays refused).
     """
 
     __slots__ = ("name", "dtype", "tail", "ndim", "cuda", "device_id", "np_dtype",
-                 "torch_dtype", "shape")
+                 "torch_dtype", "shape", "writable")
 
     def __init__(self, name: str, dtype: str, tail: tuple, *, cuda: bool,
-                 device_id: int | None):
+                 device_id: int | None, writable: bool = False):
         self.name, self.dtype, self.tail = name, dtype, tuple(tail)
+        self.writable = writable
         self.ndim = 1 + len(self.tail)
         self.shape = (ANY,) + self.tail
         self.cuda, self.device_id = cuda, device_id
@@ -231,7 +256,9 @@ class ArgSpec:
                         try:
                             return _addressof(_from_buffer(obj)), n
                         except (TypeError, ValueError, BufferError):  # read-only, empty
-                            return obj.__array_interface__["data"][0], n
+                            if not self.writable or obj.flags.writeable:
+                                return obj.__array_interface__["data"][0], n
+                            # a read-only output: check() below says so
         elif t is _TORCH_TENSOR and t is not None:
             # Each torch attribute is a call into C++ (~0.3 us): as few as the checks need.
             dt = self.torch_dtype
@@ -248,7 +275,7 @@ class ArgSpec:
                             return obj.data_ptr(), n
         shape = self.shape if rows is None else (rows,) + self.tail
         b = check(obj, self.name, self.dtype, shape, backend_cuda=self.cuda,
-                  device_id=self.device_id, min_rows=min_rows)
+                  device_id=self.device_id, min_rows=min_rows, writable=self.writable)
         if _TORCH_TENSOR is None or _NDARRAY is None:
             _fast_types()
         return b.ptr, b.shape[0]

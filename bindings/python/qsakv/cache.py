@@ -9,7 +9,7 @@ from . import _cdefs, _structs
 from . import _views
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import lib, raise_status, raw_function
+from ._lib import layer_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name
@@ -148,7 +148,8 @@ def _layer_memory(memory, config, layout, cuda, device):
             b, error, matched = None, None, None
             for dt in dtypes:
                 try:
-                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device)
+                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device,
+                              writable=True)
                     matched = dt
                     break
                 except InvalidArgumentError as e:
@@ -209,7 +210,7 @@ class Cache(Handle):
         topk = None
         if external_topk is not None:
             b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
-                      backend_cuda=cuda, device_id=device)
+                      backend_cuda=cuda, device_id=device, writable=True)
             topk = (b.ptr,) + tuple(b.shape)
         opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
                               share_topk=share_topk, external_topk=topk)
@@ -353,7 +354,10 @@ class Cache(Handle):
         pv = self._v.ptr(v, n)[0]
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
-        status = _store_kv(a, layer, pk, pv, ps, n, s)
+        try:
+            status = _store_kv(a, layer, pk, pv, ps, n, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_store_kv", e) from None
         if status:
             raise_status(status, "qsakv_store_kv")
 
@@ -370,7 +374,10 @@ class Cache(Handle):
         pr = self._request_slots.ptr(request_slots, n)[0]
         pp = self._positions.ptr(positions, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
-        status = _store_index_keys(a, layer, pk, pr, pp, n, s)
+        try:
+            status = _store_index_keys(a, layer, pk, pr, pp, n, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_store_index_keys", e) from None
         if status:
             raise_status(status, "qsakv_store_index_keys")
 
@@ -388,7 +395,10 @@ class Cache(Handle):
         pk, n = self._keys.ptr(keys)
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
-        status = _store_compressed_keys(a, layer, pk, ps, n, s)
+        try:
+            status = _store_compressed_keys(a, layer, pk, ps, n, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_store_compressed_keys", e) from None
         if status:
             raise_status(status, "qsakv_store_compressed_keys")
 

@@ -22,7 +22,7 @@ import os
 from . import _cdefs, _structs
 from ._buffers import ArgSpec, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import lib, raise_status, raw_function
+from ._lib import layer_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name, choice
@@ -45,6 +45,9 @@ def _new_handle(cls, out, parent=None, context=None):
     Handle.__init__(self, out, lib.qsakv_calib_destroy, parent=parent)
     self.context = context
     self._k = self._v = None
+    # A host handle: its calls that take a stream pass the legacy one, and the library
+    # refuses the live-only ones (allreduce, observe) with its own status.
+    self._cuda, self._device = False, -1
     return self
 
 
@@ -121,8 +124,11 @@ class Calibration(Handle):
                                  "nothing; use a live Calibration(context, config)")
         pk, n = self._k.ptr(k)
         pv = self._v.ptr(v, n)[0]
-        status = _observe(a, layer, pk, pv, n, resolve_stream(stream, self._cuda,
-                                                              self._device))
+        s = resolve_stream(stream, self._cuda, self._device)
+        try:
+            status = _observe(a, layer, pk, pv, n, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_calib_observe", e) from None
         if status:
             raise_status(status, "qsakv_calib_observe")
 
@@ -139,8 +145,7 @@ class Calibration(Handle):
     def snapshot(self, *, stream=None) -> "Calibration":
         """A host copy, after the work enqueued on `stream` (blocking)."""
         p = self._p
-        s = resolve_stream(stream, getattr(self, "_cuda", False),
-                           getattr(self, "_device", -1))
+        s = resolve_stream(stream, self._cuda, self._device)
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
         lib.qsakv_calib_snapshot(ctypes.byref(out), p, stream_arg(s))
         return _new_handle(type(self), out)

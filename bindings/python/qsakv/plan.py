@@ -9,7 +9,7 @@ from . import _cdefs, _structs
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg, typed
 from . import _buffers
 from ._handle import Handle
-from ._lib import lib, raise_status, raw_function
+from ._lib import layer_type_error, lib, raise_status, raw_function
 from .cache import Cache, act_dtype
 from .enums import by_c_name, choice
 from .errors import argument_error
@@ -81,11 +81,13 @@ class Plan(Handle):
         self._cuda, self._device = cache._cuda, cache._device
         self._width = geo.topk_width
         act = act_dtype(cfg)
-        spec = lambda name, dtype, tail: ArgSpec(name, dtype, tail, cuda=self._cuda,  # noqa: E731
-                                                 device_id=self._device)
+
+        def spec(name, dtype, tail, **kw):
+            return ArgSpec(name, dtype, tail, cuda=self._cuda, device_id=self._device, **kw)
+
         self._iq = spec("index_q", "float16", (cfg.index_num_heads, cfg.index_head_dim))
         self._q = spec("q", act, (geo.q_heads, cfg.head_dim))
-        self._out = spec("out", act, (geo.q_heads, cfg.head_dim))
+        self._out = spec("out", act, (geo.q_heads, cfg.head_dim), writable=True)
 
     def update(self, batch: Batch, *, stream=None) -> None:
         """Describes the next batch: host work and an ASYNC copy of the metadata to the
@@ -95,11 +97,20 @@ class Plan(Handle):
 
         p = self._p
         def host(name, values, n):
-            a = np.ascontiguousarray(np.asarray(values), dtype=np.int32)
-            if a.shape != (n,):
+            # Host integers, taken as int32 only where every value is one (an unchecked
+            # cast would wrap 2**32 + 1 to 1 and truncate 1.9 to 1).
+            try:
+                a = np.asarray(values)
+            except (TypeError, ValueError, RuntimeError) as e:  # e.g. a CUDA tensor
+                raise argument_error(f"batch.{name}: expected host integers [{n}] "
+                                     f"(a list or NumPy array): {e}") from None
+            if a.shape != (n,) or (a.size and a.dtype.kind not in "iu"):
                 raise argument_error(f"batch.{name}: expected int32 [{n}], got "
                                      f"{a.dtype} {list(a.shape)}")
-            return a
+            if a.size and (int(a.min()) < -2**31 or int(a.max()) >= 2**31):
+                raise argument_error(f"batch.{name}: values {int(a.min())}..{int(a.max())} "
+                                     f"do not fit int32")
+            return np.ascontiguousarray(a, dtype=np.int32)
 
         n = len(batch.seq_lens)
         qs = host("query_start", batch.query_start, n + 1)
@@ -133,12 +144,13 @@ class Plan(Handle):
         if topk is None:
             return 0, 0
         if type(topk) is _buffers._NDARRAY and not self._cuda and \
-                topk.dtype is _INT32 and topk.flags.c_contiguous and topk.ndim == 2:
+                topk.dtype is _INT32 and topk.flags.c_contiguous and topk.ndim == 2 and \
+                topk.flags.writeable:
             rows, cols = topk.shape
             if rows >= self._rows and cols >= self._width:
                 return topk.__array_interface__["data"][0], cols
         b = check(topk, "topk", "int32", (ANY, ANY), backend_cuda=self._cuda,
-                  device_id=self._device, min_rows=self._rows)
+                  device_id=self._device, min_rows=self._rows, writable=True)
         if b.shape[1] < self._width:
             raise argument_error(f"topk: expected int32 [n, >= {self._width}] (topk_width) "
                                  f"contiguous, got int32 {list(b.shape)}")
@@ -157,7 +169,10 @@ class Plan(Handle):
         pq = self._iq.ptr(index_q, None, self._rows)[0]
         ptk, stride = self._topk(topk)
         s = resolve_stream(stream, self._cuda, self._device)
-        status = _select_topk(a, layer, pq, ptk, stride, s)
+        try:
+            status = _select_topk(a, layer, pq, ptk, stride, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_select_topk", e) from None
         if status:
             raise_status(status, "qsakv_select_topk")
 
@@ -180,7 +195,10 @@ class Plan(Handle):
         po = self._out.ptr(out, None, rows)[0]
         ptk, stride = self._topk(topk) if m == 0 else (0, 0)
         s = resolve_stream(stream, self._cuda, self._device)
-        status = _attention_run(a, layer, m, pq, ptk, stride, po, s)
+        try:
+            status = _attention_run(a, layer, m, pq, ptk, stride, po, s)
+        except ctypes.ArgumentError as e:
+            raise layer_type_error("qsakv_attention_run", e) from None
         if status:
             raise_status(status, "qsakv_attention_run")
 

@@ -152,6 +152,44 @@ def test_fast_path_refuses_what_the_general_check_refuses(pipeline):
     np.testing.assert_array_equal(cache.read_kv(3)[0, 0, :2], ro)
 
 
+def test_outputs_byte_order_layer_and_batch_are_checked(pipeline):
+    """What would reach the library wrong without a Python error: a read-only output (the
+    library would write through it), a big-endian input (read as native values), a float
+    layer (a ctypes error, not the package's), batch values that do not fit int32 or are
+    not integers (an unchecked cast wraps or truncates them)."""
+    cache, plan = pipeline
+    k = np.ones((2, 1, 256), np.float16)
+    slots = np.array([0, 1], np.int64)
+    q = np.ones((1, 6, 256), np.float16)
+    ro_out = np.zeros_like(q)
+    ro_out.flags.writeable = False
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"out: the library writes it, got a "
+                       r"read-only NumPy array"):
+        plan.attention(3, q, ro_out)
+    ro_topk = np.full((1, 2051), -1, np.int32)
+    ro_topk.flags.writeable = False
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"topk: the library writes it"):
+        plan.select_topk(3, np.ones((1, 4, 128), np.float16), ro_topk)
+    assert (ro_topk == -1).all() and (ro_out == 0).all()
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"k: expected float16 \[n, 1, 256\] contiguous, got float16 "
+                             r"\(byte order >\)"):
+        cache.store_kv(3, k.astype(">f2"), k, slots)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"qsakv_store_kv: layer must be an int"):
+        cache.store_kv(3.0, k, k, slots)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"qsakv_attention_run: layer must be"):
+        plan.attention("3", q, np.zeros_like(q))
+    bt = np.zeros((1, 1), np.int32)
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"batch.query_start: values 0\.\.4294967297 do not fit int32"):
+        plan.update(qsakv.Batch([0, 2**32 + 1], [4], bt))
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"batch.query_start: expected int32 \[2\], got float64 \[2\]"):
+        plan.update(qsakv.Batch([0, 1.9], [4], bt))
+    plan.update(qsakv.Batch(np.array([0, 1], np.int64), [4], bt))  # integers that fit: taken
+    assert plan.info().num_rows == 1
+
+
 def test_overhead_benchmark_runs(tmp_path):
     """The benchmark script behind the README's per-call figures runs and reports
     package, raw and overhead times for the three hot calls."""

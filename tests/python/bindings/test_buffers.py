@@ -51,6 +51,30 @@ def test_dlpack_description_matches_numpy():
     assert not _buffers.describe(DLPackOnly(t)).contiguous
 
 
+def test_cuda_array_interface_device_and_read_only():
+    """The interface does not name the GPU: DLPack's device query (CuPy) or .device.id
+    does, so an array on another GPU than the context's is refused; a read-only one is
+    refused as an output."""
+    class OnGpu(FakeCuda):
+        def __init__(self, dev, readonly=False):
+            super().__init__((5, 1, 256), "<f2")
+            self.__cuda_array_interface__["data"] = (0x7F0000000000, readonly)
+            self.dev = dev
+
+        def __dlpack_device__(self):
+            return (2, self.dev)  # kDLCUDA
+
+    assert _buffers.describe(OnGpu(1)).device_id == 1
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"k: expected CUDA device 0, got "
+                       r"device 1"):
+        _buffers.check(OnGpu(1), "k", "float16", (5, 1, 256), backend_cuda=True, device_id=0)
+    _buffers.check(OnGpu(0), "k", "float16", (5, 1, 256), backend_cuda=True, device_id=0)
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"out: the library writes it"):
+        _buffers.check(OnGpu(0, readonly=True), "out", "float16", (5, 1, 256),
+                       backend_cuda=True, device_id=0, writable=True)
+    assert _buffers.describe(FakeCuda((5, 256), "<f2")).device_id == -1  # unknown: allowed
+
+
 def test_cuda_array_interface_description():
     b = _buffers.describe(FakeCuda((5, 1, 256), "<f2"))
     assert (b.dtype, b.shape, b.contiguous, b.device) == ("float16", (5, 1, 256), True, "cuda")

@@ -62,6 +62,16 @@ def test_observe_stats_histogram_save_load(cpu, small_cfg, tmp_path):
         qsakv.Calibration.load(tmp_path / "missing.safetensors")
 
 
+def test_host_handle_refusals_are_library_errors(cpu, small_cfg):
+    """A host handle (snapshot, load, merge) refuses the live-only calls with the
+    package's errors, not an AttributeError."""
+    with qsakv.Calibration(cpu, small_cfg) as live, live.snapshot() as host:
+        with pytest.raises(qsakv.StateError, match="needs a live handle"):
+            host.allreduce(1)
+        with pytest.raises(qsakv.InvalidArgumentError, match="host handle"):
+            host.observe(3, None, None)
+
+
 def test_observe_checks_its_arrays(cpu, small_cfg):
     with qsakv.Calibration(cpu, small_cfg) as live:
         k = np.zeros((4, 1, 256), np.float16)
