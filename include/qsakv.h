@@ -30,7 +30,11 @@
  *   its pointers are device pointers.
  * - Enqueuing calls take a stream (qsakv_stream_t, a cudaStream_t; NULL is the legacy
  *   default stream; ignored by the CPU backend, which runs synchronously). Calls marked
- *   "run" never allocate, never synchronise and may be captured in a CUDA graph.
+ *   "run" never allocate, never synchronise and may be captured in a CUDA graph (the CPU
+ *   backend's reference attention keeps per-thread host scratch, grown on a thread's
+ *   first calls). Functions that allocate device memory (the create functions) are
+ *   blocking and zero what they allocate with a device-wide synchronisation: like
+ *   cudaMalloc, call them outside another thread's stream capture.
  * - Thread safety: distinct handles may be used from distinct threads at once. One
  *   handle must not be used by two threads at once unless a function says otherwise.
  * - Checks: every pointer is checked for NULL, every option struct for struct_size and a

@@ -40,8 +40,13 @@ void attention(const AttentionParams& p) {
   const int D = c.head_dim;
   const float k_scale = c.scales[0], v_scale = c.scales[1];
   const float factor = p.softmax_scale * kLog2e * k_scale;
-  std::vector<int64_t> offs;
-  std::vector<float> logits, acc(D), qf(D);
+  // Per-thread scratch, kept between calls: a call allocates only when it needs more
+  // than the thread's calls before it (the header's "run" promise is the GPU's; the
+  // CPU reference keeps it in the steady state).
+  thread_local std::vector<int64_t> offs;
+  thread_local std::vector<float> logits, acc, qf;
+  acc.resize(D);
+  qf.resize(D);
   for (int row = 0; row < h.num_rows; ++row) {
     gather_tokens(p, row, offs);
     for (int qh = 0; qh < p.q_heads; ++qh) {
