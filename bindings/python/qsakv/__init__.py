@@ -35,6 +35,7 @@ from .enums import dtype_of
 from .errors import *  # noqa: F401,F403 (QsakvError and one class per status)
 from .overlay import Overlay, checkpoint_revision
 from .plan import Batch, Plan
+from .tp import tp_consensus
 from ._lib import lib  # the raw CDLL, prototypes applied (failures raise by status)
 
 __version__ = (f"{_cdefs.QSAKV_VERSION_MAJOR}.{_cdefs.QSAKV_VERSION_MINOR}."

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 from . import _cdefs, _structs
 from ._lib import lib
@@ -47,6 +48,18 @@ class ModelConfig:
         """A named preset ("qwen4_exp": the reference model), with `fields` replaced."""
         cfg = cls()
         lib.qsakv_model_config_preset(ctypes.byref(cfg._c), name.encode())
+        for k, v in fields.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    @classmethod
+    def from_checkpoint(cls, path, **fields) -> "ModelConfig":
+        """The config of a Hugging Face checkpoint: `path` is its directory (config.json
+        is read) or the JSON file. The geometry comes from the file; the runtime fields
+        (tp_size, tp_rank, kv_dtype, block_size, max_requests, ...) are the qwen4_exp
+        preset's until `fields` set them. FormatError names the key, IOError the file."""
+        cfg = cls()
+        lib.qsakv_model_config_from_checkpoint(ctypes.byref(cfg._c), os.fsencode(path))
         for k, v in fields.items():
             setattr(cfg, k, v)
         return cfg

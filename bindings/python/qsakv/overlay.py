@@ -89,6 +89,23 @@ class Overlay(Handle):
         return k.value, v.value
 
     @staticmethod
+    def read_scale_file(path) -> tuple[dict[int, tuple[float, float]], str]:
+        """The scales of a bare scale file, for inspection (no manifest, no validation):
+        ({model-layer id: (k_scale, v_scale)}, the file's SHA-256 hex). A half the file
+        does not give reads NaN. Refuses unknown tensors, non-scalars and a scale given
+        twice, like the C call."""
+        n = ctypes.c_int32()
+        lib.qsakv_overlay_read_scale_file(_path(path), 0, None, None, None, ctypes.byref(n),
+                                          None)
+        cap = n.value
+        layers, k, v = (ctypes.c_int32 * cap)(), (ctypes.c_float * cap)(), \
+            (ctypes.c_float * cap)()
+        sha = ctypes.create_string_buffer(65)
+        lib.qsakv_overlay_read_scale_file(_path(path), cap, layers, k, v, ctypes.byref(n), sha)
+        return ({layers[i]: (k[i], v[i]) for i in range(min(cap, n.value))},
+                sha.value.decode())
+
+    @staticmethod
     def write(out_dir, scales: Mapping[int, tuple[float, float]], *, base_index_path,
               layer_prefix: str | None = None, contract_tp_size: int = 0,
               contract_speculative_tokens: int = -1, contract_activation_dtype=None,

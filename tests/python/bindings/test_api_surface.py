@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 # What stays usable on a closed object: closing again, asking whether it is closed,
 # the parent links, and the static constructors / writers that need no open object.
 ALLOWED_AFTER_CLOSE = {"close", "closed", "context", "cache", "load", "write", "materialize",
-                       "merge", "create"}
+                       "merge", "create", "read_scale_file"}
 
 
 def _public(obj):
@@ -188,6 +188,46 @@ def test_outputs_byte_order_layer_and_batch_are_checked(pipeline):
         plan.update(qsakv.Batch([0, 1.9], [4], bt))
     plan.update(qsakv.Batch(np.array([0, 1], np.int64), [4], bt))  # integers that fit: taken
     assert plan.info().num_rows == 1
+
+
+def test_every_c_function_has_a_wrapper():
+    """Every function of the header is reached from the package, or is listed here with
+    why not: a caller should not need the raw qsakv.lib for a documented step (the header
+    requires tp_consensus on every TP rank, for one)."""
+    from qsakv import _cdefs
+
+    not_wrapped = {
+        "qsakv_malloc": "device memory comes from torch, CuPy or NumPy",
+        "qsakv_free": "(qsakv_malloc's pair)",
+        "qsakv_dtype_name": "DType(...).name",
+    }
+    src = "".join(p.read_text() for p in (REPO / "bindings/python/qsakv").glob("*.py")
+                  if p.name != "_cdefs.py")
+    unreached = sorted(n for n in _cdefs.FUNCTIONS if n not in src and n not in not_wrapped)
+    assert unreached == [], f"no Python wrapper for {unreached}"
+    assert all(n in _cdefs.FUNCTIONS for n in not_wrapped)
+
+
+def test_tp_consensus_checkpoint_config_and_scale_file(cpu, small_cfg, tmp_path, checkpoint):
+    """The wrappers of three C calls that had none: tp_consensus (CUDA only: the CPU
+    backend refuses it by status), ModelConfig.from_checkpoint and
+    Overlay.read_scale_file."""
+    with pytest.raises(qsakv.UnsupportedError):
+        qsakv.tp_consensus(cpu, small_cfg, None, 0x1234)
+    with pytest.raises(qsakv.InvalidArgumentError, match="nccl_comm"):
+        qsakv.tp_consensus(cpu, small_cfg, None, None)
+    ckpt = REPO / "tests/data/hf_config/qwen4_exp"
+    cfg = qsakv.ModelConfig.from_checkpoint(ckpt, tp_size=4, max_batched_tokens=64,
+                                            max_requests=8, max_model_len=8192)
+    assert cfg == small_cfg  # the geometry of the preset, the runtime fields given
+    with pytest.raises(qsakv.FormatError, match="num_key_value_heads"):
+        qsakv.ModelConfig.from_checkpoint(REPO / "tests/data/hf_config/missing_kv_heads.json")
+    qsakv.Overlay.write(tmp_path / "pack", {3: (0.5, 0.25), 7: (2.0, 1.0)},
+                        base_index_path=checkpoint / "model.safetensors.index.json")
+    files = sorted((tmp_path / "pack").glob("*kvscales*.safetensors"))
+    scales, sha = qsakv.Overlay.read_scale_file(files[0])
+    assert scales == {3: (0.5, 0.25), 7: (2.0, 1.0)}
+    assert len(sha) == 64 and int(sha, 16) >= 0
 
 
 def test_overhead_benchmark_runs(tmp_path):
