@@ -87,6 +87,13 @@ struct ModelConfig {
     check(qsakv_model_config_preset(&c, name));
     return c;
   }
+  /* The geometry of a Hugging Face checkpoint (its directory or its config.json); the
+   * runtime fields are the qwen4_exp preset's, for the caller to set. */
+  static qsakv_model_config from_checkpoint(const std::string& dir_or_config_json) {
+    qsakv_model_config c;
+    check(qsakv_model_config_from_checkpoint(&c, dir_or_config_json.c_str()));
+    return c;
+  }
   static void validate(const qsakv_model_config& c) { check(qsakv_model_config_validate(&c)); }
   static qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
     auto g = detail::versioned<qsakv_rank_geometry>(QSAKV_RANK_GEOMETRY_VERSION);
@@ -209,6 +216,15 @@ class Overlay {
  private:
   detail::Unique<qsakv_overlay, qsakv_overlay_destroy> h_;
 };
+
+/* Tensor-parallel consensus, a collective over the TP group's NCCL communicator (an
+ * ncclComm_t): every rank, before an E4M3 cache is used, with its own config and overlay
+ * (nullptr for 16-bit caches). Throws Error(QSAKV_ERROR_TP_MISMATCH) on every rank, with
+ * the same message, when the ranks differ; CUDA backend only. */
+inline void tp_consensus(const Context& ctx, const qsakv_model_config& c, const Overlay* overlay,
+                         void* nccl_comm, qsakv_stream_t stream = nullptr) {
+  check(qsakv_tp_consensus(ctx.get(), &c, overlay ? overlay->get() : nullptr, nccl_comm, stream));
+}
 
 class Cache {
  public:

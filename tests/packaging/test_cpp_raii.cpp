@@ -5,7 +5,10 @@
 #include "qsakv.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -220,6 +223,41 @@ static void test_errors_carry_status_and_message(void** state) {
   }
 }
 
+/* The wrappers of consensus and of a checkpoint's config: the CPU backend refuses the
+ * collective by status; a config.json gives the preset's geometry. */
+static void test_tp_consensus_and_checkpoint_config(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  const auto preset = qsakv::ModelConfig::preset("qwen4_exp");
+  try {
+    qsakv::tp_consensus(ctx, preset, nullptr, reinterpret_cast<void*>(0x1234));
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_UNSUPPORTED);
+  }
+  char dir[] = "/tmp/qsakv-cpp-ckpt-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string json = std::string(dir) + "/config.json";
+  FILE* f = std::fopen(json.c_str(), "w");
+  assert_non_null(f);
+  std::fputs(
+      "{\"num_hidden_layers\": 48, \"num_attention_heads\": 24, \"num_key_value_heads\": 2,"
+      " \"head_dim\": 256, \"full_attention_interval\": 4, \"index_n_heads\": 4,"
+      " \"index_head_dim\": 128, \"index_compress_ratio\": 4, \"index_topk\": 2048}",
+      f);
+  std::fclose(f);
+  const auto c = qsakv::ModelConfig::from_checkpoint(dir);
+  assert_memory_equal(&c, &preset, sizeof c);
+  std::remove(json.c_str());
+  std::remove(dir);
+  try {
+    qsakv::ModelConfig::from_checkpoint(json);  // gone now
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_IO);
+  }
+}
+
 static void test_handles_move_and_free(void** state) {
   (void)state;
   qsakv::Context a(QSAKV_BACKEND_CPU);
@@ -289,6 +327,7 @@ int main(void) {
       cmocka_unit_test(test_store_step_equals_the_three_stores),
       cmocka_unit_test(test_errors_carry_status_and_message),
       cmocka_unit_test(test_handles_move_and_free),
+      cmocka_unit_test(test_tp_consensus_and_checkpoint_config),
       cmocka_unit_test(test_index_key_dtype),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);

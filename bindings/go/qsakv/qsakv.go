@@ -243,13 +243,32 @@ func Preset(name string) (*ModelConfig, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_model_config_preset(&m.base, cname) }); err != nil {
 		return nil, err
 	}
+	m.takeRuntimeFields()
+	return m, nil
+}
+
+// FromCheckpoint returns the geometry of a Hugging Face checkpoint (its directory, or its
+// config.json); the runtime fields are the qwen4_exp preset's, for the caller to set.
+// ErrFormat names the key, ErrIO the file.
+func FromCheckpoint(dirOrConfigJSON string) (*ModelConfig, error) {
+	cpath := C.CString(dirOrConfigJSON)
+	defer C.free(unsafe.Pointer(cpath))
+	m := &ModelConfig{}
+	if err := call(func() C.qsakv_status { return C.qsakv_model_config_from_checkpoint(&m.base, cpath) }); err != nil {
+		return nil, err
+	}
+	m.takeRuntimeFields()
+	return m, nil
+}
+
+// takeRuntimeFields copies the runtime fields of base into the exported ones.
+func (m *ModelConfig) takeRuntimeFields() {
 	b := &m.base
 	m.TPSize, m.TPRank, m.SpeculativeTokens = int32(b.tp_size), int32(b.tp_rank), int32(b.speculative_tokens)
 	m.ActivationDtype, m.KVDtype = Dtype(b.activation_dtype), Dtype(b.kv_dtype)
 	m.BlockSize, m.MaxRequests = int32(b.block_size), int32(b.max_requests)
 	m.MaxBatchedTokens, m.MaxModelLen = int32(b.max_batched_tokens), int32(b.max_model_len)
 	m.IndexKeyDtype = Dtype(b.index_key_dtype)
-	return m, nil
 }
 
 func (m *ModelConfig) c() C.qsakv_model_config {
@@ -349,6 +368,26 @@ func CheckpointRevision(path string) (string, error) {
 	return C.GoString(&hex[0]), nil
 }
 
+// TPConsensus is a collective over the TP group's NCCL communicator (an ncclComm_t):
+// every rank, before an E4M3 cache is used, with its own config and overlay (nil for
+// 16-bit caches). ErrTPMismatch on every rank, with the same message, when the ranks
+// differ; CUDA backend only (ErrUnsupported on the CPU backend). It runs on the default
+// stream and synchronises it.
+func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Pointer) error {
+	if err := ctx.live(); err != nil {
+		return err
+	}
+	var ov *C.qsakv_overlay
+	if o != nil {
+		if o.ptr == nil {
+			return &Error{Status: ErrState, Message: "overlay: closed"}
+		}
+		ov = o.ptr
+	}
+	c := m.c()
+	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, nil) })
+}
+
 // ---------------------------------------------------------------------------------
 // Overlay
 // ---------------------------------------------------------------------------------
@@ -409,6 +448,39 @@ func (o *Overlay) Scales(layer int32) (k, v float32, err error) {
 	var ck, cv C.float
 	err = call(func() C.qsakv_status { return C.qsakv_overlay_get_scales(o.ptr, C.int32_t(layer), &ck, &cv) })
 	return float32(ck), float32(cv), err
+}
+
+// LayerScales are one layer's scales in a scale file (NaN for a half it does not give).
+type LayerScales struct {
+	Layer int32
+	K, V  float32
+}
+
+// ReadScaleFile returns the scales of a bare scale file by ascending layer, for
+// inspection (no manifest, no validation), and the file's SHA-256 (hex).
+func ReadScaleFile(path string) ([]LayerScales, string, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var n C.int32_t
+	if err := call(func() C.qsakv_status {
+		return C.qsakv_overlay_read_scale_file(cpath, 0, nil, nil, nil, &n, nil)
+	}); err != nil {
+		return nil, "", err
+	}
+	size := int(n) + 1 // (one spare entry: the slices' first elements exist for an empty file)
+	layers, ks, vs := make([]C.int32_t, size), make([]C.float, size), make([]C.float, size)
+	var hex [65]C.char
+	capacity := n
+	if err := call(func() C.qsakv_status {
+		return C.qsakv_overlay_read_scale_file(cpath, capacity, &layers[0], &ks[0], &vs[0], &n, &hex[0])
+	}); err != nil {
+		return nil, "", err
+	}
+	out := make([]LayerScales, 0, n)
+	for i := 0; i < int(n) && i < int(capacity); i++ {
+		out = append(out, LayerScales{int32(layers[i]), float32(ks[i]), float32(vs[i])})
+	}
+	return out, C.GoString(&hex[0]), nil
 }
 
 // WriteOverlay writes a scale pack into outDir (which must not exist) for the given

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"math"
 	"os"
+	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 // toHalf is exact for the values used here (normal or zero).
@@ -303,6 +306,57 @@ func TestIndexKeyDtype(t *testing.T) {
 
 // Messages are per OS thread; the package reads each on the thread that failed, so
 // goroutines failing at once each get their own.
+// The wrappers of consensus (the CPU backend refuses it by status), a checkpoint's config
+// (the preset's geometry from a config.json) and a bare scale file.
+func TestConsensusCheckpointConfigAndScaleFile(t *testing.T) {
+	ctx, err := NewContext(BackendCPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	preset, err := Preset("qwen4_exp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	comm := unsafe.Pointer(uintptr(0x1234)) // never dereferenced: refused first
+	if err := TPConsensus(ctx, preset, nil, comm); !errors.Is(err, &Error{Status: ErrUnsupported}) {
+		t.Fatalf("TPConsensus on the CPU backend: %v", err)
+	}
+	dir := t.TempDir()
+	cfgJSON := `{"num_hidden_layers": 48, "num_attention_heads": 24, "num_key_value_heads": 2,
+		"head_dim": 256, "full_attention_interval": 4, "index_n_heads": 4,
+		"index_head_dim": 128, "index_compress_ratio": 4, "index_topk": 2048}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfgJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := FromCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(m.QSALayers(), preset.QSALayers()) || m.HeadDim() != 256 || m.IndexNumHeads() != 4 {
+		t.Fatalf("FromCheckpoint: layers %v head_dim %d index heads %d", m.QSALayers(), m.HeadDim(), m.IndexNumHeads())
+	}
+	if _, err := FromCheckpoint(filepath.Join(dir, "missing.json")); !errors.Is(err, &Error{Status: ErrIO}) {
+		t.Fatalf("FromCheckpoint of a missing file: %v", err)
+	}
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pack := filepath.Join(dir, "pack")
+	if err := WriteOverlay(pack, []int32{3, 7}, []float32{0.5, 2}, []float32{0.25, 1}, index); err != nil {
+		t.Fatal(err)
+	}
+	scales, sha, err := ReadScaleFile(filepath.Join(pack, "model-kvscales.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LayerScales{{3, 0.5, 0.25}, {7, 2, 1}}
+	if !reflect.DeepEqual(scales, want) || len(sha) != 64 {
+		t.Fatalf("ReadScaleFile: %v %q", scales, sha)
+	}
+}
+
 func TestErrorsFromManyGoroutines(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 32)

@@ -227,6 +227,14 @@ impl ModelConfig {
         check(unsafe { sys::qsakv_model_config_preset(&mut c, name.as_ptr()) })?;
         Ok(ModelConfig(c))
     }
+    /// The geometry of a Hugging Face checkpoint (its directory, or its config.json);
+    /// the runtime fields are the `qwen4_exp` preset's, for the caller to set.
+    pub fn from_checkpoint(dir_or_config_json: &Path) -> Result<Self> {
+        let p = c_path("checkpoint path", dir_or_config_json)?;
+        let mut c: sys::qsakv_model_config = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::qsakv_model_config_from_checkpoint(&mut c, p.as_ptr()) })?;
+        Ok(ModelConfig(c))
+    }
     /// `QSAKV_ERROR_INVALID_CONFIG` naming the field and value.
     pub fn validate(&self) -> Result<()> {
         check(unsafe { sys::qsakv_model_config_validate(&self.0) })
@@ -263,6 +271,30 @@ impl DerefMut for ModelConfig {
     }
 }
 
+/// Tensor-parallel consensus, a collective over the TP group's NCCL communicator: every
+/// rank, before an E4M3 cache is used, with its own config and overlay (`None` for 16-bit
+/// caches). `QSAKV_ERROR_TP_MISMATCH` on every rank, with the same message, when the ranks
+/// differ; CUDA backend only (`QSAKV_ERROR_UNSUPPORTED` on the CPU backend).
+///
+/// # Safety
+/// `nccl_comm` must be an `ncclComm_t` of this process, and `stream` a CUDA stream of the
+/// context's device or null.
+pub unsafe fn tp_consensus(
+    ctx: &Context,
+    config: &ModelConfig,
+    overlay: Option<&Overlay>,
+    nccl_comm: *mut c_void,
+    stream: Stream,
+) -> Result<()> {
+    check(sys::qsakv_tp_consensus(
+        ctx.as_ptr(),
+        &config.0,
+        overlay.map_or(ptr::null_mut(), |o| o.as_ptr()),
+        nccl_comm,
+        stream,
+    ))
+}
+
 /// The revision an overlay is bound to: SHA-256 (hex) of a checkpoint's index file.
 pub fn checkpoint_revision(path: &Path) -> Result<String> {
     let p = c_path("path", path)?;
@@ -292,6 +324,44 @@ impl Overlay {
             sys::qsakv_overlay_load(&mut raw, p.as_ptr(), m.as_ref().map_or(ptr::null(), |m| m.as_ptr()))
         })?;
         Ok(Overlay { raw: NonNull::new(raw).expect("qsakv_overlay_load returned NULL") })
+    }
+
+    /// The scales of a bare scale file, for inspection (no manifest, no validation):
+    /// `(layer, k_scale, v_scale)` by ascending layer (NaN for a half the file does not
+    /// give) and the file's SHA-256 hex.
+    pub fn read_scale_file(path: &Path) -> Result<(Vec<(i32, f32, f32)>, String)> {
+        let p = c_path("scale file", path)?;
+        let mut n = 0i32;
+        // First the count (capacity 0), then the entries.
+        check(unsafe {
+            sys::qsakv_overlay_read_scale_file(
+                p.as_ptr(),
+                0,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut n,
+                ptr::null_mut(),
+            )
+        })?;
+        let cap = n.max(0) as usize;
+        let (mut l, mut k, mut v) = (vec![0i32; cap], vec![0f32; cap], vec![0f32; cap]);
+        let mut hex = [0 as c_char; 65];
+        check(unsafe {
+            sys::qsakv_overlay_read_scale_file(
+                p.as_ptr(),
+                cap as i32,
+                l.as_mut_ptr(),
+                k.as_mut_ptr(),
+                v.as_mut_ptr(),
+                &mut n,
+                hex.as_mut_ptr(),
+            )
+        })?;
+        let used = cap.min(n.max(0) as usize);
+        l.truncate(used);
+        let scales = l.into_iter().zip(k).zip(v).map(|((l, k), v)| (l, k, v)).collect();
+        Ok((scales, cstr(hex.as_ptr())))
     }
 
     /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales.

@@ -127,6 +127,40 @@ fn pipeline(index_key_dtype: Dtype) -> Result<()> {
     Ok(())
 }
 
+/// The wrappers of consensus (the CPU backend refuses it by status), a checkpoint's
+/// config (the preset's geometry from a config.json) and a bare scale file.
+#[test]
+fn consensus_checkpoint_config_and_scale_file() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let preset = ModelConfig::preset("qwen4_exp")?;
+    let comm = 0x1234 as *mut std::os::raw::c_void; // never dereferenced: refused first
+    let err = unsafe { tp_consensus(&ctx, &preset, None, comm, std::ptr::null_mut()) }.unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_UNSUPPORTED);
+
+    let dir = std::env::temp_dir().join(format!("qsakv-rust-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"num_hidden_layers": 48, "num_attention_heads": 24, "num_key_value_heads": 2,
+            "head_dim": 256, "full_attention_interval": 4, "index_n_heads": 4,
+            "index_head_dim": 128, "index_compress_ratio": 4, "index_topk": 2048}"#,
+    )
+    .unwrap();
+    let cfg = ModelConfig::from_checkpoint(&dir)?;
+    assert_eq!(cfg.qsa_layers(), preset.qsa_layers());
+    assert_eq!((cfg.num_q_heads, cfg.head_dim, cfg.index_num_heads), (24, 256, 4));
+
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"metadata": {}, "weight_map": {"w": "a.safetensors"}}"#).unwrap();
+    Overlay::write(&dir.join("pack"), &[3, 7], &[0.5, 2.0], &[0.25, 1.0], &index)?;
+    let (scales, sha) = Overlay::read_scale_file(&dir.join("pack/model-kvscales.safetensors"))?;
+    assert_eq!(scales, vec![(3, 0.5, 0.25), (7, 2.0, 1.0)]);
+    assert_eq!(sha.len(), 64);
+    std::fs::remove_dir_all(&dir).unwrap();
+    Ok(())
+}
+
 #[test]
 fn errors_carry_status_and_message() {
     let err = ModelConfig::preset("no_such_preset").err().expect("an error");
