@@ -237,24 +237,27 @@ type ModelConfig struct {
 
 // Preset returns a named preset, e.g. "qwen4_exp" (the reference model).
 func Preset(name string) (*ModelConfig, error) {
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	m := &ModelConfig{}
-	if err := call(func() C.qsakv_status { return C.qsakv_model_config_preset(&m.base, cname) }); err != nil {
-		return nil, err
-	}
-	m.takeRuntimeFields()
-	return m, nil
+	return configFrom(name, func(c *C.qsakv_model_config, s *C.char) C.qsakv_status {
+		return C.qsakv_model_config_preset(c, s)
+	})
 }
 
 // FromCheckpoint returns the geometry of a Hugging Face checkpoint (its directory, or its
 // config.json); the runtime fields are the qwen4_exp preset's, for the caller to set.
 // ErrFormat names the key, ErrIO the file.
 func FromCheckpoint(dirOrConfigJSON string) (*ModelConfig, error) {
-	cpath := C.CString(dirOrConfigJSON)
-	defer C.free(unsafe.Pointer(cpath))
+	return configFrom(dirOrConfigJSON, func(c *C.qsakv_model_config, s *C.char) C.qsakv_status {
+		return C.qsakv_model_config_from_checkpoint(c, s)
+	})
+}
+
+// configFrom fills a config whole by a C call that takes one string (a preset's name, a
+// checkpoint's path).
+func configFrom(arg string, fill func(*C.qsakv_model_config, *C.char) C.qsakv_status) (*ModelConfig, error) {
+	carg := C.CString(arg)
+	defer C.free(unsafe.Pointer(carg))
 	m := &ModelConfig{}
-	if err := call(func() C.qsakv_status { return C.qsakv_model_config_from_checkpoint(&m.base, cpath) }); err != nil {
+	if err := call(func() C.qsakv_status { return fill(&m.base, carg) }); err != nil {
 		return nil, err
 	}
 	m.takeRuntimeFields()
