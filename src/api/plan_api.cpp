@@ -228,7 +228,19 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
         fill_plan_meta(plan->staging.get(), b, rows, plan->shape, plan->grouping);
     be->copy(plan->meta.get(), plan->staging.get(), plan->meta_bytes, QSAKV_COPY_HOST_TO_DEVICE,
              stream);
-    be->record_fence(plan->fence, stream);
+    // The device now receives the new batch. Should the fence fail, the plan keeps no
+    // batch (run calls refuse with STATE until an update succeeds) and the copy is waited
+    // for, so that the next update does not rewrite the staging buffer under it.
+    try {
+      be->record_fence(plan->fence, stream);
+    } catch (...) {
+      plan->num_rows = -1;
+      try {
+        be->synchronize(stream);
+      } catch (...) {  // the fence's error is the one to report
+      }
+      throw;
+    }
     plan->fence_pending = true;
     plan->num_rows = rows;
     plan->num_requests = b.num_requests;
