@@ -27,7 +27,11 @@
  *   own struct_size, compiled in) instead.
  * - Device pointers: with the CUDA backend, "device" buffers are CUDA device memory;
  *   with the CPU backend they are ordinary host memory. Each function says which of
- *   its pointers are device pointers.
+ *   its pointers are device pointers. The CUDA backend reads the activation and key
+ *   arrays of the store, select, attention and calibration calls (k, v, keys, index_q, q,
+ *   out) with 16-byte accesses: it refuses them unless 16-byte aligned
+ *   (QSAKV_ERROR_INVALID_ARGUMENT naming the argument); the CPU backend takes any
+ *   alignment.
  * - Enqueuing calls take a stream (qsakv_stream_t, a cudaStream_t; NULL is the legacy
  *   default stream; ignored by the CPU backend, which runs synchronously). Calls marked
  *   "run" never allocate, never synchronise and may be captured in a CUDA graph (the CPU
