@@ -1,11 +1,13 @@
 """Ownership of library handles.
 
-A Handle owns one C object and destroys it exactly once: on close(), on leaving a
-`with` block, or, as a backstop, when it is garbage collected (weakref.finalize, which
-also runs at interpreter exit, newest first). A handle keeps its parent alive (a Cache
-its Context, a Plan its Cache), so collection never destroys a parent first; closing a
-parent explicitly closes its open children first, so no C object outlives the one it
-depends on. Using a closed handle raises ClosedError; close() twice is a no-op.
+A Handle owns one C object through a keeper, which destroys it exactly once, when the
+last reference to the keeper goes: the handle's own until close() (or leaving a `with`
+block, or garbage collection), its children's keepers', and the views of the memory the
+object owns (weakref.finalize, which also runs at interpreter exit, newest first). So
+close() destroys at once unless a view of the memory is still alive, in which case the
+memory stays valid until the last such view is gone; and a parent's C object (a Cache's
+Context, a Plan's Cache) outlives its children's. Closing a parent closes its open
+children first. Using a closed handle raises ClosedError; close() twice is a no-op.
 """
 from __future__ import annotations
 
@@ -30,6 +32,16 @@ def _destroy(destroy, ptr) -> None:
         _live -= 1
 
 
+class _Keeper:
+    """Holds a C object alive by being referenced (see the module's docstring): the
+    owning handle, its children's keepers and the views of its memory reference it."""
+
+    __slots__ = ("parent", "__weakref__")
+
+    def __init__(self, parent: "_Keeper | None"):
+        self.parent = parent
+
+
 class Handle:
     """Base of Context, Overlay, Cache and Plan."""
 
@@ -44,13 +56,20 @@ class Handle:
         self._addr = _address(ptr)
         self._parent = parent
         self._children: "weakref.WeakSet[Handle]" = weakref.WeakSet()
-        self._finalizer = weakref.finalize(self, _destroy, destroy, ptr)
+        self._keeper = _Keeper(parent._keeper if parent is not None else None)
+        weakref.finalize(self._keeper, _destroy, destroy, ptr)
         if parent is not None:
             parent._children.add(self)
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._keeper is None
+
+    def _pin(self) -> _Keeper:
+        """What a view of this object's memory holds so that the memory outlives it."""
+        if self._keeper is None:
+            self._closed_error()
+        return self._keeper
 
     @property
     def _p(self):
@@ -67,7 +86,7 @@ class Handle:
         for child in list(self._children):
             child.close()
         self._addr = 0
-        self._finalizer()
+        self._keeper = None  # destroys now, unless a view still holds the memory
 
     def __enter__(self):
         if not self._addr:

@@ -5,8 +5,8 @@
   (version 3), which torch.as_tensor(x, device="cuda"), cupy.asarray(x) and Numba take
   without a copy.
 
-A view keeps its owner (the Cache) from being garbage-collected, but close() frees the
-memory: a view must not be used after its Cache was closed.
+A view holds its Cache's keeper (_handle.py): the memory it shows stays allocated until
+the view is gone, even after the Cache (or its Context) was closed.
 """
 from __future__ import annotations
 

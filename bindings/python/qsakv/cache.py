@@ -280,13 +280,21 @@ class Cache(Handle):
         lib.qsakv_cache_get_layer_buffers(self._p, layer, ctypes.byref(out))
         return {f: _structs.value(out, f) for f in LayerBuffers._fields}
 
+    def close(self) -> None:
+        """Closes the cache (its plans first). Its memory is freed at once, unless a view
+        of it is still alive (layer_buffers, compressed_key_views, a tensor made from
+        one): then when the last such view is gone."""
+        self.__dict__.pop("_torch_views", None)  # torch_ops' cached tensors: views too
+        super().close()
+
     def layer_buffers(self, layer: int) -> LayerBuffers:
         """Views (no copy) of a QSA layer's buffers (model-layer id): NumPy arrays on the
         CPU backend, DeviceArray objects (__cuda_array_interface__) on CUDA; see
-        LayerBuffers for shapes and dtypes. Valid while the Cache is open."""
+        LayerBuffers for shapes and dtypes. A view keeps the memory it shows allocated,
+        even after the Cache is closed."""
         a = self._addresses(layer)
         L, c = self._layout, self._config
-        kw = dict(cuda=self._cuda, device=self._device, owner=self)
+        kw = dict(cuda=self._cuda, device=self._device, owner=self._pin())
         kv_dtype = _KV_DTYPE_NAMES[DType(L.kv_dtype).name]
         kv = _views.view(a["kv"], (L.num_blocks, 2, L.block_size, L.kv_heads, L.head_dim),
                          kv_dtype, strides=(L.kv_stride_block, L.kv_stride_kv,
@@ -309,10 +317,10 @@ class Cache(Handle):
     def compressed_key_views(self, layer: int) -> CompressedKeyViews:
         """Views (no copy) of a QSA layer's compressed index keys, made from the layout's
         page fields: the raw pages, the keys (FP16) or codes (E4M3), and the E4M3
-        scales; see CompressedKeyViews. Valid while the Cache is open."""
+        scales; see CompressedKeyViews. Views keep the memory allocated (see layer_buffers)."""
         L = self._layout
         ptr = self._addresses(layer)["compressed_keys"]
-        kw = dict(cuda=self._cuda, device=self._device, owner=self)
+        kw = dict(cuda=self._cuda, device=self._device, owner=self._pin())
         dims = (L.num_blocks, L.compressed_keys_per_block, L.index_head_dim)
         pages = _views.view(ptr, (L.num_blocks, L.compressed_stride_block), "uint8", **kw)
         if pages.nbytes != L.compressed_bytes_per_layer:  # a binding bug

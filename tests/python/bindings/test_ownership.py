@@ -96,6 +96,32 @@ def test_children_keep_parents_alive_and_gc_is_a_backstop(small_cfg):
     assert qsakv.live_handles() == n  # finalizers destroyed all three
 
 
+def test_views_keep_the_memory_they_show(small_cfg):
+    """A view of a cache's memory outlives close(): closing the Context closes the Cache
+    (the handles refuse use at once) but the C objects go only with the last view; the
+    view stays readable and writable meanwhile (it used to crash the process)."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    n = qsakv.live_handles()
+    ctx = qsakv.Context("cpu")
+    cache = qsakv.Cache(ctx, cfg, num_blocks=2)
+    kv = cache.layer_buffers(3).kv
+    ctx.close()
+    assert ctx.closed and cache.closed
+    with pytest.raises(qsakv.ClosedError):
+        cache.layer_buffers(3)
+    assert qsakv.live_handles() == n + 2  # the cache and, through it, the context
+    kv[...] = 1
+    assert (kv == 1).all()
+    del kv
+    gc.collect()
+    assert qsakv.live_handles() == n
+    # Without views, close() destroys at once, children first.
+    ctx = qsakv.Context("cpu")
+    qsakv.Cache(ctx, cfg, num_blocks=2).layer_buffers(3)  # a view that is gone already
+    ctx.close()
+    assert qsakv.live_handles() == n
+
+
 def test_plan_keeps_the_block_table_alive(cpu, small_cfg):
     cfg = small_cfg.replace(kv_dtype="fp16")
     with qsakv.Cache(cpu, cfg, num_blocks=2) as cache, qsakv.Plan(cache, max_rows=1) as plan:
