@@ -75,7 +75,7 @@ class Plan(Handle):
         lib.qsakv_plan_create(ctypes.byref(out), cache._p, ctypes.byref(opts))
         super().__init__(out, lib.qsakv_plan_destroy, parent=cache)
         self.cache = cache
-        self._batch = None
+        self._block_table = None  # the last update's: read when select/attention run
         self._rows = 0
         cfg, geo = cache._config, cache._geometry
         self._cuda, self._device = cache._cuda, cache._device
@@ -128,7 +128,9 @@ class Plan(Handle):
         b.block_table_stride = bt.shape[1]
         lib.qsakv_plan_update(p, ctypes.byref(b),
                               stream_arg(resolve_stream(stream, self._cuda, self._device)))
-        self._batch = batch  # the block table is read at run time
+        # The block table itself, not the Batch: the kernels read it at run time, and a
+        # Batch reused with another table must not let this one be freed.
+        self._block_table = batch.block_table
         self._rows = int(qs[-1])
 
     def info(self):

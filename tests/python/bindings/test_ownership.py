@@ -2,6 +2,7 @@
 objects refuse use, and nothing leaks over many create/close cycles."""
 import ctypes
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -126,10 +127,14 @@ def test_plan_keeps_the_block_table_alive(cpu, small_cfg):
     cfg = small_cfg.replace(kv_dtype="fp16")
     with qsakv.Cache(cpu, cfg, num_blocks=2) as cache, qsakv.Plan(cache, max_rows=1) as plan:
         bt = np.array([[0, 1]], np.int32)
-        plan.update(qsakv.Batch([0, 1], [3], bt))
-        ref = bt
+        batch = qsakv.Batch([0, 1], [3], bt)
+        plan.update(batch)
+        ref = weakref.ref(bt)
+        batch.block_table = np.array([[1, 0]], np.int32)  # the Batch reused, not updated
         del bt
-        assert plan._batch.block_table is ref  # read at run time: kept until next update
+        gc.collect()
+        # Read at run time: the table of the last update stays alive until the next one.
+        assert ref() is not None and ref() is plan._block_table
 
 
 def test_failed_create_leaves_nothing(cpu, small_cfg):
