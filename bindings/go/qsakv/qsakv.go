@@ -464,26 +464,26 @@ type LayerScales struct {
 func ReadScaleFile(path string) ([]LayerScales, string, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	var n C.int32_t
-	if err := call(func() C.qsakv_status {
-		return C.qsakv_overlay_read_scale_file(cpath, 0, nil, nil, nil, &n, nil)
-	}); err != nil {
-		return nil, "", err
+	// One read for any file of a model's layers; a larger one is read again, sized.
+	for capacity := C.int32_t(C.QSAKV_MAX_LAYERS); ; {
+		layers, ks, vs := make([]C.int32_t, capacity), make([]C.float, capacity), make([]C.float, capacity)
+		var hex [65]C.char
+		var n C.int32_t
+		if err := call(func() C.qsakv_status {
+			return C.qsakv_overlay_read_scale_file(cpath, capacity, &layers[0], &ks[0], &vs[0], &n, &hex[0])
+		}); err != nil {
+			return nil, "", err
+		}
+		if n > capacity {
+			capacity = n
+			continue
+		}
+		out := make([]LayerScales, 0, n)
+		for i := 0; i < int(n); i++ {
+			out = append(out, LayerScales{int32(layers[i]), float32(ks[i]), float32(vs[i])})
+		}
+		return out, C.GoString(&hex[0]), nil
 	}
-	size := int(n) + 1 // (one spare entry: the slices' first elements exist for an empty file)
-	layers, ks, vs := make([]C.int32_t, size), make([]C.float, size), make([]C.float, size)
-	var hex [65]C.char
-	capacity := n
-	if err := call(func() C.qsakv_status {
-		return C.qsakv_overlay_read_scale_file(cpath, capacity, &layers[0], &ks[0], &vs[0], &n, &hex[0])
-	}); err != nil {
-		return nil, "", err
-	}
-	out := make([]LayerScales, 0, n)
-	for i := 0; i < int(n) && i < int(capacity); i++ {
-		out = append(out, LayerScales{int32(layers[i]), float32(ks[i]), float32(vs[i])})
-	}
-	return out, C.GoString(&hex[0]), nil
 }
 
 // WriteOverlay writes a scale pack into outDir (which must not exist) for the given

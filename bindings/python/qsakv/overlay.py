@@ -94,16 +94,17 @@ class Overlay(Handle):
         ({model-layer id: (k_scale, v_scale)}, the file's SHA-256 hex). A half the file
         does not give reads NaN. Refuses unknown tensors, non-scalars and a scale given
         twice, like the C call."""
-        n = ctypes.c_int32()
-        lib.qsakv_overlay_read_scale_file(_path(path), 0, None, None, None, ctypes.byref(n),
-                                          None)
-        cap = n.value
-        layers, k, v = (ctypes.c_int32 * cap)(), (ctypes.c_float * cap)(), \
-            (ctypes.c_float * cap)()
-        sha = ctypes.create_string_buffer(65)
-        lib.qsakv_overlay_read_scale_file(_path(path), cap, layers, k, v, ctypes.byref(n), sha)
-        return ({layers[i]: (k[i], v[i]) for i in range(min(cap, n.value))},
-                sha.value.decode())
+        # One read for any file of a model's layers; a larger one is read again, sized.
+        n, cap = ctypes.c_int32(), _cdefs.QSAKV_MAX_LAYERS
+        while True:
+            layers, k, v = (ctypes.c_int32 * cap)(), (ctypes.c_float * cap)(), \
+                (ctypes.c_float * cap)()
+            sha = ctypes.create_string_buffer(65)
+            lib.qsakv_overlay_read_scale_file(_path(path), cap, layers, k, v, ctypes.byref(n),
+                                              sha)
+            if n.value <= cap:
+                return ({layers[i]: (k[i], v[i]) for i in range(n.value)}, sha.value.decode())
+            cap = n.value
 
     @staticmethod
     def write(out_dir, scales: Mapping[int, tuple[float, float]], *, base_index_path,

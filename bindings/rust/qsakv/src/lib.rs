@@ -331,37 +331,32 @@ impl Overlay {
     /// give) and the file's SHA-256 hex.
     pub fn read_scale_file(path: &Path) -> Result<(Vec<(i32, f32, f32)>, String)> {
         let p = c_path("scale file", path)?;
-        let mut n = 0i32;
-        // First the count (capacity 0), then the entries.
-        check(unsafe {
-            sys::qsakv_overlay_read_scale_file(
-                p.as_ptr(),
-                0,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                ptr::null_mut(),
-                &mut n,
-                ptr::null_mut(),
-            )
-        })?;
-        let cap = n.max(0) as usize;
-        let (mut l, mut k, mut v) = (vec![0i32; cap], vec![0f32; cap], vec![0f32; cap]);
-        let mut hex = [0 as c_char; 65];
-        check(unsafe {
-            sys::qsakv_overlay_read_scale_file(
-                p.as_ptr(),
-                cap as i32,
-                l.as_mut_ptr(),
-                k.as_mut_ptr(),
-                v.as_mut_ptr(),
-                &mut n,
-                hex.as_mut_ptr(),
-            )
-        })?;
-        let used = cap.min(n.max(0) as usize);
-        l.truncate(used);
-        let scales = l.into_iter().zip(k).zip(v).map(|((l, k), v)| (l, k, v)).collect();
-        Ok((scales, cstr(hex.as_ptr())))
+        // One read for any file of a model's layers; a larger one is read again, sized.
+        let mut cap = sys::QSAKV_MAX_LAYERS as usize;
+        loop {
+            let mut n = 0i32;
+            let (mut l, mut k, mut v) = (vec![0i32; cap], vec![0f32; cap], vec![0f32; cap]);
+            let mut hex = [0 as c_char; 65];
+            check(unsafe {
+                sys::qsakv_overlay_read_scale_file(
+                    p.as_ptr(),
+                    cap as i32,
+                    l.as_mut_ptr(),
+                    k.as_mut_ptr(),
+                    v.as_mut_ptr(),
+                    &mut n,
+                    hex.as_mut_ptr(),
+                )
+            })?;
+            let n = n.max(0) as usize;
+            if n > cap {
+                cap = n;
+                continue;
+            }
+            l.truncate(n);
+            let scales = l.into_iter().zip(k).zip(v).map(|((l, k), v)| (l, k, v)).collect();
+            return Ok((scales, cstr(hex.as_ptr())));
+        }
     }
 
     /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales.
