@@ -1,17 +1,25 @@
-"""The hot calls as PyTorch operators: torch.ops.qsakv.store_kv,
-store_compressed_keys, select_topk and attention, so that they can sit inside
-torch.compile'd and CUDA-graphed model code, as vLLM's attention backends do.
+"""The hot calls as PyTorch operators: torch.ops.qsakv.store_kv, store_index_keys,
+store_compressed_keys, store_step, select_topk and attention, so that a whole decode step
+can sit inside torch.compile'd and CUDA-graphed model code, as vLLM's attention backends
+do.
 
 `import qsakv.torch_ops` imports torch and registers the operators (the rest of the
 package never imports torch):
 
   store_kv(Tensor(a!) token, Tensor k, Tensor v, Tensor slot_mapping, int cache,
            int layer) -> ()
+  store_index_keys(Tensor(a!) token, Tensor keys, Tensor request_slots,
+                   Tensor positions, int cache, int layer) -> ()
   store_compressed_keys(Tensor(a!) token, Tensor keys, Tensor slot_mapping, int cache,
                         int layer) -> ()
+  store_step(Tensor(a!) token, Tensor? k, Tensor? v, Tensor? slot_mapping,
+             Tensor? index_keys, Tensor? request_slots, Tensor? positions,
+             Tensor? compressed_keys, Tensor? compressed_slot_mapping, int cache,
+             int layer) -> ()             (Cache.store_step: a part left out is None)
   select_topk(Tensor(a!) topk, Tensor index_q, Tensor token, int plan, int layer) -> ()
   attention(Tensor(a!) out, Tensor q, Tensor? topk, Tensor token, int plan, int layer,
-            int attn_mode) -> ()                (attn_mode: 0 sparse, 1 dense)
+            int attn_mode) -> ()                (attn_mode: 0 sparse, 1 dense; the
+                                                 eager attention() below takes names)
 
 `cache` / `plan` are ids from handle_id(obj) (plain ints, so graphs can hold them).
 `token` is the cache's ordering token (token(cache), a 1-element tensor the kernels
@@ -43,17 +51,25 @@ import torch
 
 from ._views import DeviceArray
 from .cache import Cache
+from .enums import choice
 from .errors import ClosedError
-from .plan import Plan
+from .plan import AttentionMode, Plan
 
-__all__ = ["handle_id", "token", "kv_cache", "compressed_keys", "topk_buffer", "as_tensor",
-           "store_kv", "store_compressed_keys", "select_topk", "attention", "SCHEMAS"]
+__all__ = ["handle_id", "token", "kv_cache", "compressed_keys", "index_key_ring",
+           "topk_buffer", "as_tensor", "store_kv", "store_index_keys",
+           "store_compressed_keys", "store_step", "select_topk", "attention", "SCHEMAS"]
 
 SCHEMAS = {
     "store_kv": "store_kv(Tensor(a!) token, Tensor k, Tensor v, Tensor slot_mapping, "
                 "int cache, int layer) -> ()",
+    "store_index_keys": "store_index_keys(Tensor(a!) token, Tensor keys, "
+                        "Tensor request_slots, Tensor positions, int cache, int layer) -> ()",
     "store_compressed_keys": "store_compressed_keys(Tensor(a!) token, Tensor keys, "
                              "Tensor slot_mapping, int cache, int layer) -> ()",
+    "store_step": "store_step(Tensor(a!) token, Tensor? k, Tensor? v, Tensor? slot_mapping, "
+                  "Tensor? index_keys, Tensor? request_slots, Tensor? positions, "
+                  "Tensor? compressed_keys, Tensor? compressed_slot_mapping, int cache, "
+                  "int layer) -> ()",
     "select_topk": "select_topk(Tensor(a!) topk, Tensor index_q, Tensor token, int plan, "
                    "int layer) -> ()",
     # `attn_mode`, not `mode`: torch.compile's functionalization (auto_functionalized_v2)
@@ -104,6 +120,7 @@ def _views(cache: Cache, layer: int) -> dict:
         b = cache.layer_buffers(layer)
         views = per_cache[layer] = {"kv": as_tensor(b.kv),
                                     "compressed_keys": as_tensor(b.compressed_keys),
+                                    "ring_keys": as_tensor(b.ring_keys),
                                     "topk": as_tensor(b.topk)}
     return views
 
@@ -120,6 +137,12 @@ def compressed_keys(cache: Cache, layer: int) -> torch.Tensor:
     [num_blocks, compressed_stride_block] for E4M3 ones (Cache.compressed_key_views
     gives the codes and scales in them)."""
     return _views(cache, layer)["compressed_keys"]
+
+
+def index_key_ring(cache: Cache, layer: int) -> torch.Tensor:
+    """The raw index-key ring of `layer` as a float16 tensor [max_requests, ring_length,
+    index_head_dim] (what store_index_keys writes)."""
+    return _views(cache, layer)["ring_keys"]
 
 
 def topk_buffer(cache: Cache, layer: int) -> torch.Tensor:
@@ -141,8 +164,20 @@ def _store_kv(token, k, v, slot_mapping, cache: int, layer: int) -> None:
     _get(cache, Cache).store_kv(layer, k, v, slot_mapping)
 
 
+def _store_index_keys(token, keys, request_slots, positions, cache: int, layer: int) -> None:
+    _get(cache, Cache).store_index_keys(layer, keys, request_slots, positions)
+
+
 def _store_compressed_keys(token, keys, slot_mapping, cache: int, layer: int) -> None:
     _get(cache, Cache).store_compressed_keys(layer, keys, slot_mapping)
+
+
+def _store_step(token, k, v, slot_mapping, index_keys, request_slots, positions,
+                compressed_keys, compressed_slot_mapping, cache: int, layer: int) -> None:
+    _get(cache, Cache).store_step(layer, k=k, v=v, slot_mapping=slot_mapping,
+                                  index_keys=index_keys, request_slots=request_slots,
+                                  positions=positions, compressed_keys=compressed_keys,
+                                  compressed_slot_mapping=compressed_slot_mapping)
 
 
 def _select_topk(topk, index_q, token, plan: int, layer: int) -> None:
@@ -159,8 +194,10 @@ def _nothing(*args) -> None:  # fake / Meta kernel: the operators return nothing
 
 _lib = torch.library.Library("qsakv", "DEF")
 _register_fake = getattr(torch.library, "register_fake", None)  # torch >= 2.4
-for _name, _fn in (("store_kv", _store_kv), ("store_compressed_keys", _store_compressed_keys),
-                   ("select_topk", _select_topk), ("attention", _attention)):
+for _name, _fn in (("store_kv", _store_kv), ("store_index_keys", _store_index_keys),
+                   ("store_compressed_keys", _store_compressed_keys),
+                   ("store_step", _store_step), ("select_topk", _select_topk),
+                   ("attention", _attention)):
     _lib.define(SCHEMAS[_name])
     _lib.impl(_name, _fn, "CPU")
     _lib.impl(_name, _fn, "CUDA")
@@ -175,9 +212,24 @@ def store_kv(cache: Cache, layer: int, k, v, slot_mapping) -> None:
     torch.ops.qsakv.store_kv(token(cache), k, v, slot_mapping, handle_id(cache), layer)
 
 
+def store_index_keys(cache: Cache, layer: int, keys, request_slots, positions) -> None:
+    torch.ops.qsakv.store_index_keys(token(cache), keys, request_slots, positions,
+                                     handle_id(cache), layer)
+
+
 def store_compressed_keys(cache: Cache, layer: int, keys, slot_mapping) -> None:
     torch.ops.qsakv.store_compressed_keys(token(cache), keys, slot_mapping,
                                           handle_id(cache), layer)
+
+
+def store_step(cache: Cache, layer: int, *, k=None, v=None, slot_mapping=None,
+               index_keys=None, request_slots=None, positions=None, compressed_keys=None,
+               compressed_slot_mapping=None) -> None:
+    """Cache.store_step's parts as one operator (one kernel launch on a GPU); a part left
+    out is None."""
+    torch.ops.qsakv.store_step(token(cache), k, v, slot_mapping, index_keys, request_slots,
+                               positions, compressed_keys, compressed_slot_mapping,
+                               handle_id(cache), layer)
 
 
 def select_topk(plan: Plan, layer: int, index_q, topk=None) -> None:
@@ -186,8 +238,10 @@ def select_topk(plan: Plan, layer: int, index_q, topk=None) -> None:
     torch.ops.qsakv.select_topk(t, index_q, token(plan.cache), handle_id(plan), layer)
 
 
-def attention(plan: Plan, layer: int, q, out, *, mode: int = 0, topk=None) -> None:
-    """mode 0 sparse (topk None: the layer's top-k buffer), 1 dense."""
-    if topk is None and mode == 0:
+def attention(plan: Plan, layer: int, q, out, *, mode="sparse", topk=None) -> None:
+    """mode: as Plan.attention's ("sparse", "dense", an AttentionMode or its int value);
+    sparse with topk None reads the layer's top-k buffer."""
+    m = int(choice(AttentionMode, mode, "mode"))
+    if topk is None and m == AttentionMode.SPARSE:
         topk = topk_buffer(plan.cache, layer)
-    torch.ops.qsakv.attention(out, q, topk, token(plan.cache), handle_id(plan), layer, mode)
+    torch.ops.qsakv.attention(out, q, topk, token(plan.cache), handle_id(plan), layer, m)

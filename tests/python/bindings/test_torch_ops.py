@@ -98,6 +98,46 @@ def test_operators_under_torch_compile(cpu, small_cfg):
         np.testing.assert_array_equal(res.numpy(), ref_out)
 
 
+def test_store_operators_under_torch_compile(cpu, small_cfg):
+    """store_step (a part passed as None) and store_index_keys through aot_eager store
+    the bytes of the three Cache methods."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = _world(cfg)
+    dev = torch.from_numpy
+    layer = cfg.qsa_layers[0]
+    n = len(w.cslots)
+    req = (np.arange(n) % cfg.max_requests).astype(np.int32)
+    pos = np.arange(n, dtype=np.int64)
+
+    def stored(cache):
+        lb = cache.layer_buffers(layer)
+        return tuple(np.asarray(b).tobytes() for b in (lb.kv, lb.ring_keys, lb.compressed_keys))
+
+    with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache:
+        cache.store_kv(layer, w.k, w.v, w.slots)
+        cache.store_index_keys(layer, w.ck, req, pos)
+        cache.store_compressed_keys(layer, w.ck, w.cslots)
+        want = stored(cache)
+    for split in (False, True):
+        with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache:
+            tok, cid = qops.token(cache), qops.handle_id(cache)
+
+            def step(k, v, slots, keys, req, pos, cslots):
+                if split:
+                    torch.ops.qsakv.store_step(tok, k, v, slots, None, None, None, keys,
+                                               cslots, cid, layer)
+                    torch.ops.qsakv.store_index_keys(tok, keys, req, pos, cid, layer)
+                else:
+                    torch.ops.qsakv.store_step(tok, k, v, slots, keys, req, pos, keys,
+                                               cslots, cid, layer)
+                return k * 1
+
+            compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+            compiled(dev(w.k), dev(w.v), dev(w.slots), dev(w.ck), dev(req), dev(pos),
+                     dev(w.cslots))
+            assert stored(cache) == want, split
+
+
 @gpu
 def test_cuda_graph_capture_and_replay(small_cfg):
     cfg = small_cfg.replace(kv_dtype="fp16")

@@ -62,11 +62,13 @@ def qops(monkeypatch):
 
 def test_registration(qops):
     reg = FakeLibrary.registry
-    assert set(reg) == {"store_kv", "store_compressed_keys", "select_topk", "attention"}
+    assert set(reg) == {"store_kv", "store_index_keys", "store_compressed_keys", "store_step",
+                        "select_topk", "attention"}
     for name, entry in reg.items():
         assert entry["schema"] == qops.SCHEMAS[name]
         assert {"CPU", "CUDA", "Meta"} <= set(entry)
-        assert entry["Meta"](*range(8)) is None
+        # The fake kernel takes every argument of the schema and returns nothing.
+        assert entry["Meta"](*range(entry["schema"].count(",") + 1)) is None
         assert "Tensor(a!)" in entry["schema"]  # every operator is mutable: never dropped
 
 
@@ -101,12 +103,85 @@ def test_operators_run_the_pipeline_like_the_methods(qops, cpu, small_cfg):
             results.append((cache.read_kv(layer), topk.copy(), out))
             dense = np.zeros_like(w.q)
             if use_ops:
-                qops.attention(plan, layer, w.q, dense, mode=1)
+                qops.attention(plan, layer, w.q, dense, mode="dense")
             else:
                 plan.attention(layer, w.q, dense, mode="dense")
             results[-1] += (dense,)
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
+
+
+def test_attention_mode_names_values_and_members(qops, cpu, small_cfg):
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = make_world(cfg, cfg.rank_geometry(), rows=(2,), lens=(100,), seed=5)
+    layer = cfg.qsa_layers[0]
+    with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache, \
+            qsakv.Plan(cache, max_rows=w.num_rows) as plan:
+        cache.store_kv(layer, w.k, w.v, w.slots)
+        plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
+        outs = []
+        for mode in ("dense", "DENSE", 1, qsakv.AttentionMode.DENSE):
+            out = np.full_like(w.q, np.nan)
+            qops.attention(plan, layer, w.q, out, mode=mode)
+            outs.append(out)
+        assert np.isfinite(outs[0]).all()
+        for out in outs[1:]:
+            np.testing.assert_array_equal(out, outs[0])
+        with pytest.raises(qsakv.InvalidArgumentError, match="mode: 'denser' is not one of"):
+            qops.attention(plan, layer, w.q, outs[0], mode="denser")
+        with pytest.raises(qsakv.InvalidArgumentError, match="mode: 7 is not one of"):
+            qops.attention(plan, layer, w.q, outs[0], mode=7)
+
+
+def _ring_world(cfg, w):
+    n = len(w.cslots)
+    return (w.ck, (np.arange(n) % cfg.max_requests).astype(np.int32),
+            np.arange(n, dtype=np.int64))
+
+
+def test_store_operators_store_the_bytes_of_the_methods(qops, cpu, small_cfg):
+    """store_index_keys and store_step (every part, and parts left out as None) store
+    what the Cache methods store."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    w = make_world(cfg, cfg.rank_geometry(), rows=(1, 3), lens=(300, 40), seed=4)
+    layer = cfg.qsa_layers[0]
+    keys, req, pos = _ring_world(cfg, w)
+
+    def stored(fn):
+        with qsakv.Cache(cpu, cfg, num_blocks=w.num_blocks) as cache:
+            fn(cache)
+            lb = cache.layer_buffers(layer)
+            ring = qops.index_key_ring(cache, layer)
+            assert ring.shape == lb.ring_keys.shape and ring.dtype == np.float16
+            return tuple(np.asarray(b).tobytes() for b in (lb.kv, lb.ring_keys,
+                                                           lb.compressed_keys))
+
+    def by_methods(cache, kv=True, ring=True, comp=True):
+        if kv:
+            cache.store_kv(layer, w.k, w.v, w.slots)
+        if ring:
+            cache.store_index_keys(layer, keys, req, pos)
+        if comp:
+            cache.store_compressed_keys(layer, keys, w.cslots)
+
+    def by_operators(cache):
+        qops.store_kv(cache, layer, w.k, w.v, w.slots)
+        qops.store_index_keys(cache, layer, keys, req, pos)
+        qops.store_compressed_keys(cache, layer, keys, w.cslots)
+
+    everything = stored(by_methods)
+    assert any(everything[1])  # the ring part stored something (its bytes not all 0)
+    assert stored(by_operators) == everything
+    for kv, ring, comp in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)]:
+        def step(cache):
+            qops.store_step(cache, layer,
+                            **(dict(k=w.k, v=w.v, slot_mapping=w.slots) if kv else {}),
+                            **(dict(index_keys=keys, request_slots=req, positions=pos)
+                               if ring else {}),
+                            **(dict(compressed_keys=keys, compressed_slot_mapping=w.cslots)
+                               if comp else {}))
+
+        assert stored(step) == stored(lambda c: by_methods(c, kv, ring, comp)), (kv, ring, comp)
 
 
 def test_a_closed_or_unknown_handle_is_refused(qops, cpu, small_cfg):
