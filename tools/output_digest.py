@@ -129,7 +129,7 @@ def run_cases(tag, ctx, cfg, overlay, b):
                 dense = filled(dev["q"], float("nan"))
                 plan.attention(layer, dev["q"], dense, mode="dense")
                 ctx.synchronize(None)
-                groups = plan.info().num_groups
+                groups = plan.info.num_groups
                 for what, t in (("topk", topk), ("sparse", out), ("dense", dense)):
                     print(f"{tag} route={route} {what}: {digest(t)}  (groups {groups})")
                 sys.stdout.flush()

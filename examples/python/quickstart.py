@@ -151,7 +151,7 @@ def main():
                                ckpt / "model.safetensors.index.json")
             revision = qsakv.checkpoint_revision(ckpt)
             with qsakv.Overlay.load(Path(tmp) / "kvscales" / "model-kvscales.safetensors") as ov:
-                print(f"\nOverlay: {ov.info().num_scales} scales, k_scale {ks:.6g}, v_scale "
+                print(f"\nOverlay: {ov.info.num_scales} scales, k_scale {ks:.6g}, v_scale "
                       f"{vs:.6g}, bound to revision {revision[:16]}...")
                 wrong = ("1" if revision[0] == "0" else "0") + revision[1:]
                 try:

@@ -9,12 +9,14 @@ with the header without edits here.
 from __future__ import annotations
 
 import ctypes
+import warnings
 from collections import namedtuple
 
 from . import _cdefs
 from .enums import by_c_name
 
 _RECORDS: dict[type, type] = {}
+_CALLABLE_RECORDS: dict[type, type] = {}
 _HEADER_FIELDS = ("struct_size", "version")
 
 
@@ -58,3 +60,22 @@ def value(struct, field: str):
 def record(struct, name: str):
     cls = record_type(type(struct), name)
     return cls(*(value(struct, f) for f in cls._fields))
+
+
+def callable_record(rec, where: str):
+    """`rec` as a record that may also be called, returning itself with a
+    DeprecationWarning: `Plan.info` and `Overlay.info` were methods up to 0.1.0 and are
+    properties now, like every other `.info`; `plan.info()` keeps working meanwhile."""
+    base = type(rec)
+    cls = _CALLABLE_RECORDS.get(base)
+    if cls is None:
+        def __call__(self):
+            warnings.warn(f"{where} is a property: write {where.split('.')[-1]} without "
+                          "(); calling it will stop working in a later version",
+                          DeprecationWarning, stacklevel=2)
+            return self
+
+        cls = _CALLABLE_RECORDS[base] = type(base.__name__, (base,),
+                                             {"__slots__": (), "__call__": __call__,
+                                              "__doc__": base.__doc__})
+    return cls(*rec)

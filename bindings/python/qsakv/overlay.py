@@ -75,12 +75,14 @@ class Overlay(Handle):
         lib.qsakv_overlay_validate(p, config._ref, expected_base_revision.encode())
         return self
 
+    @property
     def info(self):
         """OverlayInfo: num_scales, validated, unit_scale_control, the contract fields,
-        base_index_sha256, scale_file_sha256, layer_prefix."""
+        base_index_sha256, scale_file_sha256, layer_prefix. (A method up to 0.1.0:
+        `overlay.info()` still works, with a DeprecationWarning.)"""
         info = _structs.new(_cdefs.qsakv_overlay_info)
         lib.qsakv_overlay_get_info(self._p, ctypes.byref(info))
-        return _structs.record(info, "OverlayInfo")
+        return _structs.callable_record(_structs.record(info, "OverlayInfo"), "Overlay.info")
 
     def scales(self, layer: int) -> tuple[float, float]:
         """(k_scale, v_scale) of a model layer id; InvalidArgumentError if absent."""

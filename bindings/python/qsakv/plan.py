@@ -133,13 +133,15 @@ class Plan(Handle):
         self._block_table = batch.block_table
         self._rows = int(qs[-1])
 
+    @property
     def info(self):
         """PlanInfo: max_rows, max_requests, num_splits, num_rows and num_requests of the
         last update, workspace_bytes; the grouped route: rows_per_group (0: none),
-        multi_row_min_rows, num_groups and grouped_rows of the last update."""
+        multi_row_min_rows, num_groups and grouped_rows of the last update. (A method up
+        to 0.1.0: `plan.info()` still works, with a DeprecationWarning.)"""
         out = _structs.new(_cdefs.qsakv_plan_info)
         lib.qsakv_plan_get_info(self._p, ctypes.byref(out))
-        return _structs.record(out, "PlanInfo")
+        return _structs.callable_record(_structs.record(out, "PlanInfo"), "Plan.info")
 
     def _topk(self, topk):
         """(address, stride) of a caller's top-k array int32 [>= rows, >= topk_width]."""

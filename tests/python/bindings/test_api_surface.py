@@ -62,6 +62,27 @@ def test_every_method_and_property_refuses_a_closed_object(small_cfg, tmp_path, 
         ctx.info  # noqa: B018 (the issue's example)
 
 
+def test_every_info_is_a_property_and_the_old_calls_warn(small_cfg, tmp_path, checkpoint):
+    """Context, Calibration, Plan and Overlay all read `.info` as a property; Plan.info()
+    and Overlay.info() (methods up to 0.1.0) still answer, with a DeprecationWarning."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    qsakv.Overlay.write(tmp_path / "pack", {l: (0.01, 0.02) for l in cfg.qsa_layers},
+                        base_index_path=checkpoint / "model.safetensors.index.json")
+    for cls in (qsakv.Context, qsakv.Calibration, qsakv.Plan, qsakv.Overlay):
+        assert isinstance(inspect.getattr_static(cls, "info"), property), cls.__name__
+    with qsakv.Context("cpu") as ctx, qsakv.Cache(ctx, cfg, num_blocks=2) as cache, \
+            qsakv.Plan(cache, max_rows=4) as plan, \
+            qsakv.Overlay.load(tmp_path / "pack" / "model-kvscales.safetensors") as ov:
+        for obj, field, want in ((plan, "max_rows", 4),
+                                 (ov, "num_scales", 2 * len(cfg.qsa_layers))):  # K and V
+            info = obj.info
+            assert getattr(info, field) == want
+            with pytest.warns(DeprecationWarning, match=r"\.info is a property"):
+                called = info()
+            assert called == info and getattr(called, field) == want
+            assert info._replace(**{field: 0}) != info  # still a namedtuple
+
+
 @pytest.mark.parametrize("make, what, valid", [
     (lambda: qsakv.Context("gpu"), "backend", "'auto', 'cpu', 'cuda'"),
     (lambda: qsakv.Context(7), "backend", "'auto', 'cpu', 'cuda'"),
@@ -187,7 +208,7 @@ def test_outputs_byte_order_layer_and_batch_are_checked(pipeline):
                        match=r"batch.query_start: expected int32 \[2\], got float64 \[2\]"):
         plan.update(qsakv.Batch([0, 1.9], [4], bt))
     plan.update(qsakv.Batch(np.array([0, 1], np.int64), [4], bt))  # integers that fit: taken
-    assert plan.info().num_rows == 1
+    assert plan.info.num_rows == 1
 
 
 def test_every_c_function_has_a_wrapper():

@@ -66,7 +66,7 @@ def test_close_is_idempotent_and_closed_objects_refuse_use(small_cfg):
     plan.close()
     assert plan.closed and qsakv.live_handles() == n - 1
     with pytest.raises(qsakv.ClosedError, match="plan is closed"):
-        plan.info()
+        plan.info  # noqa: B018 (a property)
     # Closing the context closes its open cache first (no C object outlives its parent).
     ctx.close()
     assert cache.closed and ctx.closed and qsakv.live_handles() == n - 3
@@ -91,7 +91,7 @@ def test_children_keep_parents_alive_and_gc_is_a_backstop(small_cfg):
     # Only the plan is referenced here, yet its cache and context are still open.
     assert qsakv.live_handles() == n + 3
     assert not plan.cache.closed and not plan.cache.context.closed
-    assert plan.info().max_rows == 4
+    assert plan.info.max_rows == 4
     del plan
     gc.collect()
     assert qsakv.live_handles() == n  # finalizers destroyed all three

@@ -39,7 +39,7 @@ def run(ctx, cfg, ov, w, mode="sparse"):
         cache.store_kv(layer, w.k, w.v, w.slots)
         cache.store_compressed_keys(layer, w.ck, w.cslots)
         plan.update(qsakv.Batch(w.query_start, w.lens, w.bt))
-        info = plan.info()
+        info = plan.info
         assert (info.num_rows, info.num_requests) == (w.num_rows, len(w.lens))
         topk = np.full((w.num_rows, geo.topk_width + 5), -7, np.int32)  # poisoned, wider
         plan.select_topk(layer, w.iq, topk)
@@ -50,7 +50,7 @@ def run(ctx, cfg, ov, w, mode="sparse"):
 
 def test_overlay_roundtrip(overlay, checkpoint, small_cfg):
     ov, ks, vs = overlay
-    info = ov.info()
+    info = ov.info
     assert info.num_scales == 2 * len(small_cfg.qsa_layers)
     assert info.validated == 0
     assert info.contract_tp_size == 4 and info.contract_activation_dtype == qsakv.DType.FP16
@@ -68,9 +68,9 @@ def test_full_pipeline_e4m3_against_fp64_reference(cpu, small_cfg, world, overla
     with pytest.raises(qsakv.RevisionMismatchError) as e:
         ov.validate(cfg, wrong)
     assert wrong[:16] in e.value.message or revision[:16] in e.value.message
-    assert ov.info().validated == 0
+    assert ov.info.validated == 0
     ov.validate(cfg, revision)
-    assert ov.info().validated == 1
+    assert ov.info.validated == 1
 
     out, topk, kv = run(cpu, cfg, ov, w)
 
