@@ -82,7 +82,9 @@ class Handle:
         raise ClosedError(f"this {self._kind} is closed")
 
     def close(self) -> None:
-        """Destroys the C object (children first). Idempotent."""
+        """Destroys the C object (children first). Idempotent. Nothing is synchronised
+        (as in the C API): finish the queued work that uses the object's memory first,
+        e.g. ctx.synchronize(stream), or that work reads freed memory."""
         for child in list(self._children):
             child.close()
         self._addr = 0

@@ -283,7 +283,8 @@ class Cache(Handle):
     def close(self) -> None:
         """Closes the cache (its plans first). Its memory is freed at once, unless a view
         of it is still alive (layer_buffers, compressed_key_views, a tensor made from
-        one): then when the last such view is gone."""
+        one): then when the last such view is gone. Nothing is synchronised: finish the
+        queued work that uses the cache first (ctx.synchronize(stream))."""
         self.__dict__.pop("_torch_views", None)  # torch_ops' cached tensors: views too
         super().close()
 
