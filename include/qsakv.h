@@ -528,8 +528,9 @@ QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
 /* Allocates every cache of this rank: main K/V per QSA layer, raw index-key rings,
  * compressed index-key caches, and the top-k workspace. E4M3 needs an overlay that
  * qsakv_overlay_validate accepted for an equal config (else OVERLAY_MISSING or
- * OVERLAY_NOT_VALIDATED); 16-bit caches take overlay == NULL. The scales are copied to
- * device memory; the overlay may be destroyed afterwards. Blocking, allocates. Cache
+ * OVERLAY_NOT_VALIDATED); 16-bit caches take overlay == NULL. A BF16 cache on an SM 7.5
+ * GPU is UNSUPPORTED (its tensor cores have no BF16 MMAs; FP16 and E4M3 run there). The scales are
+ * copied to device memory; the overlay may be destroyed afterwards. Blocking, allocates. Cache
  * contents start zeroed. The context must outlive the cache. */
 QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
                                           const qsakv_model_config* config,

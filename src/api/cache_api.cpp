@@ -16,6 +16,7 @@
 #include "core/capacity.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
+#include "core/kernel_tier.hpp"
 #include "core/overlay/overlay.hpp"
 #include "core/versioned.hpp"
 
@@ -52,6 +53,12 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
   for (int i = 0; i < c.num_qsa_layers; ++i)
     overlay_scales(overlay, c.qsa_layers[i], &scales[2 * i], &scales[2 * i + 1]);
   return scales;
+}
+
+// What the backend's kernels cannot attend over is refused before anything is allocated.
+void require_backend_takes(const qsakv_model_config& c, const BackendInfo& backend) {
+  if (backend.kind == QSAKV_BACKEND_CUDA)
+    require_cuda_cache_dtype(backend.tier, backend.sm_version, c.kv_dtype);
 }
 
 // Options that fix the cache's size: a layout to allocate for, or caller-owned memory.
@@ -187,6 +194,7 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     // refused before any size question.
     const qsakv_rank_geometry g = rank_geometry(c);
     const std::vector<float> scales = layer_scales(c, overlay, be->info());
+    require_backend_takes(c, be->info());
     auto cache =
         new_cache(context, c, g, scales, o, build_layout(c, g, o, resolve_num_blocks(c, o)));
     const qsakv_cache_layout& L = cache->layout;
@@ -235,6 +243,7 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     const auto c = read_versioned(config, default_model_config(), "config");
     const qsakv_rank_geometry g = rank_geometry(c);  // validates the config first
     const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
+    require_backend_takes(c, context->backend->info());
     const auto o = sized_options(options);
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");
     auto m = blank_versioned<qsakv_cache_memory>(QSAKV_CACHE_MEMORY_VERSION);

@@ -94,4 +94,13 @@ const char* cuda_tier_name(qsakv_kernel_tier tier) {
   }
 }
 
+void require_cuda_cache_dtype(qsakv_kernel_tier tier, int sm_version, qsakv_dtype kv_dtype) {
+  if (kv_dtype == QSAKV_DTYPE_BF16 && tier != QSAKV_KERNEL_TIER_SM70 &&
+      sm_version < kSmBf16TensorCores)
+    fail(QSAKV_ERROR_UNSUPPORTED,
+         "kv_dtype bf16: BF16 caches need BF16 tensor cores (SM %d+) on the %s kernel tier; this "
+         "GPU is SM %d (an FP16 cache runs on it)",
+         kSmBf16TensorCores, cuda_tier_name(tier), sm_version);
+}
+
 }  // namespace qsakv

@@ -20,6 +20,14 @@ qsakv_kernel_tier default_cuda_tier(int sm_version);
 
 const char* cuda_tier_name(qsakv_kernel_tier tier);
 
+// Fails with QSAKV_ERROR_UNSUPPORTED, naming the GPU's SM, where the CUDA kernels of `tier`
+// on an SM `sm_version` GPU cannot attend over a `kv_dtype` cache: BF16 on the SM75 tier
+// below SM 8.0 (that tier attends on tensor cores, whose BF16 MMAs start at SM 8.0; the
+// SM70 tier converts BF16 to FP32 on CUDA cores and takes it anywhere). Checked when a
+// cache is created, so that no cache is made that its attention would refuse, and again
+// by the attention launch.
+void require_cuda_cache_dtype(qsakv_kernel_tier tier, int sm_version, qsakv_dtype kv_dtype);
+
 // Which MMA the grouped route's attention kernel uses on a GPU that has both (SM90 with
 // sm_90a code): a test and benchmark hook, QSAKV_GROUPED_MMA, read at context creation and,
 // like QSAKV_CUDA_TIER, checked on every backend. Unset, "" or "auto": the warpgroup MMA
