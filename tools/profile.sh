@@ -12,7 +12,10 @@
 #                                              (--overlap-shapes index) at shared fraction F,
 #                                              E4M3: the grouped route's kernels (the
 #                                              route forced first in each sweep point)
-# Logs and reports go to $OUT.
+# Logs and reports go to $OUT. NCU_WARP_SAMPLING=N samples warp stalls every 2^(5+N) cycles
+# (ncu's --warp-sampling-interval; default auto): 0 for a kernel of a few microseconds on a
+# few CTAs (the one-row filter kernel of a decode step), whose auto period leaves too few
+# samples to rank its lines.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 kind=${1:?select or overlap}
@@ -38,6 +41,7 @@ for c in "$@"; do
   esac
   rep="$OUT/ncu-$name"
   timeout 240 ncu --clock-control none -k "regex:$regex" --launch-count "$count" --set full \
+    --warp-sampling-interval "${NCU_WARP_SAMPLING:-auto}" \
     --import-source yes -o "$rep" -f "$build/qsakv_bench" "${args[@]}" > "$rep.run.log" 2>&1
   echo "== $name rc=$?"
   ncu -i "$rep.ncu-rep" --page details > "$rep.log" 2>&1
