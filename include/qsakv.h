@@ -1091,7 +1091,13 @@ QSAKV_API qsakv_status qsakv_tp_consensus(qsakv_context* context, const qsakv_mo
 
 /* The revision an overlay is bound to: the lower-case hex SHA-256 of a checkpoint's
  * model.safetensors.index.json. `path` is the checkpoint directory or the index file
- * itself. Writes 64 hex digits and a NUL to out_hex (65 bytes). Blocking. */
+ * itself. A directory that qsakv_overlay_materialize built (it holds
+ * qsakv-provenance.json) answers with its base's revision, hashed now from the base
+ * directory the record names: so the revision and the overlay can come from the one
+ * calibrated directory, and a base changed since is a REVISION_MISMATCH at validation.
+ * There, the base index unreadable is IO, and the directory's own index changed since it
+ * was built is HASH_MISMATCH. Writes 64 hex digits and a NUL to out_hex (65 bytes).
+ * Blocking. */
 QSAKV_API qsakv_status qsakv_checkpoint_revision(const char* path, char out_hex[65]);
 
 /* ---------------------------------------------------------------------------------- */

@@ -108,6 +108,7 @@ inline qsakv_capacity capacity_plan(const qsakv_model_config& c, uint64_t budget
   return cap;
 }
 
+// qsakv_checkpoint_revision (a materialised checkpoint answers with its base's revision).
 inline std::string checkpoint_revision(const std::string& path) {
   char hex[65] = {0};
   check(qsakv_checkpoint_revision(path.c_str(), hex));

@@ -223,6 +223,55 @@ static void test_materialize_other_revision(void** state) {
   assert_false(ovf_exists(ckpt));
 }
 
+/* The revision of a materialised checkpoint is its base's, hashed now: the README's flow
+ * (revision and overlay from the same directory) holds, and a base that moved on after
+ * materialisation is a revision mismatch, not scales silently served with new weights. */
+static void test_materialized_checkpoint_revision_is_the_base_s(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16], path[OVF_PATH + 64], rev[65], merged[65];
+  write_pack(p, NULL, out, sizeof out);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+  OVF_OK(qsakv_checkpoint_revision(ckpt, rev));
+  assert_string_equal(rev, p->base_sha);
+  /* The index file itself still hashes as it is (the merged index). */
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", ckpt);
+  OVF_OK(qsakv_checkpoint_revision(path, merged));
+  assert_string_not_equal(merged, p->base_sha);
+  qsakv_overlay* o = NULL;
+  qsakv_model_config c;
+  ovf_config(&c, 1);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  OVF_OK(qsakv_overlay_validate(o, &c, rev));
+  qsakv_overlay_destroy(o);
+  /* The base moves on in place: the materialised directory's revision moves with it. */
+  ovf_write_text(p->base_index,
+                 "{\"weight_map\": {\"model.norm.weight\": \"model-00001.safetensors\"}}");
+  OVF_OK(qsakv_checkpoint_revision(ckpt, rev));
+  assert_string_not_equal(rev, p->base_sha);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  OVF_EXPECT(qsakv_overlay_validate(o, &c, rev), QSAKV_ERROR_REVISION_MISMATCH);
+  qsakv_overlay_destroy(o);
+  /* The base gone: no revision (the record names it). */
+  assert_int_equal(unlink(p->base_index), 0);
+  OVF_EXPECT(qsakv_checkpoint_revision(ckpt, rev), QSAKV_ERROR_IO);
+  assert_non_null(strstr(qsakv_last_error(), "is a materialised checkpoint"));
+  assert_non_null(strstr(qsakv_last_error(), p->base_dir));
+  /* The merged index edited after materialisation. */
+  ovf_write_text(p->base_index, "{\"weight_map\": {}}");
+  ovf_write_text(path, "{\"weight_map\": {}}");
+  OVF_EXPECT(qsakv_checkpoint_revision(ckpt, rev), QSAKV_ERROR_HASH_MISMATCH);
+  assert_non_null(strstr(qsakv_last_error(), "index changed since it was built"));
+  /* A provenance record that is not one. */
+  snprintf(path, sizeof path, "%s/qsakv-provenance.json", ckpt);
+  ovf_write_text(path, "{\"schema_version\": 1, \"kind\": \"qsakv-provenance\"}");
+  OVF_EXPECT(qsakv_checkpoint_revision(ckpt, rev), QSAKV_ERROR_FORMAT);
+  assert_non_null(strstr(qsakv_last_error(), "lacks the field \"base_checkpoint\""));
+  ovf_write_text(path, "{\"schema_version\": 2}");
+  OVF_EXPECT(qsakv_checkpoint_revision(ckpt, rev), QSAKV_ERROR_FORMAT);
+  assert_non_null(strstr(qsakv_last_error(), "schema_version is 2"));
+}
+
 static void test_write_refuses_name_in_base(void** state) {
   ovf_pack* p = *state;
   char out[OVF_PATH];
@@ -468,6 +517,7 @@ int main(void) {
       T(test_pack_directory),
       T(test_materialized_checkpoint),
       T(test_materialize_other_revision),
+      T(test_materialized_checkpoint_revision_is_the_base_s),
       T(test_write_refuses_name_in_base),
       T(test_materialize_refuses_name_in_base),
       T(test_materialize_base_already_has_scale_file),

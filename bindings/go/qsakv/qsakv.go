@@ -360,7 +360,8 @@ func (m *ModelConfig) Capacity(budgetBytes uint64) (Capacity, error) {
 }
 
 // CheckpointRevision is the revision an overlay binds to: the SHA-256 (hex) of a
-// checkpoint's model.safetensors.index.json (path: the directory or the file).
+// checkpoint's model.safetensors.index.json (path: the directory or the file); a
+// materialised checkpoint answers with its base's, hashed now (qsakv_checkpoint_revision).
 func CheckpointRevision(path string) (string, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))

@@ -18,7 +18,8 @@ def _path(p) -> bytes | None:
 
 def checkpoint_revision(path) -> str:
     """The revision an overlay is bound to: the lower-case hex SHA-256 of a checkpoint's
-    model.safetensors.index.json (`path`: the checkpoint directory or the index file).
+    model.safetensors.index.json (`path`: the checkpoint directory or the index file). A
+    materialised checkpoint answers with its base's revision, hashed now (qsakv.h).
     Blocking."""
     out = ctypes.create_string_buffer(65)
     lib.qsakv_checkpoint_revision(_path(path), out)

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/format/json_strict.hpp"
+#include "core/overlay/json_fields.hpp"
 #include "core/overlay/names.hpp"
 #include "core/format/sha256.hpp"
 
@@ -17,36 +18,6 @@ const char* const kFields[] = {
     "tensor_names",   "scale_contract", "unit_scale_control", "contract"};
 const char* const kContractFields[] = {"tp_size", "speculative_tokens", "activation_dtype",
                                        "min_sm"};
-
-template <size_t N>
-void require_fields(const json& obj, const char* const (&fields)[N], const std::string& what,
-                    const char* where) {
-  for (const auto& kv : obj.items()) {
-    bool known = false;
-    for (const char* f : fields) known = known || kv.key() == f;
-    if (!known)
-      fail(QSAKV_ERROR_FORMAT, "%s: unknown field \"%s\" in %s", what.c_str(), kv.key().c_str(),
-           where);
-  }
-  for (const char* f : fields)
-    if (!obj.contains(f))
-      fail(QSAKV_ERROR_FORMAT, "%s: %s lacks the field \"%s\"", what.c_str(), where, f);
-}
-
-std::string get_string(const json& obj, const char* field, const std::string& what) {
-  if (!obj[field].is_string())
-    fail(QSAKV_ERROR_FORMAT, "%s: \"%s\" is a JSON %s, not a string", what.c_str(), field,
-         json_kind(obj[field]));
-  return obj[field].get<std::string>();
-}
-
-std::string get_sha(const json& obj, const char* field, const std::string& what) {
-  std::string s = get_string(obj, field, what);
-  if (!is_sha256_hex(s))
-    fail(QSAKV_ERROR_FORMAT, "%s: \"%s\" is \"%s\", not 64 lower-case hex digits", what.c_str(),
-         field, s.c_str());
-  return s;
-}
 
 // null -> `unset`; otherwise an integer in [lo, hi].
 int32_t get_bound(const json& c, const char* field, int32_t unset, int32_t lo, int32_t hi,
@@ -112,19 +83,8 @@ json bound_json(int32_t v, int32_t unset) { return v == unset ? json(nullptr) : 
 
 Manifest parse_manifest(const std::string& text, const std::string& what) {
   const json j = parse_json_strict(text, what);
-  if (!j.is_object())
-    fail(QSAKV_ERROR_FORMAT, "%s is a JSON %s, not an object", what.c_str(), json_kind(j));
-  // The version first: a newer manifest should say so rather than "unknown field".
-  if (!j.contains("schema_version") || !j["schema_version"].is_number_integer() ||
-      j["schema_version"].get<int64_t>() != kManifestSchemaVersion)
-    fail(QSAKV_ERROR_FORMAT, "%s: schema_version is %s; this library reads version %d",
-         what.c_str(),
-         j.contains("schema_version") ? json_excerpt(j["schema_version"]).c_str() : "absent",
-         kManifestSchemaVersion);
+  require_schema(j, kManifestSchemaVersion, kManifestKind, what);
   require_fields(j, kFields, what, "the manifest");
-  if (get_string(j, "kind", what) != kManifestKind)
-    fail(QSAKV_ERROR_FORMAT, "%s: kind is \"%s\", not \"%s\"", what.c_str(),
-         j["kind"].get<std::string>().c_str(), kManifestKind);
   Manifest m;
   m.base_index_sha256 = get_sha(j, "base_index_sha256", what);
   m.scale_file_sha256 = get_sha(j, "scale_file_sha256", what);

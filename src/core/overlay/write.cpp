@@ -17,6 +17,7 @@
 #include "core/format/file_io.hpp"
 #include "core/overlay/index.hpp"
 #include "core/overlay/overlay.hpp"
+#include "core/overlay/provenance.hpp"
 #include "core/format/safetensors.hpp"
 #include "core/format/sha256.hpp"
 
@@ -240,21 +241,18 @@ void overlay_materialize(const std::string& out_dir, const std::string& base_dir
          "valid UTF-8 (byte 0x%02x at offset %zu of \"%s\"); qsakv-provenance.json records "
          "that path as JSON text, so rename the directory (or link it under a UTF-8 name)",
          static_cast<unsigned char>(base_real[bad]), bad, utf8_escaped(base_real).c_str());
-  json prov = json::object();
-  prov["schema_version"] = 1;
-  prov["kind"] = "qsakv-provenance";
-  prov["base_checkpoint"] = base_real;
-  prov["base_index_sha256"] = base.index_sha256;
-  prov["merged_index_sha256"] = sha256_hex(index);
-  prov["scale_file_sha256"] = o->manifest.scale_file_sha256;
-  prov["manifest_sha256"] = sha256_hex(manifest);
-  prov["library_version"] = qsakv_version_string();
+  const Provenance prov{base_real,
+                        base.index_sha256,
+                        sha256_hex(index),
+                        o->manifest.scale_file_sha256,
+                        sha256_hex(manifest),
+                        qsakv_version_string()};
   StagingDir staging(out_dir);
   link_base_files(base_real, staging.path());
   write_file(join_path(staging.path(), kScaleFileName), scale);
   write_file(join_path(staging.path(), kManifestFileName), manifest);
   write_file(join_path(staging.path(), kIndexFileName), index);
-  write_file(join_path(staging.path(), kProvenanceFileName), prov.dump(2) + "\n");
+  write_file(join_path(staging.path(), kProvenanceFileName), write_provenance(prov));
   staging.commit();
 }
 

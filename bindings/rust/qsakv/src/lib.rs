@@ -295,7 +295,8 @@ pub unsafe fn tp_consensus(
     ))
 }
 
-/// The revision an overlay is bound to: SHA-256 (hex) of a checkpoint's index file.
+/// The revision an overlay is bound to: SHA-256 (hex) of a checkpoint's index file; a
+/// materialised checkpoint answers with its base's, hashed now (`qsakv_checkpoint_revision`).
 pub fn checkpoint_revision(path: &Path) -> Result<String> {
     let p = c_path("path", path)?;
     let mut hex = [0 as c_char; 65];
