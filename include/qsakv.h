@@ -426,10 +426,10 @@ typedef struct qsakv_overlay_write_options {
   uint32_t version;
   const char* layer_prefix;              /* "model.layers" when NULL */
   const char* base_index_path;           /* base checkpoint's model.safetensors.index.json */
-  int32_t contract_tp_size;              /* 0 = not constrained */
-  int32_t contract_speculative_tokens;   /* -1 = not constrained */
+  int32_t contract_tp_size;              /* 0 = not constrained, else 1..65536 */
+  int32_t contract_speculative_tokens;   /* -1 = not constrained, else 0..64 */
   qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
-  int32_t contract_min_sm;               /* 0 = not constrained */
+  int32_t contract_min_sm;               /* 0 = not constrained, else 1..10000 (70: SM 7.0) */
   int32_t unit_scale_control;            /* 1 marks a unit-scale negative control in the metadata
                                             (informational: a loaded 1.0 is a valid scale) */
 } qsakv_overlay_write_options;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -497,6 +498,23 @@ static void test_save_refuses_to_overwrite(void** state) {
   MSG_HAS("already exists");
   qsakv_calib_destroy(s);
   remove_saved(dir, path);
+}
+
+/* A saved file is readable as write_file's are (0644 less the umask), not mkstemp's 0600:
+ * a calibration run and the offline tools may be different users. */
+static void test_saved_file_mode_follows_the_umask(void** state) {
+  cpu_calib_fixture* f = *state;
+  const mode_t masks[] = {022, 027};
+  for (int i = 0; i < 2; ++i) {
+    const mode_t old = umask(masks[i]);
+    char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+    saved_3_and_7(f, dir, path, sizeof path);
+    umask(old);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644 & ~masks[i]);
+    remove_saved(dir, path);
+  }
 }
 
 /* A saved statistics file opened for editing; *data gets the offset of its data section
@@ -1003,6 +1021,7 @@ int main(void) {
       cmocka_unit_test(test_merge_algebra),
       R(test_summary_refuses_a_missing_layer),
       R(test_save_refuses_to_overwrite),
+      R(test_saved_file_mode_follows_the_umask),
       R(test_summary_refuses_a_missing_kv_half),
       R(test_load_refuses_inconsistent_counts),
       cmocka_unit_test(test_load_of_a_missing_file_is_io),

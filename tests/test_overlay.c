@@ -272,6 +272,31 @@ static void test_materialized_checkpoint_revision_is_the_base_s(void** state) {
   assert_non_null(strstr(qsakv_last_error(), "schema_version is 2"));
 }
 
+/* Published packs and checkpoints are readable by other users as the umask allows (a
+ * serving process is often not the calibration run's user): not mkdtemp's 0700. */
+static void test_published_modes_follow_the_umask(void** state) {
+  ovf_pack* p = *state;
+  const mode_t masks[] = {022, 077};
+  for (int i = 0; i < 2; ++i) {
+    char out[OVF_PATH], ckpt[OVF_PATH + 16], path[OVF_PATH + 64];
+    const mode_t old = umask(masks[i]);
+    write_pack(p, NULL, out, sizeof out);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+    OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+    umask(old);
+    struct stat st;
+    assert_int_equal(stat(out, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0755 & ~masks[i]);
+    assert_int_equal(stat(ckpt, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0755 & ~masks[i]);
+    snprintf(path, sizeof path, "%s/qsakv-overlay.json", out);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644 & ~masks[i]);
+    ovf_rmtree(ckpt);
+    ovf_rmtree(out);
+  }
+}
+
 static void test_write_refuses_name_in_base(void** state) {
   ovf_pack* p = *state;
   char out[OVF_PATH];
@@ -452,7 +477,37 @@ static void test_write_refusals(void** state) {
   wo.contract_activation_dtype = QSAKV_DTYPE_E4M3;
   OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
   wo.contract_activation_dtype = QSAKV_DTYPE_INVALID;
+  /* Each contract bound is the manifest reader's: the writer never makes a pack that
+   * no load accepts (tp_size 70000 was written, then refused by every load). */
+  wo.contract_tp_size = 65537;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_MESSAGE_HAS("options.contract_tp_size is 65537; 0 (not constrained) or 1..65536");
+  wo.contract_tp_size = -1;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  wo.contract_tp_size = 0;
+  wo.contract_speculative_tokens = 65;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  wo.contract_speculative_tokens = -1;
+  wo.contract_min_sm = 10001;
+  OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  OVF_MESSAGE_HAS("options.contract_min_sm is 10001; 0 (not constrained) or 1..10000");
+  wo.contract_min_sm = 0;
   assert_false(ovf_exists(out));
+  /* The largest bounds are written and load again. */
+  wo.contract_tp_size = 65536;
+  wo.contract_speculative_tokens = 64;
+  wo.contract_min_sm = 10000;
+  OVF_OK(qsakv_overlay_write(out, layers, k, v, 12, &wo));
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  const qsakv_overlay_info info = info_of(o);
+  assert_int_equal(info.contract_tp_size, 65536);
+  assert_int_equal(info.contract_speculative_tokens, 64);
+  assert_int_equal(info.contract_min_sm, 10000);
+  qsakv_overlay_destroy(o);
+  ovf_rmtree(out);
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
   /* An existing directory, even empty, is never overwritten. */
   assert_int_equal(mkdir(out, 0755), 0);
   OVF_EXPECT(qsakv_overlay_write(out, layers, k, v, 12, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
@@ -518,6 +573,7 @@ int main(void) {
       T(test_materialized_checkpoint),
       T(test_materialize_other_revision),
       T(test_materialized_checkpoint_revision_is_the_base_s),
+      T(test_published_modes_follow_the_umask),
       T(test_write_refuses_name_in_base),
       T(test_materialize_refuses_name_in_base),
       T(test_materialize_base_already_has_scale_file),

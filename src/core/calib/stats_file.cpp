@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/checked.hpp"
@@ -294,7 +295,14 @@ void save_stats(const HostStats& s, const std::string& path) {
   std::string tmp = path + ".tmp-XXXXXX";
   const int fd = ::mkstemp(&tmp[0]);
   if (fd < 0) fail(QSAKV_ERROR_IO, "cannot create %s: %s", tmp.c_str(), std::strerror(errno));
+  // mkstemp made it 0600; the published file is readable like write_file's.
+  const int mode_rc = ::fchmod(fd, static_cast<mode_t>(published_file_mode()));
+  const int mode_err = errno;
   ::close(fd);
+  if (mode_rc != 0) {
+    ::unlink(tmp.c_str());
+    fail(QSAKV_ERROR_IO, "cannot set the mode of %s: %s", tmp.c_str(), std::strerror(mode_err));
+  }
   try {
     write_file(tmp, bytes);
   } catch (...) {

@@ -167,6 +167,28 @@ std::string join_path(const std::string& dir, const std::string& name) {
   return dir + "/" + name;
 }
 
+namespace {
+// umask(2) can only be read by setting it, which races with other threads creating files;
+// Linux reports it in /proc/self/status ("Umask:\t0022", since 4.7). Without that line the
+// common default, 022, is assumed.
+unsigned process_umask() {
+  FILE* f = std::fopen("/proc/self/status", "re");
+  unsigned mask = 022;
+  if (!f) return mask;
+  char line[256];
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "Umask:", 6) == 0) {
+      mask = static_cast<unsigned>(std::strtoul(line + 6, nullptr, 8)) & 0777u;
+      break;
+    }
+  std::fclose(f);
+  return mask;
+}
+}  // namespace
+
+unsigned published_file_mode() { return 0644u & ~process_umask(); }
+unsigned published_dir_mode() { return 0755u & ~process_umask(); }
+
 void require_absent(const std::string& path, const char* what) {
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0)
@@ -212,6 +234,9 @@ void StagingDir::commit() {
   if (::unlink(join_path(path_, kStagingOwnerFile).c_str()) != 0)
     fail(QSAKV_ERROR_IO, "cannot remove %s/%s: %s", path_.c_str(), kStagingOwnerFile,
          std::strerror(errno));
+  // mkdtemp made it 0700: private while it was built, readable as published.
+  if (::chmod(path_.c_str(), static_cast<mode_t>(published_dir_mode())) != 0)
+    fail(QSAKV_ERROR_IO, "cannot set the mode of %s: %s", path_.c_str(), std::strerror(errno));
   // RENAME_NOREPLACE: a directory created at final_ after our check must not be replaced.
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, final_.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;

@@ -22,6 +22,14 @@ enum class PathKind { missing, file, directory, other };
 // stat(2) that follows links; a loop or permission error is QSAKV_ERROR_IO.
 PathKind path_kind(const std::string& path, const char* what);
 
+// The modes the library's published files and directories get: 0644 and 0755 less the
+// process's umask, as write_file's new files get. Staging directories (mkdtemp) and
+// temporaries (mkstemp) start private, 0700 / 0600, and are given these before they are
+// published, so that a serving process of another user can read what a calibration run
+// wrote.
+unsigned published_file_mode();
+unsigned published_dir_mode();
+
 std::string dir_name(const std::string& path);
 std::string join_path(const std::string& dir, const std::string& name);
 

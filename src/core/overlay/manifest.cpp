@@ -36,9 +36,10 @@ Contract parse_contract(const json& c, const std::string& what) {
          json_kind(c));
   require_fields(c, kContractFields, what, "\"contract\"");
   Contract out;
-  out.tp_size = get_bound(c, "tp_size", 0, 1, 1 << 16, what);
-  out.speculative_tokens = get_bound(c, "speculative_tokens", -1, 0, 64, what);
-  out.min_sm = get_bound(c, "min_sm", 0, 1, 10000, what);
+  out.tp_size = get_bound(c, "tp_size", 0, 1, kMaxContractTpSize, what);
+  out.speculative_tokens =
+      get_bound(c, "speculative_tokens", -1, 0, kMaxContractSpeculativeTokens, what);
+  out.min_sm = get_bound(c, "min_sm", 0, 1, kMaxContractMinSm, what);
   const json& d = c["activation_dtype"];
   if (d.is_null()) return out;
   if (d == "fp16")

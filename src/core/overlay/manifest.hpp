@@ -38,6 +38,12 @@ constexpr const char* kScaleContract = "e4m3fn(x/scale), max_abs/448";
 constexpr const char* kMetaScaleContract = "qsakv.scale_contract";
 constexpr const char* kMetaUnitScaleControl = "qsakv.unit_scale_control";
 
+// The largest values a manifest's contract may hold (the writer refuses more, so that it
+// never writes a manifest the reader would refuse).
+constexpr int32_t kMaxContractTpSize = 1 << 16;
+constexpr int32_t kMaxContractSpeculativeTokens = 64;
+constexpr int32_t kMaxContractMinSm = 10000;
+
 struct Contract {
   int32_t tp_size = 0;                                 // 0: not constrained
   int32_t speculative_tokens = -1;                     // -1: not constrained

@@ -59,20 +59,25 @@ void check_write_options(const qsakv_overlay_write_options& o) {
          "options.base_index_path is NULL; the manifest binds "
          "the overlay to the base checkpoint's model.safetensors.index.json");
   if (!*o.base_index_path) fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.base_index_path is empty");
-  if (o.contract_tp_size < 0)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_tp_size is %d; 0 or more",
-         o.contract_tp_size);
-  if (o.contract_speculative_tokens < -1 || o.contract_speculative_tokens > 64)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_speculative_tokens is %d; -1..64",
-         o.contract_speculative_tokens);
+  if (o.contract_tp_size < 0 || o.contract_tp_size > kMaxContractTpSize)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.contract_tp_size is %d; 0 (not constrained) or 1..%d", o.contract_tp_size,
+         kMaxContractTpSize);
+  if (o.contract_speculative_tokens < -1 ||
+      o.contract_speculative_tokens > kMaxContractSpeculativeTokens)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.contract_speculative_tokens is %d; -1 (not constrained) or 0..%d",
+         o.contract_speculative_tokens, kMaxContractSpeculativeTokens);
   const int32_t act = enum_value(o.contract_activation_dtype);
   if (act != QSAKV_DTYPE_INVALID && act != QSAKV_DTYPE_FP16 && act != QSAKV_DTYPE_BF16)
     fail(QSAKV_ERROR_INVALID_ARGUMENT,
          "options.contract_activation_dtype is %d; INVALID "
          "(unconstrained), FP16 or BF16",
          act);
-  if (o.contract_min_sm < 0 || o.contract_min_sm > 10000)
-    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.contract_min_sm is %d", o.contract_min_sm);
+  if (o.contract_min_sm < 0 || o.contract_min_sm > kMaxContractMinSm)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.contract_min_sm is %d; 0 (not constrained) or 1..%d", o.contract_min_sm,
+         kMaxContractMinSm);
   if (o.unit_scale_control != 0 && o.unit_scale_control != 1)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.unit_scale_control is %d; 0 or 1",
          o.unit_scale_control);
