@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,11 @@ def test_help_on_every_area_and_verb(env):
                 assert r.stderr == ""
     top = run_tool(tool, "--help")
     assert top.returncode == 0 and "qsakv <area> <verb> --help" in top.stdout
-    for area, verbs in AREAS.items():
-        for verb in verbs:
-            assert f"{area} {verb}" in top.stdout or verb in top.stdout
+    # Every verb as the top usage spells it (calib's verbs share one line).
+    for needle in ("overlay inspect DIR", "overlay verify DIR", "overlay make --stats",
+                   "overlay materialize BASE_DIR", "calib summarize STATS", "| merge OUT STATS",
+                   "| envelope OUT STATS", "capacity [--preset"):
+        assert needle in top.stdout, needle
 
 
 def test_area_without_verb_is_a_usage_error(env):
@@ -119,7 +122,8 @@ def test_verify_with_checkpoint_config(env, tmp_path):
     assert json.loads(r.stdout)["config"]["source_kind"] == "checkpoint"
     # A checkpoint whose QSA layers differ from the overlay's: the overlay does not fit.
     r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", HF / "multimodal")
-    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_"), r.stderr
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR:") and "layer 11" in r.stderr
     # A broken config.json: the library's refusal, naming the key and the file.
     bad = HF / "missing_kv_heads.json"
     r = run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--checkpoint", bad)
@@ -293,3 +297,172 @@ def write_stats_rank(lib, path, rank):
     lib.qsakv_calib_destroy(host)
     lib.qsakv_calib_destroy(live)
     lib.qsakv_context_destroy(ctx)
+
+
+# the command line's review (2026-12-05) ----------------------------------------------------
+
+def _checkpoint(lib, root):
+    """A checkpoint directory: the qwen4_exp config.json, an index, a weight file, and a
+    pack bound to that index beside it (root/pack). Returns (checkpoint, pack, revision)."""
+    root.mkdir()
+    pack, rev = write_pack(lib, root)
+    (root / "config.json").write_bytes((HF / "qwen4_exp" / "config.json").read_bytes())
+    (root / "model-00001.safetensors").write_bytes(b"weights v1")
+    return root, pack, rev
+
+
+def test_verify_takes_the_revision_from_the_checkpoint(env, tmp_path):
+    """--checkpoint BASE is BASE's revision too: equal to --revision or refused, and the
+    revision when --revision is left out (before, BASE was only read for its config)."""
+    lib, tool = env
+    base, pack, rev = _checkpoint(lib, tmp_path / "base")
+    r = run_tool(tool, "overlay", "verify", pack, "--checkpoint", base, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["revision"] == rev and doc["revision_from"] == "checkpoint"
+    r = run_tool(tool, "overlay", "verify", pack, "--checkpoint", base / "config.json",
+                 "--revision", rev.upper(), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["revision_from"] == "both"
+    # Another checkpoint's index: refused whatever --revision says.
+    other, _, other_rev = _checkpoint(lib, tmp_path / "other")
+    (other / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    r = run_tool(tool, "overlay", "verify", pack, "--checkpoint", other, "--revision", rev,
+                 "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "QSAKV_ERROR_REVISION_MISMATCH"
+    assert f"--revision is {rev}" in doc["message"] and str(other) in doc["message"]
+    assert r.stderr.strip() == f"{doc['status']}: {doc['message']}"
+    r = run_tool(tool, "overlay", "verify", pack, "--checkpoint", other)
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_REVISION_MISMATCH:")
+    # A config without an index beside it: --revision is required.
+    r = run_tool(tool, "overlay", "verify", pack, "--checkpoint", HF / "qwen4_exp")
+    assert r.returncode == 2 and "--revision SHA is required" in r.stderr
+
+
+def test_materialised_checkpoint_follows_its_base(env, tmp_path):
+    """A materialised checkpoint verifies against itself while its base is the one it was
+    built from, and not after the base changed in place under its links."""
+    lib, tool = env
+    base, pack, rev = _checkpoint(lib, tmp_path / "base")
+    ckpt = tmp_path / "ckpt"
+    r = run_tool(tool, "overlay", "materialize", base, pack, ckpt)
+    assert r.returncode == 0, r.stderr
+    assert f"(base revision {rev})" in r.stdout
+    r = run_tool(tool, "overlay", "verify", ckpt, "--checkpoint", ckpt, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["revision"] == rev
+    (base / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"lm_head.weight": "model-00001.safetensors", "x": "model-00001.safetensors"}}')
+    (base / "model-00001.safetensors").write_bytes(b"weights v2")
+    r = run_tool(tool, "overlay", "verify", ckpt, "--checkpoint", ckpt)
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_REVISION_MISMATCH:"), r.stderr
+    r = run_tool(tool, "overlay", "verify", ckpt, "--revision", rev, "--checkpoint", ckpt)
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_REVISION_MISMATCH:"), r.stderr
+
+
+def test_verify_says_when_the_overlay_is_a_unit_scale_control(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    assert json.loads(run_tool(tool, "overlay", "verify", pack, "--revision", rev, "--json")
+                      .stdout)["unit_scale_control"] is False
+    opts = _cdefs.qsakv_overlay_write_options()
+    assert lib.qsakv_overlay_write_options_init(ctypes.byref(opts)) == 0
+    opts.base_index_path = str(tmp_path / "model.safetensors.index.json").encode()
+    opts.unit_scale_control = 1
+    n = len(QSA_LAYERS)
+    ones = (ctypes.c_float * n)(*[1.0] * n)
+    control = tmp_path / "control"
+    assert lib.qsakv_overlay_write(str(control).encode(), (ctypes.c_int32 * n)(*QSA_LAYERS),
+                                   ones, ones, n, ctypes.byref(opts)) == 0
+    r = run_tool(tool, "overlay", "verify", control, "--revision", rev, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["unit_scale_control"] is True
+    r = run_tool(tool, "overlay", "verify", control, "--revision", rev)
+    assert r.returncode == 0 and "note: a unit-scale negative control" in r.stdout
+
+
+def test_an_output_that_cannot_be_written_is_exit_1(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    for args in (["capacity", "--json"], ["--version"],
+                 ["overlay", "verify", pack, "--revision", rev, "--json"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([tool, *map(str, args)], stdout=full, stderr=subprocess.PIPE,
+                               text=True)
+        assert r.returncode == 1, args
+        assert "qsakv: cannot write the output" in r.stderr, args
+
+
+def test_json_stays_valid_for_paths_that_are_not_utf8(env, tmp_path):
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    odd = os.fsencode(tmp_path) + b"/pack-\xff\x01\"q"
+    os.rename(pack, odd)
+    r = subprocess.run([tool.encode(), b"overlay", b"verify", odd, b"--revision", rev.encode(),
+                        b"--json"], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout.decode("utf-8"))  # strict: every byte is UTF-8
+    assert doc["path"].endswith("/pack-\ufffd\x01\"q")
+    # A refusal's message repeats the path: its verdict is valid JSON too.
+    r = subprocess.run([tool.encode(), b"overlay", b"verify", odd + b"-none", b"--revision",
+                        rev.encode(), b"--json"], capture_output=True)
+    assert r.returncode == 1
+    doc = json.loads(r.stdout.decode("utf-8"))
+    assert doc["status"] == "QSAKV_ERROR_OVERLAY_MISSING" and "\ufffd" in doc["message"]
+
+
+@pytest.mark.parametrize("value", [" 1", "+1", "1 ", "", "1x", "0x10", "99999999999"])
+def test_integers_are_digits_only(env, value):
+    _, tool = env
+    r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, "--tp", value)
+    assert r.returncode == 2 and "--tp: not an integer" in r.stderr, (value, r.stderr)
+
+
+def test_make_checks_its_contract_before_reading(env, tmp_path):
+    lib, tool = env
+    ranks = []
+    for rank in range(4):
+        ranks.append(tmp_path / f"rank{rank}.st")
+        write_stats_rank(lib, ranks[-1], rank)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {}}')
+    base = ["overlay", "make", "--stats", tmp_path / "missing.st", "--base-index", index]
+    for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, not -5"),
+                          (["--spec", "-2"], "--spec: -1 (any)"),
+                          (["--min-sm", "-1"], "--min-sm: 0 (any)"),
+                          (["--act", "fp32"], "--act must be fp16 or bf16, not fp32")):
+        r = run_tool(tool, *base, tmp_path / "out", *extra)
+        assert r.returncode == 2 and needle in r.stderr, (extra, r.stderr)
+    # Above what a manifest may hold: the library refuses, and nothing is written.
+    r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
+                 tmp_path / "big", "--tp", "70000")
+    assert r.returncode == 1 and "contract_tp_size is 70000" in r.stderr, r.stderr
+    assert not (tmp_path / "big").exists()
+
+
+def test_a_statistics_file_given_twice_is_refused(env, tmp_path):
+    lib, tool = env
+    stats = tmp_path / "rank.st"
+    write_stats_rank(lib, stats, 0)
+    link = tmp_path / "again.st"
+    link.symlink_to(stats)
+    for args in (["calib", "summarize", stats, stats], ["calib", "summarize", stats, link],
+                 ["calib", "envelope", tmp_path / "out.st", stats, link],
+                 ["calib", "merge", tmp_path / "out.st", link, stats]):
+        r = run_tool(tool, *args)
+        assert r.returncode == 2 and "are the same file" in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "out.st").exists()
+
+
+def test_published_files_are_readable_as_the_umask_allows(env, tmp_path):
+    lib, tool = env
+    base, pack, _ = _checkpoint(lib, tmp_path / "base")
+    old = os.umask(0o022)
+    try:
+        r = run_tool(tool, "overlay", "materialize", base, pack, tmp_path / "ckpt")
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "ckpt" / "qsakv-provenance.json").stat().st_mode & 0o777 == 0o644

@@ -32,6 +32,8 @@ static void free_all(qsakv_calib** h, int n) {
 /* Loads and merges `n` files: one file as is; several as an envelope when every one
  * is complete, else as ranks of one run. Returns an exit code; *out on success. */
 static int load_merged(char** paths, int n, qsakv_calib** out) {
+  const int repeated = tool_refuse_repeated_files(paths, n, "STATS");
+  if (repeated >= 0) return repeated;
   qsakv_calib** in = calloc((size_t)n, sizeof *in);
   if (!in) return tool_usage_error("out of memory");
   int all_complete = 1;
@@ -56,6 +58,8 @@ static int load_merged(char** paths, int n, qsakv_calib** out) {
 }
 
 static int merge_to(char** paths, int n, const char* out_path, qsakv_calib_merge_mode mode) {
+  const int repeated = tool_refuse_repeated_files(paths, n, "STATS");
+  if (repeated >= 0) return repeated;
   qsakv_calib** in = calloc((size_t)n, sizeof *in);
   if (!in) return tool_usage_error("out of memory");
   for (int i = 0; i < n; ++i) {
@@ -214,7 +218,7 @@ static int parse_dtype(const char* s, qsakv_dtype* out) {
 static int overlay_make(int argc, char** argv) {
   char** stats = calloc((size_t)argc, sizeof *stats);
   if (!stats) return tool_usage_error("out of memory");
-  int n = 0, in_stats = 0, tp = -1, spec = -1, min_sm = 0, rc = -1;
+  int n = 0, in_stats = 0, tp = -1, spec = -1, min_sm = 0, rc = -1; /* tp -1: the stats' */
   const char *base_index = NULL, *out_dir = NULL, *act = NULL, *prefix = NULL;
   for (int i = 2; i < argc && rc < 0; ++i) {
     const char* o = argv[i];
@@ -240,7 +244,10 @@ static int overlay_make(int argc, char** argv) {
         prefix = argv[++i];
       else if (!strcmp(o, "--tp") || !strcmp(o, "--spec") || !strcmp(o, "--min-sm")) {
         int* dst = !strcmp(o, "--tp") ? &tp : !strcmp(o, "--spec") ? &spec : &min_sm;
-        if (tool_parse_int(argv[++i], dst)) rc = tool_usage_error("%s: not an integer", o);
+        if (tool_parse_int(argv[++i], dst))
+          rc = tool_usage_error("%s: not an integer: %s", o, argv[i]);
+        else if (dst == &tp && tp < 0)
+          rc = tool_usage_error("--tp: 0 (any) or a TP size, not %d", tp);
       }
     } else if (in_stats) {
       stats[n++] = argv[i];
@@ -250,6 +257,13 @@ static int overlay_make(int argc, char** argv) {
       rc = tool_usage_error("unexpected argument %s", o);
     }
   }
+  /* Usage errors before any file is read, so that a bad load never hides one. */
+  qsakv_dtype act_dtype = QSAKV_DTYPE_INVALID;
+  if (rc < 0 && spec < -1)
+    rc = tool_usage_error("--spec: -1 (any) or a count of speculative tokens, not %d", spec);
+  if (rc < 0 && min_sm < 0) rc = tool_usage_error("--min-sm: 0 (any) or an SM, not %d", min_sm);
+  if (rc < 0 && act && parse_dtype(act, &act_dtype))
+    rc = tool_usage_error("--act must be fp16 or bf16, not %s", act);
   if (rc < 0 && n == 0) rc = tool_usage_error("overlay make: --stats STATS... is required");
   if (rc < 0 && !base_index) rc = tool_usage_error("overlay make: --base-index PATH is required");
   if (rc < 0 && !out_dir) rc = tool_usage_error("overlay make: OUT_DIR missing");
@@ -270,17 +284,22 @@ static int overlay_make(int argc, char** argv) {
   wo.contract_speculative_tokens = spec;
   wo.contract_activation_dtype = cfg.activation_dtype;
   wo.contract_min_sm = min_sm;
-  if (act && parse_dtype(act, &wo.contract_activation_dtype)) {
-    qsakv_calib_destroy(c);
-    return tool_usage_error("--act must be fp16 or bf16, not %s", act);
-  }
+  if (act) wo.contract_activation_dtype = act_dtype;
   qsakv_status s = qsakv_calib_write_overlay(c, out_dir, &wo);
   qsakv_calib_destroy(c);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
-  char rev[65];
-  s = qsakv_checkpoint_revision(base_index, rev);
+  /* The revision the pack was bound to, from the pack itself: hashing the base index
+   * again could print another one (or fail) if the index changed meanwhile. */
+  qsakv_overlay* o = NULL;
+  qsakv_overlay_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_OVERLAY_INFO_VERSION;
+  s = qsakv_overlay_load(&o, out_dir, NULL);
+  if (s == QSAKV_SUCCESS) s = qsakv_overlay_get_info(o, &info);
+  qsakv_overlay_destroy(o);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
-  printf("wrote scale pack %s for base revision %s\n", out_dir, rev);
+  printf("wrote scale pack %s for base revision %s\n", out_dir, info.base_index_sha256);
   return QSAKV_EXIT_OK;
 }
 
@@ -297,8 +316,9 @@ static int overlay_materialize(int argc, char** argv) {
    * creates anything. */
   qsakv_status s = qsakv_overlay_materialize(argv[4], argv[2], argv[3]);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
+  /* The revision the new checkpoint holds (its provenance's base, hashed now). */
   char rev[65];
-  s = qsakv_checkpoint_revision(argv[2], rev);
+  s = qsakv_checkpoint_revision(argv[4], rev);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   printf("materialised %s from %s (base revision %s) and %s\n", argv[4], argv[2], rev, argv[3]);
   return QSAKV_EXIT_OK;

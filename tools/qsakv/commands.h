@@ -13,9 +13,9 @@
 #define QSAKV_EXIT_USAGE 2   /* bad command line */
 
 /* The closing paragraph of every usage text. */
-#define QSAKV_EXIT_CODES_TEXT                                                           \
-  "exit codes: 0 success; 1 the library refused (status name and message on stderr);\n" \
-  "2 bad command line.\n"
+#define QSAKV_EXIT_CODES_TEXT                                                              \
+  "exit codes: 0 success; 1 the library refused (status name and message on stderr), or\n" \
+  "the output could not be written; 2 bad command line.\n"
 
 /* Each area's usage (all its verbs): printed by `qsakv <area> [<verb> ...] --help`. */
 extern const char kOverlayUsage[];
@@ -36,9 +36,14 @@ int cmd_overlay_build(int argc, char** argv);
 int tool_refused(qsakv_status status);
 /* Prints "qsakv: message" on stderr and returns QSAKV_EXIT_USAGE. */
 int tool_usage_error(const char* fmt, ...);
-/* Writes s as a JSON string literal (quoted, escaped). */
+/* Writes s as a JSON string literal (quoted, escaped; a byte that is not part of
+ * well-formed UTF-8 is written as U+FFFD, so the output stays valid JSON). */
 void tool_json_string(FILE* f, const char* s);
-/* Parses a decimal int; 0 on success. */
+/* Parses a decimal int: digits with an optional leading '-', nothing else; 0 on success. */
 int tool_parse_int(const char* s, int* out);
+/* Refuses (exit 2) a file given twice in paths[0..n) (the same file by device and inode,
+ * whatever the spelling): merging a file with itself counts its runs twice. Returns -1
+ * when each file is given once, else the exit code. */
+int tool_refuse_repeated_files(char** paths, int n, const char* what);
 
 #endif

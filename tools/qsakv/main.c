@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "commands.h"
 
@@ -17,7 +18,7 @@ static const char kUsage[] =
     "  overlay inspect DIR|FILE [--manifest M] [--json]\n"
     "        show an overlay's scales, revision hashes and contract (a bare scale file\n"
     "        without a manifest: its scales, and that nothing binds it)\n"
-    "  overlay verify DIR|FILE --revision SHA [--manifest M]\n"
+    "  overlay verify DIR|FILE [--revision SHA] [--manifest M]\n"
     "        [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--rank R] [--spec N]\n"
     "        [--act fp16|bf16] [--json]\n"
     "        validate an overlay against a model config and base revision\n"
@@ -37,7 +38,8 @@ static const char kUsage[] =
     "exit codes:\n"
     "  0  success (verify: the overlay is valid for the config and revision)\n"
     "  1  the library refused: the status name (e.g. QSAKV_ERROR_OVERLAY_INCOMPLETE)\n"
-    "     and the library's message are printed on stderr\n"
+    "     and the library's message are printed on stderr; or the output could not be\n"
+    "     written (a full disk, a closed pipe)\n"
     "  2  bad command line\n";
 
 int tool_refused(qsakv_status status) {
@@ -55,26 +57,85 @@ int tool_usage_error(const char* fmt, ...) {
   return QSAKV_EXIT_USAGE;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), or 0 when the byte at p does not start one. */
+static int utf8_sequence_length(const unsigned char* p) {
+  const unsigned c = p[0];
+  if (c < 0x80) return 1;
+  int n;
+  unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (p[1] < lo || p[1] > hi) return 0;
+  for (int i = 2; i < n; ++i)
+    if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+  return n;
+}
+
 void tool_json_string(FILE* f, const char* s) {
   fputc('"', f);
-  for (const unsigned char* p = (const unsigned char*)s; *p; ++p) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p < 0x20)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
+  for (const unsigned char* p = (const unsigned char*)s; *p;) {
+    const int n = utf8_sequence_length(p);
+    if (n == 0) { /* JSON text is UTF-8: a byte that is not stands as U+FFFD */
+      fputs("\\ufffd", f);
+      ++p;
+    } else if (*p == '"' || *p == '\\') {
+      fprintf(f, "\\%c", *p++);
+    } else if (*p < 0x20 || *p == 0x7F) {
+      fprintf(f, "\\u%04x", *p++);
+    } else {
+      fwrite(p, 1, (size_t)n, f);
+      p += n;
+    }
   }
   fputc('"', f);
 }
 
 int tool_parse_int(const char* s, int* out) {
+  /* Digits with an optional '-': strtol alone would also take leading spaces and '+'. */
+  const char* digits = s[0] == '-' ? s + 1 : s;
+  if (*digits < '0' || *digits > '9') return -1;
   char* end = NULL;
   errno = 0;
   long v = strtol(s, &end, 10);
-  if (errno || !*s || *end || v < INT_MIN || v > INT_MAX) return -1;
+  if (errno || *end || v < INT_MIN || v > INT_MAX) return -1;
   *out = (int)v;
   return 0;
+}
+
+int tool_refuse_repeated_files(char** paths, int n, const char* what) {
+  for (int i = 0; i < n; ++i) {
+    struct stat a;
+    if (stat(paths[i], &a) != 0) continue; /* the library names a missing file itself */
+    for (int j = 0; j < i; ++j) {
+      struct stat b;
+      if (stat(paths[j], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return tool_usage_error("%s: %s and %s are the same file (each file counts once)", what,
+                                paths[j], paths[i]);
+    }
+  }
+  return -1;
+}
+
+/* What reached stdout: a write that failed (a full disk, a closed pipe) makes the exit
+ * code 1, so that a script never takes a truncated report for a complete one. */
+static int finish(int rc) {
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "qsakv: cannot write the output: %s\n", strerror(errno));
+    return QSAKV_EXIT_REFUSED;
+  }
+  return rc;
 }
 
 struct area {
@@ -97,12 +158,12 @@ int main(int argc, char** argv) {
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     fputs(kUsage, stdout);
-    return QSAKV_EXIT_OK;
+    return finish(QSAKV_EXIT_OK);
   }
   if (!strcmp(argv[1], "--version")) {
     printf("qsakv %s (ABI %d, %s)\n", qsakv_version_string(), qsakv_abi_version(),
            qsakv_built_with_cuda() ? "CUDA" : "CPU only");
-    return QSAKV_EXIT_OK;
+    return finish(QSAKV_EXIT_OK);
   }
   for (size_t i = 0; i < sizeof kAreas / sizeof kAreas[0]; ++i) {
     if (strcmp(argv[1], kAreas[i].name)) continue;
@@ -111,9 +172,9 @@ int main(int argc, char** argv) {
     for (int j = 2; j < argc; ++j)
       if (!strcmp(argv[j], "--help") || !strcmp(argv[j], "-h")) {
         fputs(kAreas[i].usage, stdout);
-        return QSAKV_EXIT_OK;
+        return finish(QSAKV_EXIT_OK);
       }
-    return kAreas[i].run(argc - 1, argv + 1);
+    return finish(kAreas[i].run(argc - 1, argv + 1));
   }
   return tool_usage_error("unknown area \"%s\" (areas: overlay, calib, capacity)", argv[1]);
 }

@@ -4,13 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "commands.h"
 
 const char kOverlayUsage[] =
     "usage: qsakv overlay inspect DIR|FILE [--manifest M] [--json]\n"
-    "       qsakv overlay verify DIR|FILE --revision SHA [--manifest M]\n"
+    "       qsakv overlay verify DIR|FILE [--revision SHA] [--manifest M]\n"
     "             [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--rank R] [--spec N]\n"
     "             [--act fp16|bf16] [--json]\n"
     "       qsakv overlay make --stats STATS... --base-index PATH OUT_DIR\n"
@@ -28,7 +29,11 @@ const char kOverlayUsage[] =
     "  the base checkpoint's model.safetensors.index.json). The config: the preset\n"
     "  (default qwen4_exp) or --checkpoint CKPT (a checkpoint directory or its\n"
     "  config.json, read as by qsakv_model_config_from_checkpoint), with E4M3 KV and the\n"
-    "  given runtime (TP1 rank 0, no speculative tokens, fp16 by default).\n"
+    "  given runtime (TP1 rank 0, no speculative tokens, fp16 by default). When CKPT's\n"
+    "  directory has an index, the revision is CKPT's own (qsakv_checkpoint_revision: a\n"
+    "  materialised checkpoint's is its base's, hashed now) and --revision, if given, must\n"
+    "  equal it (QSAKV_ERROR_REVISION_MISMATCH); otherwise --revision is required. A\n"
+    "  unit-scale negative control is valid and said so (\"unit_scale_control\").\n"
     "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
     "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
     "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
@@ -280,25 +285,82 @@ static qsakv_status make_config(const struct overlay_args* a, qsakv_model_config
   return QSAKV_SUCCESS;
 }
 
-/* verify's refusal: the usual stderr line, and with --json a verdict on stdout. */
-static int verify_refused(const struct overlay_args* a, qsakv_status s) {
+/* verify's refusal: "STATUS: message" on stderr, and with --json a verdict on stdout. */
+static int verify_refused_with(const struct overlay_args* a, qsakv_status s, const char* message) {
   if (a->json) {
     printf("{\"valid\": false, \"path\": ");
     tool_json_string(stdout, a->path);
     printf(", \"status\": \"%s\", \"message\": ", qsakv_status_string(s));
-    tool_json_string(stdout, qsakv_last_error());
+    tool_json_string(stdout, message);
     printf("}\n");
   }
-  return tool_refused(s);
+  fprintf(stderr, "%s: %s\n", qsakv_status_string(s), message);
+  return QSAKV_EXIT_REFUSED;
+}
+
+static int verify_refused(const struct overlay_args* a, qsakv_status s) {
+  return verify_refused_with(a, s, qsakv_last_error());
+}
+
+/* The checkpoint directory of --checkpoint (a directory, or its config.json). */
+static void checkpoint_dir(const char* checkpoint, char* dir, size_t n) {
+  snprintf(dir, n, "%s", checkpoint);
+  if (is_kind(checkpoint, S_IFDIR)) return;
+  char* slash = strrchr(dir, '/');
+  if (!slash)
+    snprintf(dir, n, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+}
+
+/* Where verify's revision came from (the --json verdict's "revision_from"). */
+static const char* const kRevisionFrom[] = {"argument", "checkpoint", "both"};
+
+/* The revision to validate against: --checkpoint's own when it is a checkpoint with an
+ * index (a materialised one answers with its base's), which --revision, when given, must
+ * equal; else --revision. Returns -1 and fills rev and *from (an index of kRevisionFrom),
+ * or an exit code. */
+static int verify_revision(const struct overlay_args* a, char rev[65], int* from) {
+  *from = 0;
+  if (a->checkpoint) {
+    char dir[4096], index[4200];
+    checkpoint_dir(a->checkpoint, dir, sizeof dir);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    if (is_kind(index, S_IFREG)) {
+      const qsakv_status s = qsakv_checkpoint_revision(dir, rev);
+      if (s != QSAKV_SUCCESS) return verify_refused(a, s);
+      if (a->revision && strcasecmp(a->revision, rev)) {
+        char message[512];
+        snprintf(message, sizeof message,
+                 "--revision is %.80s, but the checkpoint %.200s has revision %s (the SHA-256 "
+                 "of its base's model.safetensors.index.json)",
+                 a->revision, dir, rev);
+        return verify_refused_with(a, QSAKV_ERROR_REVISION_MISMATCH, message);
+      }
+      *from = a->revision ? 2 : 1;
+      return -1;
+    }
+  }
+  if (!a->revision)
+    return tool_usage_error(
+        "overlay verify: --revision SHA is required (or --checkpoint, a checkpoint directory "
+        "with a model.safetensors.index.json, to take it from)");
+  snprintf(rev, 65, "%s", a->revision);
+  return -1;
 }
 
 static int verify(const struct overlay_args* a) {
-  if (!a->revision) return tool_usage_error("overlay verify: --revision SHA is required");
   qsakv_dtype act = QSAKV_DTYPE_FP16;
   if (a->act && !strcmp(a->act, "bf16"))
     act = QSAKV_DTYPE_BF16;
   else if (a->act && strcmp(a->act, "fp16"))
     return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
+  char rev[65];
+  int rev_from = 0;
+  const int rc = verify_revision(a, rev, &rev_from);
+  if (rc >= 0) return rc;
   qsakv_model_config c;
   qsakv_status s = make_config(a, &c);
   if (s != QSAKV_SUCCESS) return verify_refused(a, s);
@@ -306,14 +368,21 @@ static int verify(const struct overlay_args* a) {
   qsakv_overlay* o = NULL;
   s = qsakv_overlay_load(&o, a->path, a->manifest);
   if (s != QSAKV_SUCCESS) return verify_refused(a, s);
-  s = qsakv_overlay_validate(o, &c, a->revision);
+  s = qsakv_overlay_validate(o, &c, rev);
+  qsakv_overlay_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.version = QSAKV_OVERLAY_INFO_VERSION;
+  if (s == QSAKV_SUCCESS) s = qsakv_overlay_get_info(o, &info);
   qsakv_overlay_destroy(o);
   if (s != QSAKV_SUCCESS) return verify_refused(a, s);
   if (a->json) {
     printf("{\"valid\": true, \"path\": ");
     tool_json_string(stdout, a->path);
     printf(", \"revision\": ");
-    tool_json_string(stdout, a->revision);
+    tool_json_string(stdout, rev);
+    printf(", \"revision_from\": \"%s\", \"unit_scale_control\": %s", kRevisionFrom[rev_from],
+           info.unit_scale_control ? "true" : "false");
     printf(", \"config\": {\"source\": ");
     tool_json_string(stdout, a->checkpoint ? a->checkpoint : a->preset ? a->preset : "qwen4_exp");
     printf(
@@ -330,8 +399,13 @@ static int verify(const struct overlay_args* a) {
     printf("OK: %s is valid for checkpoint config %s", a->path, a->checkpoint);
   else
     printf("OK: %s is valid for preset %s", a->path, a->preset ? a->preset : "qwen4_exp");
-  printf(", TP%d rank %d, %d speculative tokens, %s activations, base revision %s\n", c.tp_size,
-         c.tp_rank, c.speculative_tokens, qsakv_dtype_name(c.activation_dtype), a->revision);
+  printf(", TP%d rank %d, %d speculative tokens, %s activations, base revision %s%s\n", c.tp_size,
+         c.tp_rank, c.speculative_tokens, qsakv_dtype_name(c.activation_dtype), rev,
+         rev_from ? " (the checkpoint's)" : "");
+  if (info.unit_scale_control)
+    printf(
+        "note: a unit-scale negative control (its manifest says unit_scale_control): valid, "
+        "but its scales are not calibrated\n");
   return QSAKV_EXIT_OK;
 }
 
