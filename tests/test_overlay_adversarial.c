@@ -639,7 +639,9 @@ static void test_wrong_base_revision(void** state) {
   other[64] = 0;
   OVF_EXPECT(qsakv_overlay_validate(o, &c, other), QSAKV_ERROR_REVISION_MISMATCH);
   char want[256];
-  snprintf(want, sizeof want, "base checkpoint index SHA-256 is %s, the overlay was made for %s",
+  snprintf(want, sizeof want,
+           "expected_base_revision (the base checkpoint's index SHA-256) is %s; the overlay was "
+           "made for %s",
            other, p->base_sha);
   OVF_MESSAGE_HAS(want);
   qsakv_overlay_destroy(o);

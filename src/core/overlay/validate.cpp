@@ -29,8 +29,9 @@ void check_revision(const Manifest& m, const std::string& expected) {
          "expected_base_revision \"%s\" is not a SHA-256 (64 hex digits)", expected.c_str());
   if (want != m.base_index_sha256)
     fail(QSAKV_ERROR_REVISION_MISMATCH,
-         "base checkpoint index SHA-256 is %s, the overlay was made for %s", want.c_str(),
-         m.base_index_sha256.c_str());
+         "expected_base_revision (the base checkpoint's index SHA-256) is %s; the overlay was "
+         "made for %s",
+         want.c_str(), m.base_index_sha256.c_str());
 }
 
 std::string qsa_list(const qsakv_model_config& c) {
