@@ -40,7 +40,7 @@ func NewDeviceBuffer(ctx *Context, bytes int) (*DeviceBuffer, error) {
 		return nil, invalid("bytes: %d", bytes)
 	}
 	b := &DeviceBuffer{ctx: ctx, bytes: bytes}
-	if err := call(func() C.qsakv_status { return C.qsakv_malloc(ctx.ptr, &b.ptr, C.size_t(bytes)) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_malloc(ctx.ptr, &b.ptr, C.size_t(bytes)) }, ctx); err != nil {
 		return nil, err
 	}
 	ctx.children.Add(1)
@@ -102,7 +102,7 @@ func Upload[T Element](b *DeviceBuffer, data []T) error {
 	}
 	err := call(func() C.qsakv_status {
 		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, nil)
-	})
+	}, b)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func Download[T Element](b *DeviceBuffer, out []T) error {
 	}
 	err := call(func() C.qsakv_status {
 		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, nil)
-	})
+	}, b)
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if overlay != nil {
 		ov = overlay.ptr
 	}
-	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }, ctx, overlay); err != nil {
 		return nil, err
 	}
 	ctx.children.Add(1)
@@ -232,7 +232,7 @@ func (c *Cache) Layout() (CacheLayout, error) {
 	var l C.qsakv_cache_layout
 	l.struct_size = C.size_t(unsafe.Sizeof(l))
 	l.version = C.QSAKV_CACHE_LAYOUT_VERSION
-	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }, c); err != nil {
 		return CacheLayout{}, err
 	}
 	return CacheLayout{
@@ -272,7 +272,7 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 	}
 	return call(func() C.qsakv_status {
 		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), nil)
-	})
+	}, c, k, v, slotMapping)
 }
 
 // StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim];
@@ -290,7 +290,7 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 	}
 	return call(func() C.qsakv_status {
 		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), nil)
-	})
+	}, c, keys, slotMapping)
 }
 
 // StepStores is a step's stores for StoreStep: each part as its own call takes it, a
@@ -369,10 +369,8 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.compressed_slot_mapping = (*C.int64_t)(s.CompressedSlotMapping.ptr)
 		st.num_compressed_keys = C.int64_t(s.NumCompressedKeys)
 	}
-	err := call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) })
 	// The buffers' finalizers must not free them while the call reads them.
-	runtime.KeepAlive(s)
-	return err
+	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) }, c, s)
 }
 
 // ---------------------------------------------------------------------------------
@@ -421,7 +419,7 @@ func NewPlanWithOptions(cache *Cache, opts PlanOptions) (*Plan, error) {
 	o.max_rows, o.max_requests = C.int32_t(opts.MaxRows), C.int32_t(opts.MaxRequests)
 	o.num_splits, o.multi_row_min_rows = C.int32_t(opts.NumSplits), C.int32_t(opts.MultiRowMinRows)
 	p := &Plan{cache: cache}
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_create(&p.ptr, cache.ptr, &o) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_create(&p.ptr, cache.ptr, &o) }, cache); err != nil {
 		return nil, err
 	}
 	cache.children.Add(1)
@@ -473,7 +471,7 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	b.query_start, b.seq_lens = qs, sl
 	b.block_table = (*C.int32_t)(blockTable.ptr)
 	b.block_table_stride = C.int32_t(stride)
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, nil) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, nil) }, p, blockTable); err != nil {
 		return err
 	}
 	p.blockTable = blockTable
@@ -492,6 +490,16 @@ func (p *Plan) live() error {
 	return nil
 }
 
+// blockTableLive refuses a run after the last Update's block table was closed: the kernels
+// read the table when they run (it is not copied), so they would read freed memory.
+func (p *Plan) blockTableLive() error {
+	if p.blockTable != nil && p.blockTable.ptr == nil {
+		return &Error{Status: ErrState, Message: "plan: the block table of the last Update was closed; " +
+			"select and attention read it when they run: Update with a live one"}
+	}
+	return nil
+}
+
 // Info returns the plan's qsakv_plan_info.
 func (p *Plan) Info() (PlanInfo, error) {
 	if err := p.live(); err != nil {
@@ -500,7 +508,7 @@ func (p *Plan) Info() (PlanInfo, error) {
 	var i C.qsakv_plan_info
 	i.struct_size = C.size_t(unsafe.Sizeof(i))
 	i.version = C.QSAKV_PLAN_INFO_VERSION
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_get_info(p.ptr, &i) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_get_info(p.ptr, &i) }, p); err != nil {
 		return PlanInfo{}, err
 	}
 	return PlanInfo{
@@ -521,19 +529,25 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 	if err := p.live(); err != nil {
 		return err
 	}
+	if err := p.blockTableLive(); err != nil {
+		return err
+	}
 	c := p.cache
 	if err := indexQ.need("index_q", p.rows*int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {
 		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, nil, 0, nil)
-	})
+	}, p, indexQ, p.blockTable)
 }
 
 // Attention runs attention for every row: q and out in the activation dtype,
 // [rows, q_heads, head_dim]; sparse mode reads the shared top-k buffer.
 func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) error {
 	if err := p.live(); err != nil {
+		return err
+	}
+	if err := p.blockTableLive(); err != nil {
 		return err
 	}
 	c := p.cache
@@ -546,5 +560,5 @@ func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) 
 	}
 	return call(func() C.qsakv_status {
 		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, nil, 0, out.ptr, nil)
-	})
+	}, p, q, out, p.blockTable)
 }

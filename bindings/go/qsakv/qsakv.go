@@ -78,11 +78,15 @@ func (e *Error) Is(target error) bool {
 	return ok && t.Status == e.Status
 }
 
-// call runs f and, on failure, reads the message on the same OS thread.
-func call(f func() C.qsakv_status) error {
+// call runs f and, on failure, reads the message on the same OS thread. keep holds the
+// Go objects (handles, buffers) whose C pointers f passes: once f has loaded a pointer
+// the object may look unreachable, and its finalizer would free it while C still uses
+// it (a buffer's last use in a caller's function is exactly that).
+func call(f func() C.qsakv_status, keep ...any) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	s := f()
+	runtime.KeepAlive(keep)
 	if s == C.QSAKV_SUCCESS {
 		return nil
 	}
@@ -192,7 +196,7 @@ func (c *Context) Info() (ContextInfo, error) {
 	var i C.qsakv_context_info
 	i.struct_size = C.size_t(unsafe.Sizeof(i))
 	i.version = C.QSAKV_CONTEXT_INFO_VERSION
-	if err := call(func() C.qsakv_status { return C.qsakv_context_get_info(c.ptr, &i) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_context_get_info(c.ptr, &i) }, c); err != nil {
 		return ContextInfo{}, err
 	}
 	return ContextInfo{
@@ -208,7 +212,7 @@ func (c *Context) Synchronize() error {
 	if err := c.live(); err != nil {
 		return err
 	}
-	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, nil) })
+	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, nil) }, c)
 }
 
 // ---------------------------------------------------------------------------------
@@ -389,7 +393,7 @@ func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Point
 		ov = o.ptr
 	}
 	c := m.c()
-	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, nil) })
+	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, nil) }, ctx, o)
 }
 
 // ---------------------------------------------------------------------------------
@@ -441,7 +445,7 @@ func (o *Overlay) Validate(m *ModelConfig, revision string) error {
 	c := m.c()
 	crev := C.CString(revision)
 	defer C.free(unsafe.Pointer(crev))
-	return call(func() C.qsakv_status { return C.qsakv_overlay_validate(o.ptr, &c, crev) })
+	return call(func() C.qsakv_status { return C.qsakv_overlay_validate(o.ptr, &c, crev) }, o)
 }
 
 // Scales returns the K and V scale of a model layer.
@@ -450,7 +454,7 @@ func (o *Overlay) Scales(layer int32) (k, v float32, err error) {
 		return 0, 0, &Error{Status: ErrState, Message: "overlay: closed"}
 	}
 	var ck, cv C.float
-	err = call(func() C.qsakv_status { return C.qsakv_overlay_get_scales(o.ptr, C.int32_t(layer), &ck, &cv) })
+	err = call(func() C.qsakv_status { return C.qsakv_overlay_get_scales(o.ptr, C.int32_t(layer), &ck, &cv) }, o)
 	return float32(ck), float32(cv), err
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 )
@@ -473,5 +474,108 @@ func TestVersion(t *testing.T) {
 	want := strings.Fields(strings.SplitN(string(cmake), "project(qsakv VERSION ", 2)[1])[0]
 	if Version() != want {
 		t.Fatalf("library %s, CMakeLists.txt %s", Version(), want)
+	}
+}
+
+// A buffer made for one call and dropped after it, left to its finalizer (the backstop the
+// README promises), must not be freed while the call still reads it: call keeps every
+// object whose C pointer it passes alive until the C call returns. The probe finalizer
+// records a free during the call; a goroutine forces collections meanwhile.
+func TestFinalizersWaitForTheCallsThatUseTheirBuffers(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := must(Preset("qwen4_exp"))
+	cfg.TPSize, cfg.KVDtype = 4, DtypeFP16
+	rows, seq := 128, 2048
+	cfg.MaxBatchedTokens, cfg.MaxRequests, cfg.MaxModelLen = int32(rows), 1, int32(seq)
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: int64(seq) / 64}))
+	defer cache.Close()
+	plan := must(NewPlan(cache, int32(rows), 1))
+	defer plan.Close()
+	bt := make([]int32, seq/64)
+	for i := range bt {
+		bt[i] = int32(i)
+	}
+	dbt := must(BufferFrom(ctx, bt))
+	defer dbt.Close()
+	if err := plan.Update([]int32{0, int32(rows)}, []int32{int32(seq)}, dbt, int32(len(bt))); err != nil {
+		t.Fatal(err)
+	}
+	g := cache.Geometry()
+	qBytes := rows * int(g.QHeads) * int(cfg.HeadDim()) * 2
+	out := must(NewDeviceBuffer(ctx, qBytes))
+	defer out.Close()
+	var freedInCall atomic.Bool
+	attendOnce := func() error {
+		q := must(NewDeviceBuffer(ctx, qBytes))
+		inCall := new(atomic.Bool) // this buffer's own call, not a later one
+		runtime.SetFinalizer(q, nil)
+		runtime.SetFinalizer(q, func(b *DeviceBuffer) {
+			if inCall.Load() {
+				freedInCall.Store(true)
+			}
+			b.Close()
+		})
+		inCall.Store(true)
+		err := plan.Attention(cfg.QSALayers()[0], AttentionDense, q, out)
+		inCall.Store(false)
+		return err // q is not used after the call: only call's KeepAlive holds it
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	for i := 0; i < 4; i++ {
+		if err := attendOnce(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+	runtime.GC()
+	if freedInCall.Load() {
+		t.Fatal("a DeviceBuffer was freed by its finalizer while qsakv_attention_run read it")
+	}
+}
+
+// The kernels read the last Update's block table when they run; closing it first is
+// refused (ErrState), not a read of freed memory.
+func TestRunsAfterTheBlockTableIsClosedAreRefused(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := must(Preset("qwen4_exp"))
+	cfg.TPSize, cfg.KVDtype, cfg.MaxBatchedTokens, cfg.MaxRequests, cfg.MaxModelLen = 4, DtypeFP16, 8, 2, 256
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 4}))
+	defer cache.Close()
+	plan := must(NewPlan(cache, 1, 1))
+	defer plan.Close()
+	dbt := must(BufferFrom(ctx, []int32{0, 1, 2, 3}))
+	if err := plan.Update([]int32{0, 1}, []int32{200}, dbt, 4); err != nil {
+		t.Fatal(err)
+	}
+	dbt.Close()
+	g := cache.Geometry()
+	q := must(NewDeviceBuffer(ctx, int(g.QHeads)*int(cfg.HeadDim())*2))
+	defer q.Close()
+	out := must(NewDeviceBuffer(ctx, int(g.QHeads)*int(cfg.HeadDim())*2))
+	defer out.Close()
+	iq := must(NewDeviceBuffer(ctx, int(cfg.IndexNumHeads())*int(cfg.IndexHeadDim())*2))
+	defer iq.Close()
+	for name, err := range map[string]error{
+		"Attention":  plan.Attention(cfg.QSALayers()[0], AttentionDense, q, out),
+		"SelectTopK": plan.SelectTopK(cfg.QSALayers()[0], iq),
+	} {
+		if !errors.Is(err, &Error{Status: ErrState}) || !strings.Contains(err.Error(), "block table") {
+			t.Fatalf("%s after the block table was closed: %v, want ErrState naming the block table", name, err)
+		}
 	}
 }
