@@ -13,7 +13,8 @@
  *   auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
  *   qsakv::Cache cache(ctx, cfg, nullptr, options);
  *   qsakv::Plan plan(cache, plan_options);
- *   plan.update(batch); plan.select_topk(layer, index_q); plan.attention(layer, q, out);
+ *   plan.update(batch); plan.select_topk(layer, index_q); plan.attention(layer,
+ * QSAKV_ATTENTION_SPARSE, q, out);
  */
 #ifndef QSAKV_HPP
 #define QSAKV_HPP
@@ -150,6 +151,8 @@ class DeviceBuffer {
   DeviceBuffer(const Context& ctx, size_t bytes) : ctx_(ctx.get()), bytes_(bytes) {
     check(qsakv_malloc(ctx_, &ptr_, bytes));
   }
+  /* The buffer keeps using its context: a temporary one would be gone before it. */
+  DeviceBuffer(Context&&, size_t) = delete;
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
@@ -174,7 +177,7 @@ class DeviceBuffer {
     return static_cast<T*>(ptr_);
   }
   size_t size() const noexcept { return bytes_; }
-  /* Copies `bytes` (default: all) from host memory; async on `stream`. */
+  /* Copies `bytes` (at most the buffer's size) from host memory; async on `stream`. */
   void upload(const void* src, size_t bytes, qsakv_stream_t stream = nullptr) {
     if (bytes > bytes_) throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "upload larger than the buffer");
     check(qsakv_memcpy(ctx_, ptr_, src, bytes, QSAKV_COPY_HOST_TO_DEVICE, stream));
@@ -237,6 +240,8 @@ class Cache {
     check(qsakv_cache_create(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr, &options));
     h_.reset(p);
   }
+  /* The context must outlive the cache (the C object keeps it): no temporary. */
+  Cache(Context&&, const qsakv_model_config&, const Overlay*, const qsakv_cache_options&) = delete;
   qsakv_cache* get() const noexcept { return h_.get(); }
   qsakv_cache_layout layout() const {
     auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
@@ -307,6 +312,8 @@ class Calib {
     check(qsakv_calib_create(&p, ctx.get(), &c));
     h_.reset(p);
   }
+  /* A live handle keeps using its context: no temporary. */
+  Calib(Context&&, const qsakv_model_config&) = delete;
   /* A host handle loaded from a file written by save(). */
   static Calib load(const std::string& path) {
     qsakv_calib* p = nullptr;

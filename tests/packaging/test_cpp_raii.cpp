@@ -17,6 +17,21 @@
 static_assert(!std::is_copy_constructible<qsakv::Context>::value, "handles are move-only");
 static_assert(std::is_nothrow_move_constructible<qsakv::Context>::value, "movable");
 static_assert(std::is_base_of<std::runtime_error, qsakv::Error>::value, "std exception");
+// Children keep their context's C object: a temporary Context does not compile (it left a
+// cache pointing at a destroyed context), a named one does.
+static_assert(!std::is_constructible<qsakv::Cache, qsakv::Context&&, const qsakv_model_config&,
+                                     const qsakv::Overlay*, const qsakv_cache_options&>::value,
+              "no cache of a temporary context");
+static_assert(std::is_constructible<qsakv::Cache, qsakv::Context&, const qsakv_model_config&,
+                                    const qsakv::Overlay*, const qsakv_cache_options&>::value,
+              "a cache of a named context");
+static_assert(!std::is_constructible<qsakv::DeviceBuffer, qsakv::Context&&, size_t>::value,
+              "no buffer of a temporary context");
+static_assert(std::is_constructible<qsakv::DeviceBuffer, const qsakv::Context&, size_t>::value,
+              "a buffer of a named context");
+static_assert(
+    !std::is_constructible<qsakv::Calib, qsakv::Context&&, const qsakv_model_config&>::value,
+    "no calibration of a temporary context");
 
 static uint16_t to_half(float x) {  // exact for the values used here (normal or zero)
   uint32_t u;
