@@ -98,8 +98,22 @@ fn c_string(what: &str, s: &str) -> Result<CString> {
     })
 }
 
+/// A path's own bytes (a Unix path need not be UTF-8; a lossy conversion would name
+/// another file).
+#[cfg(unix)]
 fn c_path(what: &str, p: &Path) -> Result<CString> {
-    c_string(what, &p.to_string_lossy())
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::new(Status::QSAKV_ERROR_INVALID_ARGUMENT, format!("{what}: contains a NUL byte"))
+    })
+}
+
+#[cfg(not(unix))]
+fn c_path(what: &str, p: &Path) -> Result<CString> {
+    match p.to_str() {
+        Some(s) => c_string(what, s),
+        None => Err(invalid(format!("{what}: not valid Unicode"))),
+    }
 }
 
 fn invalid(message: String) -> Error {
@@ -578,6 +592,22 @@ impl<'c> Cache<'c> {
         overlay: Option<&'c Overlay>,
         options: &CacheOptions,
     ) -> Result<Self> {
+        // A raw pointer the library would write through, which safe code cannot vouch for
+        // (its size, its device, that it outlives the cache): only through qsakv_sys.
+        if !options.external_topk.is_null() {
+            return Err(invalid(
+                "options.external_topk: the safe API cannot check a raw top-k buffer (size, \
+                 device, lifetime); create such a cache with qsakv_sys::qsakv_cache_create"
+                    .to_string(),
+            ));
+        }
+        if options.struct_size != std::mem::size_of::<sys::qsakv_cache_options>() {
+            return Err(invalid(format!(
+                "options.struct_size is {}; these bindings' struct is {} bytes",
+                options.struct_size,
+                std::mem::size_of::<sys::qsakv_cache_options>()
+            )));
+        }
         let geometry = config.rank_geometry()?;
         let mut raw = ptr::null_mut();
         check(unsafe {

@@ -371,3 +371,39 @@ fn store_step_equals_the_three_stores() -> Result<()> {
     cache.store_step(layer, &StepStores::default())?;
     Ok(())
 }
+
+/// From the crate's review: a raw external top-k pointer made the library write through
+/// any address from safe code, and a non-UTF-8 path was rewritten (U+FFFD) into another
+/// file's name.
+#[test]
+fn safe_code_cannot_pass_raw_pointers_or_lose_path_bytes() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 4;
+    let mut sink = [0i32; 4];
+    opts.external_topk = sink.as_mut_ptr().cast();
+    let err = Cache::new(&ctx, &cfg, None, &opts).err().expect("refused");
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().contains("options.external_topk"), "{}", err.message());
+    opts.external_topk = std::ptr::null_mut();
+    opts.struct_size += 8;
+    let err = Cache::new(&ctx, &cfg, None, &opts).err().expect("refused");
+    assert!(err.message().contains("options.struct_size"), "{}", err.message());
+    opts.struct_size -= 8;
+    Cache::new(&ctx, &cfg, None, &opts)?;
+
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::env::temp_dir().join(format!("qsakv-rust-bytes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map": {"w": "a.safetensors"}}"#).unwrap();
+    let odd = dir.join(std::ffi::OsStr::from_bytes(b"pack-\xff"));
+    Overlay::write(&odd, &[3], &[0.5], &[0.25], &index)?;
+    assert!(odd.join("qsakv-overlay.json").exists(), "written under its own name");
+    assert!(!dir.join("pack-\u{fffd}").exists());
+    assert_eq!(Overlay::read_scale_file(&odd.join("model-kvscales.safetensors"))?.0.len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+    Ok(())
+}
