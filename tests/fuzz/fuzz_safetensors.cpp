@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the file parsers: the safetensors reader (strict header,
-// offsets, duplicates) and, by first byte, 'M' the manifest parser, 'I' the checkpoint
-// index parser, 'C' the calibration statistics reader (its checked count consistency).
+// offsets, duplicates) and, by first byte, 'M' the manifest parser, 'P' the provenance
+// record parser, 'I' the checkpoint index parser, 'C' the calibration statistics reader
+// (its checked count consistency).
 // JSON bombs are bounded by the strict parser's depth and value limits, so the run's
 // -rss_limit_mb catches a parser whose memory grows with its input's nesting.
 // Properties checked beyond "no crash, no sanitizer report": a refusal is always a
@@ -18,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/overlay/index.hpp"
 #include "core/overlay/manifest.hpp"
+#include "core/overlay/provenance.hpp"
 #include "core/format/safetensors.hpp"
 
 namespace {
@@ -46,6 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (size > 0 && data[0] == 'M') {
       qsakv::parse_manifest(input.substr(1), "fuzz manifest");
+    } else if (size > 0 && data[0] == 'P') {
+      qsakv::parse_provenance(input.substr(1), "fuzz provenance");
     } else if (size > 0 && data[0] == 'I') {
       qsakv::parse_index(input.substr(1), "fuzz index");
     } else if (size > 0 && data[0] == 'C') {
