@@ -136,18 +136,33 @@ pub struct CUstream_st {
     _unused: [u8; 0],
 }
 pub type qsakv_stream_t = *mut CUstream_st;
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_dtype {
-    QSAKV_DTYPE_INVALID = 0,
-    QSAKV_DTYPE_FP16 = 1,
-    QSAKV_DTYPE_BF16 = 2,
-    QSAKV_DTYPE_E4M3 = 3,
-    QSAKV_DTYPE_FP32 = 4,
-    QSAKV_DTYPE_INT32 = 5,
-    QSAKV_DTYPE_INT64 = 6,
-    QSAKV_DTYPE_MAX_ENUM = 2147483647,
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_INVALID: qsakv_dtype = qsakv_dtype(0);
 }
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_FP16: qsakv_dtype = qsakv_dtype(1);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_BF16: qsakv_dtype = qsakv_dtype(2);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_E4M3: qsakv_dtype = qsakv_dtype(3);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_FP32: qsakv_dtype = qsakv_dtype(4);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_INT32: qsakv_dtype = qsakv_dtype(5);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_INT64: qsakv_dtype = qsakv_dtype(6);
+}
+impl qsakv_dtype {
+    pub const QSAKV_DTYPE_MAX_ENUM: qsakv_dtype = qsakv_dtype(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_dtype(pub ::std::os::raw::c_uint);
 extern "C" {
     pub fn qsakv_dtype_size(dtype: qsakv_dtype) -> usize;
 }
@@ -174,22 +189,36 @@ pub struct qsakv_cache {
 pub struct qsakv_plan {
     _unused: [u8; 0],
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_backend {
-    QSAKV_BACKEND_AUTO = 0,
-    QSAKV_BACKEND_CPU = 1,
-    QSAKV_BACKEND_CUDA = 2,
-    QSAKV_BACKEND_MAX_ENUM = 2147483647,
+impl qsakv_backend {
+    pub const QSAKV_BACKEND_AUTO: qsakv_backend = qsakv_backend(0);
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_decoder {
-    QSAKV_DECODER_AUTO = 0,
-    QSAKV_DECODER_HARDWARE = 1,
-    QSAKV_DECODER_SOFTWARE = 2,
-    QSAKV_DECODER_MAX_ENUM = 2147483647,
+impl qsakv_backend {
+    pub const QSAKV_BACKEND_CPU: qsakv_backend = qsakv_backend(1);
 }
+impl qsakv_backend {
+    pub const QSAKV_BACKEND_CUDA: qsakv_backend = qsakv_backend(2);
+}
+impl qsakv_backend {
+    pub const QSAKV_BACKEND_MAX_ENUM: qsakv_backend = qsakv_backend(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_backend(pub ::std::os::raw::c_uint);
+impl qsakv_decoder {
+    pub const QSAKV_DECODER_AUTO: qsakv_decoder = qsakv_decoder(0);
+}
+impl qsakv_decoder {
+    pub const QSAKV_DECODER_HARDWARE: qsakv_decoder = qsakv_decoder(1);
+}
+impl qsakv_decoder {
+    pub const QSAKV_DECODER_SOFTWARE: qsakv_decoder = qsakv_decoder(2);
+}
+impl qsakv_decoder {
+    pub const QSAKV_DECODER_MAX_ENUM: qsakv_decoder = qsakv_decoder(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_decoder(pub ::std::os::raw::c_uint);
 pub const QSAKV_KERNEL_TIER_NONE: qsakv_kernel_tier = 0;
 pub const QSAKV_KERNEL_TIER_SM70: qsakv_kernel_tier = 70;
 pub const QSAKV_KERNEL_TIER_SM75: qsakv_kernel_tier = 75;
@@ -3982,13 +4011,19 @@ extern "C" {
         stream: qsakv_stream_t,
     ) -> qsakv_status;
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_attention_mode {
-    QSAKV_ATTENTION_SPARSE = 0,
-    QSAKV_ATTENTION_DENSE = 1,
-    QSAKV_ATTENTION_MODE_MAX_ENUM = 2147483647,
+impl qsakv_attention_mode {
+    pub const QSAKV_ATTENTION_SPARSE: qsakv_attention_mode = qsakv_attention_mode(0);
 }
+impl qsakv_attention_mode {
+    pub const QSAKV_ATTENTION_DENSE: qsakv_attention_mode = qsakv_attention_mode(1);
+}
+impl qsakv_attention_mode {
+    pub const QSAKV_ATTENTION_MODE_MAX_ENUM: qsakv_attention_mode =
+        qsakv_attention_mode(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_attention_mode(pub ::std::os::raw::c_uint);
 extern "C" {
     #[must_use]
     pub fn qsakv_attention_run(
@@ -4007,13 +4042,18 @@ extern "C" {
 pub struct qsakv_calib {
     _unused: [u8; 0],
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_calib_kind {
-    QSAKV_CALIB_K = 0,
-    QSAKV_CALIB_V = 1,
-    QSAKV_CALIB_KIND_MAX_ENUM = 2147483647,
+impl qsakv_calib_kind {
+    pub const QSAKV_CALIB_K: qsakv_calib_kind = qsakv_calib_kind(0);
 }
+impl qsakv_calib_kind {
+    pub const QSAKV_CALIB_V: qsakv_calib_kind = qsakv_calib_kind(1);
+}
+impl qsakv_calib_kind {
+    pub const QSAKV_CALIB_KIND_MAX_ENUM: qsakv_calib_kind = qsakv_calib_kind(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_calib_kind(pub ::std::os::raw::c_uint);
 extern "C" {
     #[must_use]
     pub fn qsakv_calib_create(
@@ -4492,13 +4532,19 @@ extern "C" {
         path: *const ::std::os::raw::c_char,
     ) -> qsakv_status;
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_calib_merge_mode {
-    QSAKV_CALIB_MERGE_RANKS = 0,
-    QSAKV_CALIB_MERGE_ENVELOPE = 1,
-    QSAKV_CALIB_MERGE_MODE_MAX_ENUM = 2147483647,
+impl qsakv_calib_merge_mode {
+    pub const QSAKV_CALIB_MERGE_RANKS: qsakv_calib_merge_mode = qsakv_calib_merge_mode(0);
 }
+impl qsakv_calib_merge_mode {
+    pub const QSAKV_CALIB_MERGE_ENVELOPE: qsakv_calib_merge_mode = qsakv_calib_merge_mode(1);
+}
+impl qsakv_calib_merge_mode {
+    pub const QSAKV_CALIB_MERGE_MODE_MAX_ENUM: qsakv_calib_merge_mode =
+        qsakv_calib_merge_mode(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_calib_merge_mode(pub ::std::os::raw::c_uint);
 extern "C" {
     #[must_use]
     pub fn qsakv_calib_merge(
@@ -4772,14 +4818,21 @@ extern "C" {
 extern "C" {
     pub fn qsakv_free(context: *mut qsakv_context, ptr: *mut ::std::os::raw::c_void);
 }
-#[repr(u32)]
-#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub enum qsakv_copy_kind {
-    QSAKV_COPY_HOST_TO_DEVICE = 1,
-    QSAKV_COPY_DEVICE_TO_HOST = 2,
-    QSAKV_COPY_DEVICE_TO_DEVICE = 3,
-    QSAKV_COPY_KIND_MAX_ENUM = 2147483647,
+impl qsakv_copy_kind {
+    pub const QSAKV_COPY_HOST_TO_DEVICE: qsakv_copy_kind = qsakv_copy_kind(1);
 }
+impl qsakv_copy_kind {
+    pub const QSAKV_COPY_DEVICE_TO_HOST: qsakv_copy_kind = qsakv_copy_kind(2);
+}
+impl qsakv_copy_kind {
+    pub const QSAKV_COPY_DEVICE_TO_DEVICE: qsakv_copy_kind = qsakv_copy_kind(3);
+}
+impl qsakv_copy_kind {
+    pub const QSAKV_COPY_KIND_MAX_ENUM: qsakv_copy_kind = qsakv_copy_kind(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_copy_kind(pub ::std::os::raw::c_uint);
 extern "C" {
     #[must_use]
     pub fn qsakv_memcpy(

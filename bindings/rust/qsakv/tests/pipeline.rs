@@ -292,6 +292,24 @@ fn index_key_dtype_config_layout_and_capacity() -> Result<()> {
 }
 
 #[test]
+fn enum_values_the_bindings_do_not_know_are_plain_values() {
+    // A newer library may write an enum value these bindings do not name (into a struct
+    // it fills, or as a status). The enums are newtypes over their integers, so such a
+    // value is a value like any other (in a Rust enum it would be undefined behaviour):
+    // it compares unequal to every named one and goes back to the library intact.
+    let unknown = Dtype(99);
+    for known in [Dtype::QSAKV_DTYPE_FP16, Dtype::QSAKV_DTYPE_BF16, Dtype::QSAKV_DTYPE_E4M3] {
+        assert_ne!(unknown, known);
+    }
+    assert_eq!(unsafe { sys::qsakv_dtype_size(unknown) }, 0);
+    let name = unsafe { std::ffi::CStr::from_ptr(sys::qsakv_dtype_name(unknown)) };
+    assert_eq!(name.to_str().unwrap(), "invalid");
+    assert_eq!(unsafe { sys::qsakv_dtype_size(Dtype::QSAKV_DTYPE_E4M3) }, 1);
+    assert_ne!(Backend(7), Backend::QSAKV_BACKEND_CUDA);
+    assert_eq!(Backend(7).0, 7);
+}
+
+#[test]
 fn crate_version_equals_the_library_version() {
     // The library's version is CMakeLists.txt's project(VERSION): the one place.
     assert_eq!(env!("CARGO_PKG_VERSION"), version_string(), "bindings/rust/*/Cargo.toml version");
