@@ -4,6 +4,16 @@ package qsakv
 #include <stdlib.h>
 #include <string.h>
 #include <qsakv.h>
+
+// As the header's QSAKV_*_INIT macros make them (see qsakv.go).
+static qsakv_cache_options qsakv_go_cache_options(void) {
+  qsakv_cache_options o = QSAKV_CACHE_OPTIONS_INIT;
+  return o;
+}
+static qsakv_plan_options qsakv_go_plan_options(void) {
+  qsakv_plan_options o = QSAKV_PLAN_OPTIONS_INIT;
+  return o;
+}
 */
 import "C"
 
@@ -154,10 +164,7 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if err != nil {
 		return nil, err
 	}
-	var o C.qsakv_cache_options
-	if err := call(func() C.qsakv_status { return C.qsakv_cache_options_init(&o) }); err != nil {
-		return nil, err
-	}
+	o := C.qsakv_go_cache_options()
 	o.num_blocks = C.int64_t(opts.NumBlocks)
 	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
 	cc := &Cache{ctx: ctx, overlay: overlay, cfg: m.c(), geo: geo}
@@ -412,10 +419,7 @@ func NewPlanWithOptions(cache *Cache, opts PlanOptions) (*Plan, error) {
 	if err := cache.live(); err != nil {
 		return nil, err
 	}
-	var o C.qsakv_plan_options
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_options_init(&o) }); err != nil {
-		return nil, err
-	}
+	o := C.qsakv_go_plan_options()
 	o.max_rows, o.max_requests = C.int32_t(opts.MaxRows), C.int32_t(opts.MaxRequests)
 	o.num_splits, o.multi_row_min_rows = C.int32_t(opts.NumSplits), C.int32_t(opts.MultiRowMinRows)
 	p := &Plan{cache: cache}

@@ -14,9 +14,43 @@ package qsakv
 
 /*
 #cgo pkg-config: qsakv
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <qsakv.h>
+
+// Option structs start as the header's QSAKV_*_INIT macros make them: this package's own
+// struct_size and version, compiled in. A *_init function writes the whole struct as the
+// library's header declares it, which a newer library's larger struct would overrun.
+static qsakv_context_options qsakv_go_context_options(void) {
+  qsakv_context_options o = QSAKV_CONTEXT_OPTIONS_INIT;
+  return o;
+}
+static qsakv_overlay_write_options qsakv_go_overlay_write_options(void) {
+  qsakv_overlay_write_options o = QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  return o;
+}
+
+// A preset or a checkpoint's config, which the library writes whole (no macro makes
+// them): into a 4 KiB scratch, of which this package's struct is kept, with its own
+// struct_size and version.
+static qsakv_status qsakv_go_model_config(qsakv_model_config* config, const char* arg,
+                                          int from_checkpoint) {
+  union {
+    max_align_t align;
+    unsigned char bytes[4096];
+  } scratch;
+  _Static_assert(sizeof(qsakv_model_config) <= sizeof(scratch), "the scratch holds the config");
+  memset(&scratch, 0, sizeof scratch);
+  qsakv_model_config* filled = (qsakv_model_config*)&scratch;
+  qsakv_status st = from_checkpoint ? qsakv_model_config_from_checkpoint(filled, arg)
+                                    : qsakv_model_config_preset(filled, arg);
+  if (st != QSAKV_SUCCESS) return st;
+  memcpy(config, filled, sizeof *config);
+  config->struct_size = sizeof *config;
+  config->version = QSAKV_MODEL_CONFIG_VERSION;
+  return st;
+}
 */
 import "C"
 
@@ -143,10 +177,7 @@ type Context struct {
 
 // NewContext creates a context; BackendAuto picks CUDA when a GPU is usable.
 func NewContext(backend Backend) (*Context, error) {
-	var o C.qsakv_context_options
-	if err := call(func() C.qsakv_status { return C.qsakv_context_options_init(&o) }); err != nil {
-		return nil, err
-	}
+	o := C.qsakv_go_context_options()
 	o.backend = C.qsakv_backend(backend)
 	c := &Context{}
 	if err := call(func() C.qsakv_status { return C.qsakv_context_create(&c.ptr, &o) }); err != nil {
@@ -241,27 +272,23 @@ type ModelConfig struct {
 
 // Preset returns a named preset, e.g. "qwen4_exp" (the reference model).
 func Preset(name string) (*ModelConfig, error) {
-	return configFrom(name, func(c *C.qsakv_model_config, s *C.char) C.qsakv_status {
-		return C.qsakv_model_config_preset(c, s)
-	})
+	return configFrom(name, 0)
 }
 
 // FromCheckpoint returns the geometry of a Hugging Face checkpoint (its directory, or its
 // config.json); the runtime fields are the qwen4_exp preset's, for the caller to set.
 // ErrFormat names the key, ErrIO the file.
 func FromCheckpoint(dirOrConfigJSON string) (*ModelConfig, error) {
-	return configFrom(dirOrConfigJSON, func(c *C.qsakv_model_config, s *C.char) C.qsakv_status {
-		return C.qsakv_model_config_from_checkpoint(c, s)
-	})
+	return configFrom(dirOrConfigJSON, 1)
 }
 
-// configFrom fills a config whole by a C call that takes one string (a preset's name, a
-// checkpoint's path).
-func configFrom(arg string, fill func(*C.qsakv_model_config, *C.char) C.qsakv_status) (*ModelConfig, error) {
+// configFrom fills a config whole from a preset's name (fromCheckpoint 0) or a
+// checkpoint's path (1).
+func configFrom(arg string, fromCheckpoint C.int) (*ModelConfig, error) {
 	carg := C.CString(arg)
 	defer C.free(unsafe.Pointer(carg))
 	m := &ModelConfig{}
-	if err := call(func() C.qsakv_status { return fill(&m.base, carg) }); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_go_model_config(&m.base, carg, fromCheckpoint) }); err != nil {
 		return nil, err
 	}
 	m.takeRuntimeFields()
@@ -500,10 +527,7 @@ func WriteOverlay(outDir string, layers []int32, kScales, vScales []float32, bas
 	cout, cbase := C.CString(outDir), C.CString(baseIndexPath)
 	defer C.free(unsafe.Pointer(cout))
 	defer C.free(unsafe.Pointer(cbase))
-	var o C.qsakv_overlay_write_options
-	if err := call(func() C.qsakv_status { return C.qsakv_overlay_write_options_init(&o) }); err != nil {
-		return err
-	}
+	o := C.qsakv_go_overlay_write_options()
 	o.base_index_path = cbase
 	return call(func() C.qsakv_status {
 		return C.qsakv_overlay_write(cout, (*C.int32_t)(unsafe.Pointer(&layers[0])),

@@ -29,6 +29,25 @@ def new(cls):
     return s
 
 
+_FILL_SCRATCH_BYTES = 4096
+
+
+def filled(cls, fill):
+    """A `cls` filled by `fill(pointer)`, a C call that writes the whole struct as the
+    *library's* header declares it (the *_init functions, the config presets,
+    qsakv_model_config_from_checkpoint): into a 4 KiB scratch, of which this package's
+    struct is copied and given its own struct_size and version, as the header's
+    QSAKV_*_INIT macros do. A newer library's larger struct would overrun one filled in
+    place, and its struct_size would make the library read past it when passed back."""
+    assert ctypes.sizeof(cls) <= _FILL_SCRATCH_BYTES, cls.__name__
+    scratch = (ctypes.c_uint64 * (_FILL_SCRATCH_BYTES // 8))()  # zeroed, 8-byte aligned
+    fill(ctypes.cast(scratch, ctypes.POINTER(cls)))
+    s = cls.from_buffer_copy(scratch)  # the first sizeof(cls) bytes
+    fresh = new(cls)
+    s.struct_size, s.version = fresh.struct_size, fresh.version
+    return s
+
+
 def record_type(cls, name: str) -> type:
     if cls not in _RECORDS:
         fields = [f for f, _ in cls._fields_ if f not in _HEADER_FIELDS]

@@ -70,8 +70,7 @@ def act_dtype(config: ModelConfig) -> str:
 def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, external_topk=None):
     """The qsakv_cache_options of a cache, filled in one place for layout_for and Cache.
     external_topk: (address, rows, cols) of an external top-k buffer, or None."""
-    opts = _structs.new(_cdefs.qsakv_cache_options)
-    lib.qsakv_cache_options_init(ctypes.byref(opts))
+    opts = _structs.filled(_cdefs.qsakv_cache_options, lib.qsakv_cache_options_init)
     opts.num_blocks = num_blocks
     opts.memory_budget_bytes = memory_budget_bytes
     opts.share_topk = int(bool(share_topk))

@@ -38,8 +38,8 @@ class ModelConfig:
     def __init__(self, **fields):
         """A zeroed config (not valid until filled; index_key_dtype FP16, the one
         default), with `fields` set."""
-        object.__setattr__(self, "_c", _structs.new(_cdefs.qsakv_model_config))
-        lib.qsakv_model_config_init(ctypes.byref(self._c))
+        object.__setattr__(self, "_c", _structs.filled(_cdefs.qsakv_model_config,
+                                                      lib.qsakv_model_config_init))
         for k, v in fields.items():
             setattr(self, k, v)
 
@@ -47,7 +47,8 @@ class ModelConfig:
     def preset(cls, name: str = "qwen4_exp", **fields) -> "ModelConfig":
         """A named preset ("qwen4_exp": the reference model), with `fields` replaced."""
         cfg = cls()
-        lib.qsakv_model_config_preset(ctypes.byref(cfg._c), name.encode())
+        object.__setattr__(cfg, "_c", _structs.filled(
+            _cdefs.qsakv_model_config, lambda c: lib.qsakv_model_config_preset(c, name.encode())))
         for k, v in fields.items():
             setattr(cfg, k, v)
         return cfg
@@ -59,7 +60,9 @@ class ModelConfig:
         (tp_size, tp_rank, kv_dtype, block_size, max_requests, ...) are the qwen4_exp
         preset's until `fields` set them. FormatError names the key, IOError the file."""
         cfg = cls()
-        lib.qsakv_model_config_from_checkpoint(ctypes.byref(cfg._c), os.fsencode(path))
+        object.__setattr__(cfg, "_c", _structs.filled(
+            _cdefs.qsakv_model_config,
+            lambda c: lib.qsakv_model_config_from_checkpoint(c, os.fsencode(path))))
         for k, v in fields.items():
             setattr(cfg, k, v)
         return cfg

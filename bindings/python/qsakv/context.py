@@ -30,8 +30,7 @@ class Context(Handle):
     _kind = "context"
 
     def __init__(self, backend="auto", device: int = 0, decoder="auto"):
-        opts = _structs.new(_cdefs.qsakv_context_options)
-        lib.qsakv_context_options_init(ctypes.byref(opts))
+        opts = _structs.filled(_cdefs.qsakv_context_options, lib.qsakv_context_options_init)
         opts.backend = choice(Backend, backend, "backend")
         opts.device = device
         opts.decoder = choice(Decoder, decoder, "decoder")

@@ -31,8 +31,8 @@ def write_options(base_index_path, layer_prefix=None, contract_tp_size=0,
                   contract_min_sm=0, unit_scale_control=False):
     """A qsakv_overlay_write_options (see Overlay.write for the fields). The strings are
     kept referenced by the returned struct's `_keep`."""
-    opts = _structs.new(_cdefs.qsakv_overlay_write_options)
-    lib.qsakv_overlay_write_options_init(ctypes.byref(opts))
+    opts = _structs.filled(_cdefs.qsakv_overlay_write_options,
+                           lib.qsakv_overlay_write_options_init)
     keep = (None if layer_prefix is None else layer_prefix.encode(), _path(base_index_path))
     opts.layer_prefix, opts.base_index_path = keep
     opts.contract_tp_size = contract_tp_size

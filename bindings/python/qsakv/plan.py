@@ -67,8 +67,7 @@ class Plan(Handle):
 
     def __init__(self, cache: Cache, *, max_rows: int = 0, max_requests: int = 0,
                  num_splits: int = 0, multi_row_min_rows: int = 0):
-        opts = _structs.new(_cdefs.qsakv_plan_options)
-        lib.qsakv_plan_options_init(ctypes.byref(opts))
+        opts = _structs.filled(_cdefs.qsakv_plan_options, lib.qsakv_plan_options_init)
         opts.max_rows, opts.max_requests, opts.num_splits = max_rows, max_requests, num_splits
         opts.multi_row_min_rows = multi_row_min_rows
         out = ctypes.POINTER(_cdefs.qsakv_plan)()

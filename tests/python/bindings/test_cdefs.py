@@ -104,3 +104,29 @@ def test_import_refuses_a_library_of_another_version(tmp_path):
 
 # Installing: the python_wheel suite (tests/packaging/check_wheel.sh) builds the wheel
 # with the library inside and installs it into a fresh virtual environment.
+
+
+def test_structs_filled_whole_by_a_newer_library_keep_their_own_size():
+    """A C call that fills a struct whole writes it as the *library's* header declares it:
+    a newer library's struct is larger and says so in struct_size. _structs.filled gives
+    it a scratch to write into and keeps this package's part, stamped with this package's
+    struct_size and version (what the QSAKV_*_INIT macros compile in)."""
+    from qsakv import _structs
+
+    cls = _cdefs.qsakv_plan_options
+    newer_size = 4096
+
+    def newer_library_init(p):  # a struct 4096 bytes long, version 99
+        ctypes.memset(p, 0x11, newer_size)
+        head = ctypes.cast(p, ctypes.POINTER(cls)).contents
+        head.struct_size, head.version, head.max_rows = newer_size, 99, 7
+        return 0
+
+    s = _structs.filled(cls, newer_library_init)
+    assert s.struct_size == ctypes.sizeof(cls)
+    assert s.version == _cdefs.QSAKV_PLAN_OPTIONS_VERSION
+    assert s.max_rows == 7 and s.max_requests == 0x11111111  # the library's bytes, kept
+    # What the package's own calls make: this package's size and version.
+    opts = qsakv.ModelConfig.preset()._c
+    assert opts.struct_size == ctypes.sizeof(_cdefs.qsakv_model_config)
+    assert opts.version == _cdefs.QSAKV_MODEL_CONFIG_VERSION

@@ -148,6 +148,42 @@ macro_rules! versioned {
     }};
 }
 
+/// Fills a `T` by a C call that writes the whole struct as the *library's* header declares
+/// it (the `*_init` functions, the config presets, `qsakv_model_config_from_checkpoint`):
+/// into a scratch of `FILL_SCRATCH_BYTES`, of which this crate's `T` is copied and given
+/// its own `struct_size` and `version`, as the header's `QSAKV_*_INIT` macros do. A newer
+/// library's larger struct would overrun a `T` filled in place, and its `struct_size`
+/// would make the library read past this crate's `T` when it is passed back.
+fn fill_whole<T: Copy>(
+    fill: impl FnOnce(*mut T) -> Status,
+    stamp: impl FnOnce(&mut T),
+) -> Result<T> {
+    const FILL_SCRATCH_BYTES: usize = 4096;
+    #[repr(C, align(16))]
+    struct Scratch([u8; FILL_SCRATCH_BYTES]);
+    assert!(
+        std::mem::size_of::<T>() <= FILL_SCRATCH_BYTES && std::mem::align_of::<T>() <= 16,
+        "fill_whole: the scratch holds the struct"
+    );
+    let mut scratch = Scratch([0u8; FILL_SCRATCH_BYTES]);
+    let p = scratch.0.as_mut_ptr() as *mut T;
+    check(fill(p))?;
+    // The scratch is aligned for T and fully written by the library (or zero).
+    let mut v = unsafe { ptr::read(p) };
+    stamp(&mut v);
+    Ok(v)
+}
+
+/// `fill_whole` for a struct with `struct_size` and `version` fields.
+macro_rules! filled {
+    ($t:ty, $v:expr, $fill:expr) => {
+        fill_whole::<$t>($fill, |s| {
+            s.struct_size = std::mem::size_of::<$t>();
+            s.version = $v;
+        })
+    };
+}
+
 // ------------------------------------------------------------------------------------
 // Context
 // ------------------------------------------------------------------------------------
@@ -163,8 +199,9 @@ unsafe impl Send for Context {}
 impl Context {
     /// AUTO picks CUDA when a GPU is usable, else the CPU backend (see `info()`).
     pub fn new(backend: Backend) -> Result<Self> {
-        let mut o: sys::qsakv_context_options = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_context_options_init(&mut o) })?;
+        let mut o = filled!(sys::qsakv_context_options, sys::QSAKV_CONTEXT_OPTIONS_VERSION, |p| {
+            unsafe { sys::qsakv_context_options_init(p) }
+        })?;
         o.backend = backend;
         Self::with_options(&o)
     }
@@ -237,16 +274,18 @@ impl ModelConfig {
     /// A named preset, e.g. `"qwen4_exp"` (the reference model).
     pub fn preset(name: &str) -> Result<Self> {
         let name = c_string("preset name", name)?;
-        let mut c: sys::qsakv_model_config = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_model_config_preset(&mut c, name.as_ptr()) })?;
+        let c = filled!(sys::qsakv_model_config, sys::QSAKV_MODEL_CONFIG_VERSION, |p| {
+            unsafe { sys::qsakv_model_config_preset(p, name.as_ptr()) }
+        })?;
         Ok(ModelConfig(c))
     }
     /// The geometry of a Hugging Face checkpoint (its directory, or its config.json);
     /// the runtime fields are the `qwen4_exp` preset's, for the caller to set.
     pub fn from_checkpoint(dir_or_config_json: &Path) -> Result<Self> {
         let p = c_path("checkpoint path", dir_or_config_json)?;
-        let mut c: sys::qsakv_model_config = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_model_config_from_checkpoint(&mut c, p.as_ptr()) })?;
+        let c = filled!(sys::qsakv_model_config, sys::QSAKV_MODEL_CONFIG_VERSION, |c| {
+            unsafe { sys::qsakv_model_config_from_checkpoint(c, p.as_ptr()) }
+        })?;
         Ok(ModelConfig(c))
     }
     /// `QSAKV_ERROR_INVALID_CONFIG` naming the field and value.
@@ -392,8 +431,11 @@ impl Overlay {
         }
         let out = c_path("out_dir", out_dir)?;
         let base = c_path("base_index_path", base_index_path)?;
-        let mut o: sys::qsakv_overlay_write_options = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_overlay_write_options_init(&mut o) })?;
+        let mut o = filled!(
+            sys::qsakv_overlay_write_options,
+            sys::QSAKV_OVERLAY_WRITE_OPTIONS_VERSION,
+            |p| unsafe { sys::qsakv_overlay_write_options_init(p) }
+        )?;
         o.base_index_path = base.as_ptr();
         check(unsafe {
             sys::qsakv_overlay_write(
@@ -552,8 +594,9 @@ pub struct CacheOptions(pub sys::qsakv_cache_options);
 
 impl CacheOptions {
     pub fn new() -> Result<Self> {
-        let mut o: sys::qsakv_cache_options = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_cache_options_init(&mut o) })?;
+        let o = filled!(sys::qsakv_cache_options, sys::QSAKV_CACHE_OPTIONS_VERSION, |p| {
+            unsafe { sys::qsakv_cache_options_init(p) }
+        })?;
         Ok(CacheOptions(o))
     }
 }
@@ -823,8 +866,9 @@ impl<'c> Plan<'c> {
     }
 
     pub fn with_options(cache: &'c Cache<'c>, options: &PlanOptions) -> Result<Self> {
-        let mut o: sys::qsakv_plan_options = unsafe { std::mem::zeroed() };
-        check(unsafe { sys::qsakv_plan_options_init(&mut o) })?;
+        let mut o = filled!(sys::qsakv_plan_options, sys::QSAKV_PLAN_OPTIONS_VERSION, |p| {
+            unsafe { sys::qsakv_plan_options_init(p) }
+        })?;
         o.max_rows = options.max_rows;
         o.max_requests = options.max_requests;
         o.num_splits = options.num_splits;
