@@ -174,6 +174,18 @@ static void test_select_stages_variable(void** state) {
   tu_env_restore("QSAKV_SELECT_STAGES", keep);
 }
 
+/* QSAKV_SELECT_SORT (the top-k's sort of the winners, a test and benchmark hook) likewise.
+ * That every value gives the same selections is checked by test_select on a GPU. */
+static void test_select_sort_variable(void** state) {
+  (void)state;
+  char* keep = tu_env_save("QSAKV_SELECT_SORT");
+  const char* bad[] = {"bogus", "Runs", "BUCKETS", "bucket", " runs", "runs,buckets", "1"};
+  expect_env_refused("QSAKV_SELECT_SORT", bad, sizeof bad / sizeof bad[0], "auto, runs or buckets");
+  const char* good[] = {"", "auto", "runs", "buckets"};
+  expect_env_taken_on_cpu("QSAKV_SELECT_SORT", good, sizeof good / sizeof good[0]);
+  tu_env_restore("QSAKV_SELECT_SORT", keep);
+}
+
 static void test_auto_chooses_and_says_why(void** state) {
   (void)state;
   qsakv_context* ctx = NULL;
@@ -288,6 +300,7 @@ int main(void) {
       cmocka_unit_test(test_select_mma_variable),
       cmocka_unit_test(test_dependent_launch_variable),
       cmocka_unit_test(test_select_stages_variable),
+      cmocka_unit_test(test_select_sort_variable),
   };
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

@@ -291,7 +291,11 @@ static int check_contract(const tu_world* w, const void* comp, const uint16_t* q
  * same on every context for the same seed), E4M3 worlds with a magnitude per key drawn
  * over three decades (each key's scale differs); returns the layer's keys as the host
  * sees them (NaN poison elsewhere). */
-static void* randomise_keys(tu_world* w, uint64_t seed) {
+static void* fill_keys(tu_world* w, uint64_t seed, int integers);
+static void* randomise_keys(tu_world* w, uint64_t seed) { return fill_keys(w, seed, 0); }
+/* integers: whole values in [-3, 3] instead (E4M3: no magnitude per key), so that many
+ * scores are equal. */
+static void* fill_keys(tu_world* w, uint64_t seed, int integers) {
   const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, bs = w->cfg.block_size;
   int64_t n = 0;
   for (int r = 0; r < w->shape.num_requests; ++r) n += w->shape.seq_lens[r] / ratio;
@@ -304,11 +308,13 @@ static void* randomise_keys(tu_world* w, uint64_t seed) {
       const int t0 = b * ratio, phys = w->block_table[r * w->bt_stride + t0 / bs];
       if (phys < 0) continue;
       const double mag =
-          g_index_keys == QSAKV_DTYPE_E4M3
+          g_index_keys == QSAKV_DTYPE_E4M3 && !integers
               ? pow(10.0, 3.0 * (double)(tu_rng_next(&rng) >> 11) / 9007199254740992.0 - 1.5)
               : 1.0;
       for (int d = 0; d < D; ++d)
-        keys[(size_t)m * D + d] = tu_f32_to_fp16((float)(mag * tu_rng_normal(&rng)));
+        keys[(size_t)m * D + d] =
+            tu_f32_to_fp16(integers ? (float)((int)(tu_rng_next(&rng) % 7) - 3)
+                                    : (float)(mag * tu_rng_normal(&rng)));
       slots[m++] = (int64_t)phys * bs + t0 % bs;
     }
   void* comp = store_key_list(w, keys, slots, m);
@@ -317,13 +323,16 @@ static void* randomise_keys(tu_world* w, uint64_t seed) {
   return comp;
 }
 
-static uint16_t* random_index_q(const tu_world* w, uint64_t seed) {
+static uint16_t* index_q(const tu_world* w, uint64_t seed, int integers) {
   const size_t qn = (size_t)w->rows * w->cfg.index_num_heads * w->cfg.index_head_dim;
   uint16_t* q = malloc(2 * qn);
   tu_rng rng = {seed};
-  for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_rng_normal(&rng));
+  for (size_t i = 0; i < qn; ++i)
+    q[i] = tu_f32_to_fp16(integers ? (float)((int)(tu_rng_next(&rng) % 5) - 2)
+                                   : (float)tu_rng_normal(&rng));
   return q;
 }
+static uint16_t* random_index_q(const tu_world* w, uint64_t seed) { return index_q(w, seed, 0); }
 
 /* Unmaps page `page` of request r (a hole in the block table) on the host and device. */
 static void unmap_page(tu_world* w, int r, int page) {
@@ -408,6 +417,64 @@ static void test_select_score_only_cuda(void** state) {
       "them all\n");
   qsakv_context_destroy(scoring);
   qsakv_context_destroy(plain);
+}
+
+/* QSAKV_SELECT_SORT: contexts forced to each of the top-k's sorts of the winners (by runs;
+ * by buckets, which declines where a bucket is crowded) give the automatic choice's bytes,
+ * on both top-k routes (one-row requests: the many-CTA filter kernel; a batch with a 37-row
+ * chunk: the one-CTA top-k), with real-valued keys (the winners spread over many buckets)
+ * and small-integer keys and queries (many equal scores: crowded buckets), FP16 and E4M3
+ * keys. Where the GPU code has no bucket sort (below SM80) every context sorts by runs and
+ * the test still compares them. The hook is read at context creation. */
+static void test_select_sorts_agree_cuda(void** state) {
+  (void)state;
+  qsakv_context* ctx[3] = {tu_cuda_context_or_skip(), NULL, NULL};
+  static const char* const kSort[3] = {"auto", "runs", "buckets"};
+  char* keep = tu_env_save("QSAKV_SELECT_SORT");
+  for (int i = 1; i < 3; ++i) {
+    setenv("QSAKV_SELECT_SORT", kSort[i], 1);
+    ctx[i] = tu_context(QSAKV_BACKEND_CUDA);
+    assert_non_null(ctx[i]);
+  }
+  tu_env_restore("QSAKV_SELECT_SORT", keep);
+  const tu_shape shapes[2] = {{3, {1, 1, 1}, {4099, 70001, 262144}},
+                              {3, {1, 1, 37}, {4099, 70001, 9000}}};
+  int compared = 0;
+  for (int keys = 0; keys < 2; ++keys) {
+    g_index_keys = keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+    qsakv_model_config c;
+    contract_config(&c);
+    for (int si = 0; si < 2; ++si)
+      for (int integers = 0; integers < 2; ++integers) {
+        const uint64_t seed = tu_next();
+        tu_world w[3];
+        int32_t* out[3];
+        for (int i = 0; i < 3; ++i) {
+          tu_world_build(&w[i], ctx[i], &c, &shapes[si], seed, 1.0f, 1.0f, 1.0f, 0);
+          free(fill_keys(&w[i], seed ^ 0x5EEDull, integers));
+          uint16_t* q = index_q(&w[i], seed ^ 0xC0FFEEull, integers);
+          out[i] = run_select(&w[i], q, 0);
+          free(q);
+        }
+        const size_t n = (size_t)w[0].rows * w[0].geo.topk_width;
+        for (int i = 1; i < 3; ++i)
+          for (size_t j = 0; j < n; ++j)
+            if (out[i][j] != out[0][j])
+              fail_msg("QSAKV_SELECT_SORT=%s, %s keys, %s, %s: row %zu col %zu is %d, auto's %d",
+                       kSort[i], keys ? "E4M3" : "FP16",
+                       si == 0 ? "one-row requests" : "a 37-row chunk",
+                       integers ? "integer keys" : "real keys", j / w[0].geo.topk_width,
+                       j % w[0].geo.topk_width, out[i][j], out[0][j]);
+        for (int i = 0; i < 3; ++i) {
+          free(out[i]);
+          tu_world_destroy(&w[i]);
+        }
+        ++compared;
+      }
+  }
+  g_index_keys = QSAKV_DTYPE_FP16;
+  print_message("runs, buckets and auto sorts give the same bytes: %d batches\n", compared);
+  for (int i = 0; i < 3; ++i) qsakv_context_destroy(ctx[i]);
 }
 
 /* The FP64 exact selection (reference_select's ordering on FP64 scores) of a world whose
@@ -620,9 +687,17 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
     uint16_t* q = malloc(2 * qn);
     for (size_t i = 0; i < qn; ++i) q[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
     int32_t* want = malloc(sizeof(int32_t) * (size_t)w.rows * w.geo.topk_width);
-    for (int pass = 0; pass < 2; ++pass) {
+    static const char* const kPassName[3] = {"all ties", "NaN/inf/zero/limit keys",
+                                             "ties beside 64x outliers"};
+    for (int pass = 0; pass < 3; ++pass) {
       for (size_t i = 0; i < (size_t)n * D; ++i)
-        keys[i] = pass == 0 ? tu_f32_to_fp16(1.0f) : tu_f32_to_fp16((float)tu_int(-3, 3));
+        keys[i] = pass == 1 ? tu_f32_to_fp16((float)tu_int(-3, 3)) : tu_f32_to_fp16(1.0f);
+      /* A few blocks 64 times the rest: the winners are those and a crowd of equal
+       * scores, which makes the GPU's bucket sort of the winners decline (its buckets cut
+       * the winners' range evenly). */
+      if (pass == 2)
+        for (int64_t e = 0; e < n; e += 97)
+          for (int d = 0; d < D; ++d) keys[e * D + d] = tu_f32_to_fp16(64.0f);
       if (pass == 1)
         for (int64_t e = 0; e < n; e += 7) {
           keys[e * D + (e % D)] = 0x7E00;           /* NaN */
@@ -650,8 +725,8 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
         for (int j = 0; j < w.geo.topk_width; ++j) {
           const size_t i = (size_t)row * w.geo.topk_width + j;
           if (got[i] != want[i])
-            fail_msg("%s %s row %d col %d: got %d want %d", what,
-                     pass ? "NaN/inf/zero/limit keys" : "all ties", row, j, got[i], want[i]);
+            fail_msg("%s %s row %d col %d: got %d want %d", what, kPassName[pass], row, j, got[i],
+                     want[i]);
         }
       if (pass == 0) /* all ties: block j is the j-th choice */
         for (int j = 0; j < w.geo.topk_blocks; ++j)
@@ -660,8 +735,9 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
       free(comp);
     }
     print_message(
-        "%s: all-tie and NaN/inf/zero/limit keys selected exactly (%d rows, %s route)%s\n", what,
-        w.rows, shape_i == 0 ? "multi-row" : "one-row",
+        "%s: all-tie, NaN/inf/zero/limit and tie-beside-outlier keys selected exactly (%d rows, "
+        "%s route)%s\n",
+        what, w.rows, shape_i == 0 ? "multi-row" : "one-row",
         fp8 ? (cpu ? ", E4M3 keys, equal to the CPU backend" : ", E4M3 keys, contract against FP64")
             : "");
     free(want);
@@ -881,6 +957,7 @@ int main(void) {
       cmocka_unit_test(test_select_many_rows_cuda),
       cmocka_unit_test(test_select_repeated_cuda),
       cmocka_unit_test(test_select_score_only_cuda),
+      cmocka_unit_test(test_select_sorts_agree_cuda),
       cmocka_unit_test(test_select_e4m3_keys_cpu),
       cmocka_unit_test(test_select_e4m3_keys_cuda),
       cmocka_unit_test(test_select_e4m3_keys_special_cpu),

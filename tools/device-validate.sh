@@ -5,7 +5,8 @@
 #      `git archive -o .deps-device/base.tar <commit>`): library and bench only,
 #      then tools/mma_bits.cu (wgmma against mma.sync, bit for bit);
 #   2. every GPU suite, plain, on the tensor-core tier and (attention, selection) the SM70
-#      tier; test_select with the multi-row scorer forced to each MMA (QSAKV_SELECT_MMA);
+#      tier; test_select with the multi-row scorer forced to each MMA (QSAKV_SELECT_MMA)
+#      and its GPU tests with the top-k's sort forced each way (QSAKV_SELECT_SORT);
 #   3. tools/output_digest.py against both libraries: equal lines = bit-identical outputs
 #      (a refactor must show 0 differing; a numerics change says which cases moved);
 #   4. the bench's decode and selection tables and the 8192- and 2048-row overlap sweeps
@@ -14,7 +15,8 @@
 #      at those rows with each forced split count;
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel (attention) or the multi-row scorer
-#      (selection) forced onto warpgroup MMAs, in parallel
+#      (selection) forced onto warpgroup MMAs, and four selection tests ($SORT_SAN_TESTS)
+#      with the top-k's bucket sort forced (QSAKV_SELECT_SORT=buckets), in parallel
 #      (the sanitizer is CPU-bound; one group in sequence takes longer than a call):
 #      attention and selection one process per GPU test (store and graph by suite),
 #      all of them within $SAN_SECONDS (default 330, 450 with ONLY_SAN) from the step's
@@ -82,6 +84,13 @@ if [ -z "${ONLY_SAN:-}" ]; then
     QSAKV_SELECT_MMA=$m timeout 300 build-gpu/tests/test_select > "$OUT/tsel-$m.log" 2>&1
     echo "test_select QSAKV_SELECT_MMA=$m rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tsel-$m.log" | paste -sd' ')"
   done
+  # The top-k's sort of the winners forced each way (auto: buckets in the one-CTA top-k,
+  # runs in the filter kernel), the GPU tests only (the CPU half ran above).
+  for so in runs buckets; do
+    QSAKV_SELECT_SORT=$so QSAKV_TEST_FILTER='*cuda*' timeout 300 build-gpu/tests/test_select \
+      > "$OUT/tsel-sort-$so.log" 2>&1
+    echo "test_select QSAKV_SELECT_SORT=$so rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tsel-sort-$so.log" | paste -sd' ')"
+  done
   el
   [ -n "$basepid" ] && wait "$basepid"  # not a bare wait: that would wait for tee too
   export PYTHONPATH=bindings/python
@@ -114,11 +123,16 @@ if [ -z "${ONLY_SAN:-}" ]; then
     timeout 90 $b --select-only --no-multirow --json "$OUT/bench-select-$v.json" \
       > "$OUT/bench-select-$v.log" 2>&1
     echo "bench select $v rc=$?"
-    if [ "$v" = new ]; then  # the automatic scorer choice against each forced one
+    if [ "$v" = new ]; then  # the automatic scorer and sort choices against each forced one
       for m in sync wgmma; do
         QSAKV_SELECT_MMA=$m timeout 90 $b --select-only --no-multirow \
           --json "$OUT/bench-select-$m.json" > "$OUT/bench-select-$m.log" 2>&1
         echo "bench select QSAKV_SELECT_MMA=$m rc=$?"
+      done
+      for so in runs buckets; do
+        QSAKV_SELECT_SORT=$so timeout 90 $b --select-only --no-multirow \
+          --json "$OUT/bench-select-sort-$so.json" > "$OUT/bench-select-sort-$so.log" 2>&1
+        echo "bench select QSAKV_SELECT_SORT=$so rc=$?"
       done
     fi
     if has_bench overlap; then
@@ -189,6 +203,11 @@ if [ -z "${SKIP_SAN:-}" ]; then
         else  # every multi-row selection on the warpgroup scorer
           (san "wg-$k-$t" $tool "$s" QSAKV_SELECT_MMA=wgmma QSAKV_TEST_FILTER="$t") &
           pids+=($!)
+          case " ${SORT_SAN_TESTS-test_select_contract_cuda test_select_special_cuda test_select_many_rows_cuda test_select_sorts_agree_cuda} " in
+            *" $t "*)  # the bucket sort in both top-k kernels (auto: the one-CTA one only)
+              (san "bk-$k-$t" $tool "$s" QSAKV_SELECT_SORT=buckets QSAKV_TEST_FILTER="$t") &
+              pids+=($!) ;;
+          esac
         fi
       done
     done

@@ -12,7 +12,7 @@ over them and the dense attention, for each cache type (E4M3 with E4M3 index key
 with FP16 index keys, and E4M3 with BF16 activations on the GPU), each route (every row on the decode route, the automatic rule,
 requests of 2+ rows grouped), and each kernel choice the environment can force
 (QSAKV_GROUPED_MMA=sync / wgmma, QSAKV_CUDA_TIER=sm70, QSAKV_DEPENDENT_LAUNCH=off and with
-every kernel family, each in a fresh context; a build that does not know a variable runs
+every kernel family, QSAKV_SELECT_SORT=runs / buckets, each in a fresh context; a build that does not know a variable runs
 its default there). The
 batch mixes decode rows, verify rows and prefill chunks whose rows select partly the
 same tokens. Needs a CUDA GPU and PyTorch; `--cpu` runs the same cases (one environment)
@@ -48,7 +48,9 @@ ENVIRONMENTS = [("auto", {}), ("mma-sync", {"QSAKV_GROUPED_MMA": "sync"}),
                 ("mma-wgmma", {"QSAKV_GROUPED_MMA": "wgmma"}),
                 ("tier-sm70", {"QSAKV_CUDA_TIER": "sm70"}),
                 ("dependent-launch-off", {"QSAKV_DEPENDENT_LAUNCH": "off"}),
-                ("dependent-launch-all", {"QSAKV_DEPENDENT_LAUNCH": "store,select,attention"})]
+                ("dependent-launch-all", {"QSAKV_DEPENDENT_LAUNCH": "store,select,attention"}),
+                ("sort-runs", {"QSAKV_SELECT_SORT": "runs"}),
+                ("sort-buckets", {"QSAKV_SELECT_SORT": "buckets"})]
 ROUTES = [("decode", -1), ("auto", 0), ("grouped2", 2)]
 
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A block-wide exclusive prefix sum of one value per thread (the decode route's window
-// compaction and the grouped route's token union both number their survivors with it).
+// compaction and the grouped route's token union both number their survivors with it;
+// the top-k's bucket sort places its buckets with the shuffle form).
 #pragma once
 
 #include <stdint.h>
@@ -36,6 +37,35 @@ __device__ __forceinline__ T block_exclusive_scan(T v, T* warp_totals, T& total)
   }
   total = sum;
   return before;
+}
+
+// The same for int values, with the warps' totals scanned by shuffles (a lane per warp)
+// instead of a loop over them in every thread: ~15 instructions a thread instead of ~50 for
+// 16 warps. The same barriers and the same contract as block_exclusive_scan.
+template <int kWarps>
+__device__ __forceinline__ int block_exclusive_scan_by_shuffles(int v, int* warp_totals,
+                                                                int& total) {
+  static_assert(kWarps >= 1 && kWarps <= 32, "a lane per warp");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += x;
+  }
+  __syncthreads();
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  int t = lane < kWarps ? warp_totals[lane] : 0;
+#pragma unroll
+  for (int d = 1; d < kWarps; d <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, t, d);
+    if (lane >= d) t += x;
+  }
+  // t: lane l's inclusive sum of the warps' totals 0..l.
+  const int warps_before = __shfl_sync(0xffffffffu, t, warp > 0 ? warp - 1 : 0);
+  total = __shfl_sync(0xffffffffu, t, kWarps - 1);
+  return (warp > 0 ? warps_before : 0) + incl - v;
 }
 
 }  // namespace cuda

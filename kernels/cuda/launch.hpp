@@ -86,9 +86,15 @@ size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
 // rows and rows per request (select_score_wgmma.cuh's kSelectWarpgroupMinRows).
 enum class SelectScorerMma { kAuto, kSync, kWarpgroup };
 bool select_warpgroup_mma_built();
+// How the top-k sorts a row's winners (the same order either way; bucket_sort.cuh): kAuto
+// by buckets in the one-CTA top-k and by runs in the filter kernel's finishing CTA; kRuns,
+// kBuckets everywhere (a test and benchmark hook: QSAKV_SELECT_SORT). Code below SM80 sorts
+// by runs whatever is asked.
+enum class SelectSort { kAuto, kRuns, kBuckets };
 // score_only: the scoring kernels alone, no top-k (a benchmark hook: QSAKV_SELECT_STAGES).
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
-                        SelectScorerMma scorer_mma, bool score_only, cudaStream_t stream);
+                        SelectScorerMma scorer_mma, SelectSort sort, bool score_only,
+                        cudaStream_t stream);
 
 // Calibration: accumulates K and V statistics of one layer into p's device entries.
 // Async on `stream`; no allocation; capturable. k and v must be 16-byte aligned.

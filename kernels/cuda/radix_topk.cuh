@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "cuda/block_scan.cuh"
+
 namespace qsakv {
 namespace cuda {
 
@@ -42,10 +44,13 @@ __device__ __forceinline__ void warp_append(unsigned long long* arr, int* counte
 
 // Inclusive block-wide scan of one int per thread (kTopkThreads threads); *total gets the
 // sum over the block. warp_sums: shared, kTopkThreads / 32 ints. Contains barriers.
-// Not block_scan.cuh's exclusive scan: with that one (plus the thread's own value) the
-// filter kernel spills 12 bytes for sm_70 at its 64-register cap (ptxas 12.9,
-// tools/sm70-check.sh), so the top-k keeps this form.
+// SM80 and up: block_scan.cuh's shuffle form (the one-CTA top-k runs it two or three times
+// a row, and the filter kernel once per CTA: ~35 instructions a thread fewer each time).
+// Below: the warps' sums summed by every thread, the form that fits the filter kernel's
+// 64-register cap for sm_70 (the shuffle form, or the exclusive scan plus the thread's
+// own value, spills there; ptxas 12.9, tools/sm70-check.sh).
 __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
 #pragma unroll
@@ -65,6 +70,12 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* 
   }
   *total = all;
   return x + before;
+#else
+  int all;
+  const int before = block_exclusive_scan_by_shuffles<kTopkThreads / 32>(v, warp_sums, all);
+  *total = all;
+  return before + v;
+#endif
 }
 
 // The bins of a kBins-bin histogram that one thread of find_digit owns: thread t owns

@@ -15,7 +15,8 @@
 //      and in it to per-row lists; the last CTA of the row finishes it. select_topk_kernel
 //      (other waves, or rows of the multi-row scoring route): one CTA per row, one pass
 //      over the row's keys. Both resolve the threshold bin by a radix select over (score,
-//      block) composites in shared memory (radix_topk.cuh), sort the winners and expand.
+//      block) composites in shared memory (radix_topk.cuh), sort the winners (by buckets,
+//      bucket_sort.cuh, or by runs; sort_winners) and expand.
 // Rows are processed in waves when the workspace cannot hold every row of the plan at
 // once (large prefill plans); decode-sized plans run in one wave.
 #include <math_constants.h>
@@ -25,6 +26,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "cuda/bucket_sort.cuh"
 #include "cuda/common.cuh"
 #include "cuda/dependent_launch.cuh"
 #include "cuda/last_arrival.cuh"
@@ -346,6 +348,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
 // 2. Top-k
 // ---------------------------------------------------------------------------------------
 
+static_assert(kTopkMaxBlocks + kSortBuckets / 2 <= kCandidateCap,
+              "the bucket sort's counts fit in cand past the sorted winners");
+static_assert(kTopkMaxBlocks < (1 << 16), "the bucket sort packs a start and a count");
 struct TopkSmem {
   // The histogram, or (once the last radix round has read it) the winners of the one-list
   // route (select_by_passes).
@@ -357,6 +362,7 @@ struct TopkSmem {
   unsigned long long list[kTopkMaxBlocks + kCandidateCap];
   __device__ __forceinline__ unsigned long long* sel() { return list; }
   __device__ __forceinline__ unsigned long long* cand() { return list + kTopkMaxBlocks; }
+  unsigned long long range[2 * kTopkThreads / 32];  // the bucket sort's min/max scratch
   int warp_sums[kTopkThreads / 32];
   int digit;
   int need;
@@ -725,19 +731,50 @@ __device__ void sort_selection_descending(TopkSmem& sm, unsigned long long* sel,
   __syncthreads();
 }
 
+// Sorts sel[0..n) (as sort_selection_descending) into sm.cand: by buckets where asked and
+// built (bucket_sort.cuh; it declines for crowded buckets), else by runs. Below SM80 by runs
+// alone: the SM70 tier never asks, and the filter kernel's sm_70 build stays within its
+// register cap.
+__device__ void sort_winners(TopkSmem& sm, unsigned long long* sel, int n, bool by_buckets) {
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+  if (by_buckets) {
+    constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
+    unsigned long long v[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int i = s * kTopkThreads + static_cast<int>(threadIdx.x);
+      v[s] = i < n ? sel[i] : 0ull;
+    }
+    // The bucket counts go to cand past the sorted winners (free: the threshold bin is
+    // resolved by now).
+    uint32_t* buckets = reinterpret_cast<uint32_t*>(sm.cand() + kTopkMaxBlocks);
+    if (sort_descending_by_buckets<kTopkThreads, kSlots>(v, n, buckets, sel, sm.range, sm.warp_sums,
+                                                         sm.cand()))
+      return;
+  }
+#else
+  (void)by_buckets;
+#endif
+  sort_selection_descending(sm, sel, n);
+}
+
 // Sorts the row's K winners and writes its top-k row: the chosen blocks' tokens, then the
 // open group's tail, then -1.
 __device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, TopkSmem& sm,
-                                unsigned long long* sel) {
-  sort_selection_descending(sm, sel, K);
+                                unsigned long long* sel, bool by_buckets) {
+  sort_winners(sm, sel, K, by_buckets);
   int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
   const int tail_start = (pos + 1) / p.ratio * p.ratio;
   const int tail = pos + 1 - tail_start;
+  // A shift for a power-of-two ratio (the reference model's 4): an integer division per
+  // output was a tenth of the top-k's instructions (docs/perf.md run 42).
+  const int ratio_shift = (p.ratio & (p.ratio - 1)) == 0 ? __ffs(p.ratio) - 1 : -1;
   for (int j = threadIdx.x; j < p.topk_width; j += kTopkThreads) {
     int32_t v = -1;
     if (j < K * p.ratio) {
-      const uint32_t b = composite_block(sm.cand()[j / p.ratio]);
-      v = static_cast<int32_t>(b) * p.ratio + j % p.ratio;
+      const int q = ratio_shift >= 0 ? j >> ratio_shift : j / p.ratio;
+      const uint32_t b = composite_block(sm.cand()[q]);
+      v = static_cast<int32_t>(b) * p.ratio + (j - q * p.ratio);
     } else if (j < K * p.ratio + tail) {
       v = tail_start + (j - K * p.ratio);
     }
@@ -748,7 +785,8 @@ __device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, 
 // The whole top-k of one row in one CTA. hist_ready: the scoring kernel built the row's
 // histogram (read here, and left zero for the next call); else one pass builds it.
 __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int64_t n,
-                                    const WaveRow& w, bool hist_ready, TopkSmem& sm) {
+                                    const WaveRow& w, bool hist_ready, bool bucket_sort,
+                                    TopkSmem& sm) {
   if (hist_ready) {
     for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) {
       const uint32_t c = __ldcg(w.hist + i);
@@ -764,7 +802,7 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
   const int K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
   unsigned long long* sel = sm.sel();
   if (K > 0) sel = select_by_passes(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm);
-  sort_and_expand(p, row, pos, K, sm, sel);
+  sort_and_expand(p, row, pos, K, sm, sel, bucket_sort);
 }
 
 // The head of both top-k kernels for their row: waits for the wave's scores (before any
@@ -787,11 +825,12 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
 
 // One CTA per row: the route for rows whose scores come from the multi-row kernel (no
 // histogram yet) and for waves with a row per SM or more. kCtasPerSm: 3 for rows of at most
-// kTopkThreeCtasMaxKeys keys (40 registers, 44 bytes spilled), 2 for longer ones: a row's
-// time is a chain of barriers and dependent shared-memory steps (Nsight Compute,
-// docs/perf.md run 37), so more rows in flight per SM hide more of it, but at 32K keys a
-// row the third CTA cost more than it hid (H200, run 39: the prefill top-k of 8192 rows
-// at 32K -7%, at 128K +4.5%; decode rows within 1%).
+// kTopkThreeCtasMaxKeys keys (40 registers, 72 bytes spilled on sm_90a, at phase
+// boundaries), 2 for longer ones: a row's time is a chain of barriers and dependent
+// shared-memory steps (Nsight Compute, docs/perf.md run 37), so more rows in flight per SM
+// hide more of it, but at 32K keys a row the third CTA cost more than it hid (H200, run 39:
+// the prefill top-k of 8192 rows at 32K -7%, at 128K +4.5%; decode rows within 1%).
+// bucket_sort: sort the winners by buckets (sort_winners).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 // Code below SM80 keeps 2 CTAs per SM whatever the template says: for sm_70 (the SM70
 // tier, which the host never gives 3 anyway) 3 spilled 164 bytes with CUDA 12.9, and the
@@ -804,14 +843,14 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
 template <int kCtasPerSm>
 __global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerSm))
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
-                       bool hist_ready) {
+                       bool hist_ready, bool bucket_sort) {
   __shared__ TopkSmem sm;
   const int row = row0 + static_cast<int>(blockIdx.x);
   int pos;
   int64_t n;
   WaveRow w;
   if (!begin_topk_row(p, row0, wave_rows, ws_stride, row, sm, pos, n, w)) return;
-  topk_row_in_one_cta(p, row, pos, n, w, hist_ready, sm);
+  topk_row_in_one_cta(p, row, pos, n, w, hist_ready, bucket_sort, sm);
 }
 
 // Many CTAs per row (grid: key chunks of kFilterKeys, rows), for rows the one-row scoring
@@ -822,6 +861,10 @@ __global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerS
 // next call. One long row thus filters on many SMs, and a single CTA does only the short
 // remainder. A bin too large for its list takes the one-CTA route. The host launches
 // this kernel only for waves of at most kFilterMaxRows rows, so every row has lists.
+// kBucketSort: the finishing CTA sorts by buckets (QSAKV_SELECT_SORT=buckets); a template
+// argument so that the default instance holds no bucket-sort code (with it, the kernel
+// spills 8 bytes at its 64-register cap on sm_90a).
+template <bool kBucketSort>
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
   constexpr int kWords = kFilterKeys / 4 / kTopkThreads;  // one batch covers the chunk
@@ -899,11 +942,11 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     w.state->n_bin = 0;
   }
   if (!listed) {
-    topk_row_in_one_cta(p, row, pos, n, w, true, sm);
+    topk_row_in_one_cta(p, row, pos, n, w, true, kBucketSort, sm);
     return;
   }
   if (K > 0) take_from_threshold_bin(SharedCandidates{sm.cand(), n_bin}, kTopBits, top, need, sm);
-  sort_and_expand(p, row, pos, K, sm, sm.sel());
+  sort_and_expand(p, row, pos, K, sm, sm.sel(), kBucketSort);
 }
 
 // The warpgroup-MMA scorer (select_score_wgmma.cuh) for this selection: available (the
@@ -1007,7 +1050,8 @@ bool select_warpgroup_mma_built() {
 }
 
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,
-                        SelectScorerMma scorer_mma, bool score_only, cudaStream_t stream) {
+                        SelectScorerMma scorer_mma, SelectSort sort, bool score_only,
+                        cudaStream_t stream) {
   // The warpgroup scorer's code is sm_90a: nowhere else, whatever the caller asked.
   if (sm_version != kSmWarpgroupMma || !select_warpgroup_mma_built())
     scorer_mma = SelectScorerMma::kSync;
@@ -1066,13 +1110,15 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
                         p.max_blocks <= kTopkThreeCtasMaxKeys && !simt ? select_topk_kernel<3>
                                                                        : select_topk_kernel<2>,
                         dim3(static_cast<unsigned>(rows)), kTopkThreads, 0, stream, p, row0, wave,
-                        stride, !multi_row);
+                        stride, !multi_row, sort != SelectSort::kRuns);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
-      e = launch_kernel(programmatic, select_filter_kernel,
-                        dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows)),
-                        kTopkThreads, 0, stream, p, row0, wave, stride);
+      e = launch_kernel(
+          programmatic,
+          sort == SelectSort::kBuckets ? select_filter_kernel<true> : select_filter_kernel<false>,
+          dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows)), kTopkThreads, 0,
+          stream, p, row0, wave, stride);
     }
     if (e != cudaSuccess) return;  // the error stays pending for the caller's check
   }

@@ -67,6 +67,16 @@ bool parse_select_score_only(const char* value) {
        value);
 }
 
+SortChoice parse_select_sort(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0)
+    return SortChoice::kAuto;
+  if (std::strcmp(value, "runs") == 0) return SortChoice::kRuns;
+  if (std::strcmp(value, "buckets") == 0) return SortChoice::kBuckets;
+  fail(QSAKV_ERROR_INVALID_ARGUMENT,
+       "environment variable %s is \"%.64s\"; must be auto, runs or buckets (or unset)",
+       kSelectSortEnv, value);
+}
+
 KernelHooks read_kernel_hooks() {
   KernelHooks h;
   h.tier = parse_cuda_tier(std::getenv(kCudaTierEnv));
@@ -74,6 +84,7 @@ KernelHooks read_kernel_hooks() {
   h.select_mma = parse_select_mma(std::getenv(kSelectMmaEnv));
   h.dependent_launch = parse_dependent_launch(std::getenv(kDependentLaunchEnv));
   h.select_score_only = parse_select_score_only(std::getenv(kSelectStagesEnv));
+  h.select_sort = parse_select_sort(std::getenv(kSelectSortEnv));
   return h;
 }
 

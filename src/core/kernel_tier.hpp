@@ -79,6 +79,16 @@ unsigned parse_dependent_launch(const char* value);
 constexpr const char* kSelectStagesEnv = "QSAKV_SELECT_STAGES";
 bool parse_select_score_only(const char* value);
 
+// How the CUDA selection's top-k sorts a row's winners: QSAKV_SELECT_SORT, a test and
+// benchmark hook (every choice gives the same output). Unset, "" or "auto": by buckets in
+// the one-CTA top-k, by runs in the filter kernel (docs/perf.md says which workloads chose
+// this); "runs" or "buckets": that sort wherever the GPU code has it (the bucket sort exists
+// from SM80, and the SM70 tier sorts by runs whatever is asked). Checked on every backend;
+// anything else fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
+constexpr const char* kSelectSortEnv = "QSAKV_SELECT_SORT";
+enum class SortChoice { kAuto, kRuns, kBuckets };
+SortChoice parse_select_sort(const char* value);
+
 // Every test and benchmark hook of the CUDA backend, read from the environment once, at
 // context creation (and checked on every backend, so that a typo fails loudly).
 struct KernelHooks {
@@ -87,6 +97,7 @@ struct KernelHooks {
   MmaChoice select_mma;
   unsigned dependent_launch;  // DependentLaunch bits
   bool select_score_only;     // QSAKV_SELECT_STAGES=score
+  SortChoice select_sort;
 };
 KernelHooks read_kernel_hooks();
 

@@ -955,13 +955,15 @@ static select_timing time_select(qsakv_context* ctx, int requests, int rows_per_
     CUDA(cudaStreamEndCapture(s, &g));
     CUDA(cudaGraphInstantiate(&e, g, 0));
     t.us_flushed = time_graph_ex(e, s, 2 * reps, 1) * 1e3;
-    char label[160];
+    char label[200];
     const char* mma = getenv("QSAKV_SELECT_MMA");
+    const char* sort = getenv("QSAKV_SELECT_SORT");
     const char* pdl = getenv("QSAKV_DEPENDENT_LAUNCH");
     snprintf(label, sizeof label,
-             "select, %d x %d rows at %d, %s keys, QSAKV_SELECT_MMA=%s, QSAKV_DEPENDENT_LAUNCH=%s",
+             "select, %d x %d rows at %d, %s keys, QSAKV_SELECT_MMA=%s, QSAKV_SELECT_SORT=%s, "
+             "QSAKV_DEPENDENT_LAUNCH=%s",
              requests, rows_per_request, seq, index_keys == QSAKV_DTYPE_E4M3 ? "E4M3" : "FP16",
-             mma ? mma : "(auto)", pdl ? pdl : "(auto)");
+             mma ? mma : "(auto)", sort ? sort : "(auto)", pdl ? pdl : "(auto)");
     time_graph_ex(e, s, 1, 1); /* the flush buffer exists, the graph is warm */
     flush_l2_now(s);
     CUDA(cudaStreamSynchronize(s));

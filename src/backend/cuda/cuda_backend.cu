@@ -57,12 +57,17 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, qsakv_decoder decoder, qsakv_kernel_tier tier,
               MmaChoice grouped_mma, MmaChoice select_mma, unsigned dependent_launch,
-              bool compiled_for_sm90, bool select_score_only)
+              bool compiled_for_sm90, bool select_score_only, SortChoice select_sort)
       : grouped_mma_(grouped_mma),
         select_mma_(select_mma == MmaChoice::kWgmma  ? cuda::SelectScorerMma::kWarpgroup
                     : select_mma == MmaChoice::kSync ? cuda::SelectScorerMma::kSync
                                                      : cuda::SelectScorerMma::kAuto),
-        select_score_only_(select_score_only) {
+        select_score_only_(select_score_only),
+        // The SM70 tier is the V100 code path, whose top-k sorts by runs (select.cu).
+        select_sort_(tier == QSAKV_KERNEL_TIER_SM70        ? cuda::SelectSort::kRuns
+                     : select_sort == SortChoice::kRuns    ? cuda::SelectSort::kRuns
+                     : select_sort == SortChoice::kBuckets ? cuda::SelectSort::kBuckets
+                                                           : cuda::SelectSort::kAuto) {
     info_.kind = QSAKV_BACKEND_CUDA;
     info_.device = device;
     info_.sm_version = prop.major * 10 + prop.minor;
@@ -231,7 +236,7 @@ class CudaBackend final : public Backend {
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
     cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
                              info_.multiprocessor_count, programmatic(kDependentSelect),
-                             select_mma_, select_score_only_, stream);
+                             select_mma_, select_sort_, select_score_only_, stream);
     check_launch("select_topk kernel launch");
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
@@ -286,7 +291,8 @@ class CudaBackend final : public Backend {
   // The multi-row scorer's MMA (QSAKV_SELECT_MMA): kSync where the warpgroup scorer is not
   // available, else as asked (kAuto: large prefill batches, select.cu).
   cuda::SelectScorerMma select_mma_;
-  bool select_score_only_;  // QSAKV_SELECT_STAGES=score (kernel_tier.hpp)
+  bool select_score_only_;        // QSAKV_SELECT_STAGES=score (kernel_tier.hpp)
+  cuda::SelectSort select_sort_;  // QSAKV_SELECT_SORT (kernel_tier.hpp)
   // The kernel families (DependentLaunch bits) launched as programmatic dependents of the
   // stream's previous kernel: SM90+, not the SM70 tier, as QSAKV_DEPENDENT_LAUNCH says
   // (kernels/cuda/dependent_launch.cuh).
@@ -388,10 +394,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device, qsakv_decoder decoder,
     DeviceGuard g(device);
     pdl_code = cuda::dependent_launch_compiled();
   }
-  return std::make_unique<CudaBackend>(device, prop, chosen, tier,
-                                       wgmma_available ? mma : MmaChoice::kSync,
-                                       select_wgmma_available ? hooks.select_mma : MmaChoice::kSync,
-                                       hooks.dependent_launch, pdl_code, hooks.select_score_only);
+  return std::make_unique<CudaBackend>(
+      device, prop, chosen, tier, wgmma_available ? mma : MmaChoice::kSync,
+      select_wgmma_available ? hooks.select_mma : MmaChoice::kSync, hooks.dependent_launch,
+      pdl_code, hooks.select_score_only, hooks.select_sort);
 }
 
 }  // namespace qsakv
