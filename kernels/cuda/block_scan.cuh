@@ -9,6 +9,19 @@
 namespace qsakv {
 namespace cuda {
 
+// The inclusive prefix sum of v over lanes 0..kLanes-1 of a warp (lanes past kLanes get
+// partial sums that callers ignore). Every lane must call it.
+template <int kLanes = 32, class T>
+__device__ __forceinline__ T warp_inclusive_scan(T v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int d = 1; d < kLanes; d <<= 1) {
+    const T x = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += x;
+  }
+  return v;
+}
+
 // Every thread of a CTA of kWarps warps calls it with its value v; returns the sum of the
 // values of the threads before it and sets total to the sum over the CTA (T: int, or a
 // long long carrying two sums in its halves). warp_totals: shared memory of kWarps
@@ -19,12 +32,7 @@ namespace cuda {
 template <int kWarps, class T>
 __device__ __forceinline__ T block_exclusive_scan(T v, T* warp_totals, T& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T incl = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const T x = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += x;
-  }
+  const T incl = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) warp_totals[warp] = incl;
   __syncthreads();
@@ -47,22 +55,12 @@ __device__ __forceinline__ int block_exclusive_scan_by_shuffles(int v, int* warp
                                                                 int& total) {
   static_assert(kWarps >= 1 && kWarps <= 32, "a lane per warp");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int x = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += x;
-  }
+  const int incl = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) warp_totals[warp] = incl;
   __syncthreads();
-  int t = lane < kWarps ? warp_totals[lane] : 0;
-#pragma unroll
-  for (int d = 1; d < kWarps; d <<= 1) {
-    const int x = __shfl_up_sync(0xffffffffu, t, d);
-    if (lane >= d) t += x;
-  }
   // t: lane l's inclusive sum of the warps' totals 0..l.
+  const int t = warp_inclusive_scan<kWarps>(lane < kWarps ? warp_totals[lane] : 0);
   const int warps_before = __shfl_sync(0xffffffffu, t, warp > 0 ? warp - 1 : 0);
   total = __shfl_sync(0xffffffffu, t, kWarps - 1);
   return (warp > 0 ? warps_before : 0) + incl - v;

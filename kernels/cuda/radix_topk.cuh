@@ -52,12 +52,7 @@ __device__ __forceinline__ void warp_append(unsigned long long* arr, int* counte
 __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums, int* total) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, d);
-    if (lane >= d) x += y;
-  }
+  const int x = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
@@ -152,12 +147,7 @@ __device__ __forceinline__ void warp_append_words(unsigned long long* list, int*
                                                   const uint32_t (&word_index)[kWords]) {
   const int lane = threadIdx.x & 31;
   const int mine = __popc(take);
-  int incl = mine;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
+  const int incl = warp_inclusive_scan(mine);
   const int total = __shfl_sync(0xffffffffu, incl, 31);
   if (total == 0) return;  // warp-uniform
   int base = 0;

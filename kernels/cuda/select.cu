@@ -523,12 +523,7 @@ __device__ __forceinline__ void collect_at_or_above(const uint32_t* keys, uint32
       for (int j = 0; j < 4; ++j) take |= static_cast<uint32_t>(w[j] >= thr) << (4 * u + j);
     }
     const int mine = __popc(take);
-    int incl = mine;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= static_cast<uint32_t>(d)) incl += y;
-    }
+    const int incl = warp_inclusive_scan(mine);
     const int total = __shfl_sync(0xffffffffu, incl, 31);
     if (total == 0) continue;  // warp-uniform
     int base = 0;
