@@ -291,11 +291,13 @@ static int check_contract(const tu_world* w, const void* comp, const uint16_t* q
  * same on every context for the same seed), E4M3 worlds with a magnitude per key drawn
  * over three decades (each key's scale differs); returns the layer's keys as the host
  * sees them (NaN poison elsewhere). */
-static void* fill_keys(tu_world* w, uint64_t seed, int integers);
-static void* randomise_keys(tu_world* w, uint64_t seed) { return fill_keys(w, seed, 0); }
-/* integers: whole values in [-3, 3] instead (E4M3: no magnitude per key), so that many
- * scores are equal. */
-static void* fill_keys(tu_world* w, uint64_t seed, int integers) {
+/* How fill_keys fills the keys: N(0,1) values (E4M3 worlds with a magnitude per key);
+ * whole values in [-3, 3] (many equal scores); or every element 1 except every 97th key's,
+ * 64 (a crowd of equal scores beside a few 64 times larger ones). */
+enum key_fill { kKeysReal, kKeysIntegers, kKeysTiesBesideOutliers };
+static void* fill_keys(tu_world* w, uint64_t seed, enum key_fill fill);
+static void* randomise_keys(tu_world* w, uint64_t seed) { return fill_keys(w, seed, kKeysReal); }
+static void* fill_keys(tu_world* w, uint64_t seed, enum key_fill fill) {
   const int ratio = w->cfg.compress_ratio, D = w->cfg.index_head_dim, bs = w->cfg.block_size;
   int64_t n = 0;
   for (int r = 0; r < w->shape.num_requests; ++r) n += w->shape.seq_lens[r] / ratio;
@@ -308,13 +310,14 @@ static void* fill_keys(tu_world* w, uint64_t seed, int integers) {
       const int t0 = b * ratio, phys = w->block_table[r * w->bt_stride + t0 / bs];
       if (phys < 0) continue;
       const double mag =
-          g_index_keys == QSAKV_DTYPE_E4M3 && !integers
+          g_index_keys == QSAKV_DTYPE_E4M3 && fill == kKeysReal
               ? pow(10.0, 3.0 * (double)(tu_rng_next(&rng) >> 11) / 9007199254740992.0 - 1.5)
               : 1.0;
       for (int d = 0; d < D; ++d)
         keys[(size_t)m * D + d] =
-            tu_f32_to_fp16(integers ? (float)((int)(tu_rng_next(&rng) % 7) - 3)
-                                    : (float)(mag * tu_rng_normal(&rng)));
+            tu_f32_to_fp16(fill == kKeysIntegers ? (float)((int)(tu_rng_next(&rng) % 7) - 3)
+                           : fill == kKeysTiesBesideOutliers ? (m % 97 == 0 ? 64.0f : 1.0f)
+                                                             : (float)(mag * tu_rng_normal(&rng)));
       slots[m++] = (int64_t)phys * bs + t0 % bs;
     }
   void* comp = store_key_list(w, keys, slots, m);
@@ -422,21 +425,26 @@ static void test_select_score_only_cuda(void** state) {
 /* QSAKV_SELECT_SORT: contexts forced to each of the top-k's sorts of the winners (by runs;
  * by buckets, which declines where a bucket is crowded) give the automatic choice's bytes,
  * on both top-k routes (one-row requests: the many-CTA filter kernel; a batch with a 37-row
- * chunk: the one-CTA top-k), with real-valued keys (the winners spread over many buckets)
- * and small-integer keys and queries (many equal scores: crowded buckets), FP16 and E4M3
- * keys. Where the GPU code has no bucket sort (below SM80) every context sorts by runs and
- * the test still compares them. The hook is read at context creation. */
+ * chunk: the one-CTA top-k), FP16 and E4M3 keys, with three kinds of keys: real values
+ * (the winners spread over many buckets, one or two a bucket), small integers with integer
+ * queries (ties share a bucket: 5-40 winners in the largest) and ties beside 64x outliers
+ * (hundreds of equal winners in one bucket: the bucket sort declines and sorts by runs;
+ * check_special_keys checks that case exactly against FP64 too). Where the GPU code has no
+ * bucket sort (below SM80) every context sorts by runs and the test still compares them.
+ * The hook is read at context creation; "auto" is set for the first context, whatever the
+ * caller's environment says. */
 static void test_select_sorts_agree_cuda(void** state) {
   (void)state;
-  qsakv_context* ctx[3] = {tu_cuda_context_or_skip(), NULL, NULL};
+  qsakv_context_destroy(tu_cuda_context_or_skip()); /* no GPU: skipped, saying so */
+  qsakv_context* ctx[3] = {NULL, NULL, NULL};
   static const char* const kSort[3] = {"auto", "runs", "buckets"};
   char* keep = tu_env_save("QSAKV_SELECT_SORT");
-  for (int i = 1; i < 3; ++i) {
+  for (int i = 0; i < 3; ++i) {
     setenv("QSAKV_SELECT_SORT", kSort[i], 1);
     ctx[i] = tu_context(QSAKV_BACKEND_CUDA);
-    assert_non_null(ctx[i]);
   }
-  tu_env_restore("QSAKV_SELECT_SORT", keep);
+  tu_env_restore("QSAKV_SELECT_SORT", keep); /* before any assertion can leave it set */
+  for (int i = 0; i < 3; ++i) assert_non_null(ctx[i]);
   const tu_shape shapes[2] = {{3, {1, 1, 1}, {4099, 70001, 262144}},
                               {3, {1, 1, 37}, {4099, 70001, 9000}}};
   int compared = 0;
@@ -445,14 +453,14 @@ static void test_select_sorts_agree_cuda(void** state) {
     qsakv_model_config c;
     contract_config(&c);
     for (int si = 0; si < 2; ++si)
-      for (int integers = 0; integers < 2; ++integers) {
+      for (int fill = kKeysReal; fill <= kKeysTiesBesideOutliers; ++fill) {
         const uint64_t seed = tu_next();
         tu_world w[3];
         int32_t* out[3];
         for (int i = 0; i < 3; ++i) {
           tu_world_build(&w[i], ctx[i], &c, &shapes[si], seed, 1.0f, 1.0f, 1.0f, 0);
-          free(fill_keys(&w[i], seed ^ 0x5EEDull, integers));
-          uint16_t* q = index_q(&w[i], seed ^ 0xC0FFEEull, integers);
+          free(fill_keys(&w[i], seed ^ 0x5EEDull, (enum key_fill)fill));
+          uint16_t* q = index_q(&w[i], seed ^ 0xC0FFEEull, fill == kKeysIntegers);
           out[i] = run_select(&w[i], q, 0);
           free(q);
         }
@@ -463,8 +471,10 @@ static void test_select_sorts_agree_cuda(void** state) {
               fail_msg("QSAKV_SELECT_SORT=%s, %s keys, %s, %s: row %zu col %zu is %d, auto's %d",
                        kSort[i], keys ? "E4M3" : "FP16",
                        si == 0 ? "one-row requests" : "a 37-row chunk",
-                       integers ? "integer keys" : "real keys", j / w[0].geo.topk_width,
-                       j % w[0].geo.topk_width, out[i][j], out[0][j]);
+                       fill == kKeysReal       ? "real keys"
+                       : fill == kKeysIntegers ? "integer keys"
+                                               : "ties beside outliers",
+                       j / w[0].geo.topk_width, j % w[0].geo.topk_width, out[i][j], out[0][j]);
         for (int i = 0; i < 3; ++i) {
           free(out[i]);
           tu_world_destroy(&w[i]);

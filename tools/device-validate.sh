@@ -15,7 +15,7 @@
 #      at those rows with each forced split count;
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel (attention) or the multi-row scorer
-#      (selection) forced onto warpgroup MMAs, and four selection tests ($SORT_SAN_TESTS)
+#      (selection) forced onto warpgroup MMAs, and two selection tests ($SORT_SAN_TESTS)
 #      with the top-k's bucket sort forced (QSAKV_SELECT_SORT=buckets), in parallel
 #      (the sanitizer is CPU-bound; one group in sequence takes longer than a call):
 #      attention and selection one process per GPU test (store and graph by suite),
@@ -203,8 +203,10 @@ if [ -z "${SKIP_SAN:-}" ]; then
         else  # every multi-row selection on the warpgroup scorer
           (san "wg-$k-$t" $tool "$s" QSAKV_SELECT_MMA=wgmma QSAKV_TEST_FILTER="$t") &
           pids+=($!)
-          case " ${SORT_SAN_TESTS-test_select_contract_cuda test_select_special_cuda test_select_many_rows_cuda test_select_sorts_agree_cuda} " in
-            *" $t "*)  # the bucket sort in both top-k kernels (auto: the one-CTA one only)
+          # The bucket sort in both top-k kernels (auto: the one-CTA one only); the plain run
+          # of test_select_sorts_agree_cuda above has contexts forced each way already.
+          case " ${SORT_SAN_TESTS-test_select_contract_cuda test_select_special_cuda} " in
+            *" $t "*)
               (san "bk-$k-$t" $tool "$s" QSAKV_SELECT_SORT=buckets QSAKV_TEST_FILTER="$t") &
               pids+=($!) ;;
           esac

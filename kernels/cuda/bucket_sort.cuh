@@ -22,8 +22,12 @@ constexpr int kSortBuckets = 2048;
 constexpr int kSortBucketLog2 = 11;
 static_assert(1 << kSortBucketLog2 == kSortBuckets, "a power of two");
 // More winners than this in one bucket and the sort declines: the count of larger members
-// is a loop over the bucket per winner, quadratic in its size.
-constexpr int kSortBucketMax = 32;
+// is a loop over the bucket per winner (~4 instructions a member), quadratic in its size.
+// At 128 a crowded bucket costs its warps at most ~512 instructions each, below the runs
+// sort's ~800 a thread for every thread (docs/perf.md run 42) plus this sort's own; at
+// ~250 the two meet. Ties are what crowd a bucket in practice (ReLU zeros of a short row
+// whose every block is taken, quantised scores).
+constexpr int kSortBucketMax = 128;
 
 // The smallest and largest of one value per thread over a CTA of kWarps warps (lo, hi:
 // this thread's; pass ~0 and 0 for none). scratch: 2 * kWarps shared values. Every thread
@@ -66,15 +70,15 @@ __device__ __forceinline__ void block_min_max(unsigned long long& lo, unsigned l
 // kSortBucketMax values; the result is block-uniform. Contains barriers (the last one
 // after out is written); every thread must call it.
 template <int kThreads, int kSlots>
-__device__ bool sort_descending_by_buckets(const unsigned long long (&v)[kSlots], int n,
-                                           uint32_t* buckets, unsigned long long* staging,
-                                           unsigned long long* scratch, int* warp_totals,
-                                           unsigned long long* out) {
+__device__ __forceinline__ bool sort_descending_by_buckets(
+    const unsigned long long (&v)[kSlots], int n, uint32_t* buckets, unsigned long long* staging,
+    unsigned long long* scratch, int* warp_totals, unsigned long long* out) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kPer = kSortBuckets / kThreads;  // consecutive buckets a thread scans
   static_assert(kSortBuckets % kThreads == 0 && kPer % 2 == 0, "whole pairs of buckets");
   const int tid = static_cast<int>(threadIdx.x);
-  if (n <= 0) return true;  // block-uniform
+  if (n <= 0) return true;                  // block-uniform
+  if (n > kThreads * kSlots) return false;  // (not held: the callers never pass more)
 #pragma unroll
   for (int j = 0; j < kPer; ++j) buckets[kPer * tid + j] = 0u;
   unsigned long long lo = ~0ull, hi = 0ull;
