@@ -147,10 +147,14 @@ class CudaBackend final : public Backend {
   void destroy_fence(void* fence) noexcept override {
     if (fence) cudaEventDestroy(static_cast<cudaEvent_t>(fence));
   }
+  // On the context's device, as copy() is: with a NULL stream both then name that
+  // device's legacy stream, whichever device the calling thread has current.
   void record_fence(void* fence, qsakv_stream_t stream) override {
+    DeviceGuard g(info_.device);
     check(cudaEventRecord(static_cast<cudaEvent_t>(fence), stream), "cudaEventRecord");
   }
   void wait_fence(void* fence) override {
+    DeviceGuard g(info_.device);
     check(cudaEventSynchronize(static_cast<cudaEvent_t>(fence)), "cudaEventSynchronize");
   }
 
