@@ -25,8 +25,7 @@ const char* cuda_tier_name(qsakv_kernel_tier tier);
 // below SM 8.0 (that tier attends on tensor cores, whose BF16 MMAs start at SM 8.0; the
 // SM70 tier converts BF16 to FP32 on CUDA cores and takes it anywhere). Checked when a
 // cache is created, so that no cache is made that its attention would refuse, and again
-// by the attention launch (the CUDA backend keeps its own inline copy of the condition
-// until that file runs on a GPU again).
+// by the CUDA backend's attention launch.
 void require_cuda_cache_dtype(qsakv_kernel_tier tier, int sm_version, qsakv_dtype kv_dtype);
 
 // Which MMA the grouped route's attention kernel uses on a GPU that has both (SM90 with

@@ -246,12 +246,9 @@ class CudaBackend final : public Backend {
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
     require_aligned(p.q, "q");
     require_aligned(p.out, "out");
-    // The SM70 tier computes in FP32 on CUDA cores: BF16 is only converted there.
-    if (p.cache.dtype == QSAKV_DTYPE_BF16 && info_.sm_version < kSmBf16TensorCores && !sm70_tier())
-      fail(QSAKV_ERROR_UNSUPPORTED,
-           "BF16 caches need BF16 tensor cores (SM80+) on the SM75 kernel tier; this GPU is "
-           "SM %d",
-           info_.sm_version);
+    // Cache creation refuses such caches already; the launch keeps the same rule as its
+    // own guard (kernel_tier.hpp).
+    require_cuda_cache_dtype(info_.tier, info_.sm_version, p.cache.dtype);
     DeviceGuard g(info_.device);
     try {
       const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
