@@ -26,7 +26,9 @@
 # Shorter runs (a call has 600 s): SUITES (plain suites, default all five), SM70_SUITES
 # (default attention and selection; "" for none) and BENCHES (besides the selection table:
 # default "decode overlap"; "" for none).
-# SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5. Logs go
+# SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5;
+# SKIP_BENCH=1 leaves out step 4, ONLY_BENCH=1 runs only steps 1 (no mma_bits) and 4 (a
+# call of steps 1-3 and one of steps 1 and 4 fit the 600 s limit; 1-4 do not). Logs go
 # to $OUT as one archive (the device tool brings back a few files only) plus all.log and
 # the digests. The steps were first run as separate scripts in docs/perf.md run 33.
 set -uo pipefail
@@ -59,7 +61,7 @@ if [ $rc -ne 0 ]; then  # never test a stale build-gpu of an earlier call
 fi
 # The warpgroup scorer's premise on this GPU: wgmma and mma.sync give the same bits
 # (tools/mma_bits.cu; SM 9.0 only, it says so elsewhere).
-if [ -z "${ONLY_SAN:-}" ]; then
+if [ -z "${ONLY_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
   nvcc -O3 -std=c++17 -arch=sm_90a -Ikernels -o /tmp/mma_bits tools/mma_bits.cu \
     > "$OUT/mma-bits.log" 2>&1 && timeout 60 /tmp/mma_bits >> "$OUT/mma-bits.log" 2>&1
   echo "mma_bits rc=$? $(tail -1 "$OUT/mma-bits.log") $(el)"
@@ -68,35 +70,49 @@ cmocka=/tmp/cmocka  # unpacked by device-run.sh
 cmocka_lib=$(dirname "$(find $cmocka -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$cmocka_lib:${LD_LIBRARY_PATH:-}
 
-if [ -z "${ONLY_SAN:-}" ]; then
+if [ -z "${ONLY_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
+  # Every run of this step at once, results printed in order afterwards: test_select takes
+  # 100-160 s of one host core on an H200 host (the CPU backend's oracle), so the seven
+  # runs in sequence took more than a call's 600 s; the host has 16 cores and no test
+  # reads the GPU's free memory or asserts a time.
+  runs=()  # "log name|VAR=value ...|suite"
   for t in ${SUITES:-test_attention test_graph test_context test_select test_store}; do
-    timeout 300 "build-gpu/tests/$t" > "$OUT/t-$t.log" 2>&1
-    echo "$t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t-$t.log" | paste -sd' ' | cut -c1-150)"
+    runs+=("t-$t||$t")
   done
   for t in ${SM70_SUITES-test_attention test_select}; do
-    QSAKV_CUDA_TIER=sm70 timeout 300 "build-gpu/tests/$t" > "$OUT/t70-$t.log" 2>&1
-    echo "sm70 tier $t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/t70-$t.log" | paste -sd' ')"
+    runs+=("t70-$t|QSAKV_CUDA_TIER=sm70|$t")
   done
   # The selection's multi-row scorer forced each way (auto takes the warpgroup one for
-  # large prefill batches only). test_select takes 100-160 s on an H200 host (the CPU
-  # backend's oracle), hence 300 s.
-  for m in sync wgmma; do
-    QSAKV_SELECT_MMA=$m timeout 300 build-gpu/tests/test_select > "$OUT/tsel-$m.log" 2>&1
-    echo "test_select QSAKV_SELECT_MMA=$m rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tsel-$m.log" | paste -sd' ')"
-  done
+  # large prefill batches only).
+  for m in sync wgmma; do runs+=("tsel-$m|QSAKV_SELECT_MMA=$m|test_select"); done
   # The top-k's sort of the winners forced each way (auto: buckets in the one-CTA top-k,
-  # runs in the filter kernel), the GPU tests only (the CPU half ran above).
+  # runs in the filter kernel), the GPU tests only (the CPU half runs above).
   for so in runs buckets; do
-    QSAKV_SELECT_SORT=$so QSAKV_TEST_FILTER='*cuda*' timeout 300 build-gpu/tests/test_select \
-      > "$OUT/tsel-sort-$so.log" 2>&1
-    echo "test_select QSAKV_SELECT_SORT=$so rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tsel-sort-$so.log" | paste -sd' ')"
+    runs+=("tsel-sort-$so|QSAKV_SELECT_SORT=$so QSAKV_TEST_FILTER=*cuda*|test_select")
   done
+  run_pids=()
+  for spec in "${runs[@]}"; do
+    IFS='|' read -r name vars suite <<< "$spec"
+    (set -f  # the filter's '*' is the test's, not the shell's
+     env $vars timeout 400 "build-gpu/tests/$suite" > "$OUT/$name.log" 2>&1
+     echo $? > "$OUT/$name.rc") &
+    run_pids+=($!)
+  done
+  wait "${run_pids[@]}"
+  for spec in "${runs[@]}"; do
+    IFS='|' read -r name vars suite <<< "$spec"
+    echo "$suite${vars:+ ($vars)} rc=$(cat "$OUT/$name.rc") $(grep -E 'PASSED|FAILED' \
+      "$OUT/$name.log" | paste -sd' ' | cut -c1-150)"
+  done
+fi
+if [ -z "${ONLY_SAN:-}" ]; then
   el
   [ -n "$basepid" ] && wait "$basepid"  # not a bare wait: that would wait for tee too
   export PYTHONPATH=bindings/python
   sides="new"
   [ -n "$basepid" ] && [ -f $base/build/libqsakv.so ] && sides="new base"
   for v in $sides; do
+    [ -n "${ONLY_BENCH:-}" ] && break
     lib=build-gpu/libqsakv.so
     [ "$v" = base ] && lib=$base/build/libqsakv.so
     QSAKV_LIBRARY=$lib timeout 120 python3 tools/output_digest.py > "$OUT/digest-$v.txt" \
@@ -114,6 +130,7 @@ if [ -z "${ONLY_SAN:-}" ]; then
   pairs=()
   has_bench() { case " ${BENCHES-decode overlap} " in *" $1 "*) return 0 ;; esac; return 1; }
   for v in $sides; do
+    [ -n "${SKIP_BENCH:-}" ] && break
     b=build-gpu/qsakv_bench
     [ "$v" = base ] && b=$base/build/qsakv_bench
     if has_bench decode; then
@@ -141,7 +158,7 @@ if [ -z "${ONLY_SAN:-}" ]; then
       echo "bench overlap $v rc=$? $(el)"
     fi
   done
-  if [ "$sides" = "new base" ]; then
+  if [ "$sides" = "new base" ] && [ -z "${SKIP_BENCH:-}" ]; then
     for t in select ${BENCHES-decode overlap}; do
       pairs+=("$OUT/bench-$t-base.json" "$OUT/bench-$t-new.json")
     done
@@ -159,7 +176,7 @@ if [ -z "${ONLY_SAN:-}" ]; then
   done
 fi
 
-if [ -z "${SKIP_SAN:-}" ]; then
+if [ -z "${SKIP_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
   export QSAKV_TEST_FILTER='*cuda*'
   san_default=330
   [ -n "${ONLY_SAN:-}" ] && san_default=450  # (no tests, digests or benches before it)
