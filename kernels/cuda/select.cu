@@ -646,12 +646,11 @@ __device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n,
                             sm.win);
     return sm.win;
   }
-  // Keys above the threshold bin are taken; the bin's keys are gathered when they fit.
-  split_at_bin<kSplitWords>(keys, 0, n, kTopBits, top, sm.sel(), &sm.n_sel, kTopkMaxBlocks,
-                            sm.cand(), &sm.n_cand, 0);
-  __syncthreads();
   // Too many equal top bits (thousands of near-equal scores): narrow the bin by the next
-  // 11 bits (one more pass), then gather the narrower bin.
+  // 11 bits (one more pass), then take every key above the narrower bin (those above the
+  // first bin among them: their top 22 bits exceed top2 too, so a pass that took them
+  // earlier listed them twice, and the sort of the duplicates left winners' slots unset)
+  // and gather the narrower bin where it fits.
   for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
   __syncthreads();
   for_each_key(keys, n, [&](int64_t, uint32_t key) {
