@@ -24,7 +24,9 @@
  *   functions and the config presets: they have no struct_size to read yet, so they write
  *   the whole struct as this library's header declares it. A binary that must run against
  *   newer libraries without being rebuilt initialises with the QSAKV_*_INIT macros (its
- *   own struct_size, compiled in) instead.
+ *   own struct_size, compiled in) instead, and has a preset or a checkpoint's config
+ *   written into a buffer larger than its struct (the bindings use 4 KiB), of which it
+ *   keeps its own struct with its own struct_size and version.
  * - Device pointers: with the CUDA backend, "device" buffers are CUDA device memory;
  *   with the CPU backend they are ordinary host memory. Each function says which of
  *   its pointers are device pointers. The CUDA backend reads the activation and key

@@ -79,21 +79,40 @@ S versioned(uint32_t version) {
   s.version = version;
   return s;
 }
+// A model config the library writes whole (a preset, a checkpoint's config): it writes
+// the struct as *its* header declares it, which a newer library's larger struct would
+// overrun, so it writes into a 4 KiB scratch of which this header's struct is kept, with
+// this header's struct_size and version (what QSAKV_MODEL_CONFIG_INIT would compile in).
+template <class Fill>
+inline qsakv_model_config filled_model_config(Fill fill) {
+  union Scratch {
+    qsakv_model_config config;
+    unsigned char bytes[4096];
+  };
+  static_assert(sizeof(qsakv_model_config) <= 4096, "the scratch holds the config");
+  Scratch scratch;
+  std::memset(&scratch, 0, sizeof scratch);
+  check(fill(&scratch.config));
+  qsakv_model_config c;
+  std::memcpy(&c, &scratch, sizeof c);
+  c.struct_size = sizeof c;
+  c.version = QSAKV_MODEL_CONFIG_VERSION;
+  return c;
+}
 }  // namespace detail
 
 /* Model config: a plain C struct with helpers. */
 struct ModelConfig {
   static qsakv_model_config preset(const char* name) {
-    qsakv_model_config c;
-    check(qsakv_model_config_preset(&c, name));
-    return c;
+    return detail::filled_model_config(
+        [&](qsakv_model_config* c) { return qsakv_model_config_preset(c, name); });
   }
   /* The geometry of a Hugging Face checkpoint (its directory or its config.json); the
    * runtime fields are the qwen4_exp preset's, for the caller to set. */
   static qsakv_model_config from_checkpoint(const std::string& dir_or_config_json) {
-    qsakv_model_config c;
-    check(qsakv_model_config_from_checkpoint(&c, dir_or_config_json.c_str()));
-    return c;
+    return detail::filled_model_config([&](qsakv_model_config* c) {
+      return qsakv_model_config_from_checkpoint(c, dir_or_config_json.c_str());
+    });
   }
   static void validate(const qsakv_model_config& c) { check(qsakv_model_config_validate(&c)); }
   static qsakv_rank_geometry rank_geometry(const qsakv_model_config& c) {
