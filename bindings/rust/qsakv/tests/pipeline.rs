@@ -1,6 +1,6 @@
 //! The pipeline through the safe crate on the CPU backend (context, config, cache,
 //! store, plan, select, sparse and dense attention) against an FP64 reference; errors
-//! carrying status and message; handles freed on drop.
+//! carrying status and message (handles freed on drop: tests/leaks.rs).
 use qsakv::*;
 
 fn to_half(x: f32) -> u16 {
@@ -127,6 +127,84 @@ fn pipeline(index_key_dtype: Dtype) -> Result<()> {
     Ok(())
 }
 
+/// A selection that matters (the pipeline above sees fewer blocks than the top-k keeps):
+/// 650 compressed keys of which the top-k keeps 512. The 138 blocks it must drop score 0
+/// (their keys are -0.5: every head's q.k < 0, which the ReLU zeroes), the others score
+/// above 0; V is 1 on the dropped blocks' tokens and 0 elsewhere and K is 0 (uniform
+/// weights), so sparse attention must give 0 and dense attention 552 / 2600.
+#[test]
+fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
+    for index_key_dtype in [Dtype::QSAKV_DTYPE_FP16, Dtype::QSAKV_DTYPE_E4M3] {
+        let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+        let mut cfg = small_fp16_config()?;
+        cfg.max_model_len = 4096;
+        cfg.index_key_dtype = index_key_dtype;
+        let g = cfg.rank_geometry()?;
+        let (d, h, ratio, bs) =
+            (cfg.head_dim as usize, g.q_heads as usize, cfg.compress_ratio as usize, cfg.block_size as usize);
+        let keep = g.topk_blocks as usize;
+        let l = 2600usize;
+        let n_blocks = l / ratio;
+        assert_eq!(n_blocks * ratio, l, "no open group: the row attends to selected blocks only");
+        let dropped = n_blocks - keep;
+        assert!(dropped > 0 && 4 * dropped <= n_blocks, "{n_blocks} blocks, top-{keep}");
+        let is_dropped = |b: usize| b % 4 == 1 && b < 4 * dropped;
+
+        let pages = (l + bs - 1) / bs;
+        let mut opts = CacheOptions::new()?;
+        opts.num_blocks = pages as i64 + 1;
+        let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+        let layer = cfg.qsa_layers()[0];
+        let table: Vec<i32> = (1..=pages as i32).collect();
+        let slot = |t: usize| (table[t / bs] as usize * bs + t % bs) as i64;
+
+        let k = vec![0u16; l * d];
+        let mut v = vec![0u16; l * d];
+        for t in 0..l {
+            if is_dropped(t / ratio) {
+                v[t * d..(t + 1) * d].fill(to_half(1.0));
+            }
+        }
+        let slots: Vec<i64> = (0..l).map(slot).collect();
+        let cslots: Vec<i64> = (0..n_blocks).map(|b| slot(b * ratio + ratio - 1)).collect();
+        let id = cfg.index_head_dim as usize;
+        let mut ck = vec![0u16; n_blocks * id];
+        for b in 0..n_blocks {
+            ck[b * id..(b + 1) * id].fill(to_half(if is_dropped(b) { -0.5 } else { 0.5 }));
+        }
+        let iq = vec![to_half(0.25); (cfg.index_num_heads * cfg.index_head_dim) as usize];
+        let q = vec![to_half(0.0625); h * d];
+
+        cache.store_kv(layer, &DeviceBuffer::from_slice(&ctx, &k)?, &DeviceBuffer::from_slice(&ctx, &v)?,
+                       &DeviceBuffer::from_slice(&ctx, &slots)?, l)?;
+        cache.store_compressed_keys(layer, &DeviceBuffer::from_slice(&ctx, &ck)?,
+                                    &DeviceBuffer::from_slice(&ctx, &cslots)?, n_blocks)?;
+        let dbt = DeviceBuffer::from_slice(&ctx, &table)?;
+        let diq = DeviceBuffer::from_slice(&ctx, &iq)?;
+        let dq = DeviceBuffer::from_slice(&ctx, &q)?;
+        let mut dout = DeviceBuffer::new(&ctx, q.len() * 2)?;
+        let mut plan = Plan::new(&cache, 1, 1)?;
+        plan.update(&[0, 1], &[l as i32], &dbt, pages as i32)?;
+        plan.select_topk(layer, &diq)?;
+        let dense_want = (4 * dropped) as f64 / l as f64;
+        for (mode, want) in [(AttentionMode::QSAKV_ATTENTION_SPARSE, 0.0),
+                             (AttentionMode::QSAKV_ATTENTION_DENSE, dense_want)] {
+            dout.upload(&vec![0x7E00u16; q.len()])?; // NaN: every output must be written
+            plan.attention(layer, mode, &dq, &mut dout)?;
+            let out: Vec<u16> = dout.to_vec()?;
+            // (f64::max skips NaN: a NaN error counts as infinite.)
+            let err = |o: u16| {
+                let e = (from_half(o) - want).abs();
+                if e.is_nan() { f64::INFINITY } else { e }
+            };
+            let worst = out.iter().map(|&o| err(o)).fold(0f64, f64::max);
+            println!("{index_key_dtype:?} {mode:?}: want {want:.4}, max |out - want| = {worst:.3e}");
+            assert!(worst < 1e-3, "{index_key_dtype:?} {mode:?}: max error {worst}");
+        }
+    }
+    Ok(())
+}
+
 /// The wrappers of consensus (the CPU backend refuses it by status), a checkpoint's
 /// config (the preset's geometry from a config.json) and a bare scale file.
 #[test]
@@ -195,46 +273,26 @@ fn errors_carry_status_and_message() {
 
 #[test]
 fn errors_stay_in_their_thread() {
-    let t = std::thread::spawn(|| ModelConfig::preset("in_another_thread").err().unwrap());
-    let err = t.join().unwrap();
-    assert!(err.message().contains("in_another_thread"));
-    let left = unsafe { std::ffi::CStr::from_ptr(sys::qsakv_last_error()) };
-    assert!(!left.to_string_lossy().contains("in_another_thread"));
-}
-
-#[test]
-fn handles_are_freed_on_drop() {
-    // 200 create/drop cycles of context + cache + plan + buffers; a leaked cache (tens
-    // of MiB each) would grow the virtual size (untouched pages never reach the RSS).
-    fn vm_size_kib() -> u64 {
-        let s = std::fs::read_to_string("/proc/self/status").unwrap();
-        s.lines().find(|l| l.starts_with("VmSize:")).unwrap()
-            .split_whitespace().nth(1).unwrap().parse().unwrap()
+    // Raw calls, which leave the library's last error set (the safe wrappers copy and
+    // clear it): each thread must then read its own failure's message, not the other's.
+    fn fail_raw(preset: &str) -> String {
+        let name = std::ffi::CString::new(preset).unwrap();
+        let mut c: sys::qsakv_model_config = unsafe { std::mem::zeroed() };
+        let status = unsafe { sys::qsakv_model_config_preset(&mut c, name.as_ptr()) };
+        assert_eq!(status, Status::QSAKV_ERROR_INVALID_ARGUMENT);
+        last_error()
     }
-    let cfg = small_fp16_config().unwrap();
-    let cycle = || {
-        let ctx = Context::new(Backend::QSAKV_BACKEND_CPU).unwrap();
-        let mut opts = CacheOptions::new().unwrap();
-        opts.num_blocks = 64;
-        let cache = Cache::new(&ctx, &cfg, None, &opts).unwrap();
-        let _plan = Plan::new(&cache, 1, 1).unwrap();
-        let _buf = DeviceBuffer::new(&ctx, 1 << 20).unwrap();
-        cache.layout().unwrap().total_bytes
-    };
-    let per_cycle = cycle();
-    assert!(per_cycle > 1 << 20, "a cache of {per_cycle} bytes");
-    for _ in 0..20 {
-        cycle();
+    fn last_error() -> String {
+        unsafe { std::ffi::CStr::from_ptr(sys::qsakv_last_error()) }.to_string_lossy().into_owned()
     }
-    let before = vm_size_kib();
-    for _ in 0..200 {
-        cycle();
-    }
-    let grown = vm_size_kib().saturating_sub(before);
-    println!("cache {per_cycle} bytes per cycle; virtual size grew {grown} KiB over 200 cycles");
-    // A leak grows it by 200 caches; the slack (50 caches) covers malloc arenas of the
-    // test threads running alongside.
-    assert!(grown * 1024 < per_cycle * 50, "virtual size grew {grown} KiB: handles leak");
+    assert!(fail_raw("in_the_main_thread").contains("in_the_main_thread"));
+    // The other thread starts with no error of its own, then fails.
+    let other = std::thread::spawn(|| (last_error(), fail_raw("in_another_thread")));
+    let (theirs_before, theirs) = other.join().unwrap();
+    assert!(theirs_before.is_empty(), "{theirs_before}");
+    assert!(theirs.contains("in_another_thread"), "{theirs}");
+    let mine = last_error();
+    assert!(mine.contains("in_the_main_thread") && !mine.contains("in_another_thread"), "{mine}");
 }
 
 #[test]
