@@ -148,7 +148,6 @@ type CacheOptions struct {
 type Cache struct {
 	ptr      *C.qsakv_cache
 	ctx      *Context
-	overlay  *Overlay
 	cfg      C.qsakv_model_config
 	geo      RankGeometry
 	children atomic.Int32 // open plans
@@ -167,7 +166,7 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	o := C.qsakv_go_cache_options()
 	o.num_blocks = C.int64_t(opts.NumBlocks)
 	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
-	cc := &Cache{ctx: ctx, overlay: overlay, cfg: m.c(), geo: geo}
+	cc := &Cache{ctx: ctx, cfg: m.c(), geo: geo}
 	var ov *C.qsakv_overlay
 	if overlay != nil {
 		ov = overlay.ptr
@@ -175,10 +174,9 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }, ctx, overlay); err != nil {
 		return nil, err
 	}
+	// The cache copied the overlay's scales: the overlay may be closed from now on (as
+	// in C), so the cache neither counts on it nor keeps it reachable.
 	ctx.children.Add(1)
-	if overlay != nil {
-		overlay.children.Add(1)
-	}
 	runtime.SetFinalizer(cc, (*Cache).Close)
 	return cc, nil
 }
@@ -192,9 +190,6 @@ func (c *Cache) Close() error {
 		C.qsakv_cache_destroy(c.ptr)
 		c.ptr = nil
 		c.ctx.children.Add(-1)
-		if c.overlay != nil {
-			c.overlay.children.Add(-1)
-		}
 		runtime.SetFinalizer(c, nil)
 	}
 	return nil

@@ -2,8 +2,10 @@
 // and sparse (QSA) / dense attention for LLM serving.
 //
 // Every C object is owned by a Go value with a Close method (idempotent; a finalizer is
-// the backstop); children keep their parents reachable (a Cache its Context and
-// Overlay, a Plan its Cache). Every failure is an *Error carrying the Status and the
+// the backstop; Go runs finalizers on a goroutine of its own, so a handle left to its
+// finalizer is freed there, at a time of Go's choosing); children keep their parents
+// reachable (a Cache its Context, a Plan its Cache; an Overlay may be closed once its
+// caches exist, as in C). Every failure is an *Error carrying the Status and the
 // library's message. The library's message is per OS thread, so each call and the read
 // of its message run with the goroutine locked to its thread.
 //
@@ -427,10 +429,11 @@ func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Point
 // Overlay
 // ---------------------------------------------------------------------------------
 
-// Overlay holds calibrated K/V scales bound to a checkpoint revision.
+// Overlay holds calibrated K/V scales bound to a checkpoint revision. A cache copies the
+// scales it needs when it is made, so an overlay may be closed as soon as its caches
+// exist.
 type Overlay struct {
-	ptr      *C.qsakv_overlay
-	children atomic.Int32 // open caches using it
+	ptr *C.qsakv_overlay
 }
 
 // LoadOverlay loads a checkpoint directory, or a scale file with its manifest
@@ -451,11 +454,9 @@ func LoadOverlay(path, manifest string) (*Overlay, error) {
 	return o, nil
 }
 
-// Close frees the overlay. Idempotent. While a cache uses it, it refuses (ErrState).
+// Close frees the overlay. Idempotent. Caches made with it stay usable (they hold copies
+// of its scales).
 func (o *Overlay) Close() error {
-	if n := o.children.Load(); n > 0 {
-		return &Error{Status: ErrState, Message: fmt.Sprintf("overlay: %d caches using it are still open", n)}
-	}
 	if o.ptr != nil {
 		C.qsakv_overlay_destroy(o.ptr)
 		o.ptr = nil

@@ -579,3 +579,38 @@ func TestRunsAfterTheBlockTableIsClosedAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// An overlay may be closed as soon as its caches exist (they copy its scales), as in C:
+// its Close succeeds with an E4M3 cache open, and the cache still stores and reads back.
+func TestOverlayClosesWhileItsCachesStayOpen(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	cfg.KVDtype = DtypeE4M3
+	dir := t.TempDir()
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	layers := cfg.QSALayers()
+	ks, vs := make([]float32, len(layers)), make([]float32, len(layers))
+	for i := range layers {
+		ks[i], vs[i] = 0.01, 0.02
+	}
+	pack := filepath.Join(dir, "pack")
+	if err := WriteOverlay(pack, layers, ks, vs, index); err != nil {
+		t.Fatal(err)
+	}
+	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
+	if err := ov.Validate(cfg, must(CheckpointRevision(dir))); err != nil {
+		t.Fatal(err)
+	}
+	cache := must(NewCache(ctx, cfg, ov, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	if err := ov.Close(); err != nil {
+		t.Fatalf("Overlay.Close with its cache open: %v", err)
+	}
+	if lay := must(cache.Layout()); lay.NumBlocks != 2 {
+		t.Fatalf("the cache after its overlay closed: %d blocks", lay.NumBlocks)
+	}
+}
