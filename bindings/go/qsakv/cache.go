@@ -19,6 +19,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -89,12 +90,21 @@ func (b *DeviceBuffer) Close() error {
 	return nil
 }
 
-func (b *DeviceBuffer) need(what string, bytes int) error {
+// need checks that the buffer holds count elements of unit bytes, without forming
+// count * unit (a huge count would wrap to a size that passes and the C call would read
+// past the buffer); a negative count is refused.
+func (b *DeviceBuffer) need(what string, count, unit int) error {
 	if b == nil || b.ptr == nil {
 		return &Error{Status: ErrState, Message: what + ": closed or nil buffer"}
 	}
-	if b.bytes < bytes {
-		return invalid("%s: needs %d bytes, the buffer has %d", what, bytes, b.bytes)
+	if count < 0 {
+		return invalid("%s: a count of %d", what, count)
+	}
+	if unit > 0 && count > b.bytes/unit {
+		if count > math.MaxInt/unit {
+			return invalid("%s: needs %d elements of %d bytes (more than an int holds), the buffer has %d bytes", what, count, unit, b.bytes)
+		}
+		return invalid("%s: needs %d bytes, the buffer has %d", what, count*unit, b.bytes)
 	}
 	return nil
 }
@@ -107,7 +117,7 @@ func copyBytes[T Element](data []T) int {
 // Upload copies data to the start of the buffer and waits for the copy.
 func Upload[T Element](b *DeviceBuffer, data []T) error {
 	n := copyBytes(data)
-	if err := b.need("upload", n); err != nil || n == 0 {
+	if err := b.need("upload", n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
@@ -122,7 +132,7 @@ func Upload[T Element](b *DeviceBuffer, data []T) error {
 // Download copies the start of the buffer into out after the default stream's work.
 func Download[T Element](b *DeviceBuffer, out []T) error {
 	n := copyBytes(out)
-	if err := b.need("download", n); err != nil || n == 0 {
+	if err := b.need("download", n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
@@ -264,11 +274,11 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 	}
 	row := int(c.geo.KVHeads) * int(c.cfg.head_dim) * c.actBytes()
 	for _, x := range []struct {
-		name  string
-		b     *DeviceBuffer
-		bytes int
-	}{{"k", k, numTokens * row}, {"v", v, numTokens * row}, {"slot_mapping", slotMapping, numTokens * 8}} {
-		if err := x.b.need(x.name, x.bytes); err != nil {
+		name string
+		b    *DeviceBuffer
+		unit int
+	}{{"k", k, row}, {"v", v, row}, {"slot_mapping", slotMapping, 8}} {
+		if err := x.b.need(x.name, numTokens, x.unit); err != nil {
 			return err
 		}
 	}
@@ -284,10 +294,10 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 	if err := c.live(); err != nil {
 		return err
 	}
-	if err := keys.need("keys", numKeys*int(c.cfg.index_head_dim)*2); err != nil {
+	if err := keys.need("keys", numKeys, int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
-	if err := slotMapping.need("slot_mapping", numKeys*8); err != nil {
+	if err := slotMapping.need("slot_mapping", numKeys, 8); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {
@@ -331,11 +341,12 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 	type need struct {
 		name  string
 		b     *DeviceBuffer
-		bytes int
+		count int
+		unit  int
 	}
 	check := func(ns []need) error {
 		for _, x := range ns {
-			if err := x.b.need(x.name, x.bytes); err != nil {
+			if err := x.b.need(x.name, x.count, x.unit); err != nil {
 				return err
 			}
 		}
@@ -343,8 +354,8 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 	}
 	if s.NumTokens > 0 {
 		row := int(c.geo.KVHeads) * int(c.cfg.head_dim) * c.actBytes()
-		if err := check([]need{{"k", s.K, s.NumTokens * row}, {"v", s.V, s.NumTokens * row},
-			{"kv slot_mapping", s.KVSlotMapping, s.NumTokens * 8}}); err != nil {
+		if err := check([]need{{"k", s.K, s.NumTokens, row}, {"v", s.V, s.NumTokens, row},
+			{"kv slot_mapping", s.KVSlotMapping, s.NumTokens, 8}}); err != nil {
 			return err
 		}
 		st.k, st.v = s.K.ptr, s.V.ptr
@@ -352,9 +363,9 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.num_tokens = C.int64_t(s.NumTokens)
 	}
 	if s.NumIndexKeys > 0 {
-		if err := check([]need{{"index keys", s.IndexKeys, s.NumIndexKeys * keyRow},
-			{"request_slots", s.IndexRequestSlots, s.NumIndexKeys * 4},
-			{"positions", s.IndexPositions, s.NumIndexKeys * 8}}); err != nil {
+		if err := check([]need{{"index keys", s.IndexKeys, s.NumIndexKeys, keyRow},
+			{"request_slots", s.IndexRequestSlots, s.NumIndexKeys, 4},
+			{"positions", s.IndexPositions, s.NumIndexKeys, 8}}); err != nil {
 			return err
 		}
 		st.index_keys = s.IndexKeys.ptr
@@ -363,8 +374,8 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.num_index_keys = C.int64_t(s.NumIndexKeys)
 	}
 	if s.NumCompressedKeys > 0 {
-		if err := check([]need{{"compressed keys", s.CompressedKeys, s.NumCompressedKeys * keyRow},
-			{"compressed slot_mapping", s.CompressedSlotMapping, s.NumCompressedKeys * 8}}); err != nil {
+		if err := check([]need{{"compressed keys", s.CompressedKeys, s.NumCompressedKeys, keyRow},
+			{"compressed slot_mapping", s.CompressedSlotMapping, s.NumCompressedKeys, 8}}); err != nil {
 			return err
 		}
 		st.compressed_keys = s.CompressedKeys.ptr
@@ -450,7 +461,7 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	if stride < 0 {
 		return invalid("block_table_stride: %d", stride)
 	}
-	if err := blockTable.need("block_table", n*int(stride)*4); err != nil {
+	if err := blockTable.need("block_table", n*int(stride), 4); err != nil {
 		return err
 	}
 	// The batch and its host arrays in C memory (cgo: no Go pointers inside C structs).
@@ -532,7 +543,7 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 		return err
 	}
 	c := p.cache
-	if err := indexQ.need("index_q", p.rows*int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
+	if err := indexQ.need("index_q", p.rows, int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {
@@ -550,11 +561,11 @@ func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) 
 		return err
 	}
 	c := p.cache
-	bytes := p.rows * int(c.geo.QHeads) * int(c.cfg.head_dim) * c.actBytes()
-	if err := q.need("q", bytes); err != nil {
+	row := int(c.geo.QHeads) * int(c.cfg.head_dim) * c.actBytes()
+	if err := q.need("q", p.rows, row); err != nil {
 		return err
 	}
-	if err := out.need("out", bytes); err != nil {
+	if err := out.need("out", p.rows, row); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {

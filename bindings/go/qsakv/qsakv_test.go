@@ -614,3 +614,33 @@ func TestOverlayClosesWhileItsCachesStayOpen(t *testing.T) {
 		t.Fatalf("the cache after its overlay closed: %d blocks", lay.NumBlocks)
 	}
 }
+
+// Counts whose byte size does not fit an int are refused before the call, as negative
+// ones are: a count * row that wrapped around would pass the size check and the C call
+// would read past the buffer.
+func TestCountsThatOverflowAreRefused(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	buf := must(NewDeviceBuffer(ctx, 1<<12))
+	defer buf.Close()
+	layer := cfg.QSALayers()[0]
+	row := int(must(cfg.RankGeometry()).KVHeads) * int(cfg.HeadDim()) * 2
+	// A count whose byte size wraps to exactly 0 (row is a power of two here).
+	wrapping := int(uint(1) << 63 / uint(row) * 2)
+	if wrapping*row != 0 {
+		t.Fatalf("test setup: %d * %d = %d, not a wrap to 0", wrapping, row, wrapping*row)
+	}
+	for _, n := range []int{wrapping, math.MaxInt, -1} {
+		err := cache.StoreKV(layer, buf, buf, buf, n)
+		var qe *Error
+		if !errors.As(err, &qe) || qe.Status != ErrInvalidArgument || !strings.HasPrefix(qe.Message, "k: ") {
+			t.Fatalf("StoreKV of %d tokens: %v, want ErrInvalidArgument naming k", n, err)
+		}
+		if err := cache.StoreCompressedKeys(layer, buf, buf, n); !errors.Is(err, &Error{Status: ErrInvalidArgument}) {
+			t.Fatalf("StoreCompressedKeys of %d keys: %v", n, err)
+		}
+	}
+}
