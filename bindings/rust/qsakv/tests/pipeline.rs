@@ -483,3 +483,28 @@ fn safe_code_cannot_pass_raw_pointers_or_lose_path_bytes() -> Result<()> {
     std::fs::remove_dir_all(&dir).unwrap();
     Ok(())
 }
+
+#[test]
+fn counts_whose_byte_size_overflows_are_refused() -> Result<()> {
+    // A count * row that wrapped around (release builds do not panic on it) would pass the
+    // size check and the C call would read past the buffer.
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 2;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+    let buf = DeviceBuffer::new(&ctx, 4096)?;
+    let row = cfg.rank_geometry()?.kv_heads as usize * cfg.head_dim as usize * 2;
+    assert!(row.is_power_of_two());
+    let wrapping = (usize::MAX / row + 1) * 2; // count * row wraps to exactly 0
+    assert_eq!(wrapping.wrapping_mul(row), 0);
+    for n in [wrapping, usize::MAX] {
+        let err = cache.store_kv(layer, &buf, &buf, &buf, n).unwrap_err();
+        assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+        assert!(err.message().starts_with("k: "), "{err}");
+        let err = cache.store_compressed_keys(layer, &buf, &buf, n).unwrap_err();
+        assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT, "{err}");
+    }
+    Ok(())
+}
