@@ -29,8 +29,9 @@ def load_library_and_tool():
     return lib, tool
 
 
-def run_tool(tool, *args):
-    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
+def run_tool(tool, *args, cwd=None):
+    return subprocess.run([os.path.abspath(tool), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
 
 
 def write_pack(lib, tmp_path, num_layers=len(QSA_LAYERS), tp=0):

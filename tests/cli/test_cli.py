@@ -466,3 +466,37 @@ def test_published_files_are_readable_as_the_umask_allows(env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "ckpt" / "qsakv-provenance.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_after_a_double_dash_every_argument_is_a_path(env, tmp_path):
+    """Paths that start with '-' (or are '--help') after `--`: inspect reads a pack so
+    named, and --help there is a path, not a request for the usage."""
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    dashed = tmp_path / "-pack"
+    pack.rename(dashed)
+    r = run_tool(tool, "overlay", "inspect", "--json", "--", "-pack", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["num_scales"] == 24
+    # Without it the name is taken for an option.
+    r = run_tool(tool, "overlay", "inspect", "-pack", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown option -pack" in r.stderr
+    # After it, --help is a path (which does not exist), not the usage.
+    r = run_tool(tool, "overlay", "inspect", "--", "--help", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING"), r.stderr
+    r = run_tool(tool, "calib", "summarize", "--", "-no-such-stats", cwd=tmp_path)
+    assert r.returncode == 1 and "-no-such-stats" in r.stderr, r.stderr
+    r = run_tool(tool, "overlay", "materialize", "--", "-base", "-pack", "-out", cwd=tmp_path)
+    assert r.returncode == 1 and "QSAKV_ERROR" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tp", "0"], "--tp: a TP size of 1 or more, not 0"),
+    (["--tp", "2", "--rank", "2"], "--rank: 0 to 1 for --tp 2, not 2"),
+    (["--rank", "-1"], "--rank: 0 to 0 for --tp 1, not -1"),
+    (["--spec", "-1"], "--spec: 0 or more speculative tokens, not -1"),
+])
+def test_verify_values_no_run_can_have_are_usage_errors(env, args, needle):
+    _, tool = env
+    r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr

@@ -172,8 +172,13 @@ int cmd_calib(int argc, char** argv) {
   int json = 0, histograms = 0, n = 0;
   char** files = calloc((size_t)argc, sizeof *files);
   if (!files) return tool_usage_error("out of memory");
+  int options_done = 0; /* after "--": files only */
   for (int i = 2; i < argc; ++i) {
-    if (!strcmp(argv[i], "--json"))
+    if (!options_done && !strcmp(argv[i], "--"))
+      options_done = 1;
+    else if (options_done)
+      files[n++] = argv[i];
+    else if (!strcmp(argv[i], "--json"))
       json = 1;
     else if (!strcmp(argv[i], "--histograms"))
       histograms = 1;
@@ -220,14 +225,19 @@ static int overlay_make(int argc, char** argv) {
   if (!stats) return tool_usage_error("out of memory");
   int n = 0, in_stats = 0, tp = -1, spec = -1, min_sm = 0, rc = -1; /* tp -1: the stats' */
   const char *base_index = NULL, *out_dir = NULL, *act = NULL, *prefix = NULL;
+  int options_done = 0; /* after "--": OUT_DIR and statistics files only */
   for (int i = 2; i < argc && rc < 0; ++i) {
     const char* o = argv[i];
     const int has_value = i + 1 < argc;
-    if (!strcmp(o, "--stats")) {
+    if (!options_done && !strcmp(o, "--")) {
+      options_done = 1;
+      continue;
+    }
+    if (!options_done && !strcmp(o, "--stats")) {
       in_stats = 1;
       continue;
     }
-    if (o[0] == '-') {
+    if (!options_done && o[0] == '-') {
       in_stats = 0;
       const int known = !strcmp(o, "--base-index") || !strcmp(o, "--act") ||
                         !strcmp(o, "--prefix") || !strcmp(o, "--tp") || !strcmp(o, "--spec") ||
@@ -304,23 +314,26 @@ static int overlay_make(int argc, char** argv) {
 }
 
 static int overlay_materialize(int argc, char** argv) {
-  for (int i = 2; i < argc; ++i)
+  /* After a "--" the three are paths whatever they start with. */
+  const int first = argc > 2 && !strcmp(argv[2], "--") ? 3 : 2;
+  for (int i = 2; i < argc && first == 2; ++i)
     if (argv[i][0] == '-')
       return tool_usage_error("overlay materialize takes no options (got %s)", argv[i]);
-  if (argc != 5)
+  if (argc - first != 3)
     return tool_usage_error(
         "overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d "
         "argument(s)",
-        argc - 2);
+        argc - first);
+  const char *base_dir = argv[first], *pack = argv[first + 1], *out_dir = argv[first + 2];
   /* qsakv_overlay_materialize compares the base index hash with the manifest before it
    * creates anything. */
-  qsakv_status s = qsakv_overlay_materialize(argv[4], argv[2], argv[3]);
+  qsakv_status s = qsakv_overlay_materialize(out_dir, base_dir, pack);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   /* The revision the new checkpoint holds (its provenance's base, hashed now). */
   char rev[65];
-  s = qsakv_checkpoint_revision(argv[4], rev);
+  s = qsakv_checkpoint_revision(out_dir, rev);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
-  printf("materialised %s from %s (base revision %s) and %s\n", argv[4], argv[2], rev, argv[3]);
+  printf("materialised %s from %s (base revision %s) and %s\n", out_dir, base_dir, rev, pack);
   return QSAKV_EXIT_OK;
 }
 

@@ -34,6 +34,7 @@ static const char kUsage[] =
     "\n"
     "`qsakv <area> --help` and `qsakv <area> <verb> --help` describe an area and its\n"
     "verbs. An option a verb does not take is refused. --json prints one JSON object.\n"
+    "After `--` every argument is a path (one that starts with '-', say).\n"
     "\n"
     "exit codes:\n"
     "  0  success (verify: the overlay is valid for the config and revision)\n"
@@ -167,9 +168,10 @@ int main(int argc, char** argv) {
   }
   for (size_t i = 0; i < sizeof kAreas / sizeof kAreas[0]; ++i) {
     if (strcmp(argv[1], kAreas[i].name)) continue;
-    /* --help anywhere after the area, for every area and verb alike: the area's usage
-     * on stdout, exit 0, nothing else done. */
-    for (int j = 2; j < argc; ++j)
+    /* --help anywhere after the area (before a "--", after which every argument is a
+     * path or a value), for every area and verb alike: the area's usage on stdout, exit
+     * 0, nothing else done. */
+    for (int j = 2; j < argc && strcmp(argv[j], "--"); ++j)
       if (!strcmp(argv[j], "--help") || !strcmp(argv[j], "-h")) {
         fputs(kAreas[i].usage, stdout);
         return finish(QSAKV_EXIT_OK);

@@ -64,9 +64,14 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
   const int verify = !strcmp(argv[1], "verify");
   memset(a, 0, sizeof *a);
   a->tp = 1;
+  int options_done = 0; /* after "--": paths only */
   for (int i = 2; i < argc; ++i) {
     const char* o = argv[i];
-    if (o[0] != '-') {
+    if (!options_done && !strcmp(o, "--")) {
+      options_done = 1;
+      continue;
+    }
+    if (options_done || o[0] != '-') {
       if (a->path) return tool_usage_error("overlay %s: unexpected argument %s", argv[1], o);
       a->path = o;
       continue;
@@ -99,6 +104,11 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
     }
   }
   if (!a->path) return tool_usage_error("overlay %s: DIR or FILE missing", argv[1]);
+  /* Values no run can have are the command line's fault (exit 2), not the library's. */
+  if (a->tp < 1) return tool_usage_error("--tp: a TP size of 1 or more, not %d", a->tp);
+  if (a->rank < 0 || a->rank >= a->tp)
+    return tool_usage_error("--rank: 0 to %d for --tp %d, not %d", a->tp - 1, a->tp, a->rank);
+  if (a->spec < 0) return tool_usage_error("--spec: 0 or more speculative tokens, not %d", a->spec);
   if (a->preset && a->checkpoint)
     return tool_usage_error("overlay verify: --preset and --checkpoint exclude each other");
   return -1;

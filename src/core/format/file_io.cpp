@@ -228,6 +228,17 @@ StagingDir::~StagingDir() {
   if (!committed_) remove_tree(path_);
 }
 
+namespace {
+// fsync(2) of a directory: makes its entries (the files in it, a rename into it) durable.
+// False where the directory cannot be opened or synced; errno says why.
+bool sync_directory(const std::string& dir) {
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd < 0) return false;
+  // Some file systems cannot sync a directory (EINVAL): nothing more can be done there.
+  return ::fsync(d.fd) == 0 || errno == EINVAL;
+}
+}  // namespace
+
 void StagingDir::commit() {
   // The owner record belongs to the staging phase only (a cleaner that finds none leaves
   // the directory alone).
@@ -237,6 +248,10 @@ void StagingDir::commit() {
   // mkdtemp made it 0700: private while it was built, readable as published.
   if (::chmod(path_.c_str(), static_cast<mode_t>(published_dir_mode())) != 0)
     fail(QSAKV_ERROR_IO, "cannot set the mode of %s: %s", path_.c_str(), std::strerror(errno));
+  // Its files were synced as written; their names must be durable before the rename
+  // publishes them, or a crash could publish a directory without them.
+  if (!sync_directory(path_))
+    fail(QSAKV_ERROR_IO, "cannot sync %s: %s", path_.c_str(), std::strerror(errno));
   // RENAME_NOREPLACE: a directory created at final_ after our check must not be replaced.
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, final_.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
@@ -249,6 +264,10 @@ void StagingDir::commit() {
            std::strerror(errno));
   }
   committed_ = true;
+  // The rename itself made durable. Best effort: the directory is published by now, and
+  // failing the call would report as not written what a reader already sees whole (and
+  // make a retry refuse, the target existing).
+  (void)sync_directory(dir_name(final_));
 }
 
 }  // namespace qsakv
