@@ -750,16 +750,25 @@ impl<'c> Cache<'c> {
     ) -> Result<()> {
         need("keys", keys, num_keys, self.config.index_head_dim as usize * 2)?;
         need("slot_mapping", slot_mapping, num_keys, 8)?;
-        check(unsafe {
-            sys::qsakv_store_compressed_keys(
-                self.as_ptr(),
-                layer,
-                keys.as_ptr(),
-                slot_mapping.as_ptr() as *const i64,
-                num_keys as i64,
-                ptr::null_mut(),
-            )
-        })
+        unsafe {
+            self.store_compressed_keys_raw(layer, keys.as_ptr(), slot_mapping.as_ptr() as *const i64,
+                                           num_keys as i64, ptr::null_mut())
+        }
+    }
+
+    /// # Safety
+    /// The pointers must be device memory of this cache's context with the shapes of
+    /// `qsakv_store_compressed_keys`, alive until `stream` ran the store.
+    pub unsafe fn store_compressed_keys_raw(
+        &self,
+        layer: i32,
+        keys: *const c_void,
+        slot_mapping: *const i64,
+        num_keys: i64,
+        stream: Stream,
+    ) -> Result<()> {
+        check(sys::qsakv_store_compressed_keys(self.as_ptr(), layer, keys, slot_mapping, num_keys,
+                                               stream))
     }
 
     /// A step's stores together (`qsakv_store_step`): the parts of `stores` present, each
@@ -929,10 +938,25 @@ impl<'c> Plan<'c> {
     pub fn select_topk(&mut self, layer: i32, index_q: &DeviceBuffer) -> Result<()> {
         let c = self.cache.config();
         need("index_q", index_q, self.rows, c.index_num_heads as usize * c.index_head_dim as usize * 2)?;
-        check(unsafe {
-            sys::qsakv_select_topk(self.as_ptr(), layer, index_q.as_ptr(), ptr::null_mut(), 0,
-                                   ptr::null_mut())
-        })
+        unsafe { self.select_topk_raw(layer, index_q.as_ptr(), ptr::null_mut(), 0, ptr::null_mut()) }
+    }
+
+    /// `qsakv_select_topk` as the C API takes it: `topk` null for the layer's shared top-k
+    /// buffer, else an int32 [rows, topk_stride] array of the engine's.
+    ///
+    /// # Safety
+    /// `index_q` and a non-null `topk` must be device memory of the plan's context with
+    /// the shapes `qsakv_select_topk` states, alive until `stream` ran the selection; the
+    /// plan's block table must be too.
+    pub unsafe fn select_topk_raw(
+        &mut self,
+        layer: i32,
+        index_q: *const c_void,
+        topk: *mut i32,
+        topk_stride: i64,
+        stream: Stream,
+    ) -> Result<()> {
+        check(sys::qsakv_select_topk(self.as_ptr(), layer, index_q, topk, topk_stride, stream))
     }
 
     /// Attention of every row: `q` and `out` in the activation dtype,
@@ -949,10 +973,29 @@ impl<'c> Plan<'c> {
             * self.cache.act_bytes();
         need("q", q, self.rows, row)?;
         need("out", out, self.rows, row)?;
-        check(unsafe {
-            sys::qsakv_attention_run(self.as_ptr(), layer, mode, q.as_ptr(), ptr::null(), 0,
-                                     out.as_ptr(), ptr::null_mut())
-        })
+        unsafe {
+            self.attention_raw(layer, mode, q.as_ptr(), ptr::null(), 0, out.as_ptr(), ptr::null_mut())
+        }
+    }
+
+    /// `qsakv_attention_run` as the C API takes it: `topk` null for the layer's shared
+    /// top-k buffer (sparse mode), else the engine's int32 [rows, topk_stride] array.
+    ///
+    /// # Safety
+    /// `q`, `out` and a non-null `topk` must be device memory of the plan's context with
+    /// the shapes `qsakv_attention_run` states, alive until `stream` ran the attention; the
+    /// plan's block table must be too.
+    pub unsafe fn attention_raw(
+        &mut self,
+        layer: i32,
+        mode: AttentionMode,
+        q: *const c_void,
+        topk: *const i32,
+        topk_stride: i64,
+        out: *mut c_void,
+        stream: Stream,
+    ) -> Result<()> {
+        check(sys::qsakv_attention_run(self.as_ptr(), layer, mode, q, topk, topk_stride, out, stream))
     }
 }
 

@@ -201,6 +201,25 @@ fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
             println!("{index_key_dtype:?} {mode:?}: want {want:.4}, max |out - want| = {worst:.3e}");
             assert!(worst < 1e-3, "{index_key_dtype:?} {mode:?}: max error {worst}");
         }
+        // The raw variants with an engine-owned top-k array: the kept blocks' tokens, no
+        // dropped one, then -1; sparse attention over it gives 0 again.
+        let width = g.topk_width as usize;
+        let topk_buf = DeviceBuffer::from_slice(&ctx, &vec![i32::MIN; width])?;
+        dout.upload(&vec![0x7E00u16; q.len()])?;
+        unsafe {
+            plan.select_topk_raw(layer, diq.as_ptr(), topk_buf.as_ptr() as *mut i32, width as i64,
+                                 std::ptr::null_mut())?;
+            plan.attention_raw(layer, AttentionMode::QSAKV_ATTENTION_SPARSE, dq.as_ptr(),
+                               topk_buf.as_ptr() as *const i32, width as i64, dout.as_ptr(),
+                               std::ptr::null_mut())?;
+        }
+        let topk: Vec<i32> = topk_buf.to_vec()?;
+        let kept: Vec<i32> = topk.iter().copied().filter(|&t| t >= 0).collect();
+        assert_eq!(kept.len(), keep * ratio, "{index_key_dtype:?}: {} tokens selected", kept.len());
+        assert!(kept.iter().all(|&t| (t as usize) < l && !is_dropped(t as usize / ratio)));
+        assert!(topk[kept.len()..].iter().all(|&t| t == -1), "{index_key_dtype:?}: padding");
+        let out: Vec<u16> = dout.to_vec()?;
+        assert!(out.iter().all(|&o| from_half(o) == 0.0), "{index_key_dtype:?}: raw sparse output");
     }
     Ok(())
 }
