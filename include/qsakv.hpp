@@ -7,7 +7,8 @@
  * the library's thread-local message (copied and cleared in the failing thread).
  * Handles are move-only and free their C object in the destructor; get() gives the raw
  * pointer for C calls this header does not wrap. Parents must outlive their children,
- * as in C: a Cache its Context and Overlay, a Plan its Cache.
+ * as in C: a Cache its Context, a Plan its Cache (an Overlay may go once its caches
+ * exist: they copy its scales).
  *
  *   qsakv::Context ctx(QSAKV_BACKEND_CPU);
  *   auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
@@ -353,6 +354,44 @@ class Calib {
     check(qsakv_calib_observe(h_.get(), layer, k, v, num_tokens, stream));
   }
   void save(const std::string& path) const { check(qsakv_calib_save(h_.get(), path.c_str())); }
+  /* NCCL all-reduce of a live handle's statistics over `nccl_comm` (an ncclComm_t);
+   * once per handle. */
+  void allreduce(void* nccl_comm, qsakv_stream_t stream = nullptr) {
+    check(qsakv_calib_allreduce(h_.get(), nccl_comm, stream));
+  }
+  qsakv_calib_info info() const {
+    auto i = detail::versioned<qsakv_calib_info>(QSAKV_CALIB_INFO_VERSION);
+    check(qsakv_calib_get_info(h_.get(), &i));
+    return i;
+  }
+  /* One QSA layer's K or V statistics of a host handle; `histogram`: nullptr or
+   * QSAKV_CALIB_BINS counts. */
+  qsakv_calib_stats stats(int32_t layer, qsakv_calib_kind kind,
+                          uint64_t* histogram = nullptr) const {
+    auto st = detail::versioned<qsakv_calib_stats>(QSAKV_CALIB_STATS_VERSION);
+    check(qsakv_calib_get_stats(h_.get(), layer, kind, &st, histogram));
+    return st;
+  }
+  /* One QSA layer's K or V summary (scale, quantiles, saturation) of a host handle,
+   * after every fail-closed check of the whole handle. */
+  qsakv_calib_summary summarize(int32_t layer, qsakv_calib_kind kind) const {
+    auto su = detail::versioned<qsakv_calib_summary>(QSAKV_CALIB_SUMMARY_VERSION);
+    check(qsakv_calib_summarize(h_.get(), layer, kind, &su));
+    return su;
+  }
+  /* Host handles merged into a new one (RANKS: one run's ranks; ENVELOPE: complete runs). */
+  static Calib merge(const Calib* const* inputs, int32_t n, qsakv_calib_merge_mode mode) {
+    std::unique_ptr<const qsakv_calib*[]> raw(new const qsakv_calib*[n > 0 ? n : 1]);
+    for (int32_t i = 0; i < n; ++i) raw[i] = inputs[i]->get();
+    qsakv_calib* p = nullptr;
+    check(qsakv_calib_merge(&p, raw.get(), n, mode));
+    return Calib(p);
+  }
+  /* The scale pack of every QSA layer into `out_dir` (a new directory); `options`:
+   * base index, contract and layer prefix (QSAKV_OVERLAY_WRITE_OPTIONS_INIT first). */
+  void write_overlay(const std::string& out_dir, const qsakv_overlay_write_options& options) const {
+    check(qsakv_calib_write_overlay(h_.get(), out_dir.c_str(), &options));
+  }
 
  private:
   explicit Calib(qsakv_calib* p) : h_(p) {}

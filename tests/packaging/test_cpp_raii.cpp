@@ -336,6 +336,75 @@ static void test_index_key_dtype(void** state) {
   }
 }
 
+// Calibration through the C++ header: observe every QSA layer on the CPU backend, a host
+// snapshot's statistics and summary, an envelope of two runs (counts add, maxima stay),
+// and the scale pack written from it, which loads with the summary's scales.
+static void test_calibration_to_scale_pack(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 1;
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  const auto g = qsakv::ModelConfig::rank_geometry(cfg);
+  const int64_t n = 16;
+  const size_t row = (size_t)g.kv_heads * (size_t)cfg.head_dim;
+  std::vector<uint16_t> k(n * row), v(n * row);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = to_half((float)(i % 7) * 0.5f);    // max |k| 3
+    v[i] = to_half(-(float)(i % 5) * 0.25f);  // max |v| 1
+  }
+  qsakv::Calib live(ctx, cfg);
+  live.start();
+  for (int32_t l = 0; l < cfg.num_qsa_layers; ++l)
+    live.observe(cfg.qsa_layers[l], k.data(), v.data(), n);
+  live.stop();
+  const qsakv::Calib run = live.snapshot();
+  assert_int_equal(run.info().live, 0);
+  assert_int_equal(run.info().complete, 1);
+  const int32_t layer = cfg.qsa_layers[0];
+  std::vector<uint64_t> hist(QSAKV_CALIB_BINS);
+  const auto ks = run.stats(layer, QSAKV_CALIB_K, hist.data());
+  assert_int_equal(ks.count, (uint64_t)(n * (int64_t)row));
+  assert_true(ks.max_abs == 3.0f);
+  uint64_t total = 0;
+  for (uint64_t c : hist) total += c;
+  assert_int_equal(total, ks.nonzero_count);
+  const auto su = run.summarize(layer, QSAKV_CALIB_K);
+  float want_scale = 0;
+  assert_int_equal(qsakv_calib_scale_from_max(3.0f, &want_scale), QSAKV_SUCCESS);
+  assert_true(su.scale == want_scale);
+
+  const qsakv::Calib* runs[2] = {&run, &run};
+  const qsakv::Calib both = qsakv::Calib::merge(runs, 2, QSAKV_CALIB_MERGE_ENVELOPE);
+  assert_int_equal(both.info().num_runs, 2);
+  const auto bs = both.stats(layer, QSAKV_CALIB_V);
+  assert_int_equal(bs.count, 2 * (uint64_t)(n * (int64_t)row));
+  assert_true(bs.max_abs == 1.0f);
+
+  char dir[] = "/tmp/qsakv-cpp-calib-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string index = std::string(dir) + "/model.safetensors.index.json";
+  FILE* f = std::fopen(index.c_str(), "w");
+  assert_non_null(f);
+  std::fputs("{\"weight_map\": {\"lm_head.weight\": \"a.safetensors\"}}", f);
+  std::fclose(f);
+  qsakv_overlay_write_options o = QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  o.base_index_path = index.c_str();
+  const std::string pack = std::string(dir) + "/pack";
+  both.write_overlay(pack, o);
+  const qsakv::Overlay ov(pack + "/model-kvscales.safetensors");
+  assert_int_equal(ov.info().num_scales, 2 * cfg.num_qsa_layers);  // K and V
+  assert_true(ov.scales(layer).first == want_scale);
+  try {
+    both.write_overlay(pack, o);  // exists: refused, left as is
+    fail_msg("no exception");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+  const std::string cmd = std::string("rm -rf ") + dir;
+  assert_int_equal(std::system(cmd.c_str()), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
@@ -344,6 +413,7 @@ int main(void) {
       cmocka_unit_test(test_handles_move_and_free),
       cmocka_unit_test(test_tp_consensus_and_checkpoint_config),
       cmocka_unit_test(test_index_key_dtype),
+      cmocka_unit_test(test_calibration_to_scale_pack),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
 }
