@@ -127,9 +127,10 @@ if [ -z "${ONLY_SAN:-}" ]; then
     echo "digest lines differing: $(grep -c '^[<>]' "$OUT/digest.diff") (base $(wc -l < \
       "$OUT/digest-base.txt") lines, new $(wc -l < "$OUT/digest-new.txt"))"
   fi
-  # A discarded run first: in run 44 the call's first bench process read ~0.6 us (4%) slower
-  # on one decode row than the three after it with identical code (clocks still ramping
-  # from idle), which would bias whichever side runs first.
+  # A discarded selection run first: in run 44 the first selection bench process read
+  # ~0.6 us (4%) slower on one decode row than the three after it with identical code
+  # (cause not isolated); should that be a first-run effect, it no longer biases
+  # whichever side runs first.
   if [ -z "${SKIP_BENCH:-}" ]; then
     timeout 60 build-gpu/qsakv_bench --select-only --no-multirow > "$OUT/bench-warmup.log" 2>&1
     echo "bench warm-up rc=$?"
