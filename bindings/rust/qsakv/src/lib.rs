@@ -574,10 +574,19 @@ impl Drop for DeviceBuffer<'_> {
     }
 }
 
-/// Checks that `buf` holds `count` elements of `unit` bytes, with the product checked: a
-/// count whose byte size overflows (it wraps in a release build) would otherwise pass and
-/// the C call would read past the buffer.
-fn need(what: &str, buf: &DeviceBuffer, count: usize, unit: usize) -> Result<()> {
+/// Checks that `buf` belongs to the context `ctx` (another context's memory may be on
+/// another GPU, where the kernel's access is a fault that poisons the CUDA context; the
+/// `*_raw` variants take any pointer) and holds `count` elements of `unit` bytes, with the
+/// product checked: a count whose byte size overflows (it wraps in a release build) would
+/// otherwise pass and the C call would read past the buffer.
+fn need(what: &str, buf: &DeviceBuffer, ctx: *mut sys::qsakv_context, count: usize, unit: usize)
+    -> Result<()> {
+    if buf.ctx.as_ptr() != ctx {
+        return Err(invalid(format!(
+            "{what}: a buffer of another context (the safe API takes this cache's context's \
+             buffers; the *_raw variants take any device pointer)"
+        )));
+    }
     match count.checked_mul(unit) {
         Some(bytes) if bytes <= buf.len_bytes() => Ok(()),
         Some(bytes) => Err(invalid(format!(
@@ -626,6 +635,7 @@ impl DerefMut for CacheOptions {
 /// itself on drop.
 pub struct Cache<'c> {
     raw: NonNull<sys::qsakv_cache>,
+    ctx: *mut sys::qsakv_context, // identity only: the buffers it takes must be this context's
     config: ModelConfig,
     geometry: sys::qsakv_rank_geometry,
     _parents: PhantomData<(&'c Context, &'c Overlay)>,
@@ -672,6 +682,7 @@ impl<'c> Cache<'c> {
         })?;
         Ok(Cache {
             raw: NonNull::new(raw).expect("qsakv_cache_create returned NULL"),
+            ctx: ctx.as_ptr(),
             config: *config,
             geometry,
             _parents: PhantomData,
@@ -714,9 +725,9 @@ impl<'c> Cache<'c> {
         num_tokens: usize,
     ) -> Result<()> {
         let row = self.geometry.kv_heads as usize * self.config.head_dim as usize * self.act_bytes();
-        need("k", k, num_tokens, row)?;
-        need("v", v, num_tokens, row)?;
-        need("slot_mapping", slot_mapping, num_tokens, 8)?;
+        need("k", k, self.ctx, num_tokens, row)?;
+        need("v", v, self.ctx, num_tokens, row)?;
+        need("slot_mapping", slot_mapping, self.ctx, num_tokens, 8)?;
         unsafe {
             self.store_kv_raw(layer, k.as_ptr(), v.as_ptr(), slot_mapping.as_ptr() as *const i64,
                               num_tokens as i64, ptr::null_mut())
@@ -748,8 +759,8 @@ impl<'c> Cache<'c> {
         slot_mapping: &DeviceBuffer,
         num_keys: usize,
     ) -> Result<()> {
-        need("keys", keys, num_keys, self.config.index_head_dim as usize * 2)?;
-        need("slot_mapping", slot_mapping, num_keys, 8)?;
+        need("keys", keys, self.ctx, num_keys, self.config.index_head_dim as usize * 2)?;
+        need("slot_mapping", slot_mapping, self.ctx, num_keys, 8)?;
         unsafe {
             self.store_compressed_keys_raw(layer, keys.as_ptr(), slot_mapping.as_ptr() as *const i64,
                                            num_keys as i64, ptr::null_mut())
@@ -782,26 +793,26 @@ impl<'c> Cache<'c> {
         if let Some(p) = &stores.kv {
             let row =
                 self.geometry.kv_heads as usize * self.config.head_dim as usize * self.act_bytes();
-            need("k", p.k, p.num_tokens, row)?;
-            need("v", p.v, p.num_tokens, row)?;
-            need("slot_mapping", p.slot_mapping, p.num_tokens, 8)?;
+            need("k", p.k, self.ctx, p.num_tokens, row)?;
+            need("v", p.v, self.ctx, p.num_tokens, row)?;
+            need("slot_mapping", p.slot_mapping, self.ctx, p.num_tokens, 8)?;
             s.k = p.k.as_ptr();
             s.v = p.v.as_ptr();
             s.kv_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
             s.num_tokens = p.num_tokens as i64;
         }
         if let Some(p) = &stores.index_keys {
-            need("index keys", p.keys, p.num_keys, key_row)?;
-            need("request_slots", p.request_slots, p.num_keys, 4)?;
-            need("positions", p.positions, p.num_keys, 8)?;
+            need("index keys", p.keys, self.ctx, p.num_keys, key_row)?;
+            need("request_slots", p.request_slots, self.ctx, p.num_keys, 4)?;
+            need("positions", p.positions, self.ctx, p.num_keys, 8)?;
             s.index_keys = p.keys.as_ptr();
             s.index_request_slots = p.request_slots.as_ptr() as *const i32;
             s.index_positions = p.positions.as_ptr() as *const i64;
             s.num_index_keys = p.num_keys as i64;
         }
         if let Some(p) = &stores.compressed_keys {
-            need("compressed keys", p.keys, p.num_keys, key_row)?;
-            need("compressed slot_mapping", p.slot_mapping, p.num_keys, 8)?;
+            need("compressed keys", p.keys, self.ctx, p.num_keys, key_row)?;
+            need("compressed slot_mapping", p.slot_mapping, self.ctx, p.num_keys, 8)?;
             s.compressed_keys = p.keys.as_ptr();
             s.compressed_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
             s.num_compressed_keys = p.num_keys as i64;
@@ -915,7 +926,7 @@ impl<'c> Plan<'c> {
                 query_start.len()
             )));
         }
-        need("block_table", block_table, n * block_table_stride.max(0) as usize, 4)?;
+        need("block_table", block_table, self.cache.ctx, n * block_table_stride.max(0) as usize, 4)?;
         let mut b = versioned!(sys::qsakv_batch, sys::QSAKV_BATCH_VERSION);
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();
@@ -937,7 +948,7 @@ impl<'c> Plan<'c> {
     /// FP16 [rows, index_num_heads, index_head_dim].
     pub fn select_topk(&mut self, layer: i32, index_q: &DeviceBuffer) -> Result<()> {
         let c = self.cache.config();
-        need("index_q", index_q, self.rows, c.index_num_heads as usize * c.index_head_dim as usize * 2)?;
+        need("index_q", index_q, self.cache.ctx, self.rows, c.index_num_heads as usize * c.index_head_dim as usize * 2)?;
         unsafe { self.select_topk_raw(layer, index_q.as_ptr(), ptr::null_mut(), 0, ptr::null_mut()) }
     }
 
@@ -971,8 +982,8 @@ impl<'c> Plan<'c> {
         let row = self.cache.geometry().q_heads as usize
             * self.cache.config().head_dim as usize
             * self.cache.act_bytes();
-        need("q", q, self.rows, row)?;
-        need("out", out, self.rows, row)?;
+        need("q", q, self.cache.ctx, self.rows, row)?;
+        need("out", out, self.cache.ctx, self.rows, row)?;
         unsafe {
             self.attention_raw(layer, mode, q.as_ptr(), ptr::null(), 0, out.as_ptr(), ptr::null_mut())
         }

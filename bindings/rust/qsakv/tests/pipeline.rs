@@ -527,3 +527,27 @@ fn counts_whose_byte_size_overflows_are_refused() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn buffers_of_another_context_are_refused() -> Result<()> {
+    // Another context's memory may be on another GPU, where the kernel's access would be
+    // a fault that poisons the CUDA context; the safe API takes its cache's context's.
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let other = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 2;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+    let mine = DeviceBuffer::new(&ctx, 1 << 16)?;
+    let foreign = DeviceBuffer::new(&other, 1 << 16)?;
+    cache.store_kv(layer, &mine, &mine, &DeviceBuffer::from_slice(&ctx, &[-1i64])?, 1)?;
+    let err = cache.store_kv(layer, &mine, &foreign, &mine, 1).unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().starts_with("v: a buffer of another context"), "{err}");
+    let table = DeviceBuffer::from_slice(&other, &[1i32, -1])?;
+    let mut plan = Plan::new(&cache, 1, 1)?;
+    let err = plan.update(&[0, 1], &[5], &table, 2).unwrap_err();
+    assert!(err.message().starts_with("block_table: a buffer of another context"), "{err}");
+    Ok(())
+}
