@@ -90,12 +90,17 @@ func (b *DeviceBuffer) Close() error {
 	return nil
 }
 
-// need checks that the buffer holds count elements of unit bytes, without forming
-// count * unit (a huge count would wrap to a size that passes and the C call would read
-// past the buffer); a negative count is refused.
-func (b *DeviceBuffer) need(what string, count, unit int) error {
+// need checks that the buffer is of ctx (nil: any; another context's memory may be on
+// another GPU, where the kernel's access is a fault that poisons the CUDA context) and
+// holds count elements of unit bytes, without forming count * unit (a huge count would
+// wrap to a size that passes and the C call would read past the buffer); a negative
+// count is refused.
+func (b *DeviceBuffer) need(what string, ctx *Context, count, unit int) error {
 	if b == nil || b.ptr == nil {
 		return &Error{Status: ErrState, Message: what + ": closed or nil buffer"}
+	}
+	if ctx != nil && b.ctx != ctx {
+		return invalid("%s: a buffer of another context (the cache's context's buffers only)", what)
 	}
 	if count < 0 {
 		return invalid("%s: a count of %d", what, count)
@@ -117,7 +122,7 @@ func copyBytes[T Element](data []T) int {
 // Upload copies data to the start of the buffer and waits for the copy.
 func Upload[T Element](b *DeviceBuffer, data []T) error {
 	n := copyBytes(data)
-	if err := b.need("upload", n, 1); err != nil || n == 0 {
+	if err := b.need("upload", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
@@ -132,7 +137,7 @@ func Upload[T Element](b *DeviceBuffer, data []T) error {
 // Download copies the start of the buffer into out after the default stream's work.
 func Download[T Element](b *DeviceBuffer, out []T) error {
 	n := copyBytes(out)
-	if err := b.need("download", n, 1); err != nil || n == 0 {
+	if err := b.need("download", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
@@ -278,7 +283,7 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 		b    *DeviceBuffer
 		unit int
 	}{{"k", k, row}, {"v", v, row}, {"slot_mapping", slotMapping, 8}} {
-		if err := x.b.need(x.name, numTokens, x.unit); err != nil {
+		if err := x.b.need(x.name, c.ctx, numTokens, x.unit); err != nil {
 			return err
 		}
 	}
@@ -294,10 +299,10 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 	if err := c.live(); err != nil {
 		return err
 	}
-	if err := keys.need("keys", numKeys, int(c.cfg.index_head_dim)*2); err != nil {
+	if err := keys.need("keys", c.ctx, numKeys, int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
-	if err := slotMapping.need("slot_mapping", numKeys, 8); err != nil {
+	if err := slotMapping.need("slot_mapping", c.ctx, numKeys, 8); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {
@@ -346,7 +351,7 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 	}
 	check := func(ns []need) error {
 		for _, x := range ns {
-			if err := x.b.need(x.name, x.count, x.unit); err != nil {
+			if err := x.b.need(x.name, c.ctx, x.count, x.unit); err != nil {
 				return err
 			}
 		}
@@ -461,7 +466,7 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	if stride < 0 {
 		return invalid("block_table_stride: %d", stride)
 	}
-	if err := blockTable.need("block_table", n*int(stride), 4); err != nil {
+	if err := blockTable.need("block_table", p.cache.ctx, n*int(stride), 4); err != nil {
 		return err
 	}
 	// The batch and its host arrays in C memory (cgo: no Go pointers inside C structs).
@@ -543,7 +548,7 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 		return err
 	}
 	c := p.cache
-	if err := indexQ.need("index_q", p.rows, int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
+	if err := indexQ.need("index_q", p.cache.ctx, p.rows, int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {
@@ -562,10 +567,10 @@ func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) 
 	}
 	c := p.cache
 	row := int(c.geo.QHeads) * int(c.cfg.head_dim) * c.actBytes()
-	if err := q.need("q", p.rows, row); err != nil {
+	if err := q.need("q", p.cache.ctx, p.rows, row); err != nil {
 		return err
 	}
-	if err := out.need("out", p.rows, row); err != nil {
+	if err := out.need("out", p.cache.ctx, p.rows, row); err != nil {
 		return err
 	}
 	return call(func() C.qsakv_status {

@@ -644,3 +644,24 @@ func TestCountsThatOverflowAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A buffer of another context is refused, naming the argument: another context's memory
+// may be on another GPU, where the kernel's access would be a fault.
+func TestBuffersOfAnotherContextAreRefused(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	other := must(NewContext(BackendCPU))
+	defer other.Close()
+	cfg := smallFP16Config(t)
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	mine := must(NewDeviceBuffer(ctx, 1<<16))
+	defer mine.Close()
+	foreign := must(NewDeviceBuffer(other, 1<<16))
+	defer foreign.Close()
+	err := cache.StoreKV(cfg.QSALayers()[0], mine, foreign, mine, 1)
+	var qe *Error
+	if !errors.As(err, &qe) || qe.Status != ErrInvalidArgument || !strings.HasPrefix(qe.Message, "v: a buffer of another context") {
+		t.Fatalf("StoreKV with another context's v: %v", err)
+	}
+}
