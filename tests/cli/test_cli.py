@@ -486,8 +486,13 @@ def test_after_a_double_dash_every_argument_is_a_path(env, tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("QSAKV_ERROR_OVERLAY_MISSING"), r.stderr
     r = run_tool(tool, "calib", "summarize", "--", "-no-such-stats", cwd=tmp_path)
     assert r.returncode == 1 and "-no-such-stats" in r.stderr, r.stderr
+    # The library reads BASE_DIR first: its name in the refusal shows where each path went.
     r = run_tool(tool, "overlay", "materialize", "--", "-base", "-pack", "-out", cwd=tmp_path)
-    assert r.returncode == 1 and "QSAKV_ERROR" in r.stderr, r.stderr
+    assert r.returncode == 1 and "-base/model.safetensors.index.json" in r.stderr, r.stderr
+    # `--` anywhere: tmp_path holds the pack's base index, so this one succeeds.
+    r = run_tool(tool, "overlay", "materialize", ".", "--", "-pack", "-out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "-out" / "model-kvscales.safetensors").is_file()
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -314,17 +314,23 @@ static int overlay_make(int argc, char** argv) {
 }
 
 static int overlay_materialize(int argc, char** argv) {
-  /* After a "--" the three are paths whatever they start with. */
-  const int first = argc > 2 && !strcmp(argv[2], "--") ? 3 : 2;
-  for (int i = 2; i < argc && first == 2; ++i)
-    if (argv[i][0] == '-')
+  /* The three paths, in order; from a "--" on (one, anywhere) whatever they start with. */
+  const char* paths[3];
+  int n = 0, options_done = 0;
+  for (int i = 2; i < argc; ++i) {
+    if (!options_done && !strcmp(argv[i], "--")) {
+      options_done = 1;
+      continue;
+    }
+    if (!options_done && argv[i][0] == '-')
       return tool_usage_error("overlay materialize takes no options (got %s)", argv[i]);
-  if (argc - first != 3)
+    if (n == 3) return tool_usage_error("overlay materialize: unexpected argument %s", argv[i]);
+    paths[n++] = argv[i];
+  }
+  if (n != 3)
     return tool_usage_error(
-        "overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d "
-        "argument(s)",
-        argc - first);
-  const char *base_dir = argv[first], *pack = argv[first + 1], *out_dir = argv[first + 2];
+        "overlay materialize: BASE_DIR SCALE_PACK OUT_DIR expected, got %d argument(s)", n);
+  const char *base_dir = paths[0], *pack = paths[1], *out_dir = paths[2];
   /* qsakv_overlay_materialize compares the base index hash with the manifest before it
    * creates anything. */
   qsakv_status s = qsakv_overlay_materialize(out_dir, base_dir, pack);

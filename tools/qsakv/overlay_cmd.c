@@ -43,6 +43,8 @@ const char kOverlayUsage[] =
     "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
     "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
     "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
+    "After `--` the arguments are paths (make: they continue what came before it: the\n"
+    "  --stats list, else OUT_DIR).\n"
     "--json prints one JSON object on stdout (verify: also when the library refuses,\n"
     "  {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
     "\n" QSAKV_EXIT_CODES_TEXT;

@@ -466,7 +466,7 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	if stride < 0 {
 		return invalid("block_table_stride: %d", stride)
 	}
-	if err := blockTable.need("block_table", p.cache.ctx, n*int(stride), 4); err != nil {
+	if err := blockTable.need("block_table", p.cache.ctx, n, int(stride)*4); err != nil {
 		return err
 	}
 	// The batch and its host arrays in C memory (cgo: no Go pointers inside C structs).

@@ -581,7 +581,9 @@ func TestRunsAfterTheBlockTableIsClosedAreRefused(t *testing.T) {
 }
 
 // An overlay may be closed as soon as its caches exist (they copy its scales), as in C:
-// its Close succeeds with an E4M3 cache open, and the cache still stores and reads back.
+// its Close succeeds with an E4M3 cache open, and the cache then stores and attends with
+// the overlay's V scale (V = 1.9 at scale 0.02 is code 96, read as 1.92; unit scales
+// would read 1.875).
 func TestOverlayClosesWhileItsCachesStayOpen(t *testing.T) {
 	ctx := must(NewContext(BackendCPU))
 	defer ctx.Close()
@@ -610,8 +612,45 @@ func TestOverlayClosesWhileItsCachesStayOpen(t *testing.T) {
 	if err := ov.Close(); err != nil {
 		t.Fatalf("Overlay.Close with its cache open: %v", err)
 	}
-	if lay := must(cache.Layout()); lay.NumBlocks != 2 {
-		t.Fatalf("the cache after its overlay closed: %d blocks", lay.NumBlocks)
+	runtime.GC()
+	layer := layers[0]
+	g := must(cfg.RankGeometry())
+	d, h, l := int(cfg.HeadDim()), int(g.QHeads), 4
+	k, v := make([]uint16, l*d), make([]uint16, l*d)
+	slots := make([]int64, l)
+	for tok := range slots {
+		slots[tok] = int64(cfg.BlockSize) + int64(tok) // block 1
+		for j := 0; j < d; j++ {
+			v[tok*d+j] = toHalf(1.9)
+		}
+	}
+	q := make([]uint16, h*d)
+	bufs := []*DeviceBuffer{must(BufferFrom(ctx, k)), must(BufferFrom(ctx, v)), must(BufferFrom(ctx, slots)),
+		must(BufferFrom(ctx, q)), must(BufferFrom(ctx, []int32{1, -1})), must(NewDeviceBuffer(ctx, len(q)*2))}
+	defer func() {
+		for _, b := range bufs {
+			b.Close()
+		}
+	}()
+	if err := cache.StoreKV(layer, bufs[0], bufs[1], bufs[2], l); err != nil {
+		t.Fatal(err)
+	}
+	plan := must(NewPlan(cache, 1, 1))
+	defer plan.Close()
+	if err := plan.Update([]int32{0, 1}, []int32{int32(l)}, bufs[4], 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Attention(layer, AttentionDense, bufs[3], bufs[5]); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]uint16, len(q))
+	if err := Download(bufs[5], out); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if got := fromHalf(o); math.Abs(got-1.92) > 0.01 {
+			t.Fatalf("out[%d] = %g after the overlay closed, want 1.92 (V 1.9 at scale 0.02)", i, got)
+		}
 	}
 }
 

@@ -26,8 +26,8 @@ out="$here/src/bindings.rs"
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 # Every enum is a newtype over its integer with one associated constant per value, not a
-# Rust enum: the library writes enums into structs it fills (qsakv_device_info's backend
-# and decoder, qsakv_plan_info's mode, ...) and returns status codes, a newer library may
+# Rust enum: the library writes enums into structs it fills (qsakv_context_info's backend
+# and decoder, qsakv_overlay_info's contract_activation_dtype, ...) and returns status codes, a newer library may
 # write values these bindings do not know, and an unknown discriminant in a Rust enum is
 # undefined behaviour. qsakv_status is also #[must_use].
 bindgen "$repo/include/qsakv.h" \

@@ -926,7 +926,7 @@ impl<'c> Plan<'c> {
                 query_start.len()
             )));
         }
-        need("block_table", block_table, self.cache.ctx, n * block_table_stride.max(0) as usize, 4)?;
+        need("block_table", block_table, self.cache.ctx, n, block_table_stride.max(0) as usize * 4)?;
         let mut b = versioned!(sys::qsakv_batch, sys::QSAKV_BATCH_VERSION);
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();

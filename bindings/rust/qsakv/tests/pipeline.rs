@@ -131,7 +131,7 @@ fn pipeline(index_key_dtype: Dtype) -> Result<()> {
 /// 650 compressed keys of which the top-k keeps 512. The 138 blocks it must drop score 0
 /// (their keys are -0.5: every head's q.k < 0, which the ReLU zeroes), the others score
 /// above 0; V is 1 on the dropped blocks' tokens and 0 elsewhere and K is 0 (uniform
-/// weights), so sparse attention must give 0 and dense attention 552 / 2600.
+/// weights), so sparse attention must give 0 and dense attention 552 / 2600 (ratio 4).
 #[test]
 fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
     for index_key_dtype in [Dtype::QSAKV_DTYPE_FP16, Dtype::QSAKV_DTYPE_E4M3] {
@@ -186,7 +186,7 @@ fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
         let mut plan = Plan::new(&cache, 1, 1)?;
         plan.update(&[0, 1], &[l as i32], &dbt, pages as i32)?;
         plan.select_topk(layer, &diq)?;
-        let dense_want = (4 * dropped) as f64 / l as f64;
+        let dense_want = (ratio * dropped) as f64 / l as f64; // the dropped blocks' tokens
         for (mode, want) in [(AttentionMode::QSAKV_ATTENTION_SPARSE, 0.0),
                              (AttentionMode::QSAKV_ATTENTION_DENSE, dense_want)] {
             dout.upload(&vec![0x7E00u16; q.len()])?; // NaN: every output must be written
