@@ -5,7 +5,8 @@
 //!   [`Status`] and the library's message (copied and cleared in the failing thread);
 //! - every C object is owned by a value that frees it in `Drop`: [`Context`],
 //!   [`Overlay`], [`Cache`], [`Plan`], [`DeviceBuffer`]; borrows make parents outlive
-//!   their children (a `Cache` borrows its `Context`, a `Plan` its `Cache`);
+//!   their children (a `Cache` borrows its `Context`, a `Plan` its `Cache`, a step's
+//!   [`Batch`] its `Plan` and block table);
 //! - the enqueuing calls (store, select, attention) check every buffer's size against
 //!   the cache's geometry before the call; `unsafe` raw variants take foreign device
 //!   pointers and a stream.
@@ -869,7 +870,6 @@ impl Drop for Cache<'_> {
 pub struct Plan<'c> {
     raw: NonNull<sys::qsakv_plan>,
     cache: &'c Cache<'c>,
-    rows: usize,
 }
 
 // Not Send either, for the same reason (a plan uses its cache and context).
@@ -903,7 +903,7 @@ impl<'c> Plan<'c> {
         o.multi_row_min_rows = options.multi_row_min_rows;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::qsakv_plan_create(&mut raw, cache.as_ptr(), &o) })?;
-        Ok(Plan { raw: NonNull::new(raw).expect("qsakv_plan_create returned NULL"), cache, rows: 0 })
+        Ok(Plan { raw: NonNull::new(raw).expect("qsakv_plan_create returned NULL"), cache })
     }
 
     pub fn as_ptr(&self) -> *mut sys::qsakv_plan {
@@ -912,13 +912,17 @@ impl<'c> Plan<'c> {
 
     /// Describes the next batch: `query_start` [requests + 1] (rows of each request),
     /// `seq_lens` [requests], and the device block table [requests, stride] (int32).
-    pub fn update(
-        &mut self,
+    /// Returns the batch, through which its selection and attention run: it borrows the
+    /// plan (no other update meanwhile) and the block table (no upload into it while the
+    /// batch is in use), so a block table can be rewritten between steps and passed
+    /// again. A failed update leaves no batch to run.
+    pub fn update<'p, 'b>(
+        &'p mut self,
         query_start: &[i32],
         seq_lens: &[i32],
-        block_table: &'c DeviceBuffer<'c>,
+        block_table: &'b DeviceBuffer<'_>,
         block_table_stride: i32,
-    ) -> Result<()> {
+    ) -> Result<Batch<'p, 'b, 'c>> {
         let n = seq_lens.len();
         if query_start.len() != n + 1 {
             return Err(invalid(format!(
@@ -934,8 +938,8 @@ impl<'c> Plan<'c> {
         b.block_table = block_table.as_ptr() as *const i32;
         b.block_table_stride = block_table_stride;
         check(unsafe { sys::qsakv_plan_update(self.as_ptr(), &b, ptr::null_mut()) })?;
-        self.rows = self.info()?.num_rows as usize;
-        Ok(())
+        let rows = self.info()?.num_rows as usize;
+        Ok(Batch { plan: self, rows, _block_table: PhantomData })
     }
 
     pub fn info(&self) -> Result<sys::qsakv_plan_info> {
@@ -943,12 +947,39 @@ impl<'c> Plan<'c> {
         check(unsafe { sys::qsakv_plan_get_info(self.as_ptr(), &mut i) })?;
         Ok(i)
     }
+}
+
+/// A plan's current batch (from [`Plan::update`]): its selection and attention. It holds
+/// the plan mutably and the batch's block table shared for as long as it is used.
+pub struct Batch<'p, 'b, 'c> {
+    plan: &'p mut Plan<'c>,
+    rows: usize,
+    _block_table: PhantomData<&'b ()>,
+}
+
+impl std::fmt::Debug for Batch<'_, '_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch").field("plan", &self.plan.as_ptr()).field("rows", &self.rows).finish()
+    }
+}
+
+impl Batch<'_, '_, '_> {
+    /// Rows of the batch (queries: one per decode token, several per verify or prefill
+    /// request).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn info(&self) -> Result<sys::qsakv_plan_info> {
+        self.plan.info()
+    }
 
     /// Top-k selection of every row into the layer's shared top-k buffer. `index_q`:
     /// FP16 [rows, index_num_heads, index_head_dim].
     pub fn select_topk(&mut self, layer: i32, index_q: &DeviceBuffer) -> Result<()> {
-        let c = self.cache.config();
-        need("index_q", index_q, self.cache.ctx, self.rows, c.index_num_heads as usize * c.index_head_dim as usize * 2)?;
+        let cache = self.plan.cache;
+        let c = cache.config();
+        need("index_q", index_q, cache.ctx, self.rows, c.index_num_heads as usize * c.index_head_dim as usize * 2)?;
         unsafe { self.select_topk_raw(layer, index_q.as_ptr(), ptr::null_mut(), 0, ptr::null_mut()) }
     }
 
@@ -957,8 +988,7 @@ impl<'c> Plan<'c> {
     ///
     /// # Safety
     /// `index_q` and a non-null `topk` must be device memory of the plan's context with
-    /// the shapes `qsakv_select_topk` states, alive until `stream` ran the selection; the
-    /// plan's block table must be too.
+    /// the shapes `qsakv_select_topk` states, alive until `stream` ran the selection.
     pub unsafe fn select_topk_raw(
         &mut self,
         layer: i32,
@@ -967,7 +997,7 @@ impl<'c> Plan<'c> {
         topk_stride: i64,
         stream: Stream,
     ) -> Result<()> {
-        check(sys::qsakv_select_topk(self.as_ptr(), layer, index_q, topk, topk_stride, stream))
+        check(sys::qsakv_select_topk(self.plan.as_ptr(), layer, index_q, topk, topk_stride, stream))
     }
 
     /// Attention of every row: `q` and `out` in the activation dtype,
@@ -979,11 +1009,10 @@ impl<'c> Plan<'c> {
         q: &DeviceBuffer,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
-        let row = self.cache.geometry().q_heads as usize
-            * self.cache.config().head_dim as usize
-            * self.cache.act_bytes();
-        need("q", q, self.cache.ctx, self.rows, row)?;
-        need("out", out, self.cache.ctx, self.rows, row)?;
+        let cache = self.plan.cache;
+        let row = cache.geometry().q_heads as usize * cache.config().head_dim as usize * cache.act_bytes();
+        need("q", q, cache.ctx, self.rows, row)?;
+        need("out", out, cache.ctx, self.rows, row)?;
         unsafe {
             self.attention_raw(layer, mode, q.as_ptr(), ptr::null(), 0, out.as_ptr(), ptr::null_mut())
         }
@@ -994,8 +1023,7 @@ impl<'c> Plan<'c> {
     ///
     /// # Safety
     /// `q`, `out` and a non-null `topk` must be device memory of the plan's context with
-    /// the shapes `qsakv_attention_run` states, alive until `stream` ran the attention; the
-    /// plan's block table must be too.
+    /// the shapes `qsakv_attention_run` states, alive until `stream` ran the attention.
     pub unsafe fn attention_raw(
         &mut self,
         layer: i32,
@@ -1006,7 +1034,8 @@ impl<'c> Plan<'c> {
         out: *mut c_void,
         stream: Stream,
     ) -> Result<()> {
-        check(sys::qsakv_attention_run(self.as_ptr(), layer, mode, q, topk, topk_stride, out, stream))
+        check(sys::qsakv_attention_run(self.plan.as_ptr(), layer, mode, q, topk, topk_stride, out,
+                                       stream))
     }
 }
 

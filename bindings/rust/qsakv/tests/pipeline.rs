@@ -96,13 +96,14 @@ fn pipeline(index_key_dtype: Dtype) -> Result<()> {
     cache.store_kv(layer, &dk, &dv, &ds, l)?;
     cache.store_compressed_keys(layer, &dck, &dcs, cslots.len())?;
     let mut plan = Plan::new(&cache, 1, 1)?;
-    plan.update(&[0, 1], &[l as i32], &dbt, 2)?;
-    assert_eq!(plan.info()?.num_rows, 1);
-    plan.select_topk(layer, &diq)?;
+    let mut batch = plan.update(&[0, 1], &[l as i32], &dbt, 2)?;
+    assert_eq!(batch.info()?.num_rows, 1);
+    assert_eq!(batch.rows(), 1);
+    batch.select_topk(layer, &diq)?;
 
     let e = std::f64::consts::E;
     for mode in [AttentionMode::QSAKV_ATTENTION_SPARSE, AttentionMode::QSAKV_ATTENTION_DENSE] {
-        plan.attention(layer, mode, &dq, &mut dout)?;
+        batch.attention(layer, mode, &dq, &mut dout)?;
         let out: Vec<u16> = dout.to_vec()?;
         let mut worst = 0f64;
         for hh in 0..h {
@@ -120,7 +121,7 @@ fn pipeline(index_key_dtype: Dtype) -> Result<()> {
 
     // A buffer too small for the batch is refused before the call, naming it.
     let small = DeviceBuffer::new(&ctx, 8)?;
-    let err = plan.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &small, &mut dout)
+    let err = batch.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &small, &mut dout)
         .unwrap_err();
     assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
     assert!(err.message().starts_with("q: needs"), "{err}");
@@ -184,13 +185,13 @@ fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
         let dq = DeviceBuffer::from_slice(&ctx, &q)?;
         let mut dout = DeviceBuffer::new(&ctx, q.len() * 2)?;
         let mut plan = Plan::new(&cache, 1, 1)?;
-        plan.update(&[0, 1], &[l as i32], &dbt, pages as i32)?;
-        plan.select_topk(layer, &diq)?;
+        let mut batch = plan.update(&[0, 1], &[l as i32], &dbt, pages as i32)?;
+        batch.select_topk(layer, &diq)?;
         let dense_want = (ratio * dropped) as f64 / l as f64; // the dropped blocks' tokens
         for (mode, want) in [(AttentionMode::QSAKV_ATTENTION_SPARSE, 0.0),
                              (AttentionMode::QSAKV_ATTENTION_DENSE, dense_want)] {
             dout.upload(&vec![0x7E00u16; q.len()])?; // NaN: every output must be written
-            plan.attention(layer, mode, &dq, &mut dout)?;
+            batch.attention(layer, mode, &dq, &mut dout)?;
             let out: Vec<u16> = dout.to_vec()?;
             // (f64::max skips NaN: a NaN error counts as infinite.)
             let err = |o: u16| {
@@ -207,9 +208,9 @@ fn selection_drops_the_lowest_scoring_blocks() -> Result<()> {
         let topk_buf = DeviceBuffer::from_slice(&ctx, &vec![i32::MIN; width])?;
         dout.upload(&vec![0x7E00u16; q.len()])?;
         unsafe {
-            plan.select_topk_raw(layer, diq.as_ptr(), topk_buf.as_ptr() as *mut i32, width as i64,
+            batch.select_topk_raw(layer, diq.as_ptr(), topk_buf.as_ptr() as *mut i32, width as i64,
                                  std::ptr::null_mut())?;
-            plan.attention_raw(layer, AttentionMode::QSAKV_ATTENTION_SPARSE, dq.as_ptr(),
+            batch.attention_raw(layer, AttentionMode::QSAKV_ATTENTION_SPARSE, dq.as_ptr(),
                                topk_buf.as_ptr() as *const i32, width as i64, dout.as_ptr(),
                                std::ptr::null_mut())?;
         }
@@ -549,5 +550,38 @@ fn buffers_of_another_context_are_refused() -> Result<()> {
     let mut plan = Plan::new(&cache, 1, 1)?;
     let err = plan.update(&[0, 1], &[5], &table, 2).unwrap_err();
     assert!(err.message().starts_with("block_table: a buffer of another context"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn a_block_table_is_rewritten_between_steps() -> Result<()> {
+    // The batch borrows its block table only while it runs: the engine rewrites the same
+    // buffer for the next step. Blocks 1 and 2 hold V = 1 and V = 2 (K = 0: uniform
+    // weights), so dense attention reads 1 through table [1] and 2 through table [2].
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?;
+    let g = cfg.rank_geometry()?;
+    let (d, h, bs, l) = (cfg.head_dim as usize, g.q_heads as usize, cfg.block_size as usize, 5usize);
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 3;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+    for (block, value) in [(1usize, 1.0f32), (2, 2.0)] {
+        let slots: Vec<i64> = (0..l).map(|t| (block * bs + t) as i64).collect();
+        cache.store_kv(layer, &DeviceBuffer::from_slice(&ctx, &vec![0u16; l * d])?,
+                       &DeviceBuffer::from_slice(&ctx, &vec![to_half(value); l * d])?,
+                       &DeviceBuffer::from_slice(&ctx, &slots)?, l)?;
+    }
+    let q = DeviceBuffer::from_slice(&ctx, &vec![to_half(0.0625); h * d])?;
+    let mut out = DeviceBuffer::new(&ctx, h * d * 2)?;
+    let mut table = DeviceBuffer::from_slice(&ctx, &[1i32])?;
+    let mut plan = Plan::new(&cache, 1, 1)?;
+    for (block, want) in [(1i32, 1.0f64), (2, 2.0), (1, 1.0)] {
+        table.upload(&[block])?; // the previous step's batch is gone: the table is free
+        let mut batch = plan.update(&[0, 1], &[l as i32], &table, 1)?;
+        batch.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &q, &mut out)?;
+        let got: Vec<u16> = out.to_vec()?;
+        assert!(got.iter().all(|&o| from_half(o) == want), "table [{block}]: {}", from_half(got[0]));
+    }
     Ok(())
 }
