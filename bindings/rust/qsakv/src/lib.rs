@@ -931,13 +931,41 @@ impl<'c> Plan<'c> {
             )));
         }
         need("block_table", block_table, self.cache.ctx, n, block_table_stride.max(0) as usize * 4)?;
+        unsafe {
+            self.update_raw(query_start, seq_lens, block_table.as_ptr() as *const i32,
+                            block_table_stride, ptr::null_mut())
+        }
+    }
+
+    /// `update` with a block table the engine owns (a device pointer, int32 [requests,
+    /// stride]) and a CUDA stream for the batch's metadata copy.
+    ///
+    /// # Safety
+    /// `block_table` must be device memory of the plan's context with the shape above,
+    /// unchanged and alive until every selection and attention of the returned batch ran
+    /// on the GPU (the returned batch borrows nothing of it).
+    pub unsafe fn update_raw(
+        &mut self,
+        query_start: &[i32],
+        seq_lens: &[i32],
+        block_table: *const i32,
+        block_table_stride: i32,
+        stream: Stream,
+    ) -> Result<Batch<'_, 'static, 'c>> {
+        let n = seq_lens.len();
+        if query_start.len() != n + 1 {
+            return Err(invalid(format!(
+                "query_start: {} entries for {n} requests (needs requests + 1)",
+                query_start.len()
+            )));
+        }
         let mut b = versioned!(sys::qsakv_batch, sys::QSAKV_BATCH_VERSION);
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();
         b.seq_lens = seq_lens.as_ptr();
-        b.block_table = block_table.as_ptr() as *const i32;
+        b.block_table = block_table;
         b.block_table_stride = block_table_stride;
-        check(unsafe { sys::qsakv_plan_update(self.as_ptr(), &b, ptr::null_mut()) })?;
+        check(sys::qsakv_plan_update(self.as_ptr(), &b, stream))?;
         let rows = self.info()?.num_rows as usize;
         Ok(Batch { plan: self, rows, _block_table: PhantomData })
     }

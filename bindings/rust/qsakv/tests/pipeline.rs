@@ -583,5 +583,16 @@ fn a_block_table_is_rewritten_between_steps() -> Result<()> {
         let got: Vec<u16> = out.to_vec()?;
         assert!(got.iter().all(|&o| from_half(o) == want), "table [{block}]: {}", from_half(got[0]));
     }
+    // An engine-owned table through update_raw (here the buffer's own pointer).
+    table.upload(&[2i32])?;
+    let mut batch = unsafe {
+        plan.update_raw(&[0, 1], &[l as i32], table.as_ptr() as *const i32, 1, std::ptr::null_mut())?
+    };
+    batch.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &q, &mut out)?;
+    let got: Vec<u16> = out.to_vec()?;
+    assert!(got.iter().all(|&o| from_half(o) == 2.0), "update_raw: {}", from_half(got[0]));
+    let err = unsafe { plan.update_raw(&[0], &[l as i32], table.as_ptr() as *const i32, 1,
+                                       std::ptr::null_mut()) }.unwrap_err();
+    assert!(err.message().starts_with("query_start: 1 entries for 1 requests"), "{err}");
     Ok(())
 }
