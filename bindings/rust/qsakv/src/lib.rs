@@ -874,6 +874,18 @@ pub struct Plan<'c> {
 
 // Not Send either, for the same reason (a plan uses its cache and context).
 
+/// The batch's request count, once `query_start` has one entry more than `seq_lens`.
+fn requests(query_start: &[i32], seq_lens: &[i32]) -> Result<usize> {
+    let n = seq_lens.len();
+    if query_start.len() != n + 1 {
+        return Err(invalid(format!(
+            "query_start: {} entries for {n} requests (needs requests + 1)",
+            query_start.len()
+        )));
+    }
+    Ok(n)
+}
+
 /// A plan's options (`qsakv_plan_options`); each 0 takes the library's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -923,13 +935,7 @@ impl<'c> Plan<'c> {
         block_table: &'b DeviceBuffer<'_>,
         block_table_stride: i32,
     ) -> Result<Batch<'p, 'b, 'c>> {
-        let n = seq_lens.len();
-        if query_start.len() != n + 1 {
-            return Err(invalid(format!(
-                "query_start: {} entries for {n} requests (needs requests + 1)",
-                query_start.len()
-            )));
-        }
+        let n = requests(query_start, seq_lens)?;
         need("block_table", block_table, self.cache.ctx, n, block_table_stride.max(0) as usize * 4)?;
         unsafe {
             self.update_raw(query_start, seq_lens, block_table.as_ptr() as *const i32,
@@ -952,13 +958,7 @@ impl<'c> Plan<'c> {
         block_table_stride: i32,
         stream: Stream,
     ) -> Result<Batch<'_, 'static, 'c>> {
-        let n = seq_lens.len();
-        if query_start.len() != n + 1 {
-            return Err(invalid(format!(
-                "query_start: {} entries for {n} requests (needs requests + 1)",
-                query_start.len()
-            )));
-        }
+        let n = requests(query_start, seq_lens)?;
         let mut b = versioned!(sys::qsakv_batch, sys::QSAKV_BATCH_VERSION);
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();
