@@ -1049,7 +1049,9 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
   // The warpgroup scorer's code is sm_90a: nowhere else, whatever the caller asked.
   if (sm_version != kSmWarpgroupMma || !select_warpgroup_mma_built())
     scorer_mma = SelectScorerMma::kSync;
-  // The SM70 tier is the V100 code path, which sorts by runs (the backend passes kRuns too).
+  // The SM70 tier is the V100 code path, which sorts by runs (a V100 build has no bucket
+  // sort: sort_winners). The backend passes that tier, on any GPU, as kSmSimtTier: this
+  // line is the one place the rule is kept.
   if (sm_version < kSmTensorCoreTier) sort = SelectSort::kRuns;
   const float inv_sqrt_dim = 1.0f / std::sqrt(static_cast<float>(p.index_dim));
   const int64_t stride = workspace_stride(p.max_blocks);

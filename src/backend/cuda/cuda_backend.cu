@@ -63,9 +63,8 @@ class CudaBackend final : public Backend {
                     : select_mma == MmaChoice::kSync ? cuda::SelectScorerMma::kSync
                                                      : cuda::SelectScorerMma::kAuto),
         select_score_only_(select_score_only),
-        // The SM70 tier is the V100 code path, whose top-k sorts by runs (select.cu).
-        select_sort_(tier == QSAKV_KERNEL_TIER_SM70        ? cuda::SelectSort::kRuns
-                     : select_sort == SortChoice::kRuns    ? cuda::SelectSort::kRuns
+        // (On the SM70 tier the launcher sorts by runs whatever is asked: select.cu.)
+        select_sort_(select_sort == SortChoice::kRuns      ? cuda::SelectSort::kRuns
                      : select_sort == SortChoice::kBuckets ? cuda::SelectSort::kBuckets
                                                            : cuda::SelectSort::kAuto) {
     info_.kind = QSAKV_BACKEND_CUDA;
