@@ -24,8 +24,9 @@
 #      is stopped. The SM70 tier's racecheck of test_cuda_overlap needs more than 360 s
 #      even then (run 36): it gives no verdict in this script.
 # Shorter runs (a call has 600 s): SUITES (plain suites, default all five), SM70_SUITES
-# (default attention and selection; "" for none) and BENCHES (besides the selection table:
-# default "decode overlap"; "" for none).
+# (default attention and selection; "" for none), BENCHES (besides the selection table:
+# default "decode overlap"; "" for none) and SAN_SUITES (step 5's suites run a process per
+# GPU test: default test_attention and test_select; store and graph run whatever it says).
 # SKIP_SAN=1 leaves out step 5, ONLY_SAN=1 runs only steps 1 (tree only) and 5;
 # SKIP_BENCH=1 leaves out step 4, ONLY_BENCH=1 runs only steps 1 (no mma_bits) and 4 (a
 # call of steps 1-3 and one of steps 1 and 4 fit the 600 s limit; 1-4 do not). Logs go
@@ -215,7 +216,7 @@ if [ -z "${SKIP_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
   # a whole suite per process, the SM70 tier's racechecks ran out of the time in every run
   # from 33 to 35, and in run 36 the memchecks of test_attention, queued behind the other
   # suites', never started.
-  for s in test_attention test_select; do
+  for s in ${SAN_SUITES:-test_attention test_select}; do
     for t in $(cuda_tests "$s"); do
       for tool in memcheck racecheck; do
         k=${tool%check}  # mem, race
