@@ -651,6 +651,10 @@ __device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n,
   // first bin among them: their top 22 bits exceed top2 too, so a pass that took them
   // earlier listed them twice, and the sort of the duplicates left winners' slots unset)
   // and gather the narrower bin where it fits.
+  // Every thread has read in_bin (and so taken this path) before the histogram is cleared:
+  // without this barrier a fast warp's clear made a slow one read 0, take the other path
+  // and pair the two paths' barriers (compute-sanitizer racecheck, docs/perf.md run 45).
+  __syncthreads();
   for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
   __syncthreads();
   for_each_key(keys, n, [&](int64_t, uint32_t key) {
