@@ -970,8 +970,8 @@ void launch_score_rows_wgmma(const SelectParams& p, int rows, int row0, int wave
   // The largest carveout, so that 3 CTAs of ~34 KB fit on an SM whatever the driver's
   // default (its registers allow 3; its loads bypass L1).
   prepare_kernel_smem(select_score_rows_wgmma_kernel<kFp8>, smem, true, ready);
-  constexpr int64_t kKeysPerCta = kWgScoreTilesPerCta * kWgScoreKeys;
-  const int64_t chunks = (std::max<int64_t>(p.max_blocks, 1) + kKeysPerCta - 1) / kKeysPerCta;
+  const int64_t chunks =
+      (std::max<int64_t>(p.max_blocks, 1) + kWgScoreKeysPerCta - 1) / kWgScoreKeysPerCta;
   const dim3 grid(static_cast<unsigned>(chunks),
                   static_cast<unsigned>((rows + kWgScoreRows - 1) / kWgScoreRows));
   launch_kernel(programmatic, select_score_rows_wgmma_kernel<kFp8>, grid, kWgScoreThreads, smem,

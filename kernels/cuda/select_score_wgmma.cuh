@@ -41,8 +41,16 @@ constexpr int kWgScoreRows = 32;        // rows of a CTA's block: N = 32 rows x 
 constexpr int kWgScoreKeys = 64;        // keys of a tile: M (16 per warp)
 constexpr int kWgScoreDim = 128;        // index dims: K (two 64-dim atoms)
 constexpr int kWgScoreThreads = 128;    // one warpgroup
-constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per CTA (32 16-key subtiles: tile_pages)
-constexpr int kWgScoreHeads = 4;        // (row, head) columns per row
+constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per chunk (32 16-key subtiles: tile_pages)
+// Chunks of 512 keys a CTA scores, one after the other, for each run of its rows: the runs'
+// queries are staged once for all of them (the staging is a third of a one-chunk CTA's
+// loads). H100, docs/perf.md run 46, against 1 chunk: 2 take 6% off the scoring at 8,192
+// rows x 32K and 9-13% at 128K; 4 are slower than 1 at 32K (a grid of 4 CTAs per
+// 32-row block leaves more of the last wave idle).
+constexpr int kWgScoreChunksPerCta = 2;
+constexpr int64_t kWgScoreKeysPerCta =
+    int64_t{kWgScoreChunksPerCta} * kWgScoreTilesPerCta * kWgScoreKeys;
+constexpr int kWgScoreHeads = 4;  // (row, head) columns per row
 // The automatic choice takes this scorer only for batches whose rows take more than one
 // wave of the workspace (select_rows_per_wave: 4,096 rows at 32K, 1,024 at 128K) and whose
 // every request has a CTA's full 32 rows or more. H200, docs/perf.md run 39, every
@@ -108,11 +116,11 @@ struct WgKeyTile {
   uint32_t mask;  // ~0: the key is visible and mapped; 0: its score key is 0
 };
 
-// Rows of one request scored together on warpgroup MMAs. Grid: (key chunks of
-// kWgScoreTilesPerCta tiles, blocks of kWgScoreRows rows). A block's rows are split into
-// runs of one request each, as in select_score_rows_kernel; a run's queries are staged
-// once in shared memory, then each key tile is loaded into registers and scored for all of
-// them.
+// Rows of one request scored together on warpgroup MMAs. Grid: (key ranges of
+// kWgScoreKeysPerCta, blocks of kWgScoreRows rows). A block's rows are split into runs of
+// one request each, as in select_score_rows_kernel; a run's queries are staged once in
+// shared memory, then each key tile of the range's chunks is loaded into registers and
+// scored for all of them.
 template <bool kFp8>
 __global__ void __launch_bounds__(kWgScoreThreads, 3)
     select_score_rows_wgmma_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
@@ -135,7 +143,7 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
   const int num_rows = p.meta.header->num_rows;
   const int r_first = row0 + static_cast<int>(blockIdx.y) * kWgScoreRows;
   const int r_last = min(min(r_first + kWgScoreRows, row0 + wave_rows), num_rows);  // exclusive
-  const int64_t cta0 = static_cast<int64_t>(blockIdx.x) * kWgScoreTilesPerCta * kWgScoreKeys;
+  const int64_t cta_first = static_cast<int64_t>(blockIdx.x) * kWgScoreKeysPerCta;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -149,8 +157,8 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
     const BlockRuns::Run run = block.run_at(first, lane, p.ratio, p.max_blocks);
     const int req = run.req, r_end = r_first + run.end, n_run = r_end - r_begin;
     const int64_t n_max = run.n_max;
-    if (cta0 < n_max) {  // block-uniform
-      __syncthreads();   // the previous run's MMAs and epilogue are done with q_tile and row_n
+    if (cta_first < n_max) {  // block-uniform
+      __syncthreads();        // the previous run's MMAs and epilogue are done with q_tile and row_n
       {
         // The run's queries, column n = 4 x row + head (zeros past the run's rows and
         // heads): thread t stages half u of column t, for u = 0, 1.
@@ -183,71 +191,77 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
       __syncthreads();
       const int32_t* bt = p.meta.header->block_table +
                           static_cast<int64_t>(req) * p.meta.header->block_table_stride;
-      const TilePages pages = tile_pages(p, bt, cta0, kSubTiles, n_max, lane);
-      // The lane's first row's scores; n-tile j's rows are 2j rows further.
-      uint32_t* const ws_lane = reinterpret_cast<uint32_t*>(p.score_workspace) +
-                                static_cast<int64_t>(r_begin + lane_row - row0) * ws_stride;
-      const uint64_t q_desc = sw128_desc(smem_addr(q_tile), 16, 1024);
-      constexpr int kQAtom = kWgScoreRows * kWgScoreHeads * 128;
-      // Tiles with a visible key (warpgroup-uniform: every warp takes part in each MMA;
-      // a warp whose 16 keys are all past n_max loads zeros and stores nothing).
-      const int n_tiles = static_cast<int>(min(static_cast<int64_t>(kWgScoreTilesPerCta),
-                                               (n_max - cta0 + kWgScoreKeys - 1) / kWgScoreKeys));
-      // Key b = cta0 + 64 t + 16 w + g (and b + 8) of tile t: subtile 4 t + w of the CTA.
-      const int64_t b0 = cta0 + kScoreTileKeys * warp + g;  // key g of the warp in tile 0
-      // Tile t's keys into kt (loads in flight on return).
-      auto load_tile = [&](WgKeyTile<kFp8>& kt, int t) {
-        CompressedKeyAddress lo, hi;
-        tile_key_addresses(p, bt, pages, 4 * t + warp, b0 + static_cast<int64_t>(t) * kWgScoreKeys,
-                           n_max, true, lo, hi);
-        load_key_runs<D, kFp8>(kt.k.lo, lo.codes, t4);
-        load_key_runs<D, kFp8>(kt.k.hi, hi.codes, t4);
-        const CompressedKeyAddress ka = odd ? hi : lo;
-        kt.scale = kFp8 && ka.scale ? __ldg(ka.scale) : 1.0f / 256.0f;
-        kt.mask = ka.codes != nullptr ? ~0u : 0u;
-      };
-      // Scores tile t from cur, after issuing tile t + 1's loads into next: they arrive
-      // while the MMAs and the epilogue run. Two buffers, alternated by the caller, so that
-      // no register copies from one to the other.
-      auto score_tile = [&](const WgKeyTile<kFp8>& cur, WgKeyTile<kFp8>& next, int t) {
-        uint32_t a[D / 16][4];  // the A fragments, converted once (32 registers)
+      for (int c = 0; c < kWgScoreChunksPerCta; ++c) {
+        const int64_t cta0 =
+            cta_first + static_cast<int64_t>(c) * kWgScoreTilesPerCta * kWgScoreKeys;
+        if (cta0 >= n_max) break;  // block-uniform
+        const TilePages pages = tile_pages(p, bt, cta0, kSubTiles, n_max, lane);
+        // The lane's first row's scores; n-tile j's rows are 2j rows further.
+        uint32_t* const ws_lane = reinterpret_cast<uint32_t*>(p.score_workspace) +
+                                  static_cast<int64_t>(r_begin + lane_row - row0) * ws_stride;
+        const uint64_t q_desc = sw128_desc(smem_addr(q_tile), 16, 1024);
+        constexpr int kQAtom = kWgScoreRows * kWgScoreHeads * 128;
+        // Tiles with a visible key (warpgroup-uniform: every warp takes part in each MMA;
+        // a warp whose 16 keys are all past n_max loads zeros and stores nothing).
+        const int n_tiles = static_cast<int>(min(static_cast<int64_t>(kWgScoreTilesPerCta),
+                                                 (n_max - cta0 + kWgScoreKeys - 1) / kWgScoreKeys));
+        // Key b = cta0 + 64 t + 16 w + g (and b + 8) of tile t: subtile 4 t + w of the CTA.
+        const int64_t b0 = cta0 + kScoreTileKeys * warp + g;  // key g of the warp in tile 0
+        // Tile t's keys into kt (loads in flight on return).
+        auto load_tile = [&](WgKeyTile<kFp8>& kt, int t) {
+          CompressedKeyAddress lo, hi;
+          tile_key_addresses(p, bt, pages, 4 * t + warp,
+                             b0 + static_cast<int64_t>(t) * kWgScoreKeys, n_max, true, lo, hi);
+          load_key_runs<D, kFp8>(kt.k.lo, lo.codes, t4);
+          load_key_runs<D, kFp8>(kt.k.hi, hi.codes, t4);
+          const CompressedKeyAddress ka = odd ? hi : lo;
+          kt.scale = kFp8 && ka.scale ? __ldg(ka.scale) : 1.0f / 256.0f;
+          kt.mask = ka.codes != nullptr ? ~0u : 0u;
+        };
+        // Scores tile t from cur, after issuing tile t + 1's loads into next: they arrive
+        // while the MMAs and the epilogue run. Two buffers, alternated by the caller, so that
+        // no register copies from one to the other.
+        auto score_tile = [&](const WgKeyTile<kFp8>& cur, WgKeyTile<kFp8>& next, int t) {
+          uint32_t a[D / 16][4];  // the A fragments, converted once (32 registers)
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) cur.k.a_frag(ks, a[ks]);
-        const float f = kFp8 ? cur.scale * 256.0f : 1.0f;
-        const uint32_t mask = cur.mask;               // (a mask, not a select: no branch per score)
-        if (t + 1 < n_tiles) load_tile(next, t + 1);  // block-uniform
-        float d[16][4];
+          for (int ks = 0; ks < D / 16; ++ks) cur.k.a_frag(ks, a[ks]);
+          const float f = kFp8 ? cur.scale * 256.0f : 1.0f;
+          const uint32_t mask = cur.mask;  // (a mask, not a select: no branch per score)
+          if (t + 1 < n_tiles) load_tile(next, t + 1);  // block-uniform
+          float d[16][4];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-        pin_accumulators(d);  // every operand register written before the fence
-        pin_fragments(a);
-        wgmma_fence();
+          for (int j = 0; j < 16; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+          pin_accumulators(d);  // every operand register written before the fence
+          pin_fragments(a);
+          wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-          wgmma_m64n128k16_rs<false>(d, a[ks], q_desc + ((ks >> 2) * kQAtom + (ks & 3) * 32) / 16);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin_accumulators(d);
-        pin_fragments(a);
-        // Block indices fit in 32 bits (positions are int32).
-        const uint32_t key =
-            static_cast<uint32_t>(b0 + static_cast<int64_t>(t) * kWgScoreKeys) + (odd ? 8u : 0u);
-        uint32_t* ws = ws_lane + key;
+          for (int ks = 0; ks < D / 16; ++ks)
+            wgmma_m64n128k16_rs<false>(d, a[ks],
+                                       q_desc + ((ks >> 2) * kQAtom + (ks & 3) * 32) / 16);
+          wgmma_commit();
+          wgmma_wait<0>();
+          pin_accumulators(d);
+          pin_fragments(a);
+          // Block indices fit in 32 bits (positions are int32).
+          const uint32_t key =
+              static_cast<uint32_t>(b0 + static_cast<int64_t>(t) * kWgScoreKeys) + (odd ? 8u : 0u);
+          uint32_t* ws = ws_lane + key;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          // Rows past the run have row_n 0 (no store); every lane of a pair stores.
-          const uint32_t n = static_cast<uint32_t>(row_n[2 * j + lane_row]);
-          const float s = sum_row_heads_split<kWgScoreHeads>(d[j], inv_sqrt_dim, odd);
-          const uint32_t v = score_key(s * f) & mask;
-          if (key < n) *ws = v;
-          ws += 2 * ws_stride;
+          for (int j = 0; j < 16; ++j) {
+            // Rows past the run have row_n 0 (no store); every lane of a pair stores.
+            const uint32_t n = static_cast<uint32_t>(row_n[2 * j + lane_row]);
+            const float s = sum_row_heads_split<kWgScoreHeads>(d[j], inv_sqrt_dim, odd);
+            const uint32_t v = score_key(s * f) & mask;
+            if (key < n) *ws = v;
+            ws += 2 * ws_stride;
+          }
+        };
+        WgKeyTile<kFp8> kt0, kt1;
+        load_tile(kt0, 0);
+        for (int t = 0; t < n_tiles; t += 2) {
+          score_tile(kt0, kt1, t);
+          if (t + 1 < n_tiles) score_tile(kt1, kt0, t + 1);  // block-uniform
         }
-      };
-      WgKeyTile<kFp8> kt0, kt1;
-      load_tile(kt0, 0);
-      for (int t = 0; t < n_tiles; t += 2) {
-        score_tile(kt0, kt1, t);
-        if (t + 1 < n_tiles) score_tile(kt1, kt0, t + 1);  // block-uniform
       }
     }
     r_begin = r_end;
