@@ -44,9 +44,9 @@ constexpr int kWgScoreThreads = 128;    // one warpgroup
 constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per chunk (32 16-key subtiles: tile_pages)
 // Chunks of 512 keys a CTA scores, one after the other, for each run of its rows: the runs'
 // queries are staged once for all of them (the staging is a third of a one-chunk CTA's
-// loads). H100, docs/perf.md run 46, against 1 chunk: 2 take 6% off the scoring at 8,192
-// rows x 32K and 9-13% at 128K; 4 are slower than 1 at 32K (a grid of 4 CTAs per
-// 32-row block leaves more of the last wave idle).
+// loads). docs/perf.md run 46, against 1 chunk: 2 take 5-6% off the scoring at 8,192 rows x
+// 32K and 9-13% at 128K (H100 and H200); 4 are slower than 1 at 32K (H100). Only batches of
+// several waves take this scorer: on one-wave batches (forced) 2 chunks are slower.
 constexpr int kWgScoreChunksPerCta = 2;
 constexpr int64_t kWgScoreKeysPerCta =
     int64_t{kWgScoreChunksPerCta} * kWgScoreTilesPerCta * kWgScoreKeys;
