@@ -16,7 +16,7 @@
 #   5. compute-sanitizer memcheck and racecheck of the GPU suites on the tensor-core tier,
 #      the SM70 tier and with the grouped kernel (attention) or the multi-row scorer
 #      (selection) forced onto warpgroup MMAs, and two selection tests ($SORT_SAN_TESTS)
-#      with the top-k's bucket sort forced (QSAKV_SELECT_SORT=buckets), in parallel
+#      with the top-k's runs sort forced (QSAKV_SELECT_SORT=runs), in parallel
 #      (the sanitizer is CPU-bound; one group in sequence takes longer than a call):
 #      attention and selection one process per GPU test (store and graph by suite),
 #      all of them within $SAN_SECONDS (default 330, 450 with ONLY_SAN) from the step's
@@ -86,8 +86,8 @@ if [ -z "${ONLY_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
   # The selection's multi-row scorer forced each way (auto takes the warpgroup one for
   # large prefill batches only).
   for m in sync wgmma; do runs+=("tsel-$m|QSAKV_SELECT_MMA=$m|test_select"); done
-  # The top-k's sort of the winners forced each way (auto: buckets in the one-CTA top-k,
-  # runs in the filter kernel), the GPU tests only (the CPU half runs above).
+  # The top-k's sort of the winners forced each way (auto: buckets in both top-k
+  # kernels), the GPU tests only (the CPU half runs above).
   for so in runs buckets; do
     runs+=("tsel-sort-$so|QSAKV_SELECT_SORT=$so QSAKV_TEST_FILTER=*cuda*|test_select")
   done
@@ -229,11 +229,11 @@ if [ -z "${SKIP_SAN:-}" ] && [ -z "${ONLY_BENCH:-}" ]; then
         else  # every multi-row selection on the warpgroup scorer
           (san "wg-$k-$t" $tool "$s" QSAKV_SELECT_MMA=wgmma QSAKV_TEST_FILTER="$t") &
           pids+=($!)
-          # The bucket sort in both top-k kernels (auto: the one-CTA one only); the plain run
-          # of test_select_sorts_agree_cuda above has contexts forced each way already.
+          # The runs sort in both top-k kernels (auto: buckets in both); the plain run of
+          # test_select_sorts_agree_cuda above has contexts forced each way already.
           case " ${SORT_SAN_TESTS-test_select_contract_cuda test_select_special_cuda} " in
             *" $t "*)
-              (san "bk-$k-$t" $tool "$s" QSAKV_SELECT_SORT=buckets QSAKV_TEST_FILTER="$t") &
+              (san "rs-$k-$t" $tool "$s" QSAKV_SELECT_SORT=runs QSAKV_TEST_FILTER="$t") &
               pids+=($!) ;;
           esac
         fi

@@ -87,9 +87,9 @@ size_t select_workspace_bytes(int max_rows, int64_t max_blocks);
 enum class SelectScorerMma { kAuto, kSync, kWarpgroup };
 bool select_warpgroup_mma_built();
 // How the top-k sorts a row's winners (the same order either way; bucket_sort.cuh): kAuto
-// by buckets in the one-CTA top-k and by runs in the filter kernel's finishing CTA; kRuns,
-// kBuckets everywhere (a test and benchmark hook: QSAKV_SELECT_SORT). Code below SM80 sorts
-// by runs whatever is asked.
+// by buckets in both top-k kernels (today the same as kBuckets); kRuns, kBuckets everywhere
+// (a test and benchmark hook: QSAKV_SELECT_SORT). Code below SM80 sorts by runs whatever is
+// asked.
 enum class SelectSort { kAuto, kRuns, kBuckets };
 // score_only: the scoring kernels alone, no top-k (a benchmark hook: QSAKV_SELECT_STAGES).
 void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, bool programmatic,

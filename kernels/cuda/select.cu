@@ -859,9 +859,11 @@ __global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerS
 // next call. One long row thus filters on many SMs, and a single CTA does only the short
 // remainder. A bin too large for its list takes the one-CTA route. The host launches
 // this kernel only for waves of at most kFilterMaxRows rows, so every row has lists.
-// kBucketSort: the finishing CTA sorts by buckets (QSAKV_SELECT_SORT=buckets); a template
-// argument so that the default instance holds no bucket-sort code (with it, the kernel
-// spills 8 bytes at its 64-register cap on sm_90a).
+// kBucketSort: the finishing CTA sorts by buckets (the automatic choice: on an H200 0.3-0.5
+// us faster on one decode row at 128K than by runs, although the instance spills 8 bytes
+// at its 64-register cap on sm_90a; docs/perf.md run 44), else by runs
+// (QSAKV_SELECT_SORT=runs). A template argument so that the runs instance holds no
+// bucket-sort code.
 template <bool kBucketSort>
 __global__ void __launch_bounds__(kTopkThreads, 2)
     select_filter_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride) {
@@ -1118,7 +1120,7 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
       e = launch_kernel(
           programmatic,
-          sort == SelectSort::kBuckets ? select_filter_kernel<true> : select_filter_kernel<false>,
+          sort != SelectSort::kRuns ? select_filter_kernel<true> : select_filter_kernel<false>,
           dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows)), kTopkThreads, 0,
           stream, p, row0, wave, stride);
     }

@@ -80,8 +80,8 @@ bool parse_select_score_only(const char* value);
 
 // How the CUDA selection's top-k sorts a row's winners: QSAKV_SELECT_SORT, a test and
 // benchmark hook (every choice gives the same output). Unset, "" or "auto": by buckets in
-// the one-CTA top-k, by runs in the filter kernel (docs/perf.md says which workloads chose
-// this); "runs" or "buckets": that sort wherever the GPU code has it (the bucket sort exists
+// both top-k kernels (docs/perf.md run 44 says which workloads chose this); "runs" or
+// "buckets": that sort wherever the GPU code has it (the bucket sort exists
 // from SM80, and the SM70 tier sorts by runs whatever is asked). Checked on every backend;
 // anything else fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
 constexpr const char* kSelectSortEnv = "QSAKV_SELECT_SORT";
