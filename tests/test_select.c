@@ -352,8 +352,9 @@ static const tu_shape kContractShape = {6, {1, 2, 1, 3, 1, 37}, {1, 5, 262144, 7
 /* A batch of prefill chunks alone (every request 16+ rows, as in a prefill step): the
  * 40-row chunk across the mma.sync scorer's 16-row blocks and the warpgroup scorer's 32-row
  * ones (test_select_warpgroup_scorer_cuda forces it), the next chunk starting in its last
- * block. */
-static const tu_shape kPrefillShape = {2, {40, 24}, {70001, 5000}};
+ * block. 256 rows, more than any GPU has SMs: the one-CTA top-k takes its many-rows forms
+ * here (kContractShape's 45 rows take the others). */
+static const tu_shape kPrefillShape = {2, {40, 216}, {70001, 5000}};
 static const tu_shape* const kContractShapes[2] = {&kContractShape, &kPrefillShape};
 
 static void contract_config(qsakv_model_config* c) {

@@ -62,34 +62,16 @@ __device__ __forceinline__ void block_min_max(unsigned long long& lo, unsigned l
   hi = __shfl_sync(0xffffffffu, hi, 0);
 }
 
-// Sorts the n values (unique, nonzero) held kSlots per thread (element s * kThreads + tid;
-// zero past n) descending into out[0..n). Shared memory: buckets (kSortBuckets words),
-// staging (n values: it may be the array the values were loaded from, which is then
-// overwritten), scratch (2 * kThreads / 32 values), warp_totals (kThreads / 32 ints).
-// Returns false, leaving out and staging untouched, where a bucket holds more than
-// kSortBucketMax values; the result is block-uniform. Contains barriers (the last one
-// after out is written); every thread must call it.
+// The sort proper, over a range [lo, hi] that holds every value (lo <= v <= hi), with
+// the buckets cleared and the clears ordered by a barrier. See sort_descending_by_buckets.
 template <int kThreads, int kSlots>
-__device__ __forceinline__ bool sort_descending_by_buckets(
-    const unsigned long long (&v)[kSlots], int n, uint32_t* buckets, unsigned long long* staging,
-    unsigned long long* scratch, int* warp_totals, unsigned long long* out) {
+__device__ __forceinline__ bool sort_descending_in_buckets(
+    const unsigned long long (&v)[kSlots], int n, unsigned long long lo, unsigned long long hi,
+    uint32_t* buckets, unsigned long long* staging, int* warp_totals, unsigned long long* out) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kPer = kSortBuckets / kThreads;  // consecutive buckets a thread scans
   static_assert(kSortBuckets % kThreads == 0 && kPer % 2 == 0, "whole pairs of buckets");
   const int tid = static_cast<int>(threadIdx.x);
-  if (n <= 0) return true;                  // block-uniform
-  if (n > kThreads * kSlots) return false;  // (not held: the callers never pass more)
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) buckets[kPer * tid + j] = 0u;
-  unsigned long long lo = ~0ull, hi = 0ull;
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    if (s * kThreads + tid < n) {
-      lo = v[s] < lo ? v[s] : lo;
-      hi = v[s] > hi ? v[s] : hi;
-    }
-  }
-  block_min_max<kWarps>(lo, hi, scratch);  // its barrier also orders the clears above
   // The range's top kSortBucketLog2 bits pick the bucket: (hi - lo) >> shift < kSortBuckets.
   const unsigned long long width = hi - lo;
   const int bits = 64 - __clzll(static_cast<long long>(width));
@@ -102,7 +84,11 @@ __device__ __forceinline__ bool sort_descending_by_buckets(
   for (int s = 0; s < kSlots; ++s) {
     place[s] = -1;
     if (s * kThreads + tid < n) {
-      const int b = kSortBuckets - 1 - static_cast<int>((v[s] - lo) >> shift);
+      // Clamped: a value outside [lo, hi] (only from an inconsistent workspace) lands in an
+      // end bucket, a wrong order but no write outside the buckets.
+      const unsigned long long off = (v[s] - lo) >> shift;
+      const int b =
+          kSortBuckets - 1 - static_cast<int>(off < kSortBuckets ? off : kSortBuckets - 1);
       const int slot = static_cast<int>(atomicAdd(&buckets[b], 1u));
       crowded |= slot >= kSortBucketMax;
       place[s] = b | slot << kSortBucketLog2;
@@ -147,6 +133,61 @@ __device__ __forceinline__ bool sort_descending_by_buckets(
   }
   __syncthreads();
   return true;
+}
+
+// Clears the kSortBuckets buckets (kThreads threads); the caller orders them with a barrier.
+template <int kThreads>
+__device__ __forceinline__ void clear_sort_buckets(uint32_t* buckets) {
+  constexpr int kPer = kSortBuckets / kThreads;
+  static_assert(kSortBuckets % kThreads == 0 && kPer % 2 == 0, "whole pairs of buckets");
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) buckets[kPer * static_cast<int>(threadIdx.x) + j] = 0u;
+}
+
+// Sorts the n values (unique, nonzero) held kSlots per thread (element s * kThreads + tid;
+// zero past n) descending into out[0..n), over their own range (a block-wide min and max).
+// Shared memory: buckets (kSortBuckets words), staging (n values: it may be the array the
+// values were loaded from, which is then overwritten), scratch (2 * kThreads / 32 values),
+// warp_totals (kThreads / 32 ints). Returns false, leaving out and staging untouched,
+// where a bucket holds more than kSortBucketMax values; the result is block-uniform.
+// Contains barriers (the last one after out is written); every thread must call it.
+template <int kThreads, int kSlots>
+__device__ __forceinline__ bool sort_descending_by_buckets(
+    const unsigned long long (&v)[kSlots], int n, uint32_t* buckets, unsigned long long* staging,
+    unsigned long long* scratch, int* warp_totals, unsigned long long* out) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (n <= 0) return true;                  // block-uniform
+  if (n > kThreads * kSlots) return false;  // (not held: the callers never pass more)
+  clear_sort_buckets<kThreads>(buckets);
+  unsigned long long lo = ~0ull, hi = 0ull;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (s * kThreads + tid < n) {
+      lo = v[s] < lo ? v[s] : lo;
+      hi = v[s] > hi ? v[s] : hi;
+    }
+  }
+  block_min_max<kThreads / 32>(lo, hi, scratch);  // its barrier also orders the clears above
+  return sort_descending_in_buckets<kThreads, kSlots>(v, n, lo, hi, buckets, staging, warp_totals,
+                                                      out);
+}
+
+// The same where the caller knows bounds of the values (lo <= every value <= hi): no
+// block-wide min and max (in the one-CTA top-k they were a twelfth of a prefill row's
+// instructions, docs/perf.md run 47). Bounds wider than the values' own range make the
+// buckets coarser, and a crowded one declines: the one-CTA top-k passes the threshold its
+// radix select resolved (below the smallest winner by less than the last digit's weight)
+// and the largest winner's score key with all low bits set (less than 2^32 above it).
+template <int kThreads, int kSlots>
+__device__ __forceinline__ bool sort_descending_by_buckets_in(
+    const unsigned long long (&v)[kSlots], int n, unsigned long long lo, unsigned long long hi,
+    uint32_t* buckets, unsigned long long* staging, int* warp_totals, unsigned long long* out) {
+  if (n <= 0) return true;                  // block-uniform
+  if (n > kThreads * kSlots) return false;  // (not held: the callers never pass more)
+  clear_sort_buckets<kThreads>(buckets);
+  __syncthreads();
+  return sort_descending_in_buckets<kThreads, kSlots>(v, n, lo, hi, buckets, staging, warp_totals,
+                                                      out);
 }
 
 }  // namespace cuda

@@ -137,6 +137,62 @@ __device__ __forceinline__ int find_digit(const uint32_t* hist, int need_cap, in
   return find_digit_in<kBins>(c, need_cap, warp_sums, digit, need_in_digit);
 }
 
+// find_digit's answer computed by one warp while the CTA's other warps wait at the caller's
+// barrier: for the one-CTA top-k, whose thousands of rows keep every SM's issue slots
+// busy, a block-wide scan costs sixteen warps' instructions (and three barriers) for what
+// one warp does in ~150. Lane l owns the same bins as find_digit's thread l would with 32
+// threads (lane 0 the highest 64); the lane holding the need-th item is found by a
+// warp scan, then its bins are split over the warp (kBins / 1024 a lane) and scanned
+// again. Writes K = min(total, need_cap) to *k and, when K > 0, the digit and the items
+// still needed from it (>= 1) to *digit and *need_in_digit; the caller's barrier
+// publishes them. Every lane of the calling warp must call it. hist: shared memory,
+// 16-byte aligned, complete (a barrier after its last update).
+template <int kBins>
+__device__ __forceinline__ void find_digit_in_warp(const uint32_t* hist, int need_cap, int* k,
+                                                   int* digit, int* need_in_digit) {
+  constexpr int kPerLane = kBins / 32, kVecs = kPerLane / 4, kSub = kPerLane / 32;
+  static_assert(kBins % 1024 == 0 && (kVecs & (kVecs - 1)) == 0, "whole skewed 16-byte words");
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const uint4* own = reinterpret_cast<const uint4*>(hist + kBins - kPerLane * (lane + 1));
+  uint32_t sum = 0u;
+  // Each lane starts at its own word: lanes 256 bytes apart would read one bank group
+  // (an 8-way conflict per 128-bit phase); skewed, 8 lanes of a phase hit 8 groups.
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const uint4 q = own[(i + lane) & (kVecs - 1)];
+    sum += q.x + q.y + q.z + q.w;
+  }
+  const int mine = static_cast<int>(sum);
+  const int incl = warp_inclusive_scan(mine);
+  const int need = min(__shfl_sync(full, incl, 31), need_cap);
+  if (lane == 0) *k = need;
+  if (need <= 0) return;  // warp-uniform
+  const int owner = __ffs(__ballot_sync(full, incl >= need)) - 1;
+  const int above_owner = __shfl_sync(full, incl - mine, owner);
+  // The owner's bins, kSub a lane from its top down: c[0] the highest.
+  const int sub_top = kBins - kPerLane * owner - kSub * lane;
+  uint32_t c[kSub];
+  int sub = 0;
+#pragma unroll
+  for (int j = 0; j < kSub; ++j) {
+    c[j] = hist[sub_top - 1 - j];
+    sub += static_cast<int>(c[j]);
+  }
+  const int incl2 = warp_inclusive_scan(sub) + above_owner;
+  if (lane == __ffs(__ballot_sync(full, incl2 >= need)) - 1) {
+    int acc = incl2 - sub;  // < need: the lanes before hold fewer
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) {
+      if (acc < need && acc + static_cast<int>(c[j]) >= need) {
+        *digit = sub_top - 1 - j;
+        *need_in_digit = need - acc;
+      }
+      acc += static_cast<int>(c[j]);
+    }
+  }
+}
+
 // Appends to `list` (capacity `cap`, counter `*count`; shared or global) the composites of
 // this thread's keys whose bit is set in `take` (bit 4u + j: key j of 16-byte word
 // words[u], whose first block is 4 * word_index[u]): one atomic per warp. Entries past the

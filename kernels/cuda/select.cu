@@ -348,6 +348,27 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 4)
 // 2. Top-k
 // ---------------------------------------------------------------------------------------
 
+// The one-CTA top-k's SM80 forms (find_digit_in_warp, the winners' bounds for the bucket
+// sort). Code below SM80 keeps the block-wide forms: the SM70 tier sorts by runs, and with
+// the warp's digit search the one-CTA top-k spilled at its 64-register cap for sm_70
+// (ptxas 12.9, tools/sm70-check.sh).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool kTopkSm80Forms = false;
+#else
+constexpr bool kTopkSm80Forms = true;
+#endif
+
+// log2 of a power-of-two compression ratio (the reference model's 4), else -1.
+__device__ __forceinline__ int ratio_shift_of(int ratio) {
+  return (ratio & (ratio - 1)) == 0 ? __ffs(ratio) - 1 : -1;
+}
+// The complete blocks through position pos, (pos + 1) / ratio: a shift where ratio_shift
+// (ratio_shift_of) allows; a runtime division is ~20 instructions, run by every thread of
+// a top-k CTA.
+__device__ __forceinline__ int blocks_through(int pos, int ratio, int ratio_shift) {
+  return ratio_shift >= 0 ? (pos + 1) >> ratio_shift : (pos + 1) / ratio;
+}
+
 static_assert(kTopkMaxBlocks + kSortBuckets / 2 <= kCandidateCap,
               "the bucket sort's counts fit in cand past the sorted winners");
 static_assert(kTopkMaxBlocks < (1 << 16), "the bucket sort packs a start and a count");
@@ -355,7 +376,9 @@ struct TopkSmem {
   // The histogram, or (once the last radix round has read it) the winners of the one-list
   // route (select_by_passes).
   union {
-    uint32_t hist[kTopBins + 1];  // + a bin that build_top_hist sends unmapped keys to
+    // + a bin that build_top_hist sends unmapped keys to; 16-byte aligned for
+    // find_digit_in_warp's loads.
+    alignas(16) uint32_t hist[kTopBins + 1];
     unsigned long long win[kTopkMaxBlocks];
   };
   // sel (kTopkMaxBlocks), then cand (kCandidateCap); the one-list route uses both as one list.
@@ -364,6 +387,11 @@ struct TopkSmem {
   __device__ __forceinline__ unsigned long long* cand() { return list + kTopkMaxBlocks; }
   unsigned long long range[2 * kTopkThreads / 32];  // the bucket sort's min/max scratch
   int warp_sums[kTopkThreads / 32];
+  // The one-list route's bounds of its winners for the bucket sort (take_from_threshold_bin):
+  // the resolved threshold, and the largest winner's score key.
+  unsigned long long winners_lo;
+  uint32_t winners_key_max;
+  int k;  // find_digit_in_warp's K
   int digit;
   int need;
   int n_sel;
@@ -583,7 +611,14 @@ struct WorkspaceCandidates {
 // resolves in the first round.
 // with_above: the candidates also hold every composite above the bin (the one-list route),
 // which is taken too. The winners go to dst (counter sm.n_sel).
-template <class Src>
+// kManyRows: the forms for a wave of more rows than SMs, whose CTAs keep every SM's issue
+// slots busy, so that instructions, not a row's chain of steps, set the time: one warp
+// finds each digit (find_digit_in_warp) while the others wait, and with with_above (every
+// winner passes through here) the winners' bounds go to sm.winners_lo and
+// sm.winners_key_max for the bucket sort. Else the block-wide search, whose chain is
+// shorter: a few rows, each alone on its SM (and the filter kernel's finishing CTA, a lone
+// decode row), finish sooner with it (docs/perf.md run 47).
+template <bool kManyRows, class Src>
 __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top, int need,
                                         TopkSmem& sm, bool with_above = false,
                                         unsigned long long* dst = nullptr) {
@@ -597,13 +632,19 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
     const int next = shift - width;
     const uint32_t mask = (1u << width) - 1u;
     for (int i = threadIdx.x; i < kTopBins; i += kTopkThreads) sm.hist[i] = 0u;
+    if (threadIdx.x == 0) sm.winners_key_max = 0u;
     __syncthreads();
     src.each([&](uint64_t v) {
       if (v != 0ull && (v >> shift) == (prefix >> shift))
         atomicAdd(&sm.hist[static_cast<uint32_t>(v >> next) & mask], 1u);
     });
     __syncthreads();
-    find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);
+    if (kManyRows && kTopkSm80Forms) {
+      if (threadIdx.x < 32) find_digit_in_warp<kTopBins>(sm.hist, need, &sm.k, &sm.digit, &sm.need);
+      __syncthreads();
+    } else {
+      find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);  // ends in a barrier
+    }
     const int digit = sm.digit, need_in_digit = sm.need;
     const int in_digit = static_cast<int>(sm.hist[digit]);
     __syncthreads();  // everyone has read the histogram before it is reused
@@ -617,21 +658,35 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
   // (v >> shift) >= (prefix >> shift) holds for every composite above the bin (its top bits
   // exceed top, prefix's top bits), so with_above only drops the in-bin test.
   unsigned long long* out = dst ? dst : sm.sel();
+  uint32_t key_max = 0u;  // of the winners this thread takes
   src.each([&](uint64_t v) {
-    warp_append<kTopkMaxBlocks>(
-        out, &sm.n_sel,
-        v != 0ull && (with_above || (v >> resolved0) == top) && (v >> shift) >= (prefix >> shift),
-        v);
+    const bool take =
+        v != 0ull && (with_above || (v >> resolved0) == top) && (v >> shift) >= (prefix >> shift);
+    warp_append<kTopkMaxBlocks>(out, &sm.n_sel, take, v);
+    const uint32_t key = static_cast<uint32_t>(v >> 32);
+    key_max = take && key > key_max ? key : key_max;
   });
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)  // kTopkSm80Forms (a warp reduction)
+  if (kManyRows && with_above) {
+    key_max = __reduce_max_sync(0xffffffffu, key_max);
+    if ((threadIdx.x & 31) == 0 && key_max != 0u) atomicMax(&sm.winners_key_max, key_max);
+    if (threadIdx.x == 0) sm.winners_lo = (prefix >> shift) << shift;  // shift < 64 here
+  }
+#else
+  (void)key_max;
+#endif
   __syncthreads();
 }
 
 // Fills sm.sel (returned) or, on the one-list route, sm.win (returned) with the row's top
 // composites (unsorted) by passes over its keys, given the row's top-bits histogram in
 // sm.hist and the threshold bin `top` of which `need` keys are taken. sm.n_sel and
-// sm.n_cand start at 0.
+// sm.n_cand start at 0. kManyRows: as take_from_threshold_bin's; bounded: the winners'
+// bounds are in sm.winners_lo and sm.winners_key_max (the one-list route of the one-CTA
+// form on SM80 and up).
+template <bool kManyRows>
 __device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n, uint32_t top,
-                                                int need, TopkSmem& sm) {
+                                                int need, TopkSmem& sm, bool& bounded) {
   const int in_bin = static_cast<int>(sm.hist[top]);
   const bool fits = in_bin <= kCandidateCap;
   if (fits) {
@@ -642,8 +697,9 @@ __device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n,
                                         kTopkMaxBlocks + kCandidateCap);
     __syncthreads();
     const int listed = min(sm.n_cand, kTopkMaxBlocks + kCandidateCap);
-    take_from_threshold_bin(SharedCandidates{sm.list, listed}, kTopBits, top, need, sm, true,
-                            sm.win);
+    take_from_threshold_bin<kManyRows>(SharedCandidates{sm.list, listed}, kTopBits, top, need, sm,
+                                       true, sm.win);
+    bounded = kManyRows && kTopkSm80Forms;
     return sm.win;
   }
   // Too many equal top bits (thousands of near-equal scores): narrow the bin by the next
@@ -673,9 +729,10 @@ __device__ unsigned long long* select_by_passes(const uint32_t* keys, int64_t n,
                             sm.cand(), &sm.n_cand, fits2 ? kCandidateCap : 0);
   __syncthreads();
   if (fits2)
-    take_from_threshold_bin(SharedCandidates{sm.cand(), in_bin2}, 2 * kTopBits, top2, need2, sm);
+    take_from_threshold_bin<kManyRows>(SharedCandidates{sm.cand(), in_bin2}, 2 * kTopBits, top2,
+                                       need2, sm);
   else
-    take_from_threshold_bin(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
+    take_from_threshold_bin<kManyRows>(WorkspaceCandidates{keys, n}, 2 * kTopBits, top2, need2, sm);
   return sm.sel();
 }
 
@@ -732,8 +789,10 @@ __device__ void sort_selection_descending(TopkSmem& sm, unsigned long long* sel,
 // Sorts sel[0..n) (as sort_selection_descending) into sm.cand: by buckets where asked and
 // built (bucket_sort.cuh; it declines for crowded buckets), else by runs. Below SM80 by runs
 // alone: the SM70 tier never asks, and the filter kernel's sm_70 build stays within its
-// register cap.
-__device__ void sort_winners(TopkSmem& sm, unsigned long long* sel, int n, bool by_buckets) {
+// register cap. bounded: sm.winners_lo and sm.winners_key_max bound the winners
+// (select_by_passes), so the bucket sort skips its block-wide min and max.
+__device__ void sort_winners(TopkSmem& sm, unsigned long long* sel, int n, bool by_buckets,
+                             bool bounded) {
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
   if (by_buckets) {
     constexpr int kSlots = kTopkMaxBlocks / kTopkThreads;
@@ -746,12 +805,17 @@ __device__ void sort_winners(TopkSmem& sm, unsigned long long* sel, int n, bool 
     // The bucket counts go to cand past the sorted winners (free: the threshold bin is
     // resolved by now).
     uint32_t* buckets = reinterpret_cast<uint32_t*>(sm.cand() + kTopkMaxBlocks);
-    if (sort_descending_by_buckets<kTopkThreads, kSlots>(v, n, buckets, sel, sm.range, sm.warp_sums,
-                                                         sm.cand()))
+    if (bounded ? sort_descending_by_buckets_in<kTopkThreads, kSlots>(
+                      v, n, sm.winners_lo,
+                      (static_cast<unsigned long long>(sm.winners_key_max) << 32) | 0xFFFFFFFFull,
+                      buckets, sel, sm.warp_sums, sm.cand())
+                : sort_descending_by_buckets<kTopkThreads, kSlots>(v, n, buckets, sel, sm.range,
+                                                                   sm.warp_sums, sm.cand()))
       return;
   }
 #else
   (void)by_buckets;
+  (void)bounded;
 #endif
   sort_selection_descending(sm, sel, n);
 }
@@ -759,14 +823,14 @@ __device__ void sort_winners(TopkSmem& sm, unsigned long long* sel, int n, bool 
 // Sorts the row's K winners and writes its top-k row: the chosen blocks' tokens, then the
 // open group's tail, then -1.
 __device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, TopkSmem& sm,
-                                unsigned long long* sel, bool by_buckets) {
-  sort_winners(sm, sel, K, by_buckets);
+                                unsigned long long* sel, bool by_buckets, bool bounded = false) {
+  sort_winners(sm, sel, K, by_buckets, bounded);
   int32_t* out = p.topk + static_cast<int64_t>(row) * p.topk_stride;
-  const int tail_start = (pos + 1) / p.ratio * p.ratio;
-  const int tail = pos + 1 - tail_start;
   // A shift for a power-of-two ratio (the reference model's 4): an integer division per
   // output was a tenth of the top-k's instructions (docs/perf.md run 42).
-  const int ratio_shift = (p.ratio & (p.ratio - 1)) == 0 ? __ffs(p.ratio) - 1 : -1;
+  const int ratio_shift = ratio_shift_of(p.ratio);
+  const int tail_start = blocks_through(pos, p.ratio, ratio_shift) * p.ratio;
+  const int tail = pos + 1 - tail_start;
   for (int j = threadIdx.x; j < p.topk_width; j += kTopkThreads) {
     int32_t v = -1;
     if (j < K * p.ratio) {
@@ -782,6 +846,9 @@ __device__ void sort_and_expand(const SelectParams& p, int row, int pos, int K, 
 
 // The whole top-k of one row in one CTA. hist_ready: the scoring kernel built the row's
 // histogram (read here, and left zero for the next call); else one pass builds it.
+// kManyRows: take_from_threshold_bin's (the filter kernel's fallback for an overfull bin
+// keeps the block-wide forms, whose code fits its registers).
+template <bool kManyRows>
 __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int64_t n,
                                     const WaveRow& w, bool hist_ready, bool bucket_sort,
                                     TopkSmem& sm) {
@@ -797,10 +864,21 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
     build_top_hist(w.keys, static_cast<uint32_t>(n), sm.hist);
   }
   __syncthreads();
-  const int K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
+  int K;
+  if (kManyRows && kTopkSm80Forms) {
+    if (threadIdx.x < 32)
+      find_digit_in_warp<kTopBins>(sm.hist, p.topk_blocks, &sm.k, &sm.digit, &sm.need);
+    __syncthreads();
+    K = sm.k;
+  } else {
+    K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
+  }
   unsigned long long* sel = sm.sel();
-  if (K > 0) sel = select_by_passes(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm);
-  sort_and_expand(p, row, pos, K, sm, sel, bucket_sort);
+  bool bounded = false;
+  if (K > 0)
+    sel = select_by_passes<kManyRows>(w.keys, n, static_cast<uint32_t>(sm.digit), sm.need, sm,
+                                      bounded);
+  sort_and_expand(p, row, pos, K, sm, sel, bucket_sort, bounded);
 }
 
 // The head of both top-k kernels for their row: waits for the wave's scores (before any
@@ -816,18 +894,20 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
   if (threadIdx.x == 0) sm.n_sel = sm.n_cand = 0;
   if (row >= p.meta.header->num_rows) return false;
   pos = p.meta.row_pos[row];
-  n = min(static_cast<int64_t>((pos + 1) / p.ratio), p.max_blocks);
+  n = min(static_cast<int64_t>(blocks_through(pos, p.ratio, ratio_shift_of(p.ratio))),
+          p.max_blocks);
   w = wave_row(p.score_workspace, wave_rows, ws_stride, row - row0);
   return true;
 }
 
 // One CTA per row: the route for rows whose scores come from the multi-row kernel (no
 // histogram yet) and for waves with a row per SM or more. kCtasPerSm: 3 for rows of at most
-// kTopkThreeCtasMaxKeys keys (40 registers, 72 bytes spilled on sm_90a, at phase
+// kTopkThreeCtasMaxKeys keys (40 registers, 60-92 bytes spilled on sm_90a, at phase
 // boundaries), 2 for longer ones: a row's time is a chain of barriers and dependent
 // shared-memory steps (Nsight Compute, docs/perf.md run 37), so more rows in flight per SM
 // hide more of it, but at 32K keys a row the third CTA cost more than it hid (H200, run 39:
 // the prefill top-k of 8192 rows at 32K -7%, at 128K +4.5%; decode rows within 1%).
+// kManyRows: take_from_threshold_bin's, for waves of more rows than SMs.
 // bucket_sort: sort the winners by buckets (sort_winners).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 // Code below SM80 keeps 2 CTAs per SM whatever the template says: for sm_70 (the SM70
@@ -838,7 +918,7 @@ __device__ __forceinline__ bool begin_topk_row(const SelectParams& p, int row0, 
 #else
 #define QSAKV_TOPK_CTAS_PER_SM(n) (n)
 #endif
-template <int kCtasPerSm>
+template <int kCtasPerSm, bool kManyRows>
 __global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerSm))
     select_topk_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                        bool hist_ready, bool bucket_sort) {
@@ -848,7 +928,7 @@ __global__ void __launch_bounds__(kTopkThreads, QSAKV_TOPK_CTAS_PER_SM(kCtasPerS
   int64_t n;
   WaveRow w;
   if (!begin_topk_row(p, row0, wave_rows, ws_stride, row, sm, pos, n, w)) return;
-  topk_row_in_one_cta(p, row, pos, n, w, hist_ready, bucket_sort, sm);
+  topk_row_in_one_cta<kManyRows>(p, row, pos, n, w, hist_ready, bucket_sort, sm);
 }
 
 // Many CTAs per row (grid: key chunks of kFilterKeys, rows), for rows the one-row scoring
@@ -942,10 +1022,11 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     w.state->n_bin = 0;
   }
   if (!listed) {
-    topk_row_in_one_cta(p, row, pos, n, w, true, kBucketSort, sm);
+    topk_row_in_one_cta<false>(p, row, pos, n, w, true, kBucketSort, sm);
     return;
   }
-  if (K > 0) take_from_threshold_bin(SharedCandidates{sm.cand(), n_bin}, kTopBits, top, need, sm);
+  if (K > 0)
+    take_from_threshold_bin<false>(SharedCandidates{sm.cand(), n_bin}, kTopBits, top, need, sm);
   sort_and_expand(p, row, pos, K, sm, sm.sel(), kBucketSort);
 }
 
@@ -1110,11 +1191,17 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
     // One CTA per row builds the histogram itself when the multi-row kernel scored.
     if (multi_row || rows > std::min(sm_count, kFilterMaxRows)) {
-      e = launch_kernel(programmatic,
-                        p.max_blocks <= kTopkThreeCtasMaxKeys && !simt ? select_topk_kernel<3>
-                                                                       : select_topk_kernel<2>,
-                        dim3(static_cast<unsigned>(rows)), kTopkThreads, 0, stream, p, row0, wave,
-                        stride, !multi_row, sort != SelectSort::kRuns);
+      // More rows than SMs: the rows' CTAs share the SMs and their instructions set the
+      // time (take_from_threshold_bin's kManyRows). H100, perf.md run 47: waves of 256-8,192
+      // rows up to 6% less top-k time that way (none at 8,192 x 128K); 16-96 rows ~1 us
+      // (5%) more, hence the rule.
+      const bool many = !simt && rows > sm_count;
+      const bool three = p.max_blocks <= kTopkThreeCtasMaxKeys && !simt;
+      const auto kernel = three
+                              ? (many ? select_topk_kernel<3, true> : select_topk_kernel<3, false>)
+                              : (many ? select_topk_kernel<2, true> : select_topk_kernel<2, false>);
+      e = launch_kernel(programmatic, kernel, dim3(static_cast<unsigned>(rows)), kTopkThreads, 0,
+                        stream, p, row0, wave, stride, !multi_row, sort != SelectSort::kRuns);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
