@@ -11,11 +11,17 @@ source function of its inline chain (the nearest definition above its line), lab
 with its caller ("helper < caller"), so that a shared helper shows once per call site.
 
 Usage: ncu-sass-by-source.py DISASM SASS_CSV FUNCTION [--per N] [--lines FILE:LO-HI]
+                             [--src DIR]
   SASS_CSV         the export; of several kernels in it, the first
-  FUNCTION         a substring of the kernel's mangled name in DISASM (of the instances
-                   that match, the one whose opcodes agree with the profile's)
+  FUNCTION         a substring of the kernel's mangled name in DISASM, or several
+                   separated by "|" (of the functions that match any, the one whose
+                   opcodes agree with the profile's: profile.sh passes its regex of the
+                   hot kernels, whichever of them the export holds first)
   --per N          also give counts per N (e.g. per row of the batch profiled)
   --lines F:LO-HI  instead, every line of file F (basename) in LO..HI on some inline frame
+  --src DIR        read the sources below DIR (kernels/, src/, include/) instead of the
+                   paths the disassembly names: a checkout of the profiled commit, when
+                   the tree at those paths has changed since (git worktree add DIR REV)
 """
 import collections
 import csv
@@ -33,7 +39,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def parse_disasm(path, function):
     """{function name: {offset: (inline chain [(file, line)...] innermost first, opcode)}}
-    for every function of the disassembly whose mangled name contains `function`."""
+    for every function of the disassembly whose mangled name contains one of the
+    "|"-separated substrings of `function`."""
+    wanted = [w for w in function.split("|") if w]
     funcs, cur, chain, pending = {}, None, [], []
     for l in open(path, errors="replace"):
         if l.startswith("//----"):
@@ -41,7 +49,7 @@ def parse_disasm(path, function):
             continue
         if cur is None:
             m = re.match(r"^([A-Za-z_]\w*):\s*$", l)
-            if m and function in m.group(1):
+            if m and any(w in m.group(1) for w in wanted):
                 cur = funcs.setdefault(m.group(1), {})
                 chain, pending = [], []
             continue
@@ -74,19 +82,20 @@ def pick_function(funcs, sass):
 class Functions:
     """Source line -> the name of the function defined nearest above it."""
 
-    def __init__(self):
+    def __init__(self, src=None):
         self.cache = {}  # path -> names per line, or None (unreadable)
+        self.src = src  # a checkout to read instead of the disassembly's paths
 
     def name(self, path, line):
         # The CUDA toolkit's headers (intrinsics, atomics) are not where time is decided:
         # charged to the caller in our sources.
         if "/cuda" in path and "/include/" in path:
             return None
-        if path not in self.cache and not os.path.exists(path):
-            # A disassembly from another machine: the same file in this checkout.
+        if path not in self.cache and (self.src or not os.path.exists(path)):
+            # A disassembly from another machine (or --src): the same file in this checkout.
             for part in ("/kernels/", "/src/", "/include/"):
                 if part in path:
-                    local = os.path.join(REPO, part.strip("/"), path.rsplit(part, 1)[1])
+                    local = os.path.join(self.src or REPO, part.strip("/"), path.rsplit(part, 1)[1])
                     if os.path.exists(local):
                         self.cache[path] = self.cache.get(local) or self._read(local)
                         break
@@ -120,6 +129,7 @@ def main(argv):
     disasm, sass_csv, function = argv[1:4]
     per = 1.0
     lines_sel = None
+    src = None
     rest = argv[4:]
     while rest:
         if rest[0] == "--per":
@@ -128,6 +138,8 @@ def main(argv):
             f, rng = rest[1].rsplit(":", 1)
             lo, hi = (int(x) for x in rng.split("-"))
             lines_sel = (f, lo, hi)
+        elif rest[0] == "--src":
+            src = rest[1]
         else:
             sys.exit(__doc__)
         rest = rest[2:]
@@ -153,7 +165,7 @@ def main(argv):
         except ValueError:
             return 0.0
 
-    fn = Functions()
+    fn = Functions(src)
     agg = collections.defaultdict(lambda: [0.0, 0.0])
     unmatched = 0
     for r in body:

@@ -56,6 +56,6 @@ for c in "$@"; do
     ncu -i "$rep.ncu-rep" -k "regex:$h" --page source --csv --print-source sass \
       > "$rep.${h//|/-}.sass.csv" 2>&1 || true
     python3 "$(dirname "$0")/ncu-sass-by-source.py" "$dis" "$rep.${h//|/-}.sass.csv" \
-      "${h%%|*}" 2>&1 | head -16 || true
+      "$h" 2>&1 | head -16 || true
   done
 done
