@@ -32,7 +32,7 @@ lib=$(realpath "$build/libqsakv.so")
 for c in "$@"; do
   case $kind in
     select)
-      name="select-case$c" regex="select_" hot="select_topk|select_filter" count=4
+      name="select-case$c" regex="select_" hot="select_topk|select_filter select_score_rows" count=4
       args=(--select-only --select-cases "$c" --index-keys e4m3) ;;
     overlap)
       name="overlap-${c/:/-f}" regex="grouped_|decode_attention" hot="grouped_union grouped_attention" count=3

@@ -3,8 +3,9 @@
 // only): 128-dim index keys, 3 or 4 index heads (the reference geometry). Other shapes and
 // GPUs keep select_score_rows_kernel (mma.sync), which gives the same bits.
 //
-// One warpgroup per CTA scores 64-key tiles for 32 rows of one request at a time:
-//   D[64 keys x 128 (row, head) columns] = K[64 x 128 dims] Q^T, m64n128k16, 8 k-steps.
+// One warpgroup per CTA scores 64-key tiles for 32 rows of one request at a time, in two
+// halves of 16 rows:
+//   D[64 keys x 64 (head, row) columns] = K[64 x 128 dims] Q^T, m64n64k16, 8 k-steps each.
 // The keys are A, in registers: warp w loads keys 16w .. 16w + 15 of the tile exactly as
 // select_score_rows_kernel's warps load a 16-key tile (KeyFrags, straight from global
 // memory, E4M3 codes bitcast to FP16 in registers), because a warpgroup MMA's A fragment
@@ -14,10 +15,18 @@
 // columns, and each (row, key) dot product is the same 8-step FP32 accumulation from zero,
 // which the warpgroup MMA computes to the same bits as mma.sync (measured on an H200 with
 // both operands in shared memory, docs/perf.md runs 37-38, and in this form, A from
-// registers: tools/mma_bits.cu's kinds 5-6, run 39). The accumulator layout per warp is
-// mma.sync's (warp w: keys 16w + g and 16w + g + 8; n-tile j: columns 8j .. 8j + 7 = rows
-// 2j, 2j + 1 x 4 heads), so the head sum, the scale and the store are
-// select_score_rows_kernel's, in the same order.
+// registers: tools/mma_bits.cu's kinds 5-6, run 39; in this kernel's m64n64 form, whose
+// first k-step overwrites the accumulators instead of adding to zeros, the output digests
+// of every route, forced scorers included, equal the m64n128 form's: run 48). The
+// accumulator layout per warp is
+// mma.sync's (warp w: keys 16w + g and 16w + g + 8; lane t4 of a quad: columns 2 t4 and
+// 2 t4 + 1 of each 8-column n-tile), and the columns are ordered head-major within a half
+// (column 16 h + r: head h of the half's row r), so n-tiles 2h + p hold head h of rows
+// 8p .. 8p + 7, and a lane holds all four heads of its rows 8p + 2 t4 (+1) for both its
+// keys: the head sum is the mma.sync scorers' ((h0 + h1) + (h2 + h3), in its order)
+// without a shuffle, and every lane stores four scores of each n-tile pair. The two halves
+// are separate commit groups, so the first half's epilogue runs while the second half's
+// MMAs do.
 //
 // No key tile goes through shared memory, and the next tile's key loads are issued before
 // this tile's MMAs, so they arrive while the MMAs and the epilogue run. (A first version
@@ -50,7 +59,8 @@ constexpr int kWgScoreTilesPerCta = 8;  // 512 keys per chunk (32 16-key subtile
 constexpr int kWgScoreChunksPerCta = 2;
 constexpr int64_t kWgScoreKeysPerCta =
     int64_t{kWgScoreChunksPerCta} * kWgScoreTilesPerCta * kWgScoreKeys;
-constexpr int kWgScoreHeads = 4;  // (row, head) columns per row
+constexpr int kWgScoreHeads = 4;      // (row, head) columns per row
+constexpr int kWgScoreCtasPerSm = 3;  // by its registers (~166 a thread)
 // The automatic choice takes this scorer only for batches whose rows take more than one
 // wave of the workspace (select_rows_per_wave: 4,096 rows at 32K, 1,024 at 128K) and whose
 // every request has a CTA's full 32 rows or more. H200, docs/perf.md run 39, every
@@ -109,12 +119,20 @@ __device__ __forceinline__ void load_half_fp16(const char* src, uint32_t (&w)[32
 template <bool kFp8>
 struct WgKeyTile {
   KeyFrags<kWgScoreDim, kFp8> k;
-  // E4M3: the key's scale as loaded, 2^-8 where it has none; the factor is this x 2^8 (=
-  // key_score_factor's, bit for bit), multiplied where it is used so that the scale's load
-  // is not waited for when the tile is loaded.
-  float scale;
-  uint32_t mask;  // ~0: the key is visible and mapped; 0: its score key is 0
+  // E4M3: keys g and g + 8's scales as loaded, 2^-8 where a key has none; the factor is
+  // this x 2^8 (= key_score_factor's, bit for bit), multiplied where it is used so that the
+  // scale's load is not waited for when the tile is loaded.
+  float scale[2];
+  uint32_t mask[2];  // ~0: the key is visible and mapped; 0: its score key is 0
 };
+
+// Stores v at p where key < n, as one predicated store (a C++ `if` became a branch per
+// store: docs/perf.md run 48).
+__device__ __forceinline__ void store_score_if(uint32_t* p, uint32_t key, uint32_t n, uint32_t v) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.lt.u32 p, %0, %1;\n@p st.global.u32 [%2], %3;\n}\n" ::"r"(key),
+      "r"(n), "l"(p), "r"(v));
+}
 
 // Rows of one request scored together on warpgroup MMAs. Grid: (key ranges of
 // kWgScoreKeysPerCta, blocks of kWgScoreRows rows). A block's rows are split into runs of
@@ -122,7 +140,7 @@ struct WgKeyTile {
 // shared memory, then each key tile of the range's chunks is loaded into registers and
 // scored for all of them.
 template <bool kFp8>
-__global__ void __launch_bounds__(kWgScoreThreads, 3)
+__global__ void __launch_bounds__(kWgScoreThreads, kWgScoreCtasPerSm)
     select_score_rows_wgmma_kernel(const SelectParams p, int row0, int wave_rows, int64_t ws_stride,
                                    float inv_sqrt_dim) {
 #if !QSAKV_WGMMA
@@ -147,9 +165,6 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const bool odd = (t4 & 1) != 0;
-  // The lane's key in its warp's 16 (the pair's g or g + 8) and its row in an n-tile.
-  const int lane_row = t4 >> 1;
   static_assert(kWgScoreRows <= 32, "a lane per row");
   const BlockRuns block(p.meta, r_first, r_last, lane);
   for (int r_begin = r_first; r_begin < r_last;) {
@@ -160,13 +175,14 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
     if (cta_first < n_max) {  // block-uniform
       __syncthreads();        // the previous run's MMAs and epilogue are done with q_tile and row_n
       {
-        // The run's queries, column n = 4 x row + head (zeros past the run's rows and
-        // heads): thread t stages half u of column t, for u = 0, 1.
+        // The run's queries, column n = 64 x half + 16 x head + row of the half (zeros past
+        // the run's rows and heads): thread t stages dims 64 u .. 64 u + 63 of column t.
         static_assert(kWgScoreRows * kWgScoreHeads == kWgScoreThreads, "a column per thread");
+        static_assert(kWgScoreRows == 32 && kWgScoreHeads == 4, "two halves of 16 rows x 4 heads");
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int n = tid, h = u;
-          const int row = n / kWgScoreHeads, head = n % kWgScoreHeads;
+          const int row = 16 * (n >> 6) + (n & 15), head = (n >> 4) & 3;
           const char* src =
               row < n_run && head < p.index_heads
                   ? reinterpret_cast<const char*>(
@@ -196,11 +212,13 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
             cta_first + static_cast<int64_t>(c) * kWgScoreTilesPerCta * kWgScoreKeys;
         if (cta0 >= n_max) break;  // block-uniform
         const TilePages pages = tile_pages(p, bt, cta0, kSubTiles, n_max, lane);
-        // The lane's first row's scores; n-tile j's rows are 2j rows further.
+        // The lane's first row's scores (row 2 t4 of the block's run; the lane's rows are
+        // 16 half + 8 p + 2 t4 + e).
         uint32_t* const ws_lane = reinterpret_cast<uint32_t*>(p.score_workspace) +
-                                  static_cast<int64_t>(r_begin + lane_row - row0) * ws_stride;
+                                  static_cast<int64_t>(r_begin + 2 * t4 - row0) * ws_stride;
         const uint64_t q_desc = sw128_desc(smem_addr(q_tile), 16, 1024);
         constexpr int kQAtom = kWgScoreRows * kWgScoreHeads * 128;
+        constexpr int kQHalf = kQAtom / 2;  // the second half's 64 columns, 8 KB into each atom
         // Tiles with a visible key (warpgroup-uniform: every warp takes part in each MMA;
         // a warp whose 16 keys are all past n_max loads zeros and stores nothing).
         const int n_tiles = static_cast<int>(min(static_cast<int64_t>(kWgScoreTilesPerCta),
@@ -214,9 +232,34 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
                              b0 + static_cast<int64_t>(t) * kWgScoreKeys, n_max, true, lo, hi);
           load_key_runs<D, kFp8>(kt.k.lo, lo.codes, t4);
           load_key_runs<D, kFp8>(kt.k.hi, hi.codes, t4);
-          const CompressedKeyAddress ka = odd ? hi : lo;
-          kt.scale = kFp8 && ka.scale ? __ldg(ka.scale) : 1.0f / 256.0f;
-          kt.mask = ka.codes != nullptr ? ~0u : 0u;
+          kt.scale[0] = kFp8 && lo.scale ? __ldg(lo.scale) : 1.0f / 256.0f;
+          kt.scale[1] = kFp8 && hi.scale ? __ldg(hi.scale) : 1.0f / 256.0f;
+          kt.mask[0] = lo.codes != nullptr ? ~0u : 0u;
+          kt.mask[1] = hi.codes != nullptr ? ~0u : 0u;
+        };
+        // The epilogue of one half's accumulators: for each of the lane's 4 rows of the
+        // half and each of its 2 keys, the head sum, the scale and the store (the mma.sync
+        // scorers' arithmetic, in their order). Rows past the run have row_n 0: no store.
+        auto store_half_scores = [&](const float(&d)[8][4], int half, uint32_t* ws_tile,
+                                     uint32_t key, const float(&f)[2], const uint32_t(&mask)[2]) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int2 n = *reinterpret_cast<const int2*>(&row_n[16 * half + 8 * q + 2 * t4]);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              uint32_t* const ws =
+                  ws_tile + static_cast<int64_t>(16 * half + 8 * q + e) * ws_stride;
+#pragma unroll
+              for (int kh = 0; kh < 2; ++kh) {
+                const int i = 2 * kh + e;
+                const float sum =
+                    (relu_like_reference(d[q][i]) + relu_like_reference(d[2 + q][i])) +
+                    (relu_like_reference(d[4 + q][i]) + relu_like_reference(d[6 + q][i]));
+                const uint32_t v = score_key(sum * inv_sqrt_dim * f[kh]) & mask[kh];
+                store_score_if(ws + 8 * kh, key + 8u * kh, static_cast<uint32_t>(e ? n.y : n.x), v);
+              }
+            }
+          }
         };
         // Scores tile t from cur, after issuing tile t + 1's loads into next: they arrive
         // while the MMAs and the epilogue run. Two buffers, alternated by the caller, so that
@@ -225,36 +268,33 @@ __global__ void __launch_bounds__(kWgScoreThreads, 3)
           uint32_t a[D / 16][4];  // the A fragments, converted once (32 registers)
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) cur.k.a_frag(ks, a[ks]);
-          const float f = kFp8 ? cur.scale * 256.0f : 1.0f;
-          const uint32_t mask = cur.mask;  // (a mask, not a select: no branch per score)
-          if (t + 1 < n_tiles) load_tile(next, t + 1);  // block-uniform
-          float d[16][4];
-#pragma unroll
-          for (int j = 0; j < 16; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-          pin_accumulators(d);  // every operand register written before the fence
-          pin_fragments(a);
-          wgmma_fence();
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks)
-            wgmma_m64n128k16_rs<false>(d, a[ks],
-                                       q_desc + ((ks >> 2) * kQAtom + (ks & 3) * 32) / 16);
-          wgmma_commit();
-          wgmma_wait<0>();
-          pin_accumulators(d);
-          pin_fragments(a);
+          const float f[2] = {kFp8 ? cur.scale[0] * 256.0f : 1.0f,
+                              kFp8 ? cur.scale[1] * 256.0f : 1.0f};
+          const uint32_t mask[2] = {cur.mask[0], cur.mask[1]};  // (masks, not selects: no branch)
+          if (t + 1 < n_tiles) load_tile(next, t + 1);          // block-uniform
           // Block indices fit in 32 bits (positions are int32).
-          const uint32_t key =
-              static_cast<uint32_t>(b0 + static_cast<int64_t>(t) * kWgScoreKeys) + (odd ? 8u : 0u);
-          uint32_t* ws = ws_lane + key;
+          const uint32_t key = static_cast<uint32_t>(b0 + static_cast<int64_t>(t) * kWgScoreKeys);
+          uint32_t* const ws_tile = ws_lane + key;
+          auto issue_half = [&](float(&d)[8][4], int half) {
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            // Rows past the run have row_n 0 (no store); every lane of a pair stores.
-            const uint32_t n = static_cast<uint32_t>(row_n[2 * j + lane_row]);
-            const float s = sum_row_heads_split<kWgScoreHeads>(d[j], inv_sqrt_dim, odd);
-            const uint32_t v = score_key(s * f) & mask;
-            if (key < n) *ws = v;
-            ws += 2 * ws_stride;
-          }
+            for (int ks = 0; ks < D / 16; ++ks)
+              wgmma_m64n64k16_rs_kmajor<false>(
+                  d, a[ks], q_desc + ((ks >> 2) * kQAtom + half * kQHalf + (ks & 3) * 32) / 16,
+                  ks > 0);
+            wgmma_commit();
+          };
+          pin_fragments(a);
+          float d0[8][4], d1[8][4];  // rows 0-15 and 16-31; the first k-step overwrites them
+          wgmma_fence();
+          issue_half(d0, 0);
+          issue_half(d1, 1);
+          wgmma_wait<1>();
+          pin_accumulators(d0);
+          store_half_scores(d0, 0, ws_tile, key, f, mask);
+          wgmma_wait<0>();
+          pin_accumulators(d1);
+          pin_fragments(a);
+          store_half_scores(d1, 1, ws_tile, key, f, mask);
         };
         WgKeyTile<kFp8> kt0, kt1;
         load_tile(kt0, 0);

@@ -129,6 +129,17 @@ __device__ __forceinline__ void pin_accumulators(float (&d)[N][4]) {
       : QSAKV_ACC32(d)                                                          \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]; A in registers, B K-major in shared memory; D is
+// overwritten (not accumulated into) where %37 is 0: a chain's first k-step needs no zeroed
+// accumulators.
+#define QSAKV_WGMMA_N64_RS_KB(TY)                                               \
+  asm volatile(                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                              \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" QSAKV_REGS32 \
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                          \
+      : QSAKV_ACC32(d)                                                          \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate ? 1 : 0))
+
 // D[64 x 128] += A[64 x 16] B[16 x 128]; A in registers (mma.sync's A fragment per warp), B
 // K-major in shared memory.
 #define QSAKV_WGMMA_N128_RS(TY)                                                  \
@@ -171,6 +182,15 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs([[maybe_unused]] float (&d)[8
   QSAKV_WGMMA_ISSUE(QSAKV_WGMMA_N64_RS);
 }
 
+// K-major B; accumulate false: D = A B (the first k-step of a chain).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_kmajor([[maybe_unused]] float (&d)[8][4],
+                                                          [[maybe_unused]] const uint32_t (&a)[4],
+                                                          [[maybe_unused]] uint64_t b,
+                                                          [[maybe_unused]] bool accumulate) {
+  QSAKV_WGMMA_ISSUE(QSAKV_WGMMA_N64_RS_KB);
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16_rs([[maybe_unused]] float (&d)[16][4],
                                                     [[maybe_unused]] const uint32_t (&a)[4],
@@ -191,6 +211,7 @@ __device__ __forceinline__ void pin_fragments(uint32_t (&a)[N][4]) {
 #undef QSAKV_WGMMA_ISSUE
 #undef QSAKV_WGMMA_N128_RS
 #undef QSAKV_WGMMA_N64_RS
+#undef QSAKV_WGMMA_N64_RS_KB
 #undef QSAKV_WGMMA_N128_SS
 #undef QSAKV_WGMMA_N32_SS
 #undef QSAKV_REGS64
