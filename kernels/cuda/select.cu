@@ -1033,16 +1033,25 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // The warpgroup-MMA scorer (select_score_wgmma.cuh) for this selection: available (the
 // backend passes kSync where the GPU or the build lacks it), built for its shape (128-dim
 // index keys, 3 or 4 heads), and chosen: forced, or automatically where it measured faster
-// (kSelectWarpgroupMinRows' note): a batch whose rows take several waves of the workspace
-// (multi_wave) and whose every request fills a CTA's 32 rows, on a grid where the mma.sync
-// scorer keeps its full CTAs (full_grid: the warpgroup scorer's 512-key x 32-row CTAs do
-// not shrink for small plans).
+// (kSelectWarpgroupMinRows' note): a batch whose every request fills a CTA's 32 rows, on a
+// grid where the mma.sync scorer keeps its full CTAs (full_grid: the warpgroup scorer's
+// CTAs do not shrink for small plans), and whose rows take several waves of the workspace
+// (multi_wave) or whose wave alone gives the warpgroup scorer a full wave of CTAs
+// (full_wave: kWgScoreCtasPerSm on every SM; docs/perf.md run 48).
 bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma, bool full_grid,
-                              bool multi_wave) {
+                              bool multi_wave, bool full_wave) {
   return mma != SelectScorerMma::kSync && p.index_dim == kWgScoreDim && p.index_heads >= 3 &&
          p.index_heads <= kWgScoreHeads &&
-         (mma == SelectScorerMma::kWarpgroup ||
-          (full_grid && multi_wave && p.min_request_rows >= kSelectWarpgroupMinRows));
+         (mma == SelectScorerMma::kWarpgroup || (full_grid && (multi_wave || full_wave) &&
+                                                 p.min_request_rows >= kSelectWarpgroupMinRows));
+}
+
+// The warpgroup scorer's grid for `rows` rows: (key ranges, row blocks).
+dim3 score_rows_wgmma_grid(const SelectParams& p, int rows) {
+  const int64_t chunks =
+      (std::max<int64_t>(p.max_blocks, 1) + kWgScoreKeysPerCta - 1) / kWgScoreKeysPerCta;
+  return dim3(static_cast<unsigned>(chunks),
+              static_cast<unsigned>((rows + kWgScoreRows - 1) / kWgScoreRows));
 }
 
 template <bool kFp8>
@@ -1053,12 +1062,8 @@ void launch_score_rows_wgmma(const SelectParams& p, int rows, int row0, int wave
   // The largest carveout, so that 3 CTAs of ~34 KB fit on an SM whatever the driver's
   // default (its registers allow 3; its loads bypass L1).
   prepare_kernel_smem(select_score_rows_wgmma_kernel<kFp8>, smem, true, ready);
-  const int64_t chunks =
-      (std::max<int64_t>(p.max_blocks, 1) + kWgScoreKeysPerCta - 1) / kWgScoreKeysPerCta;
-  const dim3 grid(static_cast<unsigned>(chunks),
-                  static_cast<unsigned>((rows + kWgScoreRows - 1) / kWgScoreRows));
-  launch_kernel(programmatic, select_score_rows_wgmma_kernel<kFp8>, grid, kWgScoreThreads, smem,
-                stream, p, row0, wave, stride, inv_sqrt_dim);
+  launch_kernel(programmatic, select_score_rows_wgmma_kernel<kFp8>, score_rows_wgmma_grid(p, rows),
+                kWgScoreThreads, smem, stream, p, row0, wave, stride, inv_sqrt_dim);
 }
 
 // Launches the multi-row scoring kernel for the shapes it is instantiated for (128-dim
@@ -1067,9 +1072,11 @@ void launch_score_rows_wgmma(const SelectParams& p, int rows, int row0, int wave
 template <bool kFp8>
 bool launch_score_rows(const SelectParams& p, SelectScorerMma mma, int64_t chunks, int rows,
                        int row0, int wave, int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
-                       bool programmatic, cudaStream_t stream) {
-  if (score_rows_on_warpgroups(p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta,
-                               p.batch_rows > wave)) {
+                       int sm_count, bool programmatic, cudaStream_t stream) {
+  const dim3 wg_grid = score_rows_wgmma_grid(p, std::min(p.batch_rows, wave));
+  if (score_rows_on_warpgroups(
+          p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta, p.batch_rows > wave,
+          int64_t{wg_grid.x} * wg_grid.y >= int64_t{kWgScoreCtasPerSm} * sm_count)) {
     launch_score_rows_wgmma<kFp8>(p, rows, row0, wave, stride, inv_sqrt_dim, programmatic, stream);
     return true;
   }
@@ -1170,9 +1177,11 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     const bool multi_row =
         !simt && p.rows_share_requests &&
         (fp8 ? launch_score_rows<true>(p, scorer_mma, rows_chunks, rows, row0, wave, stride,
-                                       rows_tiles_per_cta, inv_sqrt_dim, programmatic, stream)
+                                       rows_tiles_per_cta, inv_sqrt_dim, sm_count, programmatic,
+                                       stream)
              : launch_score_rows<false>(p, scorer_mma, rows_chunks, rows, row0, wave, stride,
-                                        rows_tiles_per_cta, inv_sqrt_dim, programmatic, stream));
+                                        rows_tiles_per_cta, inv_sqrt_dim, sm_count, programmatic,
+                                        stream));
     if (simt)  // launched as on a V100 (the backend passes programmatic = false)
       launch_score_simt(p, chunks, rows, row0, wave, stride, tiles_per_cta * kScoreTileKeys,
                         inv_sqrt_dim, stream);

@@ -1274,7 +1274,7 @@ static void usage(FILE* f, const char* argv0) {
       "  --splits N           the decode table's plans take N splits\n"
       "  --select-only        no decode table, no store\n"
       "  --select-cases LIST  only these selection cases (indices; 15: prefill 2048 at 32K,\n"
-      "                       16-22: the rows-per-request sweep)\n"
+      "                       16-22: the rows-per-request sweep, 23-25: one-wave chunks)\n"
       "  --trace-select       each selection case also prints its kernels' timeline (one call\n"
       "                       after an L2 flush, CUPTI): starts, ends, overlaps\n"
       "  --select-stages      the scoring kernels alone on the decode rows too (always on the\n"
@@ -1761,6 +1761,12 @@ int main(int argc, char** argv) {
       {"prefill", 2, 512, 8192},
       {"verify", 32, 8, 131072},
       {"prefill", 8, 12, 32768},
+      /* 23-25: one-request chunks that fit one wave of the workspace, around the warpgroup
+       * scorer's grid rule (docs/perf.md run 48): 1,024 rows at 32K (256 of its CTAs),
+       * 4,096 at 32K (1,024 CTAs) and 1,024 at 128K (1,024 CTAs). */
+      {"prefill", 1, 1024, 32768},
+      {"prefill", 1, 4096, 32768},
+      {"prefill", 1, 1024, 131072},
   };
   /* The scoring kernels alone, through a context made with QSAKV_SELECT_STAGES=score (the
    * library reads it at context creation): the top-k column is the whole call's time less
