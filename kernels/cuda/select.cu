@@ -399,6 +399,20 @@ struct TopkSmem {
   int last;
 };
 
+// find_digit over sm.hist into sm.digit and sm.need, for the top-k's forms (kManyRows:
+// take_from_threshold_bin's): one warp searches while the others wait (find_digit_in_warp)
+// on SM80 and up, else the block-wide search. Returns K; ends in a barrier.
+template <bool kManyRows>
+__device__ __forceinline__ int find_topk_digit(TopkSmem& sm, int need_cap) {
+  if (kManyRows && kTopkSm80Forms) {
+    if (threadIdx.x < 32)
+      find_digit_in_warp<kTopBins>(sm.hist, need_cap, &sm.k, &sm.digit, &sm.need);
+    __syncthreads();
+    return sm.k;
+  }
+  return find_digit<kTopBins>(sm.hist, need_cap, sm.warp_sums, &sm.digit, &sm.need);
+}
+
 // Calls f(block, key) for every key of the row (keys[0..n)): 16-byte loads, a batch of
 // kLoadsInFlight per thread issued before any is used (the loop is latency-bound). Every
 // lane of a warp runs the same iterations (f may use warp collectives); positions past
@@ -639,12 +653,7 @@ __device__ void take_from_threshold_bin(const Src& src, int known, uint32_t top,
         atomicAdd(&sm.hist[static_cast<uint32_t>(v >> next) & mask], 1u);
     });
     __syncthreads();
-    if (kManyRows && kTopkSm80Forms) {
-      if (threadIdx.x < 32) find_digit_in_warp<kTopBins>(sm.hist, need, &sm.k, &sm.digit, &sm.need);
-      __syncthreads();
-    } else {
-      find_digit<kTopBins>(sm.hist, need, sm.warp_sums, &sm.digit, &sm.need);  // ends in a barrier
-    }
+    find_topk_digit<kManyRows>(sm, need);
     const int digit = sm.digit, need_in_digit = sm.need;
     const int in_digit = static_cast<int>(sm.hist[digit]);
     __syncthreads();  // everyone has read the histogram before it is reused
@@ -864,15 +873,7 @@ __device__ void topk_row_in_one_cta(const SelectParams& p, int row, int pos, int
     build_top_hist(w.keys, static_cast<uint32_t>(n), sm.hist);
   }
   __syncthreads();
-  int K;
-  if (kManyRows && kTopkSm80Forms) {
-    if (threadIdx.x < 32)
-      find_digit_in_warp<kTopBins>(sm.hist, p.topk_blocks, &sm.k, &sm.digit, &sm.need);
-    __syncthreads();
-    K = sm.k;
-  } else {
-    K = find_digit<kTopBins>(sm.hist, p.topk_blocks, sm.warp_sums, &sm.digit, &sm.need);
-  }
+  const int K = find_topk_digit<kManyRows>(sm, p.topk_blocks);
   unsigned long long* sel = sm.sel();
   bool bounded = false;
   if (K > 0)
