@@ -64,8 +64,16 @@
  *   qsakv_context_info.kernel_tier. They are struct fields, so a macro cannot fence them
  *   the way zstd fences whole declarations (ZSTD_STATIC_LINKING_ONLY) without changing
  *   the structs' layout; leave them at their defaults unless you have measured.
- * - Environment variables (QSAKV_CUDA_TIER, QSAKV_GROUPED_MMA, QSAKV_DEPENDENT_LAUNCH) exist
- *   for the library's own tests and benchmarks: not an interface, covered by no promise.
+ * - Environment variables (QSAKV_CUDA_TIER, QSAKV_GROUPED_MMA, QSAKV_SELECT_MMA,
+ *   QSAKV_SELECT_SORT, QSAKV_SELECT_STAGES, QSAKV_DEPENDENT_LAUNCH) exist for the
+ *   library's own tests and benchmarks: not an interface, covered by no promise. They are
+ *   read when a context is created, and a value the library does not know fails
+ *   qsakv_context_create (on either backend) naming the variable; QSAKV_SELECT_STAGES=score
+ *   makes qsakv_select_topk score without writing its output. (QSAKV_NCCL_LIBRARY, the
+ *   NCCL library to load, is an interface: see qsakv_calib_allreduce.)
+ * - Arrays passed to the library must be aligned to their elements (int32: 4 bytes,
+ *   int64: 8, FP16/BF16: 2; the CUDA backend wants 16 for Q, K, V, keys and outputs):
+ *   a misaligned one is refused with QSAKV_ERROR_INVALID_ARGUMENT naming it.
  */
 #ifndef QSAKV_H
 #define QSAKV_H
@@ -533,7 +541,9 @@ QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
  * OVERLAY_NOT_VALIDATED); 16-bit caches take overlay == NULL. A BF16 cache on an SM 7.5
  * GPU is UNSUPPORTED (its tensor cores have no BF16 MMAs; FP16 and E4M3 run there). The scales are
  * copied to device memory; the overlay may be destroyed afterwards. Blocking, allocates. Cache
- * contents start zeroed. The context must outlive the cache. */
+ * contents start zeroed. The context must outlive the cache. options NULL: the defaults of
+ * qsakv_cache_options_init, which size nothing, so the call is refused (set num_blocks or
+ * memory_budget_bytes). */
 QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
                                           const qsakv_model_config* config,
                                           const qsakv_overlay* overlay,
@@ -682,7 +692,8 @@ QSAKV_API qsakv_status qsakv_store_kv(qsakv_cache* cache, int32_t layer, const v
 
 /* Raw index keys (device FP16 [num_tokens, index_head_dim]) into the per-request ring:
  * entry (request_slots[i], positions[i] % ring_length). request_slots: device int32,
- * positions: device int64; a negative position skips. Async; run. */
+ * positions: device int64; a negative position, and a request slot outside
+ * 0..max_requests-1, skips the key. Async; run. */
 QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer, const void* keys,
                                               const int32_t* request_slots,
                                               const int64_t* positions, int64_t num_tokens,
@@ -690,7 +701,8 @@ QSAKV_API qsakv_status qsakv_store_index_keys(qsakv_cache* cache, int32_t layer,
 
 /* Finished compressed index keys (device FP16 [num_keys, index_head_dim]) into the
  * compressed cache: entry slot_mapping[i] / compress_ratio, where slot_mapping[i] is
- * the slot of any token of the group (-1 skips). With index_key_dtype E4M3 each key is
+ * the slot of any token of the group (-1 skips, and so does a slot beyond the cache).
+ * With index_key_dtype E4M3 each key is
  * quantised on its own: m = max |x_d| (in FP32); scale = m / 448 (FP32 division) and
  * code_d = e4m3(fp32(x_d) / scale) (round-to-nearest-even, saturating), so the largest
  * element is +-448 x scale; a key with m = 0 or with a NaN or infinite element is stored
@@ -770,7 +782,7 @@ QSAKV_API qsakv_status qsakv_plan_options_init(qsakv_plan_options* options);
 /* Makes a plan for batches up to the given maximum shape. Allocates its device metadata
  * and workspace (blocking). A CUDA graph captured with a plan stays valid across
  * qsakv_plan_update calls with other batches of at most that shape. The cache must
- * outlive the plan. */
+ * outlive the plan. options NULL: the defaults of qsakv_plan_options_init. */
 QSAKV_API qsakv_status qsakv_plan_create(qsakv_plan** out, qsakv_cache* cache,
                                          const qsakv_plan_options* options);
 /* Releases a plan. Waits for its last metadata copy to finish (host side only); make sure
@@ -840,8 +852,9 @@ QSAKV_API qsakv_status qsakv_plan_get_info(const qsakv_plan* plan, qsakv_plan_in
  * (b < min((p+1)/ratio, L/ratio)), keeps the topk_blocks best (score descending, block
  * ascending on ties), expands each to its ratio tokens, appends the open group's tail
  * and pads with -1. index_q: device FP16 [rows, index_num_heads, index_head_dim].
- * topk: device int32 [rows, topk_stride] with topk_stride >= topk_width; NULL writes the
- * layer's (shared) top-k buffer. Async; run.
+ * topk: device int32 [rows, topk_stride] with topk_stride >= topk_width (the call writes
+ * the batch's rows; a CUDA graph that captured it writes each replayed batch's, so size it
+ * for the plan's max_rows there), or NULL for the layer's (shared) top-k buffer. Async; run.
  * The score of a block is sum over heads of ReLU(q_h . k_b) / sqrt(index_head_dim); with
  * E4M3 index keys k_b = scale_b x e4m3(codes_b), computed as (the head sum over the codes)
  * / sqrt(index_head_dim) x scale_b (codes 0x7F/0xFF, which the store never writes, read
@@ -872,7 +885,8 @@ typedef enum qsakv_attention_mode {
  * E4M3: the K scale is folded into the softmax factor, the V scale applied once to the
  * normalised output. q: device, activation dtype, [rows, q_heads, head_dim]. out: same
  * shape and dtype. topk (SPARSE): device int32 [rows, topk_stride] request-relative
- * token positions, -1 = none; NULL reads the layer's top-k buffer. A row with no
+ * token positions, -1 = none (as for qsakv_select_topk: the batch's rows are read; size it
+ * for max_rows under graph replay); NULL reads the layer's top-k buffer. A row with no
  * selected token outputs zeros. Rows of requests with at least the plan's
  * multi_row_min_rows rows take the grouped route (plan options): a row's list must not
  * name a token twice there (the route takes the union of its rows' lists, so a repeat
@@ -951,7 +965,8 @@ QSAKV_API qsakv_status qsakv_calib_observe(qsakv_calib* calib, int32_t layer, co
  * group (nccl_comm: an ncclComm_t whose size is the config's tp_size and whose rank is
  * its tp_rank): max for maxima, sum for counts and histograms. Collective: every rank
  * calls it, on the stream its observes ran on. NCCL is loaded at call time
- * (dlopen "libnccl.so.2"); without it: QSAKV_ERROR_NCCL, as for any NCCL failure. CPU
+ * (dlopen "libnccl.so.2", or the file QSAKV_NCCL_LIBRARY names); without it:
+ * QSAKV_ERROR_NCCL, as for any NCCL failure. CPU
  * backend: QSAKV_ERROR_UNSUPPORTED (merge saved files instead). Once only per handle
  * (a second reduction would count twice: QSAKV_ERROR_STATE). Async on `stream`; does
  * not allocate. Afterwards the handle covers every rank. */

@@ -1411,6 +1411,95 @@ static void c_store_other_null(void) {
   }
 }
 
+/* A misaligned array (one byte past an element boundary, two for the 8-byte ones) is
+ * refused by name, saying it must be aligned, before anything is stored: the GPU would
+ * fault on it (a sticky error that ends the CUDA context), the CPU read it as undefined
+ * behaviour. Each part of qsakv_store_step is refused under its field's name. */
+static void c_store_misaligned(void) {
+  unsigned char* before = cache_copy();
+  const char* kv = (const char*)F.kv_in;
+  const char* keys = (const char*)F.index_q;
+  int32_t* rs = dev(sizeof(int32_t) * 9);
+  int64_t* pos = dev(sizeof(int64_t) * 9);
+  memset(rs, 0, sizeof(int32_t) * 9);
+  memset(pos, 0, sizeof(int64_t) * 9);
+  const int64_t* slots_odd = (const int64_t*)((const char*)F.slots + 4);
+  const int32_t* rs_odd = (const int32_t*)((const char*)rs + 2);
+  const int64_t* pos_odd = (const int64_t*)((const char*)pos + 4);
+  qsakv_step_stores st = QSAKV_STEP_STORES_INIT;
+  qsakv_status s = QSAKV_SUCCESS;
+  const char* arg = "";
+  switch (P) {
+    case 0:
+      s = qsakv_store_kv(F.cache, 3, kv + 1, F.kv_in, F.slots, 8, NULL);
+      arg = "k (";
+      break;
+    case 1:
+      s = qsakv_store_kv(F.cache, 3, F.kv_in, kv + 1, F.slots, 8, NULL);
+      arg = "v (";
+      break;
+    case 2:
+      s = qsakv_store_kv(F.cache, 3, F.kv_in, F.kv_in, slots_odd, 8, NULL);
+      arg = "slot_mapping (";
+      break;
+    case 3:
+      s = qsakv_store_index_keys(F.cache, 3, keys + 1, rs, pos, 8, NULL);
+      arg = "keys (";
+      break;
+    case 4:
+      s = qsakv_store_index_keys(F.cache, 3, F.index_q, rs_odd, pos, 8, NULL);
+      arg = "request_slots (";
+      break;
+    case 5:
+      s = qsakv_store_index_keys(F.cache, 3, F.index_q, rs, pos_odd, 8, NULL);
+      arg = "positions (";
+      break;
+    case 6:
+      s = qsakv_store_compressed_keys(F.cache, 3, keys + 1, F.slots, 8, NULL);
+      arg = "keys (";
+      break;
+    case 7:
+      s = qsakv_store_compressed_keys(F.cache, 3, F.index_q, slots_odd, 8, NULL);
+      arg = "slot_mapping (";
+      break;
+    case 8: /* the K/V part misaligned, the other two parts well formed */
+      st.k = F.kv_in;
+      st.v = F.kv_in;
+      st.kv_slot_mapping = slots_odd;
+      st.num_tokens = 8;
+      st.compressed_keys = F.index_q;
+      st.compressed_slot_mapping = F.slots;
+      st.num_compressed_keys = 8;
+      s = qsakv_store_step(F.cache, 3, &st, NULL);
+      arg = "stores.kv_slot_mapping (";
+      break;
+    case 9:
+      st.index_keys = F.index_q;
+      st.index_request_slots = rs;
+      st.index_positions = pos_odd;
+      st.num_index_keys = 8;
+      s = qsakv_store_step(F.cache, 3, &st, NULL);
+      arg = "stores.index_positions (";
+      break;
+    case 10:
+      st.k = F.kv_in;
+      st.v = F.kv_in;
+      st.kv_slot_mapping = F.slots;
+      st.num_tokens = 8;
+      st.compressed_keys = keys + 1;
+      st.compressed_slot_mapping = F.slots;
+      st.num_compressed_keys = 8;
+      s = qsakv_store_step(F.cache, 3, &st, NULL);
+      arg = "stores.compressed_keys (";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
+  }
+  if (s != QSAKV_SUCCESS && !strstr(qsakv_last_error(), "-byte aligned"))
+    report(V_WRONG, s, "the refusal does not say why: %s", qsakv_last_error());
+  refuse_store(s, before, arg);
+}
+
 static const struct acase k_store_cases[] = {
     {"kv k NULL", c_store_kv_arg, 0},
     {"kv v NULL", c_store_kv_arg, 1},
@@ -1441,6 +1530,17 @@ static const struct acase k_store_cases[] = {
     {"compressed cache NULL", c_store_other_null, 1},
     {"index layer -3", c_store_other_null, 2},
     {"compressed layer INT32_MAX", c_store_other_null, 3},
+    {"kv k misaligned", c_store_misaligned, 0},
+    {"kv v misaligned", c_store_misaligned, 1},
+    {"kv slot_mapping misaligned", c_store_misaligned, 2},
+    {"index keys misaligned", c_store_misaligned, 3},
+    {"index request_slots misaligned", c_store_misaligned, 4},
+    {"index positions misaligned", c_store_misaligned, 5},
+    {"compressed keys misaligned", c_store_misaligned, 6},
+    {"compressed slot_mapping misaligned", c_store_misaligned, 7},
+    {"step kv_slot_mapping misaligned", c_store_misaligned, 8},
+    {"step index_positions misaligned", c_store_misaligned, 9},
+    {"step compressed_keys misaligned", c_store_misaligned, 10},
 };
 
 static void test_store(void** state) {
@@ -1903,6 +2003,43 @@ static void c_attn_bad_indices(void) {
   correct(s, memcmp(ref, F.out, on * 2) == 0, "out-of-range top-k indices are ignored exactly");
 }
 
+/* Misaligned top-k, query and output arrays are refused by name (see c_store_misaligned). */
+static void c_select_misaligned(void) {
+  const int32_t* topk_odd = (const int32_t*)((const char*)F.topk + 2);
+  const char* q = (const char*)F.q;
+  qsakv_status s = QSAKV_SUCCESS;
+  const char* arg = "";
+  switch (P) {
+    case 0:
+      s = qsakv_select_topk(F.plan, 3, F.index_q, (int32_t*)topk_odd, F.topk_stride, NULL);
+      arg = "topk (";
+      break;
+    case 1:
+      s = qsakv_select_topk(F.plan, 3, (const char*)F.index_q + 1, NULL, 0, NULL);
+      arg = "index_q (";
+      break;
+    case 2:
+      s = qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_SPARSE, F.q, topk_odd, F.topk_stride,
+                              F.out, NULL);
+      arg = "topk (";
+      break;
+    case 3:
+      s = qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, q + 1, NULL, 0, F.out, NULL);
+      arg = "q (";
+      break;
+    case 4:
+      s = qsakv_attention_run(F.plan, 3, QSAKV_ATTENTION_DENSE, F.q, NULL, 0, (char*)F.out + 1,
+                              NULL);
+      arg = "out (";
+      break;
+    default:
+      report(V_WRONG, QSAKV_SUCCESS, "no such case");
+  }
+  if (s != QSAKV_SUCCESS && !strstr(qsakv_last_error(), "-byte aligned"))
+    report(V_WRONG, s, "the refusal does not say why: %s", qsakv_last_error());
+  refuse(s, QSAKV_ERROR_INVALID_ARGUMENT, arg);
+}
+
 static const struct acase k_select_cases[] = {
     {"select stride INT64_MAX", c_select_stride, INT64_MAX},
     {"select stride INT64_MAX/2", c_select_stride, INT64_MAX / 2},
@@ -1934,6 +2071,11 @@ static const struct acase k_select_cases[] = {
     {"dense ignores stride INT64_MAX", c_attn_dense_ignores, INT64_MAX},
     {"dense ignores stride INT64_MIN", c_attn_dense_ignores, INT64_MIN},
     {"sparse out-of-range indices", c_attn_bad_indices, 0},
+    {"select topk misaligned", c_select_misaligned, 0},
+    {"select index_q misaligned", c_select_misaligned, 1},
+    {"attention topk misaligned", c_select_misaligned, 2},
+    {"attention q misaligned", c_select_misaligned, 3},
+    {"attention out misaligned", c_select_misaligned, 4},
 };
 
 static void test_select_attention(void** state) {

@@ -148,6 +148,14 @@ static void test_refusals(void** state) {
   TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(missing, 4, l, k, v, &n, NULL), QSAKV_ERROR_IO);
   TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(missing, 4, NULL, k, v, &n, NULL),
                    QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "layers is NULL"));
+  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(missing, 4, l, k, NULL, &n, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "v_scales is NULL"));
+  /* An empty path is an argument error, as for every other path argument, not IO. */
+  TU_EXPECT_STATUS(qsakv_overlay_read_scale_file("", 4, l, k, v, &n, NULL),
+                   QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "scale_file is empty"));
   TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(missing, -1, l, k, v, &n, NULL),
                    QSAKV_ERROR_INVALID_ARGUMENT);
   TU_EXPECT_STATUS(qsakv_overlay_read_scale_file(NULL, 4, l, k, v, &n, NULL),

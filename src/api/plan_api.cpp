@@ -6,6 +6,7 @@
 
 #include "api/guard.hpp"
 #include "api/layer.hpp"
+#include "core/dtype.hpp"
 #include "core/plan_meta.hpp"
 #include "core/versioned.hpp"
 #include "limits.hpp"
@@ -37,6 +38,7 @@ void resolve_topk(const qsakv_plan* plan, int qsa, int32_t*& topk, int64_t& stri
     stride = cache->layout.topk_cols;
     return;
   }
+  require_element_aligned(topk, sizeof(int32_t), "int32_t", "topk");
   const int width = cache->geometry.topk_width;
   if (stride < width)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "topk_stride is %lld; must be >= the top-k width %d",
@@ -285,6 +287,7 @@ qsakv_status qsakv_select_topk(qsakv_plan* plan, int32_t layer, const void* inde
     const qsakv_rank_geometry& g = cache->geometry;
     resolve_topk(plan, i, topk, topk_stride);
     if (!index_q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "index_q is NULL");
+    require_element_aligned(index_q, sizeof(uint16_t), "FP16 values", "index_q");
     if (plan->num_rows == 0 && !launches_for_empty_batches(cache)) return;
     SelectParams p{};
     p.meta = plan->meta_view();
@@ -324,6 +327,9 @@ qsakv_status qsakv_attention_run(qsakv_plan* plan, int32_t layer, qsakv_attentio
     if (m == QSAKV_ATTENTION_SPARSE) resolve_topk(plan, i, list, topk_stride);
     if (!q) fail(QSAKV_ERROR_INVALID_ARGUMENT, "q is NULL");
     if (!out) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out is NULL");
+    const size_t act = dtype_size(cache->config.activation_dtype);
+    require_element_aligned(q, act, "16-bit values", "q");
+    require_element_aligned(out, act, "16-bit values", "out");
     if (plan->num_rows == 0 && !launches_for_empty_batches(cache)) return;
     AttentionParams p{};
     p.meta = plan->meta_view();

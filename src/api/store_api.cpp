@@ -18,6 +18,11 @@ void require_count(int64_t n, const char* what) {
 void require_ptr(const void* p, const char* what) {
   if (!p) fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
 }
+// A caller's array: present, and aligned to its elements of `elem` bytes (`type`).
+void require_array(const void* p, size_t elem, const char* type, const char* what) {
+  require_ptr(p, what);
+  require_element_aligned(p, elem, type, what);
+}
 
 // The checks both index-key stores make: the cache, the layer, `n` rows (named `what`) of
 // index_head_dim FP16 values that some buffer can hold, and the keys. Returns the layer's
@@ -28,7 +33,7 @@ int require_index_key_rows(const qsakv_cache* cache, int32_t layer, const void* 
   const int i = require_qsa_layer(cache, layer);
   require_count(n, what);
   if (n == 0) return -1;
-  require_ptr(keys, "keys");
+  require_array(keys, sizeof(uint16_t), "FP16 values", "keys");
   require_bytes(what, n, static_cast<uint64_t>(cache->config.index_head_dim) * sizeof(uint16_t));
   return i;
 }
@@ -38,9 +43,10 @@ int require_index_key_rows(const qsakv_cache* cache, int32_t layer, const void* 
 StoreKvParams kv_params(qsakv_cache* cache, int i, const void* k, const void* v,
                         const int64_t* slot_mapping, int64_t num_tokens,
                         const char* count_name = "num_tokens") {
-  require_ptr(k, "k");
-  require_ptr(v, "v");
-  require_ptr(slot_mapping, "slot_mapping");
+  const size_t act = dtype_size(cache->config.activation_dtype);
+  require_array(k, act, "16-bit values", "k");
+  require_array(v, act, "16-bit values", "v");
+  require_array(slot_mapping, sizeof(int64_t), "int64_t", "slot_mapping");
   // k and v are [num_tokens, kv_heads, head_dim]: a count no buffer can hold would make
   // the element offsets wrap.
   require_bytes(count_name, num_tokens,
@@ -59,8 +65,8 @@ StoreKvParams kv_params(qsakv_cache* cache, int i, const void* k, const void* v,
 StoreRowsParams ring_params(qsakv_cache* cache, int i, const void* keys,
                             const int32_t* request_slots, const int64_t* positions,
                             int64_t num_tokens) {
-  require_ptr(request_slots, "request_slots");
-  require_ptr(positions, "positions");
+  require_array(request_slots, sizeof(int32_t), "int32_t", "request_slots");
+  require_array(positions, sizeof(int64_t), "int64_t", "positions");
   StoreRowsParams p{};
   p.dst = cache->ring_layers[static_cast<size_t>(i)];
   p.src = static_cast<const uint16_t*>(keys);
@@ -76,7 +82,7 @@ StoreRowsParams ring_params(qsakv_cache* cache, int i, const void* keys,
 
 StoreCompressedParams compressed_params(qsakv_cache* cache, int i, const void* keys,
                                         const int64_t* slot_mapping, int64_t num_keys) {
-  require_ptr(slot_mapping, "slot_mapping");
+  require_array(slot_mapping, sizeof(int64_t), "int64_t", "slot_mapping");
   StoreCompressedParams p{};
   p.cache = cache->compressed_view(i);
   p.src = static_cast<const uint16_t*>(keys);
@@ -141,22 +147,25 @@ qsakv_status qsakv_store_step(qsakv_cache* cache, int32_t layer, const qsakv_ste
     // The fields by their names in the struct first (the helpers' messages name the
     // single calls' arguments).
     if (p.has_kv) {
-      require_ptr(s.k, "stores.k");
-      require_ptr(s.v, "stores.v");
-      require_ptr(s.kv_slot_mapping, "stores.kv_slot_mapping");
+      const size_t act = dtype_size(cache->config.activation_dtype);
+      require_array(s.k, act, "16-bit values", "stores.k");
+      require_array(s.v, act, "16-bit values", "stores.v");
+      require_array(s.kv_slot_mapping, sizeof(int64_t), "int64_t", "stores.kv_slot_mapping");
       p.kv = kv_params(cache, i, s.k, s.v, s.kv_slot_mapping, s.num_tokens, "stores.num_tokens");
     }
     if (p.has_ring) {
-      require_ptr(s.index_keys, "stores.index_keys");
-      require_ptr(s.index_request_slots, "stores.index_request_slots");
-      require_ptr(s.index_positions, "stores.index_positions");
+      require_array(s.index_keys, sizeof(uint16_t), "FP16 values", "stores.index_keys");
+      require_array(s.index_request_slots, sizeof(int32_t), "int32_t",
+                    "stores.index_request_slots");
+      require_array(s.index_positions, sizeof(int64_t), "int64_t", "stores.index_positions");
       require_index_key_rows(cache, layer, s.index_keys, s.num_index_keys, "stores.num_index_keys");
       p.ring = ring_params(cache, i, s.index_keys, s.index_request_slots, s.index_positions,
                            s.num_index_keys);
     }
     if (p.has_compressed) {
-      require_ptr(s.compressed_keys, "stores.compressed_keys");
-      require_ptr(s.compressed_slot_mapping, "stores.compressed_slot_mapping");
+      require_array(s.compressed_keys, sizeof(uint16_t), "FP16 values", "stores.compressed_keys");
+      require_array(s.compressed_slot_mapping, sizeof(int64_t), "int64_t",
+                    "stores.compressed_slot_mapping");
       require_index_key_rows(cache, layer, s.compressed_keys, s.num_compressed_keys,
                              "stores.num_compressed_keys");
       p.compressed = compressed_params(cache, i, s.compressed_keys, s.compressed_slot_mapping,
