@@ -31,7 +31,8 @@ void require_cuda_cache_dtype(qsakv_kernel_tier tier, int sm_version, qsakv_dtyp
 // Which MMA the grouped route's attention kernel uses on a GPU that has both (SM90 with
 // sm_90a code): a test and benchmark hook, QSAKV_GROUPED_MMA, read at context creation and,
 // like QSAKV_CUDA_TIER, checked on every backend. Unset, "" or "auto": the warpgroup MMA
-// where the GPU and the build have it; "sync": mma.sync; "wgmma": the warpgroup MMA (the
+// where the GPU and the build have it, for updates of at least kGroupedCtasPerSm x SMs
+// groups (the CUDA backend's attention launch); "sync": mma.sync; "wgmma": the warpgroup MMA (the
 // CUDA backend fails with QSAKV_ERROR_UNSUPPORTED where it is not available). Anything else
 // fails with QSAKV_ERROR_INVALID_ARGUMENT naming the variable.
 constexpr const char* kGroupedMmaEnv = "QSAKV_GROUPED_MMA";
