@@ -13,13 +13,16 @@
  *   context (Python references set on the returned proxies);
  * - info / layout / geometry structs are returned (struct_size and version filled);
  *   option and config structs are constructed with struct_size and version set;
- * - char out_hex[65] and float* outputs are returned;
+ * - char out_hex[65] / sha256_hex[65] and float* outputs are returned, so is
+ *   qsakv_overlay_read_scale_file's *num_layers: it returns [num_layers, sha256] and
+ *   writes the scales into the caller's arrays (layers int32, k_scales / v_scales
+ *   float32, each of `capacity`; None with capacity 0 asks for the count alone);
  * - pointer arguments (device or host buffers) take an int address, None (NULL), or
  *   any object with __cuda_array_interface__ / __array_interface__ (NumPy, CuPy,
  *   torch fp16 ...): the object must stay alive, and for async calls unchanged, until
  *   the work ran. Struct members of pointer type read back as int addresses;
  * - typed buffers: where a call reads or writes a counted buffer (store, observe,
- *   select, attention, overlay_write, memcpy, get_stats' histogram, plan_update's batch
+ *   select, attention, overlay_write, read_scale_file, memcpy, get_stats' histogram, plan_update's batch
  *   arrays, cache_create's external top-k; calib_merge's count against its list), an
  *   array argument's element type must be the one the call reads (float16
  *   for FP16 activations, int64 slot mappings, int32 top-k ...) and it must hold every
@@ -293,6 +296,12 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 %typemap(argout) char out_hex[65] {
   $result = SWIG_Python_AppendOutput($result, PyUnicode_FromString($1));
 }
+%apply char out_hex[65] { char sha256_hex[65] };  /* qsakv_overlay_read_scale_file's */
+/* qsakv_overlay_read_scale_file: the count of layers the file holds is returned. */
+%typemap(in, numinputs=0) int32_t* num_layers (int32_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) int32_t* num_layers {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
+}
 %typemap(in, numinputs=0) void** out (void* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) void** out {
   $result = SWIG_Python_AppendOutput($result, PyLong_FromVoidPtr(*$1));
@@ -300,13 +309,14 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 
 /* ---- buffers: addresses ------------------------------------------------------------- */
 %typemap(in) void*, const void*, int32_t*, const int32_t*, const int64_t*, const float*,
-             uint64_t* {
+             uint64_t*, float* k_scales, float* v_scales {
   void* p = NULL;
   if (qsakv_swig_address($input, &p) != 0) SWIG_fail;
   $1 = ($1_ltype)p;
 }
 %typemap(typecheck, precedence=SWIG_TYPECHECK_POINTER) void*, const void*, int32_t*,
-    const int32_t*, const int64_t*, const float*, uint64_t* { $1 = 1; }
+    const int32_t*, const int64_t*, const float*, uint64_t*, float* k_scales,
+    float* v_scales { $1 = 1; }
 %typemap(out) void*, int32_t*, const int32_t*, const float* {
   $result = PyLong_FromVoidPtr((void*)$1);
 }
@@ -420,6 +430,11 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
     _buffer(layers, "layers", _I32, num_layers)
     _buffer(k_scales, "k_scales", _F32, num_layers)
     _buffer(v_scales, "v_scales", _F32, num_layers)
+%}
+%pythonprepend qsakv_overlay_read_scale_file %{
+    _buffer(layers, "layers", _I32, capacity)
+    _buffer(k_scales, "k_scales", _F32, capacity)
+    _buffer(v_scales, "v_scales", _F32, capacity)
 %}
 %pythonprepend qsakv_memcpy %{
     _buffer(dst, "dst", None, bytes)

@@ -423,3 +423,36 @@ def test_external_topk_and_merge_counts_are_checked():
     host = q.qsakv_calib_snapshot(live, None)
     with pytest.raises(q.InvalidArgumentError, match="num_inputs: 3, but inputs holds 1"):
         q.qsakv_calib_merge([host], 3, q.QSAKV_CALIB_MERGE_RANKS)
+
+
+def test_overlay_read_scale_file_returns_the_count_and_digest(tmp_path, checkpoint):
+    """qsakv_overlay_read_scale_file: the scales land in the caller's arrays, the count
+    and the file's SHA-256 come back ([num_layers, sha256]); capacity 0 with None asks
+    for the count alone; the arrays are checked against capacity."""
+    import hashlib
+
+    wo = q.qsakv_overlay_write_options()
+    q.qsakv_overlay_write_options_init(wo)
+    wo.base_index_path = str(checkpoint / "model.safetensors.index.json")
+    q.qsakv_overlay_write(str(tmp_path / "pack"), np.array([7, 3], np.int32),
+                          np.array([2.5, 1.5], np.float32), np.array([0.25, 0.5], np.float32),
+                          2, wo)
+    f = str(tmp_path / "pack" / "model-kvscales.safetensors")
+    sha = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    assert q.qsakv_overlay_read_scale_file(f, 0, None, None, None) == [2, sha]
+    layers, k, v = np.full(4, -1, np.int32), np.zeros(4, np.float32), np.zeros(4, np.float32)
+    assert q.qsakv_overlay_read_scale_file(f, 4, layers, k, v) == [2, sha]
+    assert layers[:2].tolist() == [3, 7]  # ascending layer order
+    assert k[:2].tolist() == [1.5, 2.5] and v[:2].tolist() == [0.5, 0.25]
+    assert layers[2:].tolist() == [-1, -1]
+    layers[:] = -1
+    assert q.qsakv_overlay_read_scale_file(f, 1, layers, k, v)[0] == 2  # more than capacity
+    assert layers.tolist() == [3, -1, -1, -1]
+    with pytest.raises(q.InvalidArgumentError, match="k_scales: expected float32 elements"):
+        q.qsakv_overlay_read_scale_file(f, 4, layers, np.zeros(4), v)
+    with pytest.raises(q.InvalidArgumentError, match="v_scales: the call uses 4 elements, "
+                                                     "the array holds 2"):
+        q.qsakv_overlay_read_scale_file(f, 4, layers, k, v[:2])
+    with pytest.raises(q.IoError):
+        q.qsakv_overlay_read_scale_file(str(tmp_path / "missing.safetensors"), 0, None, None,
+                                        None)
