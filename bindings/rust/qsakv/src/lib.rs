@@ -818,7 +818,28 @@ impl<'c> Cache<'c> {
             s.compressed_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
             s.num_compressed_keys = p.num_keys as i64;
         }
-        check(unsafe { sys::qsakv_store_step(self.as_ptr(), layer, &s, ptr::null_mut()) })
+        unsafe { self.store_step_raw(layer, &s, ptr::null_mut()) }
+    }
+
+    /// `qsakv_store_step` as the C API takes it: the parts' device pointers and counts in
+    /// a `qsakv_step_stores` (a part whose count is 0 is skipped; `struct_size` and
+    /// `version` are set here, to this crate's struct), enqueued on `stream`.
+    ///
+    /// # Safety
+    /// Every pointer of a part with a non-zero count must be device memory of this cache's
+    /// context with the shapes `qsakv_store_step` states (those of `qsakv_store_kv`,
+    /// `qsakv_store_index_keys` and `qsakv_store_compressed_keys`), alive until `stream`
+    /// ran the stores; `stream` must be a CUDA stream of the context's device, or null.
+    pub unsafe fn store_step_raw(
+        &self,
+        layer: i32,
+        stores: &sys::qsakv_step_stores,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut s = *stores;
+        s.struct_size = std::mem::size_of::<sys::qsakv_step_stores>();
+        s.version = sys::QSAKV_STEP_STORES_VERSION;
+        check(sys::qsakv_store_step(self.as_ptr(), layer, &s, stream))
     }
 }
 

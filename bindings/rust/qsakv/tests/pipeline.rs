@@ -461,6 +461,24 @@ fn store_step_equals_the_three_stores() -> Result<()> {
                 .then(|| CompressedKeyStore { keys: &dck, slot_mapping: &dcs, num_keys: n }),
         })?;
         assert!(layer_bytes(&calls, layer)? == layer_bytes(&step, layer)?, "parts {parts}");
+        // The same parts as the C API takes them, through store_step_raw (its stream
+        // reaching the call: tests/passthrough.rs).
+        let raw = Cache::new(&ctx, &cfg, None, &opts)?;
+        let mut s: sys::qsakv_step_stores = unsafe { std::mem::zeroed() }; // sizes set by the call
+        if parts & 1 != 0 {
+            (s.k, s.v, s.kv_slot_mapping, s.num_tokens) =
+                (dk.as_ptr(), dv.as_ptr(), ds.as_ptr() as *const i64, n as i64);
+        }
+        if parts & 2 != 0 {
+            (s.index_keys, s.index_request_slots, s.index_positions, s.num_index_keys) =
+                (drk.as_ptr(), dr.as_ptr() as *const i32, dp.as_ptr() as *const i64, n as i64);
+        }
+        if parts & 4 != 0 {
+            (s.compressed_keys, s.compressed_slot_mapping, s.num_compressed_keys) =
+                (dck.as_ptr(), dcs.as_ptr() as *const i64, n as i64);
+        }
+        unsafe { raw.store_step_raw(layer, &s, std::ptr::null_mut())? };
+        assert!(layer_bytes(&calls, layer)? == layer_bytes(&raw, layer)?, "raw, parts {parts}");
     }
     // Nothing present: nothing to do.
     let cache = Cache::new(&ctx, &cfg, None, &opts)?;

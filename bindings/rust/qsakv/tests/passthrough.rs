@@ -1,0 +1,87 @@
+//! What the crate hands the C calls that take a stream: the CPU backend ignores streams, so
+//! this test binary interposes `qsakv_store_step` (its own definition wins over
+//! libqsakv's when linked), records the stream and stores it was given, and forwards to
+//! the library's (`dlsym(RTLD_NEXT)`). Its own binary, so that no other
+//! test's calls go through the recorders. glibc only (RTLD_NEXT).
+#![cfg(all(target_os = "linux", target_env = "gnu"))]
+use qsakv::*;
+use std::cell::RefCell;
+use std::os::raw::{c_char, c_void};
+
+extern "C" {
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+}
+const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
+
+#[derive(Debug, PartialEq)]
+enum Call {
+    StoreStep { stream: usize, num_tokens: i64 },
+}
+
+thread_local! {
+    static CALLS: RefCell<Vec<Call>> = const { RefCell::new(Vec::new()) };
+}
+
+fn calls() -> Vec<Call> {
+    CALLS.with(|c| std::mem::take(&mut *c.borrow_mut()))
+}
+
+unsafe fn next(name: &[u8]) -> *mut c_void {
+    let f = dlsym(RTLD_NEXT, name.as_ptr() as *const c_char);
+    assert!(!f.is_null(), "the library's {}", String::from_utf8_lossy(name));
+    f
+}
+
+/// Records, then the library's `qsakv_store_step`.
+///
+/// # Safety
+/// As `qsakv_store_step`.
+#[no_mangle]
+pub unsafe extern "C" fn qsakv_store_step(
+    cache: *mut sys::qsakv_cache,
+    layer: i32,
+    stores: *const sys::qsakv_step_stores,
+    stream: sys::qsakv_stream_t,
+) -> sys::qsakv_status {
+    let num_tokens = if stores.is_null() { -1 } else { (*stores).num_tokens };
+    CALLS.with(|c| c.borrow_mut().push(Call::StoreStep { stream: stream as usize, num_tokens }));
+    type F = unsafe extern "C" fn(*mut sys::qsakv_cache, i32, *const sys::qsakv_step_stores,
+                                  sys::qsakv_stream_t) -> sys::qsakv_status;
+    std::mem::transmute::<*mut c_void, F>(next(b"qsakv_store_step\0"))(cache, layer, stores, stream)
+}
+
+/// A stream value the CPU backend ignores (the header: "ignored by the CPU backend"); it
+/// only has to arrive.
+const STREAM: usize = 0x5eed_0000;
+
+#[test]
+fn streams_reach_the_c_calls() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let mut cfg = ModelConfig::preset("qwen4_exp")?;
+    cfg.tp_size = 4;
+    cfg.kv_dtype = Dtype::QSAKV_DTYPE_FP16;
+    cfg.max_batched_tokens = 8;
+    cfg.max_requests = 2;
+    cfg.max_model_len = 256;
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 3;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let layer = cfg.qsa_layers()[0];
+    let row = cfg.head_dim as usize;
+    let kv = DeviceBuffer::from_slice(&ctx, &vec![0u16; 2 * row])?;
+    let slots = DeviceBuffer::from_slice(&ctx, &[4i64, 5])?;
+    calls();
+
+    // store_step: the null stream; store_step_raw: the caller's.
+    cache.store_step(layer, &StepStores {
+        kv: Some(KvStore { k: &kv, v: &kv, slot_mapping: &slots, num_tokens: 2 }),
+        ..Default::default()
+    })?;
+    let mut s: sys::qsakv_step_stores = unsafe { std::mem::zeroed() };
+    (s.k, s.v, s.kv_slot_mapping, s.num_tokens) =
+        (kv.as_ptr(), kv.as_ptr(), slots.as_ptr() as *const i64, 1);
+    unsafe { cache.store_step_raw(layer, &s, STREAM as Stream)? };
+    assert_eq!(calls(), vec![Call::StoreStep { stream: 0, num_tokens: 2 },
+                             Call::StoreStep { stream: STREAM, num_tokens: 1 }]);
+    Ok(())
+}
