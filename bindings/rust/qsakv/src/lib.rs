@@ -907,6 +907,18 @@ fn requests(query_start: &[i32], seq_lens: &[i32]) -> Result<usize> {
     Ok(n)
 }
 
+/// The batch's `request_slots` (one per request), or null for the default (slot r).
+fn request_slots_ptr(request_slots: Option<&[i32]>, n: usize) -> Result<*const i32> {
+    match request_slots {
+        None => Ok(ptr::null()),
+        Some(s) if s.len() == n => Ok(s.as_ptr()),
+        Some(s) => Err(invalid(format!(
+            "request_slots: {} entries for {n} requests (needs one per request)",
+            s.len()
+        ))),
+    }
+}
+
 /// A plan's options (`qsakv_plan_options`); each 0 takes the library's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -956,25 +968,44 @@ impl<'c> Plan<'c> {
         block_table: &'b DeviceBuffer<'_>,
         block_table_stride: i32,
     ) -> Result<Batch<'p, 'b, 'c>> {
+        self.update_with_request_slots(query_start, seq_lens, None, block_table,
+                                       block_table_stride)
+    }
+
+    /// `update` with each request's raw-ring slot (`request_slots`, one per request, each
+    /// in 0..max_requests: the slot its raw index keys were stored under); `None` is
+    /// `update`'s default, request r in slot r.
+    pub fn update_with_request_slots<'p, 'b>(
+        &'p mut self,
+        query_start: &[i32],
+        seq_lens: &[i32],
+        request_slots: Option<&[i32]>,
+        block_table: &'b DeviceBuffer<'_>,
+        block_table_stride: i32,
+    ) -> Result<Batch<'p, 'b, 'c>> {
         let n = requests(query_start, seq_lens)?;
+        request_slots_ptr(request_slots, n)?;
         need("block_table", block_table, self.cache.ctx, n, block_table_stride.max(0) as usize * 4)?;
         unsafe {
-            self.update_raw(query_start, seq_lens, block_table.as_ptr() as *const i32,
-                            block_table_stride, ptr::null_mut())
+            self.update_raw(query_start, seq_lens, request_slots,
+                            block_table.as_ptr() as *const i32, block_table_stride, ptr::null_mut())
         }
     }
 
-    /// `update` with a block table the engine owns (a device pointer, int32 [requests,
-    /// stride]) and a CUDA stream for the batch's metadata copy.
+    /// `update_with_request_slots` with a block table the engine owns (a device pointer,
+    /// int32 [requests, stride]) and a CUDA stream for the batch's metadata copy: every
+    /// field of `qsakv_batch`.
     ///
     /// # Safety
     /// `block_table` must be device memory of the plan's context with the shape above,
     /// unchanged and alive until every selection and attention of the returned batch ran
-    /// on the GPU (the returned batch borrows nothing of it).
+    /// on the GPU (the returned batch borrows nothing of it); `stream` must be a CUDA
+    /// stream of the context's device, or null.
     pub unsafe fn update_raw(
         &mut self,
         query_start: &[i32],
         seq_lens: &[i32],
+        request_slots: Option<&[i32]>,
         block_table: *const i32,
         block_table_stride: i32,
         stream: Stream,
@@ -984,6 +1015,7 @@ impl<'c> Plan<'c> {
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();
         b.seq_lens = seq_lens.as_ptr();
+        b.request_slots = request_slots_ptr(request_slots, n)?;
         b.block_table = block_table;
         b.block_table_stride = block_table_stride;
         check(sys::qsakv_plan_update(self.as_ptr(), &b, stream))?;

@@ -604,13 +604,45 @@ fn a_block_table_is_rewritten_between_steps() -> Result<()> {
     // An engine-owned table through update_raw (here the buffer's own pointer).
     table.upload(&[2i32])?;
     let mut batch = unsafe {
-        plan.update_raw(&[0, 1], &[l as i32], table.as_ptr() as *const i32, 1, std::ptr::null_mut())?
+        plan.update_raw(&[0, 1], &[l as i32], None, table.as_ptr() as *const i32, 1,
+                        std::ptr::null_mut())?
     };
     batch.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &q, &mut out)?;
     let got: Vec<u16> = out.to_vec()?;
     assert!(got.iter().all(|&o| from_half(o) == 2.0), "update_raw: {}", from_half(got[0]));
-    let err = unsafe { plan.update_raw(&[0], &[l as i32], table.as_ptr() as *const i32, 1,
+    let err = unsafe { plan.update_raw(&[0], &[l as i32], None, table.as_ptr() as *const i32, 1,
                                        std::ptr::null_mut()) }.unwrap_err();
     assert!(err.message().starts_with("query_start: 1 entries for 1 requests"), "{err}");
+    Ok(())
+}
+
+/// Each request's raw-ring slot reaches the library (update_raw and the safe
+/// update_with_request_slots): a slot beyond max_requests is refused by the library, naming
+/// the field; a list of the wrong length by the crate, before the call.
+#[test]
+fn request_slots_reach_the_library() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?; // max_requests 2
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 3;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let table = DeviceBuffer::from_slice(&ctx, &[1i32, 2])?;
+    let mut plan = Plan::new(&cache, 2, 2)?;
+    let (qs, lens) = ([0, 1, 2], [5, 7]);
+    assert_eq!(plan.update_with_request_slots(&qs, &lens, Some(&[1, 0]), &table, 1)?.rows(), 2);
+    let err = plan.update_with_request_slots(&qs, &lens, Some(&[0, 2]), &table, 1).unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().contains("batch.request_slots[1] is 2"), "{err}");
+    let err = plan.update_with_request_slots(&qs, &lens, Some(&[0]), &table, 1).unwrap_err();
+    assert!(err.message().starts_with("request_slots: 1 entries for 2 requests"), "{err}");
+    let (t, none) = (table.as_ptr() as *const i32, std::ptr::null_mut());
+    unsafe {
+        plan.update_raw(&qs, &lens, Some(&[1, 1]), t, 1, none)?;
+        let err = plan.update_raw(&qs, &lens, Some(&[-1, 0]), t, 1, none).unwrap_err();
+        assert!(err.message().contains("batch.request_slots[0] is -1"), "{err}");
+        let err = plan.update_raw(&qs, &lens, Some(&[0, 1, 1]), t, 1, none).unwrap_err();
+        assert!(err.message().starts_with("request_slots: 3 entries for 2 requests"), "{err}");
+    }
+    plan.update(&qs, &lens, &table, 1)?; // None: request r in slot r
     Ok(())
 }
