@@ -362,6 +362,38 @@ pub fn checkpoint_revision(path: &Path) -> Result<String> {
 // Overlay
 // ------------------------------------------------------------------------------------
 
+/// What `Overlay::write_with_options` records in a scale pack's manifest besides the
+/// base checkpoint (`qsakv_overlay_write_options`); `Default` is
+/// `qsakv_overlay_write_options_init`'s: nothing constrained, the default prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayWriteOptions {
+    /// Prefix of the scale tensors' names (`None`: "model.layers").
+    pub layer_prefix: Option<String>,
+    /// The contract the runtime is held to: 0 not constrained, else 1..=65536.
+    pub contract_tp_size: i32,
+    /// -1 not constrained, else 0..=64.
+    pub contract_speculative_tokens: i32,
+    /// `QSAKV_DTYPE_INVALID`: not constrained.
+    pub contract_activation_dtype: Dtype,
+    /// 0 not constrained, else 1..=10000 (70: SM 7.0).
+    pub contract_min_sm: i32,
+    /// Marks a unit-scale negative control in the metadata (informational).
+    pub unit_scale_control: bool,
+}
+
+impl Default for OverlayWriteOptions {
+    fn default() -> Self {
+        OverlayWriteOptions {
+            layer_prefix: None,
+            contract_tp_size: 0,
+            contract_speculative_tokens: -1,
+            contract_activation_dtype: Dtype::QSAKV_DTYPE_INVALID,
+            contract_min_sm: 0,
+            unit_scale_control: false,
+        }
+    }
+}
+
 /// Calibrated K/V scales bound to a checkpoint revision. Frees itself on drop.
 pub struct Overlay {
     raw: NonNull<sys::qsakv_overlay>,
@@ -414,13 +446,29 @@ impl Overlay {
         }
     }
 
-    /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales.
+    /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales, bound
+    /// to the base checkpoint whose index file is `base_index_path`; no contract (every
+    /// [`OverlayWriteOptions`] field its default).
     pub fn write(
         out_dir: &Path,
         layers: &[i32],
         k_scales: &[f32],
         v_scales: &[f32],
         base_index_path: &Path,
+    ) -> Result<()> {
+        Self::write_with_options(out_dir, layers, k_scales, v_scales, base_index_path,
+                                 &OverlayWriteOptions::default())
+    }
+
+    /// `write` with the manifest's scale contract, tensor-name prefix and unit-scale
+    /// marker (`qsakv_overlay_write_options`).
+    pub fn write_with_options(
+        out_dir: &Path,
+        layers: &[i32],
+        k_scales: &[f32],
+        v_scales: &[f32],
+        base_index_path: &Path,
+        options: &OverlayWriteOptions,
     ) -> Result<()> {
         if k_scales.len() != layers.len() || v_scales.len() != layers.len() {
             return Err(invalid(format!(
@@ -437,7 +485,15 @@ impl Overlay {
             sys::QSAKV_OVERLAY_WRITE_OPTIONS_VERSION,
             |p| unsafe { sys::qsakv_overlay_write_options_init(p) }
         )?;
+        let prefix =
+            options.layer_prefix.as_deref().map(|p| c_string("layer_prefix", p)).transpose()?;
         o.base_index_path = base.as_ptr();
+        o.layer_prefix = prefix.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        o.contract_tp_size = options.contract_tp_size;
+        o.contract_speculative_tokens = options.contract_speculative_tokens;
+        o.contract_activation_dtype = options.contract_activation_dtype;
+        o.contract_min_sm = options.contract_min_sm;
+        o.unit_scale_control = options.unit_scale_control as i32;
         check(unsafe {
             sys::qsakv_overlay_write(
                 out.as_ptr(),

@@ -646,3 +646,51 @@ fn request_slots_reach_the_library() -> Result<()> {
     plan.update(&qs, &lens, &table, 1)?; // None: request r in slot r
     Ok(())
 }
+
+/// Overlay::write_with_options records every field of qsakv_overlay_write_options in the
+/// manifest (read back through the loaded overlay's info); Overlay::write none of them.
+#[test]
+fn overlay_write_options_reach_the_manifest() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("qsakv-rust-write-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map": {"w": "a.safetensors"}}"#).unwrap();
+    let info = |pack: &str| -> Result<sys::qsakv_overlay_info> {
+        Overlay::load(&dir.join(pack).join("model-kvscales.safetensors"), None)?.info()
+    };
+    Overlay::write(&dir.join("plain"), &[3], &[0.5], &[0.25], &index)?;
+    let i = info("plain")?;
+    assert_eq!((i.contract_tp_size, i.contract_speculative_tokens, i.contract_min_sm,
+                i.unit_scale_control), (0, -1, 0, 0));
+    assert_eq!(i.contract_activation_dtype, Dtype::QSAKV_DTYPE_INVALID);
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(i.layer_prefix.as_ptr()) }.to_str().unwrap(),
+               "model.layers");
+    let opts = OverlayWriteOptions {
+        layer_prefix: Some("model.language_model.layers".into()),
+        contract_tp_size: 4,
+        contract_speculative_tokens: 3,
+        contract_activation_dtype: Dtype::QSAKV_DTYPE_BF16,
+        contract_min_sm: 90,
+        unit_scale_control: true,
+    };
+    Overlay::write_with_options(&dir.join("contract"), &[3, 7], &[1.0, 1.0], &[1.0, 1.0], &index,
+                                &opts)?;
+    let i = info("contract")?;
+    assert_eq!((i.contract_tp_size, i.contract_speculative_tokens, i.contract_min_sm,
+                i.unit_scale_control), (4, 3, 90, 1));
+    assert_eq!(i.contract_activation_dtype, Dtype::QSAKV_DTYPE_BF16);
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(i.layer_prefix.as_ptr()) }.to_str().unwrap(),
+               "model.language_model.layers");
+    // The library's checks still apply, and a prefix with a NUL byte is refused here.
+    let bad = OverlayWriteOptions { contract_tp_size: -2, ..Default::default() };
+    let err = Overlay::write_with_options(&dir.join("bad"), &[3], &[1.0], &[1.0], &index, &bad)
+        .unwrap_err();
+    assert!(err.message().contains("contract_tp_size"), "{err}");
+    let nul = OverlayWriteOptions { layer_prefix: Some("a\0b".into()), ..Default::default() };
+    let err = Overlay::write_with_options(&dir.join("nul"), &[3], &[1.0], &[1.0], &index, &nul)
+        .unwrap_err();
+    assert!(err.message().starts_with("layer_prefix: contains a NUL byte"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    Ok(())
+}
