@@ -13,14 +13,18 @@
  *   context (Python references set on the returned proxies);
  * - info / layout / geometry structs are returned (struct_size and version filled);
  *   option and config structs are constructed with struct_size and version set;
- * - char out_hex[65] and float* outputs are returned;
+ * - char out_hex[65] / sha256_hex[65] and float* outputs are returned, so is
+ *   qsakv_overlay_read_scale_file's *num_layers: it returns [num_layers, sha256] and
+ *   writes the scales into the caller's arrays (layers int32, k_scales / v_scales
+ *   float32, each of `capacity`; None with capacity 0 asks for the count alone);
  * - pointer arguments (device or host buffers) take an int address, None (NULL), or
  *   any object with __cuda_array_interface__ / __array_interface__ (NumPy, CuPy,
  *   torch fp16 ...): the object must stay alive, and for async calls unchanged, until
  *   the work ran. Struct members of pointer type read back as int addresses;
  * - typed buffers: where a call reads or writes a counted buffer (store, observe,
- *   select, attention, overlay_write, memcpy, get_stats' histogram, plan_update's batch
- *   arrays, cache_create's external top-k; calib_merge's count against its list), an
+ *   select, attention, overlay_write, read_scale_file, memcpy, get_stats' histogram,
+ *   plan_update's batch arrays, cache_create's external top-k, cache_create_with_memory's
+ *   arrays against their byte counts; calib_merge's count against its list), an
  *   array argument's element type must be the one the call reads (float16
  *   for FP16 activations, int64 slot mappings, int32 top-k ...) and it must hold every
  *   element the count implies: otherwise InvalidArgumentError naming the argument,
@@ -31,12 +35,15 @@
  *   made on it first (the C API requires that order), and they raise ClosedError too;
  * - qsakv_stream_t takes None, an int, an object with __cuda_stream__, a torch stream
  *   (.cuda_stream) or a CuPy stream (.ptr);
- * - int32_t array members (qsa_layers) read as lists and are set from sequences.
+ * - int32_t array members (qsa_layers) read as lists and are set from sequences; so is
+ *   qsakv_cache_memory.layers, from a sequence of qsakv_layer_memory (copied when set);
+ *   a cache over caller memory keeps that struct, and the arrays it was set from, alive.
  * This is the thin layer; the `qsakv` ctypes package is the Pythonic one.
  */
 %module(docstring="SWIG bindings of libqsakv (include/qsakv.h); see bindings/swig/qsakv.i") qsakv_swig
 
 %{
+#include <stddef.h>
 #include <string.h>
 #include <stdlib.h>
 #include "qsakv.h"
@@ -81,6 +88,15 @@ static int qsakv_swig_address(PyObject* o, void** out) {
                "__cuda_array_interface__ / __array_interface__, got %s", Py_TYPE(o)->tp_name);
   return -1;
 }
+
+/* The qsakv_layer_memory array a qsakv_cache_memory.layers owns (set from a sequence):
+ * its entry count sits before the entries, so the getter can list them. */
+typedef struct qsakv_swig_layers {
+  size_t n;
+  qsakv_layer_memory items[];
+} qsakv_swig_layers;
+#define QSAKV_SWIG_LAYERS_OF(p) \
+  ((qsakv_swig_layers*)((char*)(p) - offsetof(qsakv_swig_layers, items)))
 
 static PyObject* qsakv_swig_closed_class = NULL;
 
@@ -262,6 +278,8 @@ QSAKV_VERSIONED(qsakv_cache_options, QSAKV_CACHE_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_plan_options, QSAKV_PLAN_OPTIONS_VERSION)
 QSAKV_VERSIONED(qsakv_batch, QSAKV_BATCH_VERSION)
 QSAKV_VERSIONED(qsakv_step_stores, QSAKV_STEP_STORES_VERSION)
+/* As QSAKV_CACHE_MEMORY_INIT leaves it (the header has no _init function for it). */
+QSAKV_VERSIONED(qsakv_cache_memory, QSAKV_CACHE_MEMORY_VERSION)
 QSAKV_OUT_STRUCT(qsakv_context_info, QSAKV_CONTEXT_INFO_VERSION)
 QSAKV_OUT_STRUCT(qsakv_rank_geometry, QSAKV_RANK_GEOMETRY_VERSION)
 QSAKV_OUT_STRUCT(qsakv_overlay_info, QSAKV_OVERLAY_INFO_VERSION)
@@ -287,11 +305,71 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
   }
 }
 
+/* qsakv_cache_memory.layers: set from a sequence of qsakv_layer_memory (or None), whose
+ * entries are copied into an array the struct owns (freed on reassignment and with the
+ * struct); reads back as a list of copies. num_layers stays the caller's to set, as in C
+ * (qsakv_cache_create_with_memory refuses more than the list holds). */
+%typemap(in) const qsakv_layer_memory* layers (qsakv_swig_layers* block = NULL) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    PyObject* seq = PySequence_Fast($input, "layers: expected a sequence of qsakv_layer_memory");
+    if (!seq) SWIG_fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    block = (qsakv_swig_layers*)calloc(1, sizeof(qsakv_swig_layers) +
+                                          (size_t)(n ? n : 1) * sizeof(qsakv_layer_memory));
+    if (!block) { Py_DECREF(seq); SWIG_exception_fail(SWIG_MemoryError, "out of memory"); }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      void* p = NULL;
+      if (!SWIG_IsOK(SWIG_ConvertPtr(PySequence_Fast_GET_ITEM(seq, i), &p,
+                                     $descriptor(qsakv_layer_memory*), 0)) || !p) {
+        free(block);
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_TypeError, "layers[%zd]: expected a qsakv_layer_memory", i);
+        SWIG_fail;
+      }
+      block->items[i] = *(const qsakv_layer_memory*)p;
+    }
+    Py_DECREF(seq);
+    block->n = (size_t)n;
+    $1 = block->items;
+  }
+}
+%typemap(memberin) const qsakv_layer_memory* layers {
+  if ($1) free(QSAKV_SWIG_LAYERS_OF($1));
+  $1 = $input;
+}
+%typemap(out) const qsakv_layer_memory* layers {
+  size_t n = $1 ? QSAKV_SWIG_LAYERS_OF($1)->n : 0;
+  $result = PyList_New((Py_ssize_t)n);
+  if (!$result) SWIG_fail;
+  for (size_t i = 0; i < n; ++i) {
+    qsakv_layer_memory* copy = (qsakv_layer_memory*)malloc(sizeof *copy);
+    if (!copy) { Py_DECREF($result); SWIG_exception_fail(SWIG_MemoryError, "out of memory"); }
+    *copy = $1[i];
+    PyList_SET_ITEM($result, (Py_ssize_t)i,
+        SWIG_NewPointerObj(SWIG_as_voidptr(copy), $descriptor(qsakv_layer_memory*),
+                           SWIG_POINTER_OWN));
+  }
+}
+%extend qsakv_cache_memory {
+  ~qsakv_cache_memory() {
+    if ($self->layers) free(QSAKV_SWIG_LAYERS_OF($self->layers));
+    free($self);
+  }
+}
+
 /* ---- scalar and string outputs ------------------------------------------------------- */
 %apply float* OUTPUT { float* k_scale, float* v_scale, float* scale };
 %typemap(in, numinputs=0) char out_hex[65] (char tmp[65]) { tmp[0] = 0; $1 = tmp; }
 %typemap(argout) char out_hex[65] {
   $result = SWIG_Python_AppendOutput($result, PyUnicode_FromString($1));
+}
+%apply char out_hex[65] { char sha256_hex[65] };  /* qsakv_overlay_read_scale_file's */
+/* qsakv_overlay_read_scale_file: the count of layers the file holds is returned. */
+%typemap(in, numinputs=0) int32_t* num_layers (int32_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) int32_t* num_layers {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
 }
 %typemap(in, numinputs=0) void** out (void* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) void** out {
@@ -300,13 +378,14 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 
 /* ---- buffers: addresses ------------------------------------------------------------- */
 %typemap(in) void*, const void*, int32_t*, const int32_t*, const int64_t*, const float*,
-             uint64_t* {
+             uint64_t*, float* k_scales, float* v_scales {
   void* p = NULL;
   if (qsakv_swig_address($input, &p) != 0) SWIG_fail;
   $1 = ($1_ltype)p;
 }
 %typemap(typecheck, precedence=SWIG_TYPECHECK_POINTER) void*, const void*, int32_t*,
-    const int32_t*, const int64_t*, const float*, uint64_t* { $1 = 1; }
+    const int32_t*, const int64_t*, const float*, uint64_t*, float* k_scales,
+    float* v_scales { $1 = 1; }
 %typemap(out) void*, int32_t*, const int32_t*, const float* {
   $result = PyLong_FromVoidPtr((void*)$1);
 }
@@ -369,6 +448,12 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
     val._geom = _geometry(config)
     _adopt(context, val)
 %}
+%pythonappend qsakv_cache_create_with_memory %{
+    val._context = context  # the context must outlive the cache
+    val._memory = memory  # so must the caller's arrays the cache runs on
+    val._geom = _geometry(config)
+    _adopt(context, val)
+%}
 %pythonappend qsakv_plan_create %{
     val._cache = cache  # the cache must outlive the plan
     _adopt(cache, val)
@@ -421,6 +506,11 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
     _buffer(k_scales, "k_scales", _F32, num_layers)
     _buffer(v_scales, "v_scales", _F32, num_layers)
 %}
+%pythonprepend qsakv_overlay_read_scale_file %{
+    _buffer(layers, "layers", _I32, capacity)
+    _buffer(k_scales, "k_scales", _F32, capacity)
+    _buffer(v_scales, "v_scales", _F32, capacity)
+%}
 %pythonprepend qsakv_memcpy %{
     _buffer(dst, "dst", None, bytes)
     _buffer(src, "src", None, bytes)
@@ -434,6 +524,10 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 %pythonprepend qsakv_cache_create %{
     _check_external_topk(options)
 %}
+%pythonprepend qsakv_cache_create_with_memory %{
+    _check_external_topk(options)
+    _check_memory(memory)
+%}
 %pythonprepend qsakv_calib_merge %{
     if not 0 <= num_inputs <= len(inputs):
         raise InvalidArgumentError(  # noqa: F821
@@ -445,6 +539,8 @@ QSAKV_OUT_STRUCT(qsakv_calib_summary, QSAKV_CALIB_SUMMARY_VERSION)
 %pythondynamic qsakv_batch;
 %pythondynamic qsakv_step_stores;
 %pythondynamic qsakv_cache_options;
+%pythondynamic qsakv_layer_memory;
+%pythondynamic qsakv_cache_memory;
 
 /* The version macros live in the generated qsakv_version.h (CMake's project version),
    which SWIG does not follow from qsakv.h by itself. */
@@ -638,6 +734,50 @@ def _check_step_stores(cache, stores):
             for name, types, per in fields:
                 if name in arrays:
                     _buffer(arrays[name], "stores." + name, types, n * per)
+
+
+_MEMORY_FIELDS = (("kv", "kv_bytes"), ("compressed_keys", "compressed_bytes"),
+                  ("ring_keys", "ring_bytes"))
+
+
+def _layer_memory_setattr(self, name, value):
+    if name in ("kv", "compressed_keys", "ring_keys"):
+        self.__dict__.setdefault("_arrays", {})[name] = value
+    _swig_setattr_layer_memory(self, name, value)
+
+
+_swig_setattr_layer_memory = qsakv_layer_memory.__setattr__
+qsakv_layer_memory.__setattr__ = _layer_memory_setattr
+
+
+def _cache_memory_setattr(self, name, value):
+    _swig_setattr_cache_memory(self, name, value)
+    if name == "layers":  # the entries were copied: so are the arrays they were set from
+        self.__dict__["_layer_arrays"] = [
+            dict(getattr(e, "__dict__", {}).get("_arrays", {})) for e in (value or ())]
+
+
+_swig_setattr_cache_memory = qsakv_cache_memory.__setattr__
+qsakv_cache_memory.__setattr__ = _cache_memory_setattr
+
+
+def _check_memory(memory):
+    """qsakv_cache_create_with_memory: num_layers against the entries the struct holds,
+    each entry's arrays against the byte counts it states."""
+    if memory is None:
+        return
+    entries = memory.layers
+    if memory.num_layers > len(entries):
+        raise InvalidArgumentError(  # noqa: F821
+            QSAKV_ERROR_INVALID_ARGUMENT,
+            f"memory.num_layers: {memory.num_layers}, but memory.layers holds "
+            f"{len(entries)} entries")
+    arrays = memory.__dict__.get("_layer_arrays", [])
+    for i, (entry, held) in enumerate(zip(entries, arrays)):
+        for field, count in _MEMORY_FIELDS:
+            if field in held:
+                _buffer(held[field], f"memory.layers[{i}].{field}", None,
+                        getattr(entry, count))
 
 
 def _check_external_topk(options):

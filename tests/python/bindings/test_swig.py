@@ -423,3 +423,126 @@ def test_external_topk_and_merge_counts_are_checked():
     host = q.qsakv_calib_snapshot(live, None)
     with pytest.raises(q.InvalidArgumentError, match="num_inputs: 3, but inputs holds 1"):
         q.qsakv_calib_merge([host], 3, q.QSAKV_CALIB_MERGE_RANKS)
+
+
+def test_overlay_read_scale_file_returns_the_count_and_digest(tmp_path, checkpoint):
+    """qsakv_overlay_read_scale_file: the scales land in the caller's arrays, the count
+    and the file's SHA-256 come back ([num_layers, sha256]); capacity 0 with None asks
+    for the count alone; the arrays are checked against capacity."""
+    import hashlib
+
+    wo = q.qsakv_overlay_write_options()
+    q.qsakv_overlay_write_options_init(wo)
+    wo.base_index_path = str(checkpoint / "model.safetensors.index.json")
+    q.qsakv_overlay_write(str(tmp_path / "pack"), np.array([7, 3], np.int32),
+                          np.array([2.5, 1.5], np.float32), np.array([0.25, 0.5], np.float32),
+                          2, wo)
+    f = str(tmp_path / "pack" / "model-kvscales.safetensors")
+    sha = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    assert q.qsakv_overlay_read_scale_file(f, 0, None, None, None) == [2, sha]
+    layers, k, v = np.full(4, -1, np.int32), np.zeros(4, np.float32), np.zeros(4, np.float32)
+    assert q.qsakv_overlay_read_scale_file(f, 4, layers, k, v) == [2, sha]
+    assert layers[:2].tolist() == [3, 7]  # ascending layer order
+    assert k[:2].tolist() == [1.5, 2.5] and v[:2].tolist() == [0.5, 0.25]
+    assert layers[2:].tolist() == [-1, -1]
+    layers[:] = -1
+    assert q.qsakv_overlay_read_scale_file(f, 1, layers, k, v)[0] == 2  # more than capacity
+    assert layers.tolist() == [3, -1, -1, -1]
+    with pytest.raises(q.InvalidArgumentError, match="k_scales: expected float32 elements"):
+        q.qsakv_overlay_read_scale_file(f, 4, layers, np.zeros(4), v)
+    with pytest.raises(q.InvalidArgumentError, match="v_scales: the call uses 4 elements, "
+                                                     "the array holds 2"):
+        q.qsakv_overlay_read_scale_file(f, 4, layers, k, v[:2])
+    with pytest.raises(q.IoError):
+        q.qsakv_overlay_read_scale_file(str(tmp_path / "missing.safetensors"), 0, None, None,
+                                        None)
+
+
+def test_cache_over_caller_memory_for_every_qsa_layer():
+    """qsakv_cache_create_with_memory over NumPy arrays for all of a multi-layer config's
+    QSA layers (CPU backend): qsakv_cache_memory is constructed versioned, .layers takes
+    a sequence of qsakv_layer_memory; the cache runs on the caller's arrays (stores land
+    in them, the same bytes as in a library-allocated cache), keeps them and its context
+    alive, and is destroyed with its context; counts beyond the arrays are refused."""
+    ctx = cpu_context()
+    cfg = config(kv_dtype=q.QSAKV_DTYPE_FP16)
+    n = cfg.num_qsa_layers
+    layers = cfg.qsa_layers[:n]
+    assert n > 1
+    co = q.qsakv_cache_options()
+    q.qsakv_cache_options_init(co)
+    co.num_blocks = 4
+    L = q.qsakv_cache_layout_for(cfg, co)
+    sizes = {"kv": L.kv_bytes_per_layer, "compressed_keys": L.compressed_bytes_per_layer,
+             "ring_keys": L.ring_bytes_per_layer}
+
+    def memory(short=None):
+        mem = q.qsakv_cache_memory()
+        assert (mem.struct_size, mem.version) == (24, q.QSAKV_CACHE_MEMORY_VERSION)
+        entries, arrays = [], []
+        for i in range(n):
+            e, a = q.qsakv_layer_memory(), {}
+            for field, nbytes in sizes.items():
+                a[field] = np.full(nbytes - (8 if (i, field) == short else 0), 0x7F, np.uint8)
+                setattr(e, field, a[field])
+                setattr(e, field.replace("_keys", "") + "_bytes", nbytes)
+            entries.append(e)
+            arrays.append(a)
+        mem.num_layers, mem.layers = n, entries
+        assert len(mem.layers) == n and mem.layers[1].kv == arrays[1]["kv"].ctypes.data
+        return mem, arrays
+
+    mem, arrays = memory()
+    cache = q.qsakv_cache_create_with_memory(ctx, cfg, None, co, mem)
+    for i, layer in enumerate(layers):
+        b = q.qsakv_cache_get_layer_buffers(cache, layer)
+        assert (b.kv, b.compressed_keys, b.ring_keys) == tuple(
+            arrays[i][f].ctypes.data for f in ("kv", "compressed_keys", "ring_keys"))
+    own = q.qsakv_cache_create(ctx, cfg, None, co)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((3, 1, 256)).astype(np.float16)
+    v = rng.standard_normal((3, 1, 256)).astype(np.float16)
+    slots = np.array([0, 17, 200], np.int64)
+    ck = rng.standard_normal((2, 128)).astype(np.float16)
+    cslots = np.array([3, 130], np.int64)
+    for c in (cache, own):
+        for layer in (layers[0], layers[-1]):
+            q.qsakv_store_kv(c, layer, k, v, slots, 3, None)
+            q.qsakv_store_compressed_keys(c, layer, ck, cslots, 2, None)
+    for i in (0, n - 1):
+        b = q.qsakv_cache_get_layer_buffers(own, layers[i])
+        for field, nbytes in (("kv", sizes["kv"]), ("compressed_keys", sizes["compressed_keys"])):
+            want = np.empty(nbytes, np.uint8)
+            q.qsakv_memcpy(ctx, want, getattr(b, field), nbytes, q.QSAKV_COPY_DEVICE_TO_HOST,
+                           None)
+            got = arrays[i][field]
+            written = got != 0x7F  # the rest is the caller's poison, used as it is
+            assert written.any()
+            np.testing.assert_array_equal(got[written], want[written])
+    assert (arrays[1]["kv"] == 0x7F).all()  # a layer nothing was stored into
+    # The cache holds the struct and the arrays it was set from; and its context.
+    kv_last = arrays[-1]["kv"].ctypes.data
+    del mem, arrays, ctx
+    gc.collect()
+    q.qsakv_store_kv(cache, layers[-1], k, v, slots, 3, None)
+    assert q.qsakv_cache_get_layer_buffers(cache, layers[-1]).kv == kv_last
+    q.qsakv_context_destroy(cache._context)
+    with pytest.raises(q.ClosedError, match="this cache was destroyed"):
+        q.qsakv_cache_get_layout(cache)
+
+    ctx = cpu_context()
+    mem, _ = memory()
+    mem.num_layers = n + 1
+    with pytest.raises(q.InvalidArgumentError,
+                       match=f"memory.num_layers: {n + 1}, but memory.layers holds {n}"):
+        q.qsakv_cache_create_with_memory(ctx, cfg, None, co, mem)
+    mem.num_layers = 1
+    with pytest.raises(q.InvalidArgumentError, match="memory.num_layers is 1"):
+        q.qsakv_cache_create_with_memory(ctx, cfg, None, co, mem)
+    mem, _ = memory(short=(1, "ring_keys"))
+    with pytest.raises(q.InvalidArgumentError,
+                       match=r"memory.layers\[1\].ring_keys: the call uses %d bytes"
+                       % sizes["ring_keys"]):
+        q.qsakv_cache_create_with_memory(ctx, cfg, None, co, mem)
+    with pytest.raises(TypeError, match=r"layers\[0\]: expected a qsakv_layer_memory"):
+        mem.layers = [cfg]

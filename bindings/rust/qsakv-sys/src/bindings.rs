@@ -219,11 +219,21 @@ impl qsakv_decoder {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct qsakv_decoder(pub ::std::os::raw::c_uint);
-pub const QSAKV_KERNEL_TIER_NONE: qsakv_kernel_tier = 0;
-pub const QSAKV_KERNEL_TIER_SM70: qsakv_kernel_tier = 70;
-pub const QSAKV_KERNEL_TIER_SM75: qsakv_kernel_tier = 75;
-pub const QSAKV_KERNEL_TIER_MAX_ENUM: qsakv_kernel_tier = 2147483647;
-pub type qsakv_kernel_tier = ::std::os::raw::c_uint;
+impl qsakv_kernel_tier {
+    pub const QSAKV_KERNEL_TIER_NONE: qsakv_kernel_tier = qsakv_kernel_tier(0);
+}
+impl qsakv_kernel_tier {
+    pub const QSAKV_KERNEL_TIER_SM70: qsakv_kernel_tier = qsakv_kernel_tier(70);
+}
+impl qsakv_kernel_tier {
+    pub const QSAKV_KERNEL_TIER_SM75: qsakv_kernel_tier = qsakv_kernel_tier(75);
+}
+impl qsakv_kernel_tier {
+    pub const QSAKV_KERNEL_TIER_MAX_ENUM: qsakv_kernel_tier = qsakv_kernel_tier(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct qsakv_kernel_tier(pub ::std::os::raw::c_uint);
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct qsakv_context_options {

@@ -2,10 +2,11 @@
 //! (`regen.sh`; `regen.sh --check` fails on drift). Every function is `unsafe` and
 //! follows the C header's rules; use the `qsakv` crate for safe wrappers.
 //!
-//! Enums are Rust enums, except `qsakv_status`: a `#[must_use]` newtype over `i32` with
-//! one associated constant per code (`qsakv_status::QSAKV_SUCCESS`), because a newer
-//! library may return a code these bindings do not list, and an unknown discriminant in
-//! a Rust enum would be undefined behaviour.
+//! Every enum is a newtype over its integer with one associated constant per value
+//! (`qsakv_status::QSAKV_SUCCESS`, `qsakv_dtype::QSAKV_DTYPE_E4M3`), not a Rust enum,
+//! because a newer library may return a code or write a value into a struct it fills that
+//! these bindings do not list, and an unknown discriminant in a Rust enum would be
+//! undefined behaviour. `qsakv_status` is also `#[must_use]`.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
 
@@ -21,6 +22,25 @@ mod tests {
             assert_eq!(qsakv_version() as u32, QSAKV_VERSION_NUMBER);
             assert_eq!(qsakv_abi_version() as u32, QSAKV_ABI_VERSION);
         }
+    }
+
+    /// regen.sh names the enums it makes newtypes: bindgen turns one it leaves out into
+    /// an alias of an integer with free constants (qsakv_kernel_tier was one), whose
+    /// constants any integer passes for.
+    #[test]
+    fn every_enum_is_a_newtype() {
+        let bindings = include_str!("bindings.rs");
+        for line in bindings.lines() {
+            let alias = line.starts_with("pub type qsakv_")
+                && line.contains("= ::std::os::raw::c_")
+                && !line.contains("qsakv_stream_t");
+            let free = line.starts_with("pub const QSAKV_") && line.contains(": qsakv_");
+            assert!(!alias && !free, "an enum that is not a newtype ({line}): add it to \
+                                      regen.sh's --newtype-enum list and regenerate");
+        }
+        assert!(bindings.contains("pub struct qsakv_kernel_tier(pub ::std::os::raw::c_uint);"));
+        assert_ne!(qsakv_kernel_tier(99), qsakv_kernel_tier::QSAKV_KERNEL_TIER_SM75);
+        assert_eq!(qsakv_kernel_tier::QSAKV_KERNEL_TIER_SM75.0, 75);
     }
 
     #[test]

@@ -362,6 +362,38 @@ pub fn checkpoint_revision(path: &Path) -> Result<String> {
 // Overlay
 // ------------------------------------------------------------------------------------
 
+/// What `Overlay::write_with_options` records in a scale pack's manifest besides the
+/// base checkpoint (`qsakv_overlay_write_options`); `Default` is
+/// `qsakv_overlay_write_options_init`'s: nothing constrained, the default prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayWriteOptions {
+    /// Prefix of the scale tensors' names (`None`: "model.layers").
+    pub layer_prefix: Option<String>,
+    /// The contract the runtime is held to: 0 not constrained, else 1..=65536.
+    pub contract_tp_size: i32,
+    /// -1 not constrained, else 0..=64.
+    pub contract_speculative_tokens: i32,
+    /// `QSAKV_DTYPE_INVALID`: not constrained.
+    pub contract_activation_dtype: Dtype,
+    /// 0 not constrained, else 1..=10000 (70: SM 7.0).
+    pub contract_min_sm: i32,
+    /// Marks a unit-scale negative control in the metadata (informational).
+    pub unit_scale_control: bool,
+}
+
+impl Default for OverlayWriteOptions {
+    fn default() -> Self {
+        OverlayWriteOptions {
+            layer_prefix: None,
+            contract_tp_size: 0,
+            contract_speculative_tokens: -1,
+            contract_activation_dtype: Dtype::QSAKV_DTYPE_INVALID,
+            contract_min_sm: 0,
+            unit_scale_control: false,
+        }
+    }
+}
+
 /// Calibrated K/V scales bound to a checkpoint revision. Frees itself on drop.
 pub struct Overlay {
     raw: NonNull<sys::qsakv_overlay>,
@@ -414,13 +446,29 @@ impl Overlay {
         }
     }
 
-    /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales.
+    /// Writes a scale pack (`out_dir` must not exist) for the given layers' scales, bound
+    /// to the base checkpoint whose index file is `base_index_path`; no contract (every
+    /// [`OverlayWriteOptions`] field its default).
     pub fn write(
         out_dir: &Path,
         layers: &[i32],
         k_scales: &[f32],
         v_scales: &[f32],
         base_index_path: &Path,
+    ) -> Result<()> {
+        Self::write_with_options(out_dir, layers, k_scales, v_scales, base_index_path,
+                                 &OverlayWriteOptions::default())
+    }
+
+    /// `write` with the manifest's scale contract, tensor-name prefix and unit-scale
+    /// marker (`qsakv_overlay_write_options`).
+    pub fn write_with_options(
+        out_dir: &Path,
+        layers: &[i32],
+        k_scales: &[f32],
+        v_scales: &[f32],
+        base_index_path: &Path,
+        options: &OverlayWriteOptions,
     ) -> Result<()> {
         if k_scales.len() != layers.len() || v_scales.len() != layers.len() {
             return Err(invalid(format!(
@@ -437,7 +485,15 @@ impl Overlay {
             sys::QSAKV_OVERLAY_WRITE_OPTIONS_VERSION,
             |p| unsafe { sys::qsakv_overlay_write_options_init(p) }
         )?;
+        let prefix =
+            options.layer_prefix.as_deref().map(|p| c_string("layer_prefix", p)).transpose()?;
         o.base_index_path = base.as_ptr();
+        o.layer_prefix = prefix.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        o.contract_tp_size = options.contract_tp_size;
+        o.contract_speculative_tokens = options.contract_speculative_tokens;
+        o.contract_activation_dtype = options.contract_activation_dtype;
+        o.contract_min_sm = options.contract_min_sm;
+        o.unit_scale_control = options.unit_scale_control as i32;
         check(unsafe {
             sys::qsakv_overlay_write(
                 out.as_ptr(),
@@ -818,7 +874,28 @@ impl<'c> Cache<'c> {
             s.compressed_slot_mapping = p.slot_mapping.as_ptr() as *const i64;
             s.num_compressed_keys = p.num_keys as i64;
         }
-        check(unsafe { sys::qsakv_store_step(self.as_ptr(), layer, &s, ptr::null_mut()) })
+        unsafe { self.store_step_raw(layer, &s, ptr::null_mut()) }
+    }
+
+    /// `qsakv_store_step` as the C API takes it: the parts' device pointers and counts in
+    /// a `qsakv_step_stores` (a part whose count is 0 is skipped; `struct_size` and
+    /// `version` are set here, to this crate's struct), enqueued on `stream`.
+    ///
+    /// # Safety
+    /// Every pointer of a part with a non-zero count must be device memory of this cache's
+    /// context with the shapes `qsakv_store_step` states (those of `qsakv_store_kv`,
+    /// `qsakv_store_index_keys` and `qsakv_store_compressed_keys`), alive until `stream`
+    /// ran the stores; `stream` must be a CUDA stream of the context's device, or null.
+    pub unsafe fn store_step_raw(
+        &self,
+        layer: i32,
+        stores: &sys::qsakv_step_stores,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut s = *stores;
+        s.struct_size = std::mem::size_of::<sys::qsakv_step_stores>();
+        s.version = sys::QSAKV_STEP_STORES_VERSION;
+        check(sys::qsakv_store_step(self.as_ptr(), layer, &s, stream))
     }
 }
 
@@ -886,6 +963,18 @@ fn requests(query_start: &[i32], seq_lens: &[i32]) -> Result<usize> {
     Ok(n)
 }
 
+/// The batch's `request_slots` (one per request), or null for the default (slot r).
+fn request_slots_ptr(request_slots: Option<&[i32]>, n: usize) -> Result<*const i32> {
+    match request_slots {
+        None => Ok(ptr::null()),
+        Some(s) if s.len() == n => Ok(s.as_ptr()),
+        Some(s) => Err(invalid(format!(
+            "request_slots: {} entries for {n} requests (needs one per request)",
+            s.len()
+        ))),
+    }
+}
+
 /// A plan's options (`qsakv_plan_options`); each 0 takes the library's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -935,25 +1024,44 @@ impl<'c> Plan<'c> {
         block_table: &'b DeviceBuffer<'_>,
         block_table_stride: i32,
     ) -> Result<Batch<'p, 'b, 'c>> {
+        self.update_with_request_slots(query_start, seq_lens, None, block_table,
+                                       block_table_stride)
+    }
+
+    /// `update` with each request's raw-ring slot (`request_slots`, one per request, each
+    /// in 0..max_requests: the slot its raw index keys were stored under); `None` is
+    /// `update`'s default, request r in slot r.
+    pub fn update_with_request_slots<'p, 'b>(
+        &'p mut self,
+        query_start: &[i32],
+        seq_lens: &[i32],
+        request_slots: Option<&[i32]>,
+        block_table: &'b DeviceBuffer<'_>,
+        block_table_stride: i32,
+    ) -> Result<Batch<'p, 'b, 'c>> {
         let n = requests(query_start, seq_lens)?;
+        request_slots_ptr(request_slots, n)?;
         need("block_table", block_table, self.cache.ctx, n, block_table_stride.max(0) as usize * 4)?;
         unsafe {
-            self.update_raw(query_start, seq_lens, block_table.as_ptr() as *const i32,
-                            block_table_stride, ptr::null_mut())
+            self.update_raw(query_start, seq_lens, request_slots,
+                            block_table.as_ptr() as *const i32, block_table_stride, ptr::null_mut())
         }
     }
 
-    /// `update` with a block table the engine owns (a device pointer, int32 [requests,
-    /// stride]) and a CUDA stream for the batch's metadata copy.
+    /// `update_with_request_slots` with a block table the engine owns (a device pointer,
+    /// int32 [requests, stride]) and a CUDA stream for the batch's metadata copy: every
+    /// field of `qsakv_batch`.
     ///
     /// # Safety
     /// `block_table` must be device memory of the plan's context with the shape above,
     /// unchanged and alive until every selection and attention of the returned batch ran
-    /// on the GPU (the returned batch borrows nothing of it).
+    /// on the GPU (the returned batch borrows nothing of it); `stream` must be a CUDA
+    /// stream of the context's device, or null.
     pub unsafe fn update_raw(
         &mut self,
         query_start: &[i32],
         seq_lens: &[i32],
+        request_slots: Option<&[i32]>,
         block_table: *const i32,
         block_table_stride: i32,
         stream: Stream,
@@ -963,6 +1071,7 @@ impl<'c> Plan<'c> {
         b.num_requests = n as i32;
         b.query_start = query_start.as_ptr();
         b.seq_lens = seq_lens.as_ptr();
+        b.request_slots = request_slots_ptr(request_slots, n)?;
         b.block_table = block_table;
         b.block_table_stride = block_table_stride;
         check(sys::qsakv_plan_update(self.as_ptr(), &b, stream))?;

@@ -461,6 +461,24 @@ fn store_step_equals_the_three_stores() -> Result<()> {
                 .then(|| CompressedKeyStore { keys: &dck, slot_mapping: &dcs, num_keys: n }),
         })?;
         assert!(layer_bytes(&calls, layer)? == layer_bytes(&step, layer)?, "parts {parts}");
+        // The same parts as the C API takes them, through store_step_raw (its stream
+        // reaching the call: tests/passthrough.rs).
+        let raw = Cache::new(&ctx, &cfg, None, &opts)?;
+        let mut s: sys::qsakv_step_stores = unsafe { std::mem::zeroed() }; // sizes set by the call
+        if parts & 1 != 0 {
+            (s.k, s.v, s.kv_slot_mapping, s.num_tokens) =
+                (dk.as_ptr(), dv.as_ptr(), ds.as_ptr() as *const i64, n as i64);
+        }
+        if parts & 2 != 0 {
+            (s.index_keys, s.index_request_slots, s.index_positions, s.num_index_keys) =
+                (drk.as_ptr(), dr.as_ptr() as *const i32, dp.as_ptr() as *const i64, n as i64);
+        }
+        if parts & 4 != 0 {
+            (s.compressed_keys, s.compressed_slot_mapping, s.num_compressed_keys) =
+                (dck.as_ptr(), dcs.as_ptr() as *const i64, n as i64);
+        }
+        unsafe { raw.store_step_raw(layer, &s, std::ptr::null_mut())? };
+        assert!(layer_bytes(&calls, layer)? == layer_bytes(&raw, layer)?, "raw, parts {parts}");
     }
     // Nothing present: nothing to do.
     let cache = Cache::new(&ctx, &cfg, None, &opts)?;
@@ -586,13 +604,93 @@ fn a_block_table_is_rewritten_between_steps() -> Result<()> {
     // An engine-owned table through update_raw (here the buffer's own pointer).
     table.upload(&[2i32])?;
     let mut batch = unsafe {
-        plan.update_raw(&[0, 1], &[l as i32], table.as_ptr() as *const i32, 1, std::ptr::null_mut())?
+        plan.update_raw(&[0, 1], &[l as i32], None, table.as_ptr() as *const i32, 1,
+                        std::ptr::null_mut())?
     };
     batch.attention(layer, AttentionMode::QSAKV_ATTENTION_DENSE, &q, &mut out)?;
     let got: Vec<u16> = out.to_vec()?;
     assert!(got.iter().all(|&o| from_half(o) == 2.0), "update_raw: {}", from_half(got[0]));
-    let err = unsafe { plan.update_raw(&[0], &[l as i32], table.as_ptr() as *const i32, 1,
+    let err = unsafe { plan.update_raw(&[0], &[l as i32], None, table.as_ptr() as *const i32, 1,
                                        std::ptr::null_mut()) }.unwrap_err();
     assert!(err.message().starts_with("query_start: 1 entries for 1 requests"), "{err}");
+    Ok(())
+}
+
+/// Each request's raw-ring slot reaches the library (update_raw and the safe
+/// update_with_request_slots): a slot beyond max_requests is refused by the library, naming
+/// the field; a list of the wrong length by the crate, before the call.
+#[test]
+fn request_slots_reach_the_library() -> Result<()> {
+    let ctx = Context::new(Backend::QSAKV_BACKEND_CPU)?;
+    let cfg = small_fp16_config()?; // max_requests 2
+    let mut opts = CacheOptions::new()?;
+    opts.num_blocks = 3;
+    let cache = Cache::new(&ctx, &cfg, None, &opts)?;
+    let table = DeviceBuffer::from_slice(&ctx, &[1i32, 2])?;
+    let mut plan = Plan::new(&cache, 2, 2)?;
+    let (qs, lens) = ([0, 1, 2], [5, 7]);
+    assert_eq!(plan.update_with_request_slots(&qs, &lens, Some(&[1, 0]), &table, 1)?.rows(), 2);
+    let err = plan.update_with_request_slots(&qs, &lens, Some(&[0, 2]), &table, 1).unwrap_err();
+    assert_eq!(err.status(), Status::QSAKV_ERROR_INVALID_ARGUMENT);
+    assert!(err.message().contains("batch.request_slots[1] is 2"), "{err}");
+    let err = plan.update_with_request_slots(&qs, &lens, Some(&[0]), &table, 1).unwrap_err();
+    assert!(err.message().starts_with("request_slots: 1 entries for 2 requests"), "{err}");
+    let (t, none) = (table.as_ptr() as *const i32, std::ptr::null_mut());
+    unsafe {
+        plan.update_raw(&qs, &lens, Some(&[1, 1]), t, 1, none)?;
+        let err = plan.update_raw(&qs, &lens, Some(&[-1, 0]), t, 1, none).unwrap_err();
+        assert!(err.message().contains("batch.request_slots[0] is -1"), "{err}");
+        let err = plan.update_raw(&qs, &lens, Some(&[0, 1, 1]), t, 1, none).unwrap_err();
+        assert!(err.message().starts_with("request_slots: 3 entries for 2 requests"), "{err}");
+    }
+    plan.update(&qs, &lens, &table, 1)?; // None: request r in slot r
+    Ok(())
+}
+
+/// Overlay::write_with_options records every field of qsakv_overlay_write_options in the
+/// manifest (read back through the loaded overlay's info); Overlay::write none of them.
+#[test]
+fn overlay_write_options_reach_the_manifest() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("qsakv-rust-write-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map": {"w": "a.safetensors"}}"#).unwrap();
+    let info = |pack: &str| -> Result<sys::qsakv_overlay_info> {
+        Overlay::load(&dir.join(pack).join("model-kvscales.safetensors"), None)?.info()
+    };
+    Overlay::write(&dir.join("plain"), &[3], &[0.5], &[0.25], &index)?;
+    let i = info("plain")?;
+    assert_eq!((i.contract_tp_size, i.contract_speculative_tokens, i.contract_min_sm,
+                i.unit_scale_control), (0, -1, 0, 0));
+    assert_eq!(i.contract_activation_dtype, Dtype::QSAKV_DTYPE_INVALID);
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(i.layer_prefix.as_ptr()) }.to_str().unwrap(),
+               "model.layers");
+    let opts = OverlayWriteOptions {
+        layer_prefix: Some("model.language_model.layers".into()),
+        contract_tp_size: 4,
+        contract_speculative_tokens: 3,
+        contract_activation_dtype: Dtype::QSAKV_DTYPE_BF16,
+        contract_min_sm: 90,
+        unit_scale_control: true,
+    };
+    Overlay::write_with_options(&dir.join("contract"), &[3, 7], &[1.0, 1.0], &[1.0, 1.0], &index,
+                                &opts)?;
+    let i = info("contract")?;
+    assert_eq!((i.contract_tp_size, i.contract_speculative_tokens, i.contract_min_sm,
+                i.unit_scale_control), (4, 3, 90, 1));
+    assert_eq!(i.contract_activation_dtype, Dtype::QSAKV_DTYPE_BF16);
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(i.layer_prefix.as_ptr()) }.to_str().unwrap(),
+               "model.language_model.layers");
+    // The library's checks still apply, and a prefix with a NUL byte is refused here.
+    let bad = OverlayWriteOptions { contract_tp_size: -2, ..Default::default() };
+    let err = Overlay::write_with_options(&dir.join("bad"), &[3], &[1.0], &[1.0], &index, &bad)
+        .unwrap_err();
+    assert!(err.message().contains("contract_tp_size"), "{err}");
+    let nul = OverlayWriteOptions { layer_prefix: Some("a\0b".into()), ..Default::default() };
+    let err = Overlay::write_with_options(&dir.join("nul"), &[3], &[1.0], &[1.0], &index, &nul)
+        .unwrap_err();
+    assert!(err.message().starts_with("layer_prefix: contains a NUL byte"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
     Ok(())
 }
