@@ -24,9 +24,14 @@ qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int32_t capac
     if (!*scale_file) fail(QSAKV_ERROR_INVALID_ARGUMENT, "scale_file is empty");
     if (!num_layers) fail(QSAKV_ERROR_INVALID_ARGUMENT, "num_layers is NULL");
     if (capacity < 0) fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d; must be >= 0", capacity);
-    if (capacity > 0 && (!layers || !k_scales || !v_scales))
-      fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d but %s is NULL", capacity,
-           !layers ? "layers" : !k_scales ? "k_scales" : "v_scales");
+    if (capacity > 0) {  // each output array named when absent
+      if (!layers)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d but layers is NULL", capacity);
+      if (!k_scales)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d but k_scales is NULL", capacity);
+      if (!v_scales)
+        fail(QSAKV_ERROR_INVALID_ARGUMENT, "capacity is %d but v_scales is NULL", capacity);
+    }
     const std::string bytes =
         read_file(scale_file, kMaxHeaderBytes + (64u << 20), "scale file", QSAKV_ERROR_IO);
     const Safetensors st = parse_safetensors(bytes, scale_file);
