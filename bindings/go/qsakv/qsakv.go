@@ -147,9 +147,10 @@ func LibraryMatchesHeader() bool {
 // BuiltWithCUDA says whether the library has the CUDA backend.
 func BuiltWithCUDA() bool { return C.qsakv_built_with_cuda() != 0 }
 
-// Backend, Dtype and AttentionMode mirror the header's enums.
+// Backend, Decoder, Dtype and AttentionMode mirror the header's enums.
 type (
 	Backend       int32
+	Decoder       int32
 	Dtype         int32
 	AttentionMode int32
 )
@@ -158,6 +159,14 @@ const (
 	BackendAuto Backend = C.QSAKV_BACKEND_AUTO
 	BackendCPU  Backend = C.QSAKV_BACKEND_CPU
 	BackendCUDA Backend = C.QSAKV_BACKEND_CUDA
+
+	// DecoderAuto is the hardware E4M3 conversion on SM89+, the software one before.
+	DecoderAuto Decoder = C.QSAKV_DECODER_AUTO
+	// DecoderHardware is the FP8 conversion instructions: ErrUnsupported before SM89 and
+	// on the CPU backend.
+	DecoderHardware Decoder = C.QSAKV_DECODER_HARDWARE
+	// DecoderSoftware is the exact bitcast decoder, on every GPU (and the CPU backend's).
+	DecoderSoftware Decoder = C.QSAKV_DECODER_SOFTWARE
 
 	DtypeFP16 Dtype = C.QSAKV_DTYPE_FP16
 	DtypeBF16 Dtype = C.QSAKV_DTYPE_BF16
@@ -177,10 +186,33 @@ type Context struct {
 	children atomic.Int32 // open caches and buffers made from it (finalizers run on their own goroutine)
 }
 
-// NewContext creates a context; BackendAuto picks CUDA when a GPU is usable.
+// ContextOptions are qsakv_context_options; the zero value is the library's default
+// (BackendAuto, device 0, DecoderAuto).
+type ContextOptions struct {
+	Backend Backend
+	// Device is the CUDA device ordinal (CUDA backend only; the CPU backend ignores it,
+	// but a negative one is refused with ErrInvalidArgument everywhere). Each
+	// tensor-parallel rank makes its context on its own GPU.
+	Device int32
+	// Decoder is the E4M3 decoder the kernels use.
+	Decoder Decoder
+}
+
+// NewContext creates a context on device 0 with the automatic decoder; BackendAuto picks
+// CUDA when a GPU is usable. NewContextWithOptions chooses the device and decoder.
 func NewContext(backend Backend) (*Context, error) {
+	return NewContextWithOptions(ContextOptions{Backend: backend})
+}
+
+// NewContextWithOptions creates a context with all of qsakv_context_options: the backend,
+// the CUDA device (ErrNoDevice when CUDA is asked for and there is no such device) and the
+// E4M3 decoder. With BackendAuto and no usable GPU it picks the CPU backend and
+// ContextInfo.FallbackReason says why.
+func NewContextWithOptions(opts ContextOptions) (*Context, error) {
 	o := C.qsakv_go_context_options()
-	o.backend = C.qsakv_backend(backend)
+	o.backend = C.qsakv_backend(opts.Backend)
+	o.device = C.int32_t(opts.Device)
+	o.decoder = C.qsakv_decoder(opts.Decoder)
 	c := &Context{}
 	if err := call(func() C.qsakv_status { return C.qsakv_context_create(&c.ptr, &o) }); err != nil {
 		return nil, err
@@ -210,13 +242,19 @@ func (c *Context) live() error {
 	return nil
 }
 
-// ContextInfo says what a context chose.
+// ContextInfo says what a context chose (qsakv_context_info).
 type ContextInfo struct {
-	Backend        Backend
-	Device         int32
-	SMVersion      int32
-	DeviceName     string
-	FallbackReason string
+	Backend Backend // never BackendAuto
+	Decoder Decoder // never DecoderAuto (DecoderSoftware on the CPU backend)
+	Device  int32   // -1 for the CPU backend
+	// SMVersion is e.g. 90 for SM 9.0; 0 for the CPU backend.
+	SMVersion           int32
+	MultiprocessorCount int32 // 0 for the CPU backend
+	// HasFP8Conversion says whether the GPU has the hardware E4M3 conversion (SM89+).
+	HasFP8Conversion  bool
+	DeviceMemoryBytes uint64 // 0 for the CPU backend
+	DeviceName        string
+	FallbackReason    string
 	// KernelTier is the CUDA kernel tier (70 or 75; 0 on the CPU backend).
 	KernelTier int32
 }
@@ -233,7 +271,9 @@ func (c *Context) Info() (ContextInfo, error) {
 		return ContextInfo{}, err
 	}
 	return ContextInfo{
-		Backend: Backend(i.backend), Device: int32(i.device), SMVersion: int32(i.sm_version),
+		Backend: Backend(i.backend), Decoder: Decoder(i.decoder), Device: int32(i.device),
+		SMVersion: int32(i.sm_version), MultiprocessorCount: int32(i.multiprocessor_count),
+		HasFP8Conversion: i.has_fp8_conversion != 0, DeviceMemoryBytes: uint64(i.device_memory_bytes),
 		DeviceName:     C.GoString(&i.device_name[0]),
 		FallbackReason: C.GoString(&i.fallback_reason[0]),
 		KernelTier:     int32(i.kernel_tier),

@@ -704,3 +704,45 @@ func TestBuffersOfAnotherContextAreRefused(t *testing.T) {
 		t.Fatalf("StoreKV with another context's v: %v", err)
 	}
 }
+
+// NewContextWithOptions passes the device and decoder: the library refuses a negative
+// device and an unknown decoder by name, the CPU backend refuses the hardware decoder,
+// and a context's info reports the decoder it chose and the CPU backend's device fields.
+func TestContextOptionsReachTheLibrary(t *testing.T) {
+	var qe *Error
+	for _, c := range []struct {
+		opts   ContextOptions
+		status Status
+		field  string
+	}{
+		{ContextOptions{Backend: BackendCPU, Device: -1}, ErrInvalidArgument, "options.device is -1"},
+		{ContextOptions{Backend: BackendCPU, Decoder: 7}, ErrInvalidArgument, "options.decoder is 7"},
+		{ContextOptions{Backend: BackendCPU, Decoder: DecoderHardware}, ErrUnsupported, "options.decoder is HARDWARE"},
+		{ContextOptions{Backend: 9}, ErrInvalidArgument, "options.backend is 9"},
+	} {
+		ctx, err := NewContextWithOptions(c.opts)
+		if ctx != nil || !errors.As(err, &qe) || qe.Status != c.status || !strings.Contains(qe.Message, c.field) {
+			t.Fatalf("%+v: %v, want %v naming %q", c.opts, err, c.status, c.field)
+		}
+	}
+	// A device that no GPU has: CUDA asked for, so ErrNoDevice (here and on a GPU host).
+	if _, err := NewContextWithOptions(ContextOptions{Backend: BackendCUDA, Device: 1 << 20}); !errors.As(err, &qe) ||
+		qe.Status != ErrNoDevice || qe.Message == "" {
+		t.Fatalf("CUDA device 1<<20: %v, want ErrNoDevice", err)
+	}
+	// The CPU backend ignores the device ordinal and decodes E4M3 in software.
+	ctx := must(NewContextWithOptions(ContextOptions{Backend: BackendCPU, Device: 3, Decoder: DecoderSoftware}))
+	defer ctx.Close()
+	info := must(ctx.Info())
+	want := ContextInfo{Backend: BackendCPU, Decoder: DecoderSoftware, Device: -1,
+		DeviceName: "CPU (reference backend)"}
+	if info != want {
+		t.Fatalf("info %+v, want %+v", info, want)
+	}
+	// NewContext is NewContextWithOptions with only the backend.
+	auto := must(NewContext(BackendCPU))
+	defer auto.Close()
+	if a := must(auto.Info()); a != want {
+		t.Fatalf("NewContext(BackendCPU): %+v", a)
+	}
+}
