@@ -120,33 +120,42 @@ func copyBytes[T Element](data []T) int {
 }
 
 // Upload copies data to the start of the buffer and waits for the copy.
-func Upload[T Element](b *DeviceBuffer, data []T) error {
+func Upload[T Element](b *DeviceBuffer, data []T) error { return UploadOn(b, data, DefaultStream) }
+
+// UploadOn copies data to the start of the buffer on stream, after the work enqueued
+// there, and waits for the stream (data is Go memory: the copy must end before it
+// returns).
+func UploadOn[T Element](b *DeviceBuffer, data []T, stream Stream) error {
 	n := copyBytes(data)
 	if err := b.need("upload", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
-		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, nil)
+		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, stream.c())
 	}, b)
 	if err != nil {
 		return err
 	}
-	return b.ctx.Synchronize()
+	return b.ctx.SynchronizeOn(stream)
 }
 
 // Download copies the start of the buffer into out after the default stream's work.
-func Download[T Element](b *DeviceBuffer, out []T) error {
+func Download[T Element](b *DeviceBuffer, out []T) error { return DownloadOn(b, out, DefaultStream) }
+
+// DownloadOn copies the start of the buffer into out on stream, after the work enqueued
+// there (e.g. the attention that wrote it), and waits for the stream.
+func DownloadOn[T Element](b *DeviceBuffer, out []T, stream Stream) error {
 	n := copyBytes(out)
 	if err := b.need("download", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
-		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, nil)
+		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, stream.c())
 	}, b)
 	if err != nil {
 		return err
 	}
-	return b.ctx.Synchronize()
+	return b.ctx.SynchronizeOn(stream)
 }
 
 // ---------------------------------------------------------------------------------
@@ -274,6 +283,11 @@ func (c *Cache) actBytes() int { return int(C.qsakv_dtype_size(c.cfg.activation_
 // StoreKV stores numTokens rows of K and V (activation dtype, [n, kv_heads, head_dim])
 // at slotMapping (int64 [n]; -1 skips).
 func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens int) error {
+	return c.StoreKVOn(layer, k, v, slotMapping, numTokens, DefaultStream)
+}
+
+// StoreKVOn is StoreKV enqueued on stream (capturable in a CUDA graph).
+func (c *Cache) StoreKVOn(layer int32, k, v, slotMapping *DeviceBuffer, numTokens int, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -288,7 +302,7 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 		}
 	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), nil)
+		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), stream.c())
 	}, c, k, v, slotMapping)
 }
 
@@ -296,6 +310,11 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 // with IndexKeyDtype E4M3 each is quantised on its own into the layout's page) for the
 // groups of the slots in slotMapping (int64 [n]).
 func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer, numKeys int) error {
+	return c.StoreCompressedKeysOn(layer, keys, slotMapping, numKeys, DefaultStream)
+}
+
+// StoreCompressedKeysOn is StoreCompressedKeys enqueued on stream.
+func (c *Cache) StoreCompressedKeysOn(layer int32, keys, slotMapping *DeviceBuffer, numKeys int, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -306,7 +325,7 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 		return err
 	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), nil)
+		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), stream.c())
 	}, c, keys, slotMapping)
 }
 
@@ -329,6 +348,11 @@ type StepStores struct {
 // StoreStep makes a step's stores together (qsakv_store_step): every part is checked
 // before anything is stored, and on a GPU the parts take one kernel launch.
 func (c *Cache) StoreStep(layer int32, s StepStores) error {
+	return c.StoreStepOn(layer, s, DefaultStream)
+}
+
+// StoreStepOn is StoreStep enqueued on stream.
+func (c *Cache) StoreStepOn(layer int32, s StepStores, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -388,7 +412,7 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.num_compressed_keys = C.int64_t(s.NumCompressedKeys)
 	}
 	// The buffers' finalizers must not free them while the call reads them.
-	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) }, c, s)
+	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, stream.c()) }, c, s)
 }
 
 // ---------------------------------------------------------------------------------

@@ -177,6 +177,27 @@ const (
 )
 
 // ---------------------------------------------------------------------------------
+// Streams
+// ---------------------------------------------------------------------------------
+
+// Stream is a CUDA stream (a cudaStream_t, as its address) for the calls that enqueue
+// work: each such method X has a variant XOn whose last argument is the Stream, and X is
+// XOn on DefaultStream. A cudaStream_t held as a C pointer p (another cgo package's)
+// converts with Stream(uintptr(unsafe.Pointer(p))); cudaStreamPerThread is Stream(2).
+// The CPU backend ignores the stream (it runs synchronously). The stream must belong to
+// the context's device, and the buffers a call reads must stay open until the work
+// enqueued on the stream has run (synchronise it before closing them).
+type Stream uintptr
+
+// DefaultStream is the legacy default stream (a NULL cudaStream_t), which CUDA graphs
+// cannot capture: capture the XOn calls on a stream of your own.
+const DefaultStream Stream = 0
+
+// c is the stream as the C API takes it: the handle's bits as a pointer. A cudaStream_t
+// is not Go memory, so there is nothing for the garbage collector to track.
+func (s Stream) c() C.qsakv_stream_t { return *(*C.qsakv_stream_t)(unsafe.Pointer(&s)) }
+
+// ---------------------------------------------------------------------------------
 // Context
 // ---------------------------------------------------------------------------------
 
@@ -281,11 +302,14 @@ func (c *Context) Info() (ContextInfo, error) {
 }
 
 // Synchronize waits for the default stream (a no-op on the CPU backend).
-func (c *Context) Synchronize() error {
+func (c *Context) Synchronize() error { return c.SynchronizeOn(DefaultStream) }
+
+// SynchronizeOn waits for the work enqueued on stream (a no-op on the CPU backend).
+func (c *Context) SynchronizeOn(stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
-	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, nil) }, c)
+	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, stream.c()) }, c)
 }
 
 // ---------------------------------------------------------------------------------
@@ -451,6 +475,11 @@ func CheckpointRevision(path string) (string, error) {
 // differ; CUDA backend only (ErrUnsupported on the CPU backend). It runs on the default
 // stream and synchronises it.
 func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Pointer) error {
+	return TPConsensusOn(ctx, m, o, ncclComm, DefaultStream)
+}
+
+// TPConsensusOn is TPConsensus on stream (it synchronises the stream).
+func TPConsensusOn(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Pointer, stream Stream) error {
 	if err := ctx.live(); err != nil {
 		return err
 	}
@@ -462,7 +491,7 @@ func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Point
 		ov = o.ptr
 	}
 	c := m.c()
-	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, nil) }, ctx, o)
+	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, stream.c()) }, ctx, o)
 }
 
 // ---------------------------------------------------------------------------------

@@ -61,13 +61,37 @@ func smallFP16Config(t *testing.T) *ModelConfig {
 // against an FP64 reference, with FP16 and with E4M3 compressed index keys (keys of 0.5
 // are stored as scale 0.5 / 448 and codes 448: the same selection).
 func TestPipelineMatchesFP64(t *testing.T) {
-	t.Run("fp16_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeFP16, false) })
-	t.Run("e4m3_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3, false) })
+	t.Run("fp16_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16}) })
+	t.Run("e4m3_index_keys", func(t *testing.T) { pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3}) })
 	// The stores as one StoreStep (qsakv_store_step), with a raw index-key part too.
-	t.Run("store_step", func(t *testing.T) { pipelineMatchesFP64(t, DtypeE4M3, true) })
+	t.Run("store_step", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, storeStep: true})
+	})
+	// Every call through its XOn variant with a stream (the CPU backend ignores its value
+	// and runs synchronously: the results must be the same).
+	perThread := Stream(2) // cudaStreamPerThread
+	t.Run("on_a_stream", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, stream: &perThread})
+	})
+	t.Run("store_step_on_a_stream", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, storeStep: true, stream: &perThread})
+	})
 }
 
-func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
+// pipelineCase varies the pipeline test.
+type pipelineCase struct {
+	indexKeyDtype Dtype
+	storeStep     bool    // the stores as one StoreStep
+	stream        *Stream // nil: the calls without a stream; else their XOn variants on it
+}
+
+func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
+	indexKeyDtype, storeStep := pc.indexKeyDtype, pc.storeStep
+	on := pc.stream != nil
+	var stream Stream
+	if on {
+		stream = *pc.stream
+	}
 	if !LibraryMatchesHeader() {
 		t.Fatalf("library %s does not match the header", Version())
 	}
@@ -139,9 +163,14 @@ func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
 		}
 		dreq, dpos := must(BufferFrom(ctx, req)), must(BufferFrom(ctx, pos))
 		bufs = append(bufs, dreq, dpos)
-		if err := cache.StoreStep(layer, StepStores{K: dk, V: dv, KVSlotMapping: ds, NumTokens: l,
+		stores := StepStores{K: dk, V: dv, KVSlotMapping: ds, NumTokens: l,
 			IndexKeys: dck, IndexRequestSlots: dreq, IndexPositions: dpos, NumIndexKeys: len(cslots),
-			CompressedKeys: dck, CompressedSlotMapping: dcs, NumCompressedKeys: len(cslots)}); err != nil {
+			CompressedKeys: dck, CompressedSlotMapping: dcs, NumCompressedKeys: len(cslots)}
+		if on {
+			if err := cache.StoreStepOn(layer, stores, stream); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := cache.StoreStep(layer, stores); err != nil {
 			t.Fatal(err)
 		}
 		if err := cache.StoreStep(layer, StepStores{NumIndexKeys: 1}); err == nil {
@@ -149,6 +178,13 @@ func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
 		}
 		if err := cache.StoreStep(layer, StepStores{NumTokens: -1}); err == nil {
 			t.Fatal("StoreStep with a negative count did not fail")
+		}
+	} else if on {
+		if err := cache.StoreKVOn(layer, dk, dv, ds, l, stream); err != nil {
+			t.Fatal(err)
+		}
+		if err := cache.StoreCompressedKeysOn(layer, dck, dcs, len(cslots), stream); err != nil {
+			t.Fatal(err)
 		}
 	} else {
 		if err := cache.StoreKV(layer, dk, dv, ds, l); err != nil {
@@ -174,7 +210,11 @@ func pipelineMatchesFP64(t *testing.T, indexKeyDtype Dtype, storeStep bool) {
 			t.Fatal(err)
 		}
 		out := make([]uint16, len(q))
-		if err := Download(dout, out); err != nil {
+		if on {
+			if err := DownloadOn(dout, out, stream); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := Download(dout, out); err != nil {
 			t.Fatal(err)
 		}
 		worst := 0.0
@@ -322,6 +362,9 @@ func TestConsensusCheckpointConfigAndScaleFile(t *testing.T) {
 	comm := unsafe.Pointer(uintptr(0x1234)) // never dereferenced: refused first
 	if err := TPConsensus(ctx, preset, nil, comm); !errors.Is(err, &Error{Status: ErrUnsupported}) {
 		t.Fatalf("TPConsensus on the CPU backend: %v", err)
+	}
+	if err := TPConsensusOn(ctx, preset, nil, comm, Stream(2)); !errors.Is(err, &Error{Status: ErrUnsupported}) {
+		t.Fatalf("TPConsensusOn on the CPU backend: %v", err)
 	}
 	dir := t.TempDir()
 	cfgJSON := `{"num_hidden_layers": 48, "num_attention_heads": 24, "num_key_value_heads": 2,
@@ -744,5 +787,40 @@ func TestContextOptionsReachTheLibrary(t *testing.T) {
 	defer auto.Close()
 	if a := must(auto.Info()); a != want {
 		t.Fatalf("NewContext(BackendCPU): %+v", a)
+	}
+}
+
+// A Stream reaches C as the cudaStream_t of the same bits (the CPU backend ignores it, so
+// the conversion is checked here), and the stream calls of the memory helpers work on
+// the CPU backend: a round trip through UploadOn and DownloadOn, then SynchronizeOn.
+func TestStreams(t *testing.T) {
+	for _, s := range []Stream{DefaultStream, 1, 2, 0x7f12345678} {
+		if got := uintptr(unsafe.Pointer(s.c())); got != uintptr(s) {
+			t.Fatalf("Stream %#x reaches C as %#x", uintptr(s), got)
+		}
+	}
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	want := []float32{1.5, -2, 3.25, 1e-3}
+	b := must(NewDeviceBuffer(ctx, 16))
+	defer b.Close()
+	if err := UploadOn(b, want, Stream(2)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 4)
+	if err := DownloadOn(b, got, Stream(2)); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip on a stream: %v, want %v", got, want)
+	}
+	if err := ctx.SynchronizeOn(Stream(2)); err != nil {
+		t.Fatal(err)
+	}
+	// A closed context is refused before the stream is used.
+	ctx2 := must(NewContext(BackendCPU))
+	ctx2.Close()
+	if err := ctx2.SynchronizeOn(DefaultStream); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("SynchronizeOn a closed context: %v", err)
 	}
 }
