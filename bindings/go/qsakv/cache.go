@@ -477,15 +477,47 @@ func (p *Plan) Close() error {
 	return nil
 }
 
+// Batch is qsakv_batch: the next batch, for Plan.UpdateOn. The host arrays are copied;
+// the block table is read when select and attention run (not copied).
+type Batch struct {
+	// QueryStart [requests+1]: the rows of request r are [QueryStart[r], QueryStart[r+1]),
+	// one row per new token, ordered by request.
+	QueryStart []int32
+	// SeqLens [requests]: the tokens of request r after this step, its new rows included.
+	SeqLens []int32
+	// RequestSlots [requests]: the raw index-key ring slot of each request (the slot its
+	// index keys were stored at, 0 .. max_requests-1); nil: request r uses slot r.
+	RequestSlots []int32
+	// BlockTable: device int32 [requests, BlockTableStride], the physical block of each
+	// logical page.
+	BlockTable       *DeviceBuffer
+	BlockTableStride int32
+}
+
 // Update describes the next batch: queryStart [requests+1] (the rows of each request),
-// seqLens [requests], and the device block table (int32 [requests, stride]).
+// seqLens [requests], and the device block table (int32 [requests, stride]); request r
+// uses ring slot r. UpdateOn takes the whole Batch (request slots) and a stream.
 func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, stride int32) error {
+	return p.UpdateOn(Batch{QueryStart: queryStart, SeqLens: seqLens, BlockTable: blockTable,
+		BlockTableStride: stride}, DefaultStream)
+}
+
+// UpdateOn describes the next batch and copies its metadata to the plan on stream.
+// Enqueue the plan's SelectTopKOn and AttentionOn on the same stream (one plan per
+// stream): the copy overwrites what earlier calls read. Not capturable in a CUDA graph
+// (capture the calls that use the plan instead).
+func (p *Plan) UpdateOn(batch Batch, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
+	queryStart, seqLens, slots, stride := batch.QueryStart, batch.SeqLens, batch.RequestSlots, batch.BlockTableStride
+	blockTable := batch.BlockTable
 	n := len(seqLens)
 	if len(queryStart) != n+1 {
 		return invalid("query_start: %d entries for %d requests (needs requests + 1)", len(queryStart), n)
+	}
+	if slots != nil && len(slots) != n {
+		return invalid("request_slots: %d entries for %d requests (needs one per request, or nil)", len(slots), n)
 	}
 	if stride < 0 {
 		return invalid("block_table_stride: %d", stride)
@@ -504,13 +536,21 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	}
 	b := (*C.qsakv_batch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.qsakv_batch{}))))
 	defer C.free(unsafe.Pointer(b))
+	if slots != nil {
+		rs := (*C.int32_t)(C.malloc(C.size_t(4*n + 4)))
+		defer C.free(unsafe.Pointer(rs))
+		if n > 0 {
+			copy(unsafe.Slice(rs, n), unsafe.Slice((*C.int32_t)(unsafe.Pointer(&slots[0])), n))
+		}
+		b.request_slots = rs
+	}
 	b.struct_size = C.size_t(unsafe.Sizeof(*b))
 	b.version = C.QSAKV_BATCH_VERSION
 	b.num_requests = C.int32_t(n)
 	b.query_start, b.seq_lens = qs, sl
 	b.block_table = (*C.int32_t)(blockTable.ptr)
 	b.block_table_stride = C.int32_t(stride)
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, nil) }, p, blockTable); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, stream.c()) }, p, blockTable); err != nil {
 		return err
 	}
 	p.blockTable = blockTable

@@ -76,6 +76,10 @@ func TestPipelineMatchesFP64(t *testing.T) {
 	t.Run("store_step_on_a_stream", func(t *testing.T) {
 		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, storeStep: true, stream: &perThread})
 	})
+	// The request's raw index keys in ring slot 1, and the batch naming that slot.
+	t.Run("request_slots", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, storeStep: true, requestSlots: []int32{1}})
+	})
 }
 
 // pipelineCase varies the pipeline test.
@@ -83,6 +87,7 @@ type pipelineCase struct {
 	indexKeyDtype Dtype
 	storeStep     bool    // the stores as one StoreStep
 	stream        *Stream // nil: the calls without a stream; else their XOn variants on it
+	requestSlots  []int32 // the batch's request slots (UpdateOn); nil: request r in slot r
 }
 
 func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
@@ -157,6 +162,11 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 
 	if storeStep {
 		req := make([]int32, len(cslots))
+		if pc.requestSlots != nil {
+			for i := range req {
+				req[i] = pc.requestSlots[0]
+			}
+		}
 		pos := make([]int64, len(cslots))
 		for i := range pos {
 			pos[i] = int64(i)
@@ -196,11 +206,34 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 	}
 	plan := must(NewPlan(cache, 1, 1))
 	defer plan.Close()
-	if err := plan.Update([]int32{0, 1}, []int32{int32(l)}, dbt, 2); err != nil {
+	if on || pc.requestSlots != nil {
+		batch := Batch{QueryStart: []int32{0, 1}, SeqLens: []int32{int32(l)}, RequestSlots: pc.requestSlots,
+			BlockTable: dbt, BlockTableStride: 2}
+		if err := plan.UpdateOn(batch, stream); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := plan.Update([]int32{0, 1}, []int32{int32(l)}, dbt, 2); err != nil {
 		t.Fatal(err)
 	}
 	if plan.Rows() != 1 {
 		t.Fatalf("rows %d", plan.Rows())
+	}
+	if pc.requestSlots != nil {
+		// The slots reach the library: one beyond max_requests (2) is refused naming it,
+		// and the Go side refuses a list of the wrong length. A refused update keeps the
+		// plan's batch.
+		var qe *Error
+		bad := Batch{QueryStart: []int32{0, 1}, SeqLens: []int32{int32(l)}, RequestSlots: []int32{2},
+			BlockTable: dbt, BlockTableStride: 2}
+		if err := plan.UpdateOn(bad, stream); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+			!strings.Contains(qe.Message, "batch.request_slots[0] is 2; must be in 0..1") {
+			t.Fatalf("request slot 2 of 2: %v", err)
+		}
+		bad.RequestSlots = []int32{1, 0}
+		if err := plan.UpdateOn(bad, stream); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+			!strings.HasPrefix(qe.Message, "request_slots: 2 entries for 1 requests") {
+			t.Fatalf("two request slots for one request: %v", err)
+		}
 	}
 	if err := plan.SelectTopK(layer, diq); err != nil {
 		t.Fatal(err)
