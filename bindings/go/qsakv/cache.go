@@ -602,9 +602,46 @@ func (p *Plan) Info() (PlanInfo, error) {
 // Rows is the number of query rows of the last update.
 func (p *Plan) Rows() int { return p.rows }
 
-// SelectTopK selects every row's top-k tokens into the layer's shared top-k buffer.
-// indexQ: FP16 [rows, index_num_heads, index_head_dim].
+// topkArg is a caller's top-k buffer for the rows of the last update (nil: the layer's
+// own buffer; the stride is then not used): int32 [rows, stride], stride 0 meaning the
+// top-k width. The buffer must hold (rows - 1) * stride + width entries, counted without
+// overflow.
+func (p *Plan) topkArg(topk *DeviceBuffer, stride int64) (*C.int32_t, C.int64_t, error) {
+	if topk == nil {
+		return nil, 0, nil
+	}
+	width := int64(p.cache.geo.TopkWidth)
+	if stride == 0 {
+		stride = width
+	}
+	if stride < width {
+		return nil, 0, invalid("topk_stride: %d; must be >= the top-k width %d (0: the width)", stride, width)
+	}
+	entries := 0
+	if p.rows > 0 {
+		if rows := int64(p.rows - 1); rows > 0 && stride > (math.MaxInt-width)/rows {
+			return nil, 0, invalid("topk: %d rows at a stride of %d entries are more than an int holds", p.rows, stride)
+		}
+		entries = int(int64(p.rows-1)*stride + width)
+	}
+	if err := topk.need("topk", p.cache.ctx, entries, 4); err != nil {
+		return nil, 0, err
+	}
+	return (*C.int32_t)(topk.ptr), C.int64_t(stride), nil
+}
+
+// SelectTopK selects every row's top-k tokens into the layer's top-k buffer (the shared
+// one unless the cache has private ones). indexQ: FP16 [rows, index_num_heads,
+// index_head_dim].
 func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
+	return p.SelectTopKOn(layer, indexQ, nil, 0, DefaultStream)
+}
+
+// SelectTopKOn is SelectTopK into the caller's top-k buffer topk (int32 [rows,
+// topkStride], topkStride >= the top-k width, 0: the width; nil: the layer's buffer),
+// enqueued on stream. Each row's list is its request-relative token positions, padded
+// with -1; the entries past the width are not written.
+func (p *Plan) SelectTopKOn(layer int32, indexQ, topk *DeviceBuffer, topkStride int64, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
@@ -615,14 +652,25 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 	if err := indexQ.need("index_q", p.cache.ctx, p.rows, int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
+	tk, stride, err := p.topkArg(topk, topkStride)
+	if err != nil {
+		return err
+	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, nil, 0, nil)
-	}, p, indexQ, p.blockTable)
+		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, tk, stride, stream.c())
+	}, p, indexQ, topk, p.blockTable)
 }
 
 // Attention runs attention for every row: q and out in the activation dtype,
-// [rows, q_heads, head_dim]; sparse mode reads the shared top-k buffer.
+// [rows, q_heads, head_dim]; sparse mode reads the layer's top-k buffer.
 func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) error {
+	return p.AttentionOn(layer, mode, q, nil, 0, out, DefaultStream)
+}
+
+// AttentionOn is Attention enqueued on stream, sparse mode over the caller's top-k lists
+// topk (int32 [rows, topkStride] request-relative token positions, -1 = none;
+// topkStride 0: the top-k width; nil: the layer's buffer; dense mode does not read it).
+func (p *Plan) AttentionOn(layer int32, mode AttentionMode, q, topk *DeviceBuffer, topkStride int64, out *DeviceBuffer, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
@@ -637,7 +685,11 @@ func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) 
 	if err := out.need("out", p.cache.ctx, p.rows, row); err != nil {
 		return err
 	}
+	tk, stride, err := p.topkArg(topk, topkStride)
+	if err != nil {
+		return err
+	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, nil, 0, out.ptr, nil)
-	}, p, q, out, p.blockTable)
+		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, tk, stride, out.ptr, stream.c())
+	}, p, q, topk, out, p.blockTable)
 }

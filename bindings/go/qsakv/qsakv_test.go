@@ -76,6 +76,13 @@ func TestPipelineMatchesFP64(t *testing.T) {
 	t.Run("store_step_on_a_stream", func(t *testing.T) {
 		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, storeStep: true, stream: &perThread})
 	})
+	// Selection into a top-k buffer of the caller's (a padded stride), attention over it.
+	t.Run("caller_top_k", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, callerTopK: true})
+	})
+	t.Run("caller_top_k_e4m3_on_a_stream", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, callerTopK: true, stream: &perThread})
+	})
 	// The request's raw index keys in ring slot 1, and the batch naming that slot.
 	t.Run("request_slots", func(t *testing.T) {
 		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, storeStep: true, requestSlots: []int32{1}})
@@ -88,6 +95,48 @@ type pipelineCase struct {
 	storeStep     bool    // the stores as one StoreStep
 	stream        *Stream // nil: the calls without a stream; else their XOn variants on it
 	requestSlots  []int32 // the batch's request slots (UpdateOn); nil: request r in slot r
+	callerTopK    bool    // select into and attend over the caller's top-k buffer
+}
+
+// callersTopKIsRead: sparse attention over a caller's list naming only the hot token
+// outputs that token's V exactly (the layer's own list names all 37 tokens); a stride of
+// 0 means the width; a stride below the width and a buffer too small are refused.
+func callersTopKIsRead(t *testing.T, plan *Plan, layer int32, dq, dout, dtopk *DeviceBuffer, stride int64,
+	stream Stream, hot, h, d int) {
+	width := int(plan.cache.Geometry().TopkWidth)
+	for _, st := range []int64{stride, 0} {
+		list := make([]int32, width)
+		for i := range list {
+			list[i] = -1
+		}
+		list[0] = int32(hot)
+		if err := UploadOn(dtopk, list, stream); err != nil {
+			t.Fatal(err)
+		}
+		if err := plan.AttentionOn(layer, AttentionSparse, dq, dtopk, st, dout, stream); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]uint16, h*d)
+		if err := DownloadOn(dout, out, stream); err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range out {
+			if want := 0.25 * float64((hot+i%d)%8); fromHalf(o) != want {
+				t.Fatalf("stride %d: out[%d] = %g over the caller's list {%d}, want V = %g", st, i, fromHalf(o), hot, want)
+			}
+		}
+	}
+	var qe *Error
+	if err := plan.AttentionOn(layer, AttentionSparse, dq, dtopk, int64(width-1), dout, stream); !errors.As(err, &qe) ||
+		qe.Status != ErrInvalidArgument || !strings.HasPrefix(qe.Message, "topk_stride: ") {
+		t.Fatalf("a stride below the width: %v", err)
+	}
+	small := must(NewDeviceBuffer(plan.cache.ctx, 4*(width-1)))
+	defer small.Close()
+	if err := plan.SelectTopKOn(layer, dq, small, 0, stream); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.HasPrefix(qe.Message, "topk: needs") {
+		t.Fatalf("a top-k buffer of width - 1 entries: %v", err)
+	}
 }
 
 func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
@@ -235,11 +284,53 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 			t.Fatalf("two request slots for one request: %v", err)
 		}
 	}
-	if err := plan.SelectTopK(layer, diq); err != nil {
+	// The caller's top-k buffer (callerTopK): one row at a stride of the width + 3, the
+	// padding filled with a sentinel that selection must leave alone.
+	var dtopk *DeviceBuffer
+	width := int(g.TopkWidth)
+	stride := int64(width + 3)
+	const sentinel = int32(0x5a5a5a5a)
+	if pc.callerTopK {
+		fill := make([]int32, stride)
+		for i := range fill {
+			fill[i] = sentinel
+		}
+		dtopk = must(BufferFrom(ctx, fill))
+		bufs = append(bufs, dtopk)
+	}
+	if on || pc.callerTopK {
+		if err := plan.SelectTopKOn(layer, diq, dtopk, stride, stream); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := plan.SelectTopK(layer, diq); err != nil {
 		t.Fatal(err)
 	}
+	if pc.callerTopK {
+		// Every block ties (equal keys): the 9 whole groups' tokens ascending, then the open
+		// group's tail (token 36), then -1 up to the width; the padding untouched.
+		got := make([]int32, stride)
+		if err := DownloadOn(dtopk, got, stream); err != nil {
+			t.Fatal(err)
+		}
+		for i, x := range got {
+			want := int32(-1)
+			switch {
+			case i < l:
+				want = int32(i)
+			case i >= width:
+				want = sentinel
+			}
+			if x != want {
+				t.Fatalf("caller's top-k[%d] = %d, want %d", i, x, want)
+			}
+		}
+	}
 	for _, mode := range []AttentionMode{AttentionSparse, AttentionDense} {
-		if err := plan.Attention(layer, mode, dq, dout); err != nil {
+		if on || pc.callerTopK {
+			if err := plan.AttentionOn(layer, mode, dq, dtopk, stride, dout, stream); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := plan.Attention(layer, mode, dq, dout); err != nil {
 			t.Fatal(err)
 		}
 		out := make([]uint16, len(q))
@@ -269,6 +360,10 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 		if worst >= 4e-3 {
 			t.Fatalf("mode %d: max error %g", mode, worst)
 		}
+	}
+
+	if pc.callerTopK {
+		callersTopKIsRead(t, plan, layer, dq, dout, dtopk, stride, stream, hot, h, d)
 	}
 
 	// A buffer too small for the batch is refused before the call, naming it.
