@@ -235,19 +235,25 @@ func (c *Cache) Geometry() RankGeometry { return c.geo }
 // CompressedStrideBlock bytes, each holding CompressedKeysPerBlock keys of IndexHeadDim
 // dims; FP16 keys fill the page; E4M3 keys are codes (one byte per dim) followed, at
 // CompressedScalesOffset bytes from the page's start, by one FP32 scale per key (key =
-// scale * e4m3(code)); CompressedScalesOffset is -1 for FP16 keys.
+// scale * e4m3(code)); CompressedScalesOffset is -1 for FP16 keys. KVStride* are the
+// main cache's strides in elements; the top-k workspace is int32 [TopkRows, TopkCols],
+// one for every layer when TopkShared, the caller's when TopkExternal.
 type CacheLayout struct {
-	KVDtype                                       Dtype
-	NumBlocks                                     int64
-	BlockSize, KVHeads, HeadDim                   int32
-	KVBytesPerLayer                               uint64
-	CompressedBytesPerLayer                       uint64
-	RingLength                                    int32
-	RingBytesPerLayer                             uint64
-	TotalBytes                                    uint64
-	IndexKeyDtype                                 Dtype
-	IndexHeadDim, CompressedKeysPerBlock          int32
-	CompressedStrideBlock, CompressedScalesOffset int64
+	KVDtype                                                Dtype
+	NumBlocks                                              int64
+	BlockSize, KVHeads, HeadDim                            int32
+	KVBytesPerLayer                                        uint64
+	CompressedBytesPerLayer                                uint64
+	RingLength                                             int32
+	RingBytesPerLayer                                      uint64
+	TotalBytes                                             uint64
+	IndexKeyDtype                                          Dtype
+	IndexHeadDim, CompressedKeysPerBlock                   int32
+	CompressedStrideBlock, CompressedScalesOffset          int64
+	NumQSALayers                                           int32
+	KVStrideBlock, KVStrideKV, KVStrideToken, KVStrideHead int64
+	TopkRows, TopkCols                                     int64
+	TopkShared, TopkExternal                               bool
 }
 
 // Layout describes the cache.
@@ -261,6 +267,10 @@ func (c *Cache) Layout() (CacheLayout, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }, c); err != nil {
 		return CacheLayout{}, err
 	}
+	return layoutFrom(&l), nil
+}
+
+func layoutFrom(l *C.qsakv_cache_layout) CacheLayout {
 	return CacheLayout{
 		KVDtype: Dtype(l.kv_dtype), NumBlocks: int64(l.num_blocks), BlockSize: int32(l.block_size),
 		KVHeads: int32(l.kv_heads), HeadDim: int32(l.head_dim), KVBytesPerLayer: uint64(l.kv_bytes_per_layer),
@@ -269,7 +279,12 @@ func (c *Cache) Layout() (CacheLayout, error) {
 		IndexKeyDtype: Dtype(l.index_key_dtype), IndexHeadDim: int32(l.index_head_dim),
 		CompressedKeysPerBlock: int32(l.compressed_keys_per_block),
 		CompressedStrideBlock:  int64(l.compressed_stride_block), CompressedScalesOffset: int64(l.compressed_scales_offset),
-	}, nil
+		NumQSALayers:  int32(l.num_qsa_layers),
+		KVStrideBlock: int64(l.kv_stride_block), KVStrideKV: int64(l.kv_stride_kv),
+		KVStrideToken: int64(l.kv_stride_token), KVStrideHead: int64(l.kv_stride_head),
+		TopkRows: int64(l.topk_rows), TopkCols: int64(l.topk_cols),
+		TopkShared: l.topk_shared != 0, TopkExternal: l.topk_external != 0,
+	}
 }
 
 // TotalBytes is everything the cache allocated.

@@ -405,10 +405,13 @@ func (m *ModelConfig) Validate() error {
 	return call(func() C.qsakv_status { return C.qsakv_model_config_validate(&c) })
 }
 
-// RankGeometry is this rank's share of the model.
+// RankGeometry is this rank's share of the model (qsakv_rank_geometry): its query and KV
+// heads (FirstQHead and FirstKVHead are the global ids of its first ones), the top-k
+// width and blocks, the raw index-key ring's length and the effective softmax scale.
 type RankGeometry struct {
 	QHeads, KVHeads, GroupSize, TopkWidth, TopkBlocks, RingLength int32
 	SoftmaxScale                                                  float32
+	FirstQHead, FirstKVHead                                       int32
 }
 
 // RankGeometry validates, then derives this rank's geometry.
@@ -420,8 +423,9 @@ func (m *ModelConfig) RankGeometry() (RankGeometry, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_model_config_rank_geometry(&c, &g) }); err != nil {
 		return RankGeometry{}, err
 	}
-	return RankGeometry{int32(g.q_heads), int32(g.kv_heads), int32(g.group_size), int32(g.topk_width),
-		int32(g.topk_blocks), int32(g.ring_length), float32(g.softmax_scale)}, nil
+	return RankGeometry{QHeads: int32(g.q_heads), KVHeads: int32(g.kv_heads), GroupSize: int32(g.group_size),
+		TopkWidth: int32(g.topk_width), TopkBlocks: int32(g.topk_blocks), RingLength: int32(g.ring_length),
+		SoftmaxScale: float32(g.softmax_scale), FirstQHead: int32(g.first_q_head), FirstKVHead: int32(g.first_kv_head)}, nil
 }
 
 // CapacityTokens is how many tokens fit in budgetBytes per rank.
@@ -430,13 +434,17 @@ func (m *ModelConfig) CapacityTokens(budgetBytes uint64) (int64, error) {
 	return cap.NumTokens, err
 }
 
-// Capacity is the capacity plan of a config for a memory budget per rank: bytes per
-// token (all QSA layers), the same for the all-FP16 baseline (16-bit main cache, FP16
-// index keys), and the blocks and tokens that fit.
+// Capacity is the capacity plan of a config for a memory budget per rank
+// (qsakv_capacity): bytes per token (all QSA layers), the same for the all-FP16 baseline
+// (16-bit main cache, FP16 index keys), the fixed costs (the raw index-key rings of all
+// requests, the shared top-k workspace and what one per layer would cost), and the blocks
+// and tokens that fit BudgetBytes after them.
 type Capacity struct {
 	MainBytesPerToken, CompressedBytesPerToken, BytesPerToken, FP16BytesPerToken uint64
 	NumBlocks, NumTokens, FP16NumTokens                                          int64
 	CapacityRatio, IdealRatio                                                    float64
+	RingBytes, RingBytesPerRequest, TopkBytes, TopkBytesUnshared                 uint64
+	BudgetBytes, BytesPerBlock                                                   uint64
 }
 
 // Capacity plans budgetBytes per rank (qsakv_capacity_plan; no allocation).
@@ -453,6 +461,9 @@ func (m *ModelConfig) Capacity(budgetBytes uint64) (Capacity, error) {
 		BytesPerToken: uint64(k.bytes_per_token), FP16BytesPerToken: uint64(k.fp16_bytes_per_token),
 		NumBlocks: int64(k.num_blocks), NumTokens: int64(k.num_tokens), FP16NumTokens: int64(k.fp16_num_tokens),
 		CapacityRatio: float64(k.capacity_ratio), IdealRatio: float64(k.ideal_ratio),
+		RingBytes: uint64(k.ring_bytes), RingBytesPerRequest: uint64(k.ring_bytes_per_request),
+		TopkBytes: uint64(k.topk_bytes), TopkBytesUnshared: uint64(k.topk_bytes_unshared),
+		BudgetBytes: uint64(k.budget_bytes), BytesPerBlock: uint64(k.bytes_per_block),
 	}, nil
 }
 

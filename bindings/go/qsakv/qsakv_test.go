@@ -952,3 +952,45 @@ func TestStreams(t *testing.T) {
 		t.Fatalf("SynchronizeOn a closed context: %v", err)
 	}
 }
+
+// The records carry every field of their C struct: the rank geometry's first heads, the
+// capacity plan's fixed costs and block size, the layout's strides and top-k shape, each
+// against the arithmetic of the header.
+func TestRecordsCarryEveryField(t *testing.T) {
+	cfg := must(Preset("qwen4_exp")) // 24 query heads, 2 KV heads, 12 QSA layers
+	for _, c := range []struct{ size, rank, q, kv, firstQ, firstKV int32 }{
+		{1, 0, 24, 2, 0, 0}, {2, 1, 12, 1, 12, 1}, {4, 3, 6, 1, 18, 1}, {4, 1, 6, 1, 6, 0},
+	} {
+		cfg.TPSize, cfg.TPRank = c.size, c.rank
+		g := must(cfg.RankGeometry())
+		want := RankGeometry{QHeads: c.q, KVHeads: c.kv, GroupSize: c.q / c.kv, TopkWidth: 2051, TopkBlocks: 512,
+			RingLength: 4, SoftmaxScale: 1.0 / 16, FirstQHead: c.firstQ, FirstKVHead: c.firstKV}
+		if g != want {
+			t.Fatalf("TP%d rank %d: %+v, want %+v", c.size, c.rank, g, want)
+		}
+	}
+
+	cfg.TPSize, cfg.TPRank = 4, 0
+	const budget = 40 << 30
+	k := must(cfg.Capacity(budget))
+	perRequest := uint64(12 * 4 * 128 * 2) // layers x ring length x index dims x FP16
+	topk := uint64(8192 * 2051 * 4)        // max_batched_tokens x width x int32
+	perBlock := uint64(64 * (12*2*256 + 12*256/4))
+	if k.RingBytesPerRequest != perRequest || k.RingBytes != 256*perRequest || k.TopkBytes != topk ||
+		k.TopkBytesUnshared != 12*topk || k.BudgetBytes != budget || k.BytesPerBlock != perBlock ||
+		k.NumBlocks != int64((budget-256*perRequest-topk)/perBlock) {
+		t.Fatalf("capacity %+v", k)
+	}
+
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	small := smallFP16Config(t)
+	cache := must(NewCache(ctx, small, nil, CacheOptions{NumBlocks: 4}))
+	defer cache.Close()
+	l := must(cache.Layout())
+	if l.NumQSALayers != 12 || l.KVStrideHead != 256 || l.KVStrideToken != 256 || l.KVStrideKV != 64*256 ||
+		l.KVStrideBlock != 2*64*256 || l.KVBytesPerLayer != uint64(4*l.KVStrideBlock*2) ||
+		l.TopkRows != 8 || l.TopkCols != 2051 || !l.TopkShared || l.TopkExternal {
+		t.Fatalf("layout %+v", l)
+	}
+}
