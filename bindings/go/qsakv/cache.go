@@ -40,6 +40,7 @@ type DeviceBuffer struct {
 	ctx   *Context
 	ptr   unsafe.Pointer
 	bytes int
+	users atomic.Int32 // open caches that use it as their memory (external top-k buffer)
 }
 
 // NewDeviceBuffer allocates bytes of device memory.
@@ -79,8 +80,12 @@ func (b *DeviceBuffer) Len() int { return b.bytes }
 // Pointer is the device address (for calls this package does not wrap).
 func (b *DeviceBuffer) Pointer() unsafe.Pointer { return b.ptr }
 
-// Close frees the buffer. Idempotent.
+// Close frees the buffer. Idempotent. While an open cache uses it as its memory (an
+// external top-k buffer) it refuses (ErrState) and frees nothing.
 func (b *DeviceBuffer) Close() error {
+	if n := b.users.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("buffer: %d open caches use it as their memory", n)}
+	}
 	if b.ptr != nil {
 		C.qsakv_free(b.ctx.ptr, b.ptr)
 		b.ptr = nil
@@ -162,10 +167,53 @@ func DownloadOn[T Element](b *DeviceBuffer, out []T, stream Stream) error {
 // Cache
 // ---------------------------------------------------------------------------------
 
-// CacheOptions size a cache: NumBlocks per QSA layer, or (NumBlocks 0) a memory budget.
+// CacheOptions are qsakv_cache_options: the size (NumBlocks per QSA layer, or, with
+// NumBlocks 0, a memory budget) and the top-k workspace.
 type CacheOptions struct {
 	NumBlocks         int64
 	MemoryBudgetBytes uint64
+	// PrivateTopk gives every layer a top-k buffer of its own (share_topk = 0) instead of
+	// the one model-level buffer that all layers share (the default).
+	PrivateTopk bool
+	// ExternalTopk is the caller's buffer for the shared top-k workspace (int32
+	// [ExternalTopkRows, top-k width], of the cache's context), used instead of one the
+	// library allocates; nil: allocate. The cache keeps it: its Close refuses (ErrState)
+	// while the cache is open.
+	ExternalTopk *DeviceBuffer
+	// ExternalTopkRows are its rows, at least the config's MaxBatchedTokens (0: that).
+	ExternalTopkRows int64
+}
+
+// c fills qsakv_cache_options for config m of geometry geo; an external top-k buffer
+// must be of ctx (nil: any) and hold its rows.
+func (opts CacheOptions) c(ctx *Context, m *ModelConfig, geo RankGeometry) (C.qsakv_cache_options, error) {
+	o := C.qsakv_go_cache_options()
+	o.num_blocks = C.int64_t(opts.NumBlocks)
+	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
+	if opts.PrivateTopk {
+		o.share_topk = 0
+	}
+	if opts.ExternalTopk == nil {
+		if opts.ExternalTopkRows != 0 {
+			return o, invalid("external_topk_rows: %d without an external_topk buffer", opts.ExternalTopkRows)
+		}
+		return o, nil
+	}
+	rows := opts.ExternalTopkRows
+	if rows == 0 {
+		rows = int64(m.MaxBatchedTokens)
+	}
+	if rows < 0 || rows > math.MaxInt {
+		return o, invalid("external_topk_rows: %d", rows)
+	}
+	if err := opts.ExternalTopk.need("external_topk", ctx, int(rows), int(geo.TopkWidth)*4); err != nil {
+		return o, err
+	}
+	o.external_topk = opts.ExternalTopk.ptr
+	o.external_topk_dtype = C.QSAKV_DTYPE_INT32
+	o.external_topk_rows = C.int64_t(rows)
+	o.external_topk_cols = C.int64_t(geo.TopkWidth)
+	return o, nil
 }
 
 // Cache is the KV caches of every QSA layer of a rank.
@@ -174,7 +222,8 @@ type Cache struct {
 	ctx      *Context
 	cfg      C.qsakv_model_config
 	geo      RankGeometry
-	children atomic.Int32 // open plans
+	children atomic.Int32    // open plans
+	memory   []*DeviceBuffer // the caller's buffers it uses (external top-k), kept open
 }
 
 // NewCache allocates the caches; overlay is required for E4M3 (validated) and nil for
@@ -187,22 +236,36 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if err != nil {
 		return nil, err
 	}
-	o := C.qsakv_go_cache_options()
-	o.num_blocks = C.int64_t(opts.NumBlocks)
-	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
+	o, err := opts.c(ctx, m, geo)
+	if err != nil {
+		return nil, err
+	}
 	cc := &Cache{ctx: ctx, cfg: m.c(), geo: geo}
 	var ov *C.qsakv_overlay
 	if overlay != nil {
 		ov = overlay.ptr
 	}
-	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }, ctx, overlay); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) },
+		ctx, overlay, opts.ExternalTopk); err != nil {
 		return nil, err
 	}
 	// The cache copied the overlay's scales: the overlay may be closed from now on (as
 	// in C), so the cache neither counts on it nor keeps it reachable.
-	ctx.children.Add(1)
-	runtime.SetFinalizer(cc, (*Cache).Close)
+	cc.opened(opts.ExternalTopk)
 	return cc, nil
+}
+
+// opened counts a new cache as its context's child and as a user of the caller's
+// buffers it was made with (nil ones skipped), and sets its finalizer.
+func (c *Cache) opened(memory ...*DeviceBuffer) {
+	c.ctx.children.Add(1)
+	for _, b := range memory {
+		if b != nil {
+			b.users.Add(1)
+			c.memory = append(c.memory, b)
+		}
+	}
+	runtime.SetFinalizer(c, (*Cache).Close)
 }
 
 // Close frees the cache. Idempotent; refuses (ErrState) while a plan uses it.
@@ -214,6 +277,10 @@ func (c *Cache) Close() error {
 		C.qsakv_cache_destroy(c.ptr)
 		c.ptr = nil
 		c.ctx.children.Add(-1)
+		for _, b := range c.memory {
+			b.users.Add(-1)
+		}
+		c.memory = nil
 		runtime.SetFinalizer(c, nil)
 	}
 	return nil

@@ -83,6 +83,10 @@ func TestPipelineMatchesFP64(t *testing.T) {
 	t.Run("caller_top_k_e4m3_on_a_stream", func(t *testing.T) {
 		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeE4M3, callerTopK: true, stream: &perThread})
 	})
+	// The cache's shared top-k workspace in a buffer of ours (CacheOptions.ExternalTopk).
+	t.Run("external_top_k", func(t *testing.T) {
+		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, externalTopk: true})
+	})
 	// The request's raw index keys in ring slot 1, and the batch naming that slot.
 	t.Run("request_slots", func(t *testing.T) {
 		pipelineMatchesFP64(t, pipelineCase{indexKeyDtype: DtypeFP16, storeStep: true, requestSlots: []int32{1}})
@@ -96,6 +100,7 @@ type pipelineCase struct {
 	stream        *Stream // nil: the calls without a stream; else their XOn variants on it
 	requestSlots  []int32 // the batch's request slots (UpdateOn); nil: request r in slot r
 	callerTopK    bool    // select into and attend over the caller's top-k buffer
+	externalTopk  bool    // the cache's top-k workspace in a buffer of the caller's
 }
 
 // callersTopKIsRead: sparse attention over a caller's list naming only the hot token
@@ -161,10 +166,33 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 		t.Fatalf("kv_heads %d", g.KVHeads)
 	}
 	d, h, l, hot, block := int(cfg.HeadDim()), int(g.QHeads), 37, 5, int32(1)
-	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
+	opts := CacheOptions{NumBlocks: 2}
+	width := int(g.TopkWidth)
+	const sentinel = int32(0x5a5a5a5a)
+	if pc.externalTopk {
+		// The cache's top-k workspace in a buffer of ours (closed after the cache: the
+		// deferred calls run in reverse).
+		fill := make([]int32, int(cfg.MaxBatchedTokens)*width)
+		for i := range fill {
+			fill[i] = sentinel
+		}
+		opts.ExternalTopk = must(BufferFrom(ctx, fill))
+		defer func() {
+			if err := opts.ExternalTopk.Close(); err != nil {
+				t.Errorf("closing the external top-k buffer after its cache: %v", err)
+			}
+		}()
+	}
+	cache := must(NewCache(ctx, cfg, nil, opts))
 	defer cache.Close()
-	if lay := must(cache.Layout()); lay.IndexKeyDtype != indexKeyDtype {
-		t.Fatalf("layout index_key_dtype %d, config %d", lay.IndexKeyDtype, indexKeyDtype)
+	if lay := must(cache.Layout()); lay.IndexKeyDtype != indexKeyDtype || lay.TopkExternal != pc.externalTopk {
+		t.Fatalf("layout index_key_dtype %d (config %d), top-k external %v", lay.IndexKeyDtype, indexKeyDtype,
+			lay.TopkExternal)
+	}
+	if pc.externalTopk {
+		if err := opts.ExternalTopk.Close(); !errors.Is(err, &Error{Status: ErrState}) {
+			t.Fatalf("closing the external top-k buffer under its cache: %v", err)
+		}
 	}
 	layer := cfg.QSALayers()[0]
 
@@ -287,9 +315,7 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 	// The caller's top-k buffer (callerTopK): one row at a stride of the width + 3, the
 	// padding filled with a sentinel that selection must leave alone.
 	var dtopk *DeviceBuffer
-	width := int(g.TopkWidth)
 	stride := int64(width + 3)
-	const sentinel = int32(0x5a5a5a5a)
 	if pc.callerTopK {
 		fill := make([]int32, stride)
 		for i := range fill {
@@ -305,11 +331,16 @@ func pipelineMatchesFP64(t *testing.T, pc pipelineCase) {
 	} else if err := plan.SelectTopK(layer, diq); err != nil {
 		t.Fatal(err)
 	}
-	if pc.callerTopK {
+	if pc.callerTopK || pc.externalTopk {
 		// Every block ties (equal keys): the 9 whole groups' tokens ascending, then the open
-		// group's tail (token 36), then -1 up to the width; the padding untouched.
-		got := make([]int32, stride)
-		if err := DownloadOn(dtopk, got, stream); err != nil {
+		// group's tail (token 36), then -1 up to the width; the padding (of the caller's
+		// buffer) or the next row (of the external workspace, which has one row per
+		// max_batched_tokens) untouched.
+		got, dst := make([]int32, stride), dtopk
+		if pc.externalTopk {
+			dst = opts.ExternalTopk
+		}
+		if err := DownloadOn(dst, got, stream); err != nil {
 			t.Fatal(err)
 		}
 		for i, x := range got {
@@ -992,5 +1023,98 @@ func TestRecordsCarryEveryField(t *testing.T) {
 		l.KVStrideBlock != 2*64*256 || l.KVBytesPerLayer != uint64(4*l.KVStrideBlock*2) ||
 		l.TopkRows != 8 || l.TopkCols != 2051 || !l.TopkShared || l.TopkExternal {
 		t.Fatalf("layout %+v", l)
+	}
+}
+
+// CacheOptions.PrivateTopk gives every layer its own top-k buffer: selection for one
+// layer leaves another's list alone (zeroed at creation: token 0 at every entry, so that
+// layer's sparse attention outputs token 0's V), where with the shared buffer the other
+// layer reads the selection just made (tokens 0..3 of the reference mix). It costs a
+// buffer per layer. The external buffer's refusals: one too small (in Go), one with
+// private buffers (in the library).
+func TestPrivateTopkBuffers(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	g := must(cfg.RankGeometry())
+	d, h, l := int(cfg.HeadDim()), int(g.QHeads), 4
+	layers := cfg.QSALayers()
+	v := make([]uint16, l*d)
+	for i := range v {
+		v[i] = toHalf(float32(i / d)) // token t's V is t at every dim
+	}
+	k := make([]uint16, l*d)
+	slots := []int64{0, 1, 2, 3}
+	iq := make([]uint16, cfg.IndexNumHeads()*cfg.IndexHeadDim())
+	bufs := []*DeviceBuffer{must(BufferFrom(ctx, k)), must(BufferFrom(ctx, v)), must(BufferFrom(ctx, slots)),
+		must(BufferFrom(ctx, iq)), must(BufferFrom(ctx, make([]uint16, h*d))), must(NewDeviceBuffer(ctx, h*d*2)),
+		must(BufferFrom(ctx, []int32{0}))}
+	defer func() {
+		for _, b := range bufs {
+			b.Close()
+		}
+	}()
+	var totals [2]uint64
+	for i, private := range []bool{false, true} {
+		cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2, PrivateTopk: private}))
+		lay := must(cache.Layout())
+		if lay.TopkShared == private {
+			t.Fatalf("private %v: layout says shared %v", private, lay.TopkShared)
+		}
+		totals[i] = lay.TotalBytes
+		for _, layer := range layers[:2] {
+			if err := cache.StoreKV(layer, bufs[0], bufs[1], bufs[2], l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		plan := must(NewPlan(cache, 1, 1))
+		if err := plan.Update([]int32{0, 1}, []int32{int32(l)}, bufs[6], 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := plan.SelectTopK(layers[0], bufs[3]); err != nil {
+			t.Fatal(err)
+		}
+		if err := plan.Attention(layers[1], AttentionSparse, bufs[4], bufs[5]); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]uint16, h*d)
+		if err := Download(bufs[5], out); err != nil {
+			t.Fatal(err)
+		}
+		want := 1.5 // q = 0: the mean of tokens 0..3
+		if private {
+			want = 0 // 2051 entries of token 0
+		}
+		for j, o := range out {
+			if fromHalf(o) != want {
+				t.Fatalf("private %v: layer %d's out[%d] = %g, want %g", private, layers[1], j, fromHalf(o), want)
+			}
+		}
+		plan.Close()
+		cache.Close()
+	}
+	perLayer := uint64(cfg.MaxBatchedTokens) * uint64(g.TopkWidth) * 4
+	if totals[1]-totals[0] != uint64(len(layers)-1)*perLayer {
+		t.Fatalf("total bytes shared %d, private %d: not %d more buffers of %d", totals[0], totals[1], len(layers)-1, perLayer)
+	}
+
+	var qe *Error
+	short := must(NewDeviceBuffer(ctx, int(cfg.MaxBatchedTokens)*int(g.TopkWidth)*4-4))
+	bufs = append(bufs, short)
+	if _, err := NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2, ExternalTopk: short}); !errors.As(err, &qe) ||
+		qe.Status != ErrInvalidArgument || !strings.HasPrefix(qe.Message, "external_topk: needs") {
+		t.Fatalf("an external top-k buffer one entry short: %v", err)
+	}
+	rows := int64(cfg.MaxBatchedTokens) - 1
+	if _, err := NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2, ExternalTopk: short, ExternalTopkRows: rows}); !errors.As(err, &qe) ||
+		qe.Status != ErrInvalidArgument || !strings.Contains(qe.Message, "options.external_topk_rows is 7") {
+		t.Fatalf("an external top-k buffer of max_batched_tokens - 1 rows: %v", err)
+	}
+	if _, err := NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2, ExternalTopk: short, ExternalTopkRows: 1, PrivateTopk: true}); !errors.As(err, &qe) ||
+		qe.Status != ErrInvalidArgument || !strings.Contains(qe.Message, "share_topk = 0") {
+		t.Fatalf("an external top-k buffer with private buffers: %v", err)
+	}
+	if short.users.Load() != 0 {
+		t.Fatal("a refused cache left its buffers counted as used")
 	}
 }
