@@ -354,6 +354,59 @@ func layoutFrom(l *C.qsakv_cache_layout) CacheLayout {
 	}
 }
 
+// LayerBuffers are the device pointers of one QSA layer's caches (qsakv_layer_buffers),
+// for interoperability (an engine's own kernels, a swap-in, a prefix-cache copy); valid
+// while the cache is open. With the CPU backend they are host memory. After writing into
+// KV yourself, call NoteExternalCodes (the kernels then check the layer for NaN codes).
+type LayerBuffers struct {
+	// KV is the main cache: KVDtype [NumBlocks, 2, BlockSize, KVHeads, HeadDim] at the
+	// CacheLayout's strides.
+	KV unsafe.Pointer
+	// CompressedKeys are the compressed index-key pages (CacheLayout's
+	// CompressedStrideBlock, CompressedScalesOffset).
+	CompressedKeys unsafe.Pointer
+	// RingKeys is the raw index-key ring: FP16 [max_requests, RingLength, IndexHeadDim].
+	RingKeys unsafe.Pointer
+	// Topk is the layer's top-k buffer, int32 [TopkRows, TopkCols] (the shared one when
+	// the layout's TopkShared).
+	Topk unsafe.Pointer
+	// Scales is device float[2]: the layer's K and V scale (1, 1 for 16-bit caches).
+	Scales unsafe.Pointer
+}
+
+// LayerBuffers returns the device pointers of QSA layer `layer` (a model-layer id).
+func (c *Cache) LayerBuffers(layer int32) (LayerBuffers, error) {
+	if err := c.live(); err != nil {
+		return LayerBuffers{}, err
+	}
+	var b C.qsakv_layer_buffers
+	b.struct_size = C.size_t(unsafe.Sizeof(b))
+	b.version = C.QSAKV_LAYER_BUFFERS_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layer_buffers(c.ptr, C.int32_t(layer), &b) }, c); err != nil {
+		return LayerBuffers{}, err
+	}
+	return LayerBuffers{KV: b.kv, CompressedKeys: b.compressed_keys, RingKeys: b.ring_keys,
+		Topk: unsafe.Pointer(b.topk), Scales: unsafe.Pointer(b.scales)}, nil
+}
+
+// NoteExternalCodes marks that layer's cache bytes were written outside the store calls
+// (through LayerBuffers), so the kernels check them for NaN codes (E4M3 software
+// decoder) and non-finite V values (grouped route) from now on: a one-way switch that
+// costs some speed in that layer.
+func (c *Cache) NoteExternalCodes(layer int32) error {
+	return c.NoteExternalCodesOn(layer, DefaultStream)
+}
+
+// NoteExternalCodesOn is NoteExternalCodes enqueued on stream (after the writes there).
+func (c *Cache) NoteExternalCodesOn(layer int32, stream Stream) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_cache_note_external_codes(c.ptr, C.int32_t(layer), stream.c())
+	}, c)
+}
+
 // TotalBytes is everything the cache allocated.
 func (c *Cache) TotalBytes() (uint64, error) {
 	l, err := c.Layout()
@@ -386,6 +439,33 @@ func (c *Cache) StoreKVOn(layer int32, k, v, slotMapping *DeviceBuffer, numToken
 	return call(func() C.qsakv_status {
 		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), stream.c())
 	}, c, k, v, slotMapping)
+}
+
+// StoreIndexKeys stores raw index keys (FP16 [n, index_head_dim]) into the per-request
+// ring: key i at entry (requestSlots[i] (int32 [n]), positions[i] (int64 [n]) %
+// ring_length); a negative position skips.
+func (c *Cache) StoreIndexKeys(layer int32, keys, requestSlots, positions *DeviceBuffer, numTokens int) error {
+	return c.StoreIndexKeysOn(layer, keys, requestSlots, positions, numTokens, DefaultStream)
+}
+
+// StoreIndexKeysOn is StoreIndexKeys enqueued on stream.
+func (c *Cache) StoreIndexKeysOn(layer int32, keys, requestSlots, positions *DeviceBuffer, numTokens int, stream Stream) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		b    *DeviceBuffer
+		unit int
+	}{{"keys", keys, int(c.cfg.index_head_dim) * 2}, {"request_slots", requestSlots, 4}, {"positions", positions, 8}} {
+		if err := x.b.need(x.name, c.ctx, numTokens, x.unit); err != nil {
+			return err
+		}
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_store_index_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int32_t)(requestSlots.ptr),
+			(*C.int64_t)(positions.ptr), C.int64_t(numTokens), stream.c())
+	}, c, keys, requestSlots, positions)
 }
 
 // StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim];

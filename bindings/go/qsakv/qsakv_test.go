@@ -1118,3 +1118,115 @@ func TestPrivateTopkBuffers(t *testing.T) {
 		t.Fatal("a refused cache left its buffers counted as used")
 	}
 }
+
+// hostSlice views n elements at a device pointer of the CPU backend (host memory).
+func hostSlice[T Element](p unsafe.Pointer, n int) []T { return unsafe.Slice((*T)(p), n) }
+
+// LayerBuffers points at the layer's caches (on the CPU backend, host memory): StoreKV's
+// values sit in KV at the layout's strides, StoreIndexKeys' (plain and On a stream) in the
+// ring at (slot, position % ring length), a negative position skipped; the shared top-k
+// buffer is one for all layers, private ones a buffer apart; the scales of a 16-bit cache
+// are 1. NoteExternalCodes takes a QSA layer and refuses another.
+func TestLayerBuffersAndIndexKeyStores(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	g := must(cfg.RankGeometry())
+	layers := cfg.QSALayers()
+	cache := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2}))
+	defer cache.Close()
+	lay := must(cache.Layout())
+	d, kvh := int(cfg.HeadDim()), int(g.KVHeads)
+	k, v := make([]uint16, 2*kvh*d), make([]uint16, 2*kvh*d)
+	for i := range k {
+		k[i], v[i] = toHalf(float32(i%7)), toHalf(float32(-(i % 5)))
+	}
+	slots := []int64{int64(cfg.BlockSize) + 3, 5} // block 1 offset 3, block 0 offset 5
+	dk, dv, ds := must(BufferFrom(ctx, k)), must(BufferFrom(ctx, v)), must(BufferFrom(ctx, slots))
+	defer dk.Close()
+	defer dv.Close()
+	defer ds.Close()
+	layer := layers[1]
+	if err := cache.StoreKV(layer, dk, dv, ds, 2); err != nil {
+		t.Fatal(err)
+	}
+	b := must(cache.LayerBuffers(layer))
+	kv := hostSlice[uint16](b.KV, int(lay.KVBytesPerLayer/2))
+	for tok, slot := range slots {
+		blk, off := slot/int64(cfg.BlockSize), slot%int64(cfg.BlockSize)
+		for hd := 0; hd < kvh; hd++ {
+			for j := 0; j < d; j++ {
+				at := blk*lay.KVStrideBlock + off*lay.KVStrideToken + int64(hd)*lay.KVStrideHead + int64(j)
+				if got, want := kv[at], k[(tok*kvh+hd)*d+j]; got != want {
+					t.Fatalf("K of token %d dim %d: %#x, want %#x", tok, j, got, want)
+				}
+				if got, want := kv[at+lay.KVStrideKV], v[(tok*kvh+hd)*d+j]; got != want {
+					t.Fatalf("V of token %d dim %d: %#x, want %#x", tok, j, got, want)
+				}
+			}
+		}
+	}
+	if sc := hostSlice[float32](b.Scales, 2); sc[0] != 1 || sc[1] != 1 {
+		t.Fatalf("scales of a 16-bit cache: %v", sc)
+	}
+
+	// Raw index keys: request slot 1, positions 5 and 6 (ring entries 1 and 2) and -1.
+	dim := int(cfg.IndexHeadDim())
+	keys := make([]uint16, 3*dim)
+	for i := range keys {
+		keys[i] = toHalf(float32(1 + i/dim))
+	}
+	dkeys, dreq, dpos := must(BufferFrom(ctx, keys)), must(BufferFrom(ctx, []int32{1, 1, 1})), must(BufferFrom(ctx, []int64{5, -1, 6}))
+	defer dkeys.Close()
+	defer dreq.Close()
+	defer dpos.Close()
+	ring := hostSlice[uint16](b.RingKeys, int(lay.RingBytesPerLayer/2))
+	entry := func(slot, pos int) []uint16 {
+		at := (slot*int(lay.RingLength) + pos%int(lay.RingLength)) * dim
+		return ring[at : at+dim]
+	}
+	for i, store := range []func() error{
+		func() error { return cache.StoreIndexKeys(layer, dkeys, dreq, dpos, 2) },
+		func() error { return cache.StoreIndexKeysOn(layer, dkeys, dreq, dpos, 3, Stream(2)) },
+	} {
+		if err := store(); err != nil {
+			t.Fatal(err)
+		}
+		want6 := toHalf(0) // the plain call stored 2 keys: position 6 is the third
+		if i == 1 {
+			want6 = toHalf(3)
+		}
+		for j := 0; j < dim; j++ {
+			if entry(1, 5)[j] != toHalf(1) || entry(1, 6)[j] != want6 || entry(1, 7)[j] != 0 || entry(0, 5)[j] != 0 {
+				t.Fatalf("call %d: ring (1,5) %#x (1,6) %#x (1,7) %#x (0,5) %#x", i, entry(1, 5)[j], entry(1, 6)[j],
+					entry(1, 7)[j], entry(0, 5)[j])
+			}
+		}
+	}
+	if err := cache.StoreIndexKeys(layer, dkeys, dreq, dpos, 4); !errors.Is(err, &Error{Status: ErrInvalidArgument}) {
+		t.Fatalf("4 index keys from buffers of 3: %v", err)
+	}
+
+	// The top-k buffer: one for all layers, or one per layer a buffer apart.
+	if other := must(cache.LayerBuffers(layers[0])); other.Topk != b.Topk || other.KV == b.KV {
+		t.Fatalf("shared top-k: layer %d %p, layer %d %p", layers[0], other.Topk, layer, b.Topk)
+	}
+	private := must(NewCache(ctx, cfg, nil, CacheOptions{NumBlocks: 2, PrivateTopk: true}))
+	defer private.Close()
+	p0, p1 := must(private.LayerBuffers(layers[0])), must(private.LayerBuffers(layers[1]))
+	if uintptr(p1.Topk)-uintptr(p0.Topk) != uintptr(lay.TopkRows*lay.TopkCols*4) {
+		t.Fatalf("private top-k buffers at %p and %p", p0.Topk, p1.Topk)
+	}
+
+	var qe *Error
+	if err := cache.NoteExternalCodesOn(layer, Stream(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.NoteExternalCodes(layer - 1); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.Contains(qe.Message, strconv.Itoa(int(layer-1))) {
+		t.Fatalf("NoteExternalCodes of layer %d (not QSA): %v", layer-1, err)
+	}
+	if _, err := cache.LayerBuffers(layer - 1); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument {
+		t.Fatalf("LayerBuffers of layer %d (not QSA): %v", layer-1, err)
+	}
+}
