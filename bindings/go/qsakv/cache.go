@@ -40,7 +40,7 @@ type DeviceBuffer struct {
 	ctx   *Context
 	ptr   unsafe.Pointer
 	bytes int
-	users atomic.Int32 // open caches that use it as their memory (external top-k buffer)
+	users atomic.Int32 // open caches that use it as their memory (NewCacheWithMemory, external top-k)
 }
 
 // NewDeviceBuffer allocates bytes of device memory.
@@ -80,8 +80,8 @@ func (b *DeviceBuffer) Len() int { return b.bytes }
 // Pointer is the device address (for calls this package does not wrap).
 func (b *DeviceBuffer) Pointer() unsafe.Pointer { return b.ptr }
 
-// Close frees the buffer. Idempotent. While an open cache uses it as its memory (an
-// external top-k buffer) it refuses (ErrState) and frees nothing.
+// Close frees the buffer. Idempotent. While an open cache uses it as its memory
+// (NewCacheWithMemory, an external top-k buffer) it refuses (ErrState) and frees nothing.
 func (b *DeviceBuffer) Close() error {
 	if n := b.users.Load(); n > 0 {
 		return &Error{Status: ErrState, Message: fmt.Sprintf("buffer: %d open caches use it as their memory", n)}
@@ -223,7 +223,7 @@ type Cache struct {
 	cfg      C.qsakv_model_config
 	geo      RankGeometry
 	children atomic.Int32    // open plans
-	memory   []*DeviceBuffer // the caller's buffers it uses (external top-k), kept open
+	memory   []*DeviceBuffer // the caller's buffers it uses (its memory, external top-k), kept open
 }
 
 // NewCache allocates the caches; overlay is required for E4M3 (validated) and nil for
@@ -252,6 +252,93 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	// The cache copied the overlay's scales: the overlay may be closed from now on (as
 	// in C), so the cache neither counts on it nor keeps it reachable.
 	cc.opened(opts.ExternalTopk)
+	return cc, nil
+}
+
+// CacheLayoutFor is the layout (strides, bytes per layer, top-k shape) that a cache of
+// config m and opts would have, without making one (qsakv_cache_layout_for): what to
+// allocate for NewCacheWithMemory. opts.NumBlocks must be set (> 0). No allocation.
+func CacheLayoutFor(m *ModelConfig, opts CacheOptions) (CacheLayout, error) {
+	geo, err := m.RankGeometry()
+	if err != nil {
+		return CacheLayout{}, err
+	}
+	o, err := opts.c(nil, m, geo)
+	if err != nil {
+		return CacheLayout{}, err
+	}
+	cfg := m.c()
+	var l C.qsakv_cache_layout
+	l.struct_size = C.size_t(unsafe.Sizeof(l))
+	l.version = C.QSAKV_CACHE_LAYOUT_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_layout_for(&cfg, &o, &l) }, opts.ExternalTopk); err != nil {
+		return CacheLayout{}, err
+	}
+	return layoutFrom(&l), nil
+}
+
+// LayerMemory is one QSA layer's caches in the caller's memory (qsakv_layer_memory):
+// buffers of the cache's context of at least CacheLayoutFor's KVBytesPerLayer,
+// CompressedBytesPerLayer and RingBytesPerLayer bytes, none overlapping another.
+type LayerMemory struct {
+	KV, CompressedKeys, RingKeys *DeviceBuffer
+}
+
+// NewCacheWithMemory is NewCache over the caller's memory (qsakv_cache_create_with_memory),
+// for engines that allocate and profile their KV memory themselves: one LayerMemory per
+// QSA layer, in QSALayers order; opts.NumBlocks (> 0) sets the size. The library checks
+// each buffer (size, alignment, overlap) with a message naming it, uses the contents as
+// they are (not zeroed; every layer starts with the NaN checks of NoteExternalCodes on)
+// and still allocates the scales, NaN flags and (unless opts.ExternalTopk) the top-k
+// buffer, which are all the layout's TotalBytes counts. The cache keeps the buffers: their
+// Close refuses (ErrState) while it is open.
+func NewCacheWithMemory(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions, layers []LayerMemory) (*Cache, error) {
+	if err := ctx.live(); err != nil {
+		return nil, err
+	}
+	geo, err := m.RankGeometry()
+	if err != nil {
+		return nil, err
+	}
+	o, err := opts.c(ctx, m, geo)
+	if err != nil {
+		return nil, err
+	}
+	var held []*DeviceBuffer
+	for i, l := range layers {
+		for _, x := range []struct {
+			name string
+			b    *DeviceBuffer
+		}{{"kv", l.KV}, {"compressed_keys", l.CompressedKeys}, {"ring_keys", l.RingKeys}} {
+			if err := x.b.need(fmt.Sprintf("memory[%d].%s", i, x.name), ctx, 0, 1); err != nil {
+				return nil, err
+			}
+			held = append(held, x.b)
+		}
+	}
+	// The layer array in C memory (cgo: a struct passed to C holds no Go pointers).
+	n := len(layers)
+	arr := (*C.qsakv_layer_memory)(C.calloc(C.size_t(n+1), C.size_t(unsafe.Sizeof(C.qsakv_layer_memory{}))))
+	defer C.free(unsafe.Pointer(arr))
+	for i, l := range layers {
+		e := &unsafe.Slice(arr, n)[i]
+		e.kv, e.kv_bytes = l.KV.ptr, C.uint64_t(l.KV.bytes)
+		e.compressed_keys, e.compressed_bytes = l.CompressedKeys.ptr, C.uint64_t(l.CompressedKeys.bytes)
+		e.ring_keys, e.ring_bytes = l.RingKeys.ptr, C.uint64_t(l.RingKeys.bytes)
+	}
+	mem := C.qsakv_cache_memory{struct_size: C.size_t(unsafe.Sizeof(C.qsakv_cache_memory{})),
+		version: C.QSAKV_CACHE_MEMORY_VERSION, num_layers: C.int32_t(n), layers: arr}
+	cc := &Cache{ctx: ctx, cfg: m.c(), geo: geo}
+	var ov *C.qsakv_overlay
+	if overlay != nil {
+		ov = overlay.ptr
+	}
+	if err := call(func() C.qsakv_status {
+		return C.qsakv_cache_create_with_memory(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o, &mem)
+	}, ctx, overlay, opts.ExternalTopk, layers); err != nil {
+		return nil, err
+	}
+	cc.opened(append(held, opts.ExternalTopk)...)
 	return cc, nil
 }
 

@@ -1230,3 +1230,106 @@ func TestLayerBuffersAndIndexKeyStores(t *testing.T) {
 		t.Fatalf("LayerBuffers of layer %d (not QSA): %v", layer-1, err)
 	}
 }
+
+// CacheLayoutFor is the layout NewCache makes (without the allocation's total), and
+// NewCacheWithMemory runs over buffers of ours: their contents are used as they are (V
+// uploaded as 2 before the cache existed is what dense attention reads), LayerBuffers
+// points into them, the library allocates only the small rest, the buffers refuse to
+// close under the cache, and the library's refusals name the buffer or count at fault.
+func TestCacheWithMemory(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	layers := cfg.QSALayers()
+	opts := CacheOptions{NumBlocks: 2}
+	lay := must(CacheLayoutFor(cfg, opts))
+	own := must(NewCache(ctx, cfg, nil, opts))
+	full := must(own.Layout())
+	own.Close()
+	cmp := full
+	cmp.TotalBytes = lay.TotalBytes
+	if lay != cmp || lay.NumBlocks != 2 || lay.KVBytesPerLayer == 0 {
+		t.Fatalf("CacheLayoutFor %+v, NewCache's layout %+v", lay, full)
+	}
+	var qe *Error
+	if _, err := CacheLayoutFor(cfg, CacheOptions{MemoryBudgetBytes: 1 << 30}); !errors.As(err, &qe) ||
+		qe.Status != ErrInvalidArgument || !strings.Contains(qe.Message, "options.num_blocks is 0") {
+		t.Fatalf("CacheLayoutFor without num_blocks: %v", err)
+	}
+
+	twos := make([]uint16, lay.KVBytesPerLayer/2)
+	for i := range twos {
+		twos[i] = toHalf(2)
+	}
+	mem := make([]LayerMemory, len(layers))
+	var all []*DeviceBuffer
+	for i := range mem {
+		mem[i] = LayerMemory{KV: must(BufferFrom(ctx, twos)),
+			CompressedKeys: must(NewDeviceBuffer(ctx, int(lay.CompressedBytesPerLayer))),
+			RingKeys:       must(NewDeviceBuffer(ctx, int(lay.RingBytesPerLayer)))}
+		all = append(all, mem[i].KV, mem[i].CompressedKeys, mem[i].RingKeys)
+	}
+	defer func() {
+		for _, b := range all {
+			if err := b.Close(); err != nil {
+				t.Errorf("closing a buffer after its cache: %v", err)
+			}
+		}
+	}()
+	small := must(NewDeviceBuffer(ctx, 1024))
+	all = append(all, small)
+	bad := append([]LayerMemory(nil), mem...)
+	bad[2].KV = small
+	if _, err := NewCacheWithMemory(ctx, cfg, nil, opts, bad); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.Contains(qe.Message, "memory.layers[2].kv (layer 11) is 1024 bytes; needs") {
+		t.Fatalf("a 1 KiB kv buffer: %v", err)
+	}
+	if _, err := NewCacheWithMemory(ctx, cfg, nil, opts, mem[1:]); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.Contains(qe.Message, "memory.num_layers is 11") {
+		t.Fatalf("11 layers of memory: %v", err)
+	}
+	if _, err := NewCacheWithMemory(ctx, cfg, nil, opts, []LayerMemory{{KV: small}}); !errors.As(err, &qe) ||
+		qe.Status != ErrState || !strings.HasPrefix(qe.Message, "memory[0].compressed_keys: ") {
+		t.Fatalf("a nil buffer: %v", err)
+	}
+
+	cache := must(NewCacheWithMemory(ctx, cfg, nil, opts, mem))
+	defer cache.Close()
+	got := must(cache.Layout())
+	if perLayer := lay.KVBytesPerLayer + lay.CompressedBytesPerLayer + lay.RingBytesPerLayer; full.TotalBytes-got.TotalBytes !=
+		uint64(len(layers))*perLayer {
+		t.Fatalf("total bytes %d over the caller's memory, %d allocating (%d layers of %d)", got.TotalBytes,
+			full.TotalBytes, len(layers), perLayer)
+	}
+	for i, layer := range layers {
+		b := must(cache.LayerBuffers(layer))
+		if b.KV != mem[i].KV.Pointer() || b.CompressedKeys != mem[i].CompressedKeys.Pointer() || b.RingKeys != mem[i].RingKeys.Pointer() {
+			t.Fatalf("layer %d's buffers %+v are not ours", layer, b)
+		}
+	}
+	if err := mem[0].KV.Close(); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("closing a buffer under its cache: %v", err)
+	}
+	g := cache.Geometry()
+	q := must(BufferFrom(ctx, make([]uint16, int(g.QHeads)*int(cfg.HeadDim()))))
+	out := must(NewDeviceBuffer(ctx, q.Len()))
+	bt := must(BufferFrom(ctx, []int32{1}))
+	all = append(all, q, out, bt)
+	plan := must(NewPlan(cache, 1, 1))
+	defer plan.Close()
+	if err := plan.Update([]int32{0, 1}, []int32{10}, bt, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Attention(layers[3], AttentionDense, q, out); err != nil {
+		t.Fatal(err)
+	}
+	res := make([]uint16, q.Len()/2)
+	if err := Download(out, res); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range res {
+		if fromHalf(o) != 2 {
+			t.Fatalf("out[%d] = %g over the V of 2 uploaded into our buffer", i, fromHalf(o))
+		}
+	}
+}
