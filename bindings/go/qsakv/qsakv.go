@@ -168,13 +168,24 @@ const (
 	// DecoderSoftware is the exact bitcast decoder, on every GPU (and the CPU backend's).
 	DecoderSoftware Decoder = C.QSAKV_DECODER_SOFTWARE
 
-	DtypeFP16 Dtype = C.QSAKV_DTYPE_FP16
-	DtypeBF16 Dtype = C.QSAKV_DTYPE_BF16
-	DtypeE4M3 Dtype = C.QSAKV_DTYPE_E4M3
+	DtypeInvalid Dtype = C.QSAKV_DTYPE_INVALID
+	DtypeFP16    Dtype = C.QSAKV_DTYPE_FP16
+	DtypeBF16    Dtype = C.QSAKV_DTYPE_BF16
+	DtypeE4M3    Dtype = C.QSAKV_DTYPE_E4M3
+	DtypeFP32    Dtype = C.QSAKV_DTYPE_FP32
+	DtypeInt32   Dtype = C.QSAKV_DTYPE_INT32
+	DtypeInt64   Dtype = C.QSAKV_DTYPE_INT64
 
 	AttentionSparse AttentionMode = C.QSAKV_ATTENTION_SPARSE
 	AttentionDense  AttentionMode = C.QSAKV_ATTENTION_DENSE
 )
+
+// String is the dtype's name (qsakv_dtype_name): "fp16", "bf16", "e4m3", "fp32", "int32",
+// "int64", or "invalid" for DtypeInvalid and unknown values.
+func (d Dtype) String() string { return C.GoString(C.qsakv_dtype_name(C.qsakv_dtype(d))) }
+
+// Size is the bytes per element (qsakv_dtype_size); 0 for DtypeInvalid and unknown values.
+func (d Dtype) Size() int { return int(C.qsakv_dtype_size(C.qsakv_dtype(d))) }
 
 // ---------------------------------------------------------------------------------
 // Streams
@@ -556,6 +567,43 @@ func (o *Overlay) Validate(m *ModelConfig, revision string) error {
 	return call(func() C.qsakv_status { return C.qsakv_overlay_validate(o.ptr, &c, crev) }, o)
 }
 
+// OverlayInfo is what an overlay holds (qsakv_overlay_info): its K and V scales, whether
+// Validate accepted it, the contract its manifest records (0, -1 or DtypeInvalid where
+// not constrained), the checkpoint revision it is bound to, its scale file's SHA-256 and
+// the tensor names' layer prefix.
+type OverlayInfo struct {
+	NumScales                 int32
+	Validated                 bool
+	UnitScaleControl          bool // the metadata marks a unit-scale negative control
+	ContractTPSize            int32
+	ContractSpeculativeTokens int32
+	ContractActivationDtype   Dtype
+	ContractMinSM             int32
+	BaseIndexSHA256           string
+	ScaleFileSHA256           string
+	LayerPrefix               string
+}
+
+// Info describes the overlay.
+func (o *Overlay) Info() (OverlayInfo, error) {
+	if o.ptr == nil {
+		return OverlayInfo{}, &Error{Status: ErrState, Message: "overlay: closed"}
+	}
+	var i C.qsakv_overlay_info
+	i.struct_size = C.size_t(unsafe.Sizeof(i))
+	i.version = C.QSAKV_OVERLAY_INFO_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_overlay_get_info(o.ptr, &i) }, o); err != nil {
+		return OverlayInfo{}, err
+	}
+	return OverlayInfo{
+		NumScales: int32(i.num_scales), Validated: i.validated != 0, UnitScaleControl: i.unit_scale_control != 0,
+		ContractTPSize: int32(i.contract_tp_size), ContractSpeculativeTokens: int32(i.contract_speculative_tokens),
+		ContractActivationDtype: Dtype(i.contract_activation_dtype), ContractMinSM: int32(i.contract_min_sm),
+		BaseIndexSHA256: C.GoString(&i.base_index_sha256[0]), ScaleFileSHA256: C.GoString(&i.scale_file_sha256[0]),
+		LayerPrefix: C.GoString(&i.layer_prefix[0]),
+	}, nil
+}
+
 // Scales returns the K and V scale of a model layer.
 func (o *Overlay) Scales(layer int32) (k, v float32, err error) {
 	if o.ptr == nil {
@@ -599,20 +647,79 @@ func ReadScaleFile(path string) ([]LayerScales, string, error) {
 	}
 }
 
+// OverlayWriteOptions are qsakv_overlay_write_options: what a scale pack's manifest
+// records. The zero value binds to no base index and constrains nothing.
+type OverlayWriteOptions struct {
+	LayerPrefix   string // the tensor names' layer prefix ("": "model.layers")
+	BaseIndexPath string // the base checkpoint's model.safetensors.index.json
+	// The contract a runtime must meet: 0 (DtypeInvalid, nil) where not constrained.
+	ContractTPSize            int32  // 1..65536
+	ContractSpeculativeTokens *int32 // 0..64
+	ContractActivationDtype   Dtype
+	ContractMinSM             int32 // 1..10000 (70: SM 7.0)
+	UnitScaleControl          bool  // marks a unit-scale negative control in the metadata
+}
+
+// c is the options in C, with the C strings it holds; free releases them.
+func (w OverlayWriteOptions) c() (o C.qsakv_overlay_write_options, free func()) {
+	o = C.qsakv_go_overlay_write_options()
+	var strs []*C.char
+	if w.LayerPrefix != "" {
+		o.layer_prefix = C.CString(w.LayerPrefix)
+		strs = append(strs, o.layer_prefix)
+	}
+	if w.BaseIndexPath != "" {
+		o.base_index_path = C.CString(w.BaseIndexPath)
+		strs = append(strs, o.base_index_path)
+	}
+	o.contract_tp_size = C.int32_t(w.ContractTPSize)
+	if w.ContractSpeculativeTokens != nil {
+		o.contract_speculative_tokens = C.int32_t(*w.ContractSpeculativeTokens)
+	}
+	o.contract_activation_dtype = C.qsakv_dtype(w.ContractActivationDtype)
+	o.contract_min_sm = C.int32_t(w.ContractMinSM)
+	if w.UnitScaleControl {
+		o.unit_scale_control = 1
+	}
+	return o, func() {
+		for _, p := range strs {
+			C.free(unsafe.Pointer(p))
+		}
+	}
+}
+
 // WriteOverlay writes a scale pack into outDir (which must not exist) for the given
 // layers' scales, bound to the checkpoint index file baseIndexPath.
 func WriteOverlay(outDir string, layers []int32, kScales, vScales []float32, baseIndexPath string) error {
+	return WriteOverlayWithOptions(outDir, layers, kScales, vScales, OverlayWriteOptions{BaseIndexPath: baseIndexPath})
+}
+
+// WriteOverlayWithOptions is WriteOverlay with all of qsakv_overlay_write_options (the
+// layer prefix and the contract).
+func WriteOverlayWithOptions(outDir string, layers []int32, kScales, vScales []float32, opts OverlayWriteOptions) error {
 	if len(kScales) != len(layers) || len(vScales) != len(layers) || len(layers) == 0 {
 		return invalid("scales: %d layers, %d K and %d V scales", len(layers), len(kScales), len(vScales))
 	}
-	cout, cbase := C.CString(outDir), C.CString(baseIndexPath)
+	cout := C.CString(outDir)
 	defer C.free(unsafe.Pointer(cout))
-	defer C.free(unsafe.Pointer(cbase))
-	o := C.qsakv_go_overlay_write_options()
-	o.base_index_path = cbase
+	o, free := opts.c()
+	defer free()
 	return call(func() C.qsakv_status {
 		return C.qsakv_overlay_write(cout, (*C.int32_t)(unsafe.Pointer(&layers[0])),
 			(*C.float)(unsafe.Pointer(&kScales[0])), (*C.float)(unsafe.Pointer(&vScales[0])),
 			C.int32_t(len(layers)), &o)
 	})
+}
+
+// MaterializeOverlay builds a calibrated checkpoint directory outDir (which must not
+// exist) from a base checkpoint directory and a scale pack written by WriteOverlay
+// (qsakv_overlay_materialize): a merged index, links to the base's files, the scale file
+// and manifest, and a provenance record. ErrRevisionMismatch when the base is not the one
+// the pack is bound to, ErrOverlayDuplicate when the base already has a scale's name.
+func MaterializeOverlay(outDir, baseCheckpointDir, scalePackDir string) error {
+	cout, cbase, cpack := C.CString(outDir), C.CString(baseCheckpointDir), C.CString(scalePackDir)
+	defer C.free(unsafe.Pointer(cout))
+	defer C.free(unsafe.Pointer(cbase))
+	defer C.free(unsafe.Pointer(cpack))
+	return call(func() C.qsakv_status { return C.qsakv_overlay_materialize(cout, cbase, cpack) })
 }

@@ -1333,3 +1333,120 @@ func TestCacheWithMemory(t *testing.T) {
 		}
 	}
 }
+
+// A scale pack written with a contract, materialised over a base checkpoint: the loaded
+// overlay's info carries the contract, the base revision, the scale file's hash and the
+// prefix, turns validated on Validate, and the contract refuses another TP size. The
+// base's other files are linked; a second materialisation into the same directory and
+// one over another base are refused.
+func TestOverlayInfoAndMaterialize(t *testing.T) {
+	cfg := smallFP16Config(t) // TP4
+	cfg.KVDtype = DtypeE4M3
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base")
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"model.safetensors.index.json": `{"metadata": {"total_size": 4}, "weight_map": {"w": "a.safetensors"}}`,
+		"a.safetensors":                "weights",
+		"config.json":                  "{}",
+	} {
+		if err := os.WriteFile(filepath.Join(base, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layers := cfg.QSALayers()
+	ks, vs := make([]float32, len(layers)), make([]float32, len(layers))
+	for i := range layers {
+		ks[i], vs[i] = 0.5, 0.25
+	}
+	spec := int32(0)
+	pack := filepath.Join(dir, "pack")
+	opts := OverlayWriteOptions{BaseIndexPath: filepath.Join(base, "model.safetensors.index.json"),
+		ContractTPSize: 4, ContractSpeculativeTokens: &spec, ContractActivationDtype: DtypeFP16, ContractMinSM: 80}
+	if err := WriteOverlayWithOptions(pack, layers, ks, vs, opts); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "calibrated")
+	if err := MaterializeOverlay(out, base, pack); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "a.safetensors")); err != nil || string(b) != "weights" {
+		t.Fatalf("the base's weights in the materialised checkpoint: %q, %v", b, err)
+	}
+	rev := must(CheckpointRevision(base))
+	if r := must(CheckpointRevision(out)); r != rev {
+		t.Fatalf("the materialised checkpoint's revision %s, the base's %s", r, rev)
+	}
+	ov := must(LoadOverlay(out, ""))
+	defer ov.Close()
+	_, sha := must2(ReadScaleFile(filepath.Join(pack, "model-kvscales.safetensors")))
+	want := OverlayInfo{NumScales: int32(2 * len(layers)), ContractTPSize: 4, ContractSpeculativeTokens: 0,
+		ContractActivationDtype: DtypeFP16, ContractMinSM: 80, BaseIndexSHA256: rev, ScaleFileSHA256: sha,
+		LayerPrefix: "model.layers"}
+	if info := must(ov.Info()); info != want {
+		t.Fatalf("overlay info %+v, want %+v", info, want)
+	}
+	tp2 := *cfg
+	tp2.TPSize = 2
+	if err := ov.Validate(&tp2, rev); !errors.Is(err, &Error{Status: ErrContract}) {
+		t.Fatalf("a TP2 config against a TP4 contract: %v", err)
+	}
+	if err := ov.Validate(cfg, rev); err != nil {
+		t.Fatal(err)
+	}
+	want.Validated = true
+	if info := must(ov.Info()); info != want {
+		t.Fatalf("validated overlay info %+v", info)
+	}
+	// The pack without a contract: unconstrained fields read 0, -1 and DtypeInvalid.
+	free := filepath.Join(dir, "free")
+	if err := WriteOverlayWithOptions(free, layers, ks, vs, OverlayWriteOptions{BaseIndexPath: opts.BaseIndexPath,
+		LayerPrefix: "model.language_model.layers", UnitScaleControl: true}); err != nil {
+		t.Fatal(err)
+	}
+	fo := must(LoadOverlay(filepath.Join(free, "model-kvscales.safetensors"), ""))
+	defer fo.Close()
+	if info := must(fo.Info()); info.ContractTPSize != 0 || info.ContractSpeculativeTokens != -1 ||
+		info.ContractActivationDtype != DtypeInvalid || info.ContractMinSM != 0 || !info.UnitScaleControl ||
+		info.LayerPrefix != "model.language_model.layers" {
+		t.Fatalf("unconstrained overlay info %+v", info)
+	}
+
+	var qe *Error
+	if err := MaterializeOverlay(out, base, pack); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument {
+		t.Fatalf("materialising into an existing directory: %v", err)
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "model.safetensors.index.json"), []byte(`{"metadata": {}, "weight_map": {}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := MaterializeOverlay(filepath.Join(dir, "wrong"), other, pack); !errors.Is(err, &Error{Status: ErrRevisionMismatch}) {
+		t.Fatalf("materialising over another base: %v", err)
+	}
+}
+
+func must2[A, B any](a A, b B, err error) (A, B) {
+	if err != nil {
+		panic(err)
+	}
+	return a, b
+}
+
+// Dtype names and sizes are the library's.
+func TestDtypeNamesAndSizes(t *testing.T) {
+	for _, c := range []struct {
+		d    Dtype
+		name string
+		size int
+	}{{DtypeInvalid, "invalid", 0}, {DtypeFP16, "fp16", 2}, {DtypeBF16, "bf16", 2}, {DtypeE4M3, "e4m3", 1},
+		{DtypeFP32, "fp32", 4}, {DtypeInt32, "int32", 4}, {DtypeInt64, "int64", 8}, {Dtype(42), "invalid", 0}} {
+		if c.d.String() != c.name || c.d.Size() != c.size {
+			t.Fatalf("dtype %d: %q of %d bytes, want %q of %d", int32(c.d), c.d.String(), c.d.Size(), c.name, c.size)
+		}
+	}
+}
