@@ -1450,3 +1450,177 @@ func TestDtypeNamesAndSizes(t *testing.T) {
 		}
 	}
 }
+
+// The calibration API on the CPU backend, from observation to a loaded scale pack: a live
+// handle counts only while started, its snapshot's statistics and histogram are those of
+// the observed values, a saved and loaded copy is the same, an envelope merge adds runs
+// and counts, the summary's and the pack's scales are max / 448, and every refusal has
+// its status (live-only and host-only calls, layers, ranks, all-reduce on the CPU).
+func TestCalibration(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	cfg.TPSize = 1 // complete with one rank: 2 KV heads of 256 dims
+	layers := cfg.QSALayers()
+	live := must(NewCalib(ctx, cfg))
+	defer live.Close()
+	info := must(live.Info())
+	if !info.Live || info.Started || info.Reduced || info.TPSize != 1 || info.Rank != 0 || info.RanksCovered != 1 ||
+		!info.Complete || info.NumRuns != 1 || info.ActivationDtype != DtypeFP16 ||
+		!reflect.DeepEqual(info.QSALayers, layers) || len(info.ConfigFingerprint) != 64 {
+		t.Fatalf("live info %+v", info)
+	}
+	if err := ctx.Close(); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("context closed under its calibration handle: %v", err)
+	}
+
+	// K: 0, 1, -2, 3.5 repeated; V: 0, -0.25, ..., -1.75 repeated; 2 tokens of 2 x 256.
+	n := 2 * 2 * 256
+	k, v := make([]uint16, n), make([]uint16, n)
+	for i := range k {
+		k[i] = toHalf([]float32{0, 1, -2, 3.5}[i%4])
+		v[i] = toHalf(-0.25 * float32(i%8))
+	}
+	dk, dv := must(BufferFrom(ctx, k)), must(BufferFrom(ctx, v))
+	defer dk.Close()
+	defer dv.Close()
+	if err := live.Observe(layers[0], dk, dv, 2); err != nil { // stopped: not counted
+		t.Fatal(err)
+	}
+	early := must(live.Snapshot())
+	if s := must(early.Stats(layers[0], CalibK)); s.Count != 0 {
+		t.Fatalf("counted while stopped: %+v", s)
+	}
+	early.Close()
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i, layer := range layers {
+		var err error
+		if i%2 == 1 {
+			err = live.ObserveOn(layer, dk, dv, 2, Stream(2))
+		} else {
+			err = live.Observe(layer, dk, dv, 2)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var qe *Error
+	if err := live.Observe(layers[0]-1, dk, dv, 2); !errors.As(err, &qe) || qe.Status != ErrInvalidArgument ||
+		!strings.Contains(qe.Message, "not a QSA layer") {
+		t.Fatalf("observing a layer that is not QSA: %v", err)
+	}
+	if err := live.Observe(layers[0], dk, dv, 3); !errors.As(err, &qe) || !strings.HasPrefix(qe.Message, "k: needs") {
+		t.Fatalf("observing 3 tokens from buffers of 2: %v", err)
+	}
+	if err := live.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := live.Stats(layers[0], CalibK); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("Stats of a live handle: %v", err)
+	}
+	var comm [8]byte // a stand-in communicator, never read: the CPU backend refuses first
+	if err := live.AllReduceOn(unsafe.Pointer(&comm), Stream(2)); !errors.Is(err, &Error{Status: ErrUnsupported}) {
+		t.Fatalf("AllReduce on the CPU backend: %v", err)
+	}
+
+	snap := must(live.SnapshotOn(Stream(2)))
+	defer snap.Close()
+	if err := snap.Start(); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("Start of a host copy: %v", err)
+	}
+	if err := snap.Observe(layers[0], dk, dv, 2); !errors.Is(err, &Error{Status: ErrState}) {
+		t.Fatalf("Observe on a host copy: %v", err)
+	}
+	wantK := CalibStats{Count: uint64(n), FiniteCount: uint64(n), NonzeroCount: uint64(n * 3 / 4), MaxAbs: 3.5}
+	wantV := CalibStats{Count: uint64(n), FiniteCount: uint64(n), NonzeroCount: uint64(n * 7 / 8), MaxAbs: 1.75}
+	for _, layer := range layers {
+		if s := must(snap.Stats(layer, CalibK)); s != wantK {
+			t.Fatalf("layer %d K: %+v, want %+v", layer, s, wantK)
+		}
+		if s := must(snap.Stats(layer, CalibV)); s != wantV {
+			t.Fatalf("layer %d V: %+v, want %+v", layer, s, wantV)
+		}
+	}
+	// |x| = 1, 2, 3.5 land in bins floor((log2|x| + 24) * 4096 / 40).
+	hist := must(snap.Histogram(layers[0], CalibK))
+	bin := func(x float64) int { return int(math.Floor((math.Log2(x) - CalibLog2Min) * CalibBins / 40)) }
+	var sum uint64
+	for _, c := range hist {
+		sum += c
+	}
+	if len(hist) != CalibBins || sum != wantK.NonzeroCount || hist[bin(1)] != uint64(n/4) || hist[bin(2)] != uint64(n/4) ||
+		hist[bin(3.5)] != uint64(n/4) {
+		t.Fatalf("histogram: %d bins, total %d, bins of 1, 2, 3.5: %d %d %d", len(hist), sum, hist[bin(1)], hist[bin(2)], hist[bin(3.5)])
+	}
+	sum7 := must(snap.Summarize(layers[0], CalibK))
+	if sum7.Scale != 3.5/448 || sum7.MaxAbs != 3.5 || sum7.Count != uint64(n) || sum7.SaturateFraction != 0 {
+		t.Fatalf("summary %+v", sum7)
+	}
+	if c := must(snap.Config()); !reflect.DeepEqual(c.QSALayers(), layers) || c.HeadDim() != 256 || c.TPSize != 1 ||
+		c.MaxModelLen != cfg.MaxModelLen || c.ActivationDtype != DtypeFP16 {
+		t.Fatalf("config %+v", c)
+	}
+
+	dir := t.TempDir()
+	path := filepath.Join(dir, "stats.safetensors")
+	if err := snap.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Save(path); !errors.Is(err, &Error{Status: ErrInvalidArgument}) {
+		t.Fatalf("saving over an existing file: %v", err)
+	}
+	loaded := must(LoadCalib(path))
+	defer loaded.Close()
+	if li := must(loaded.Info()); li.Live || li.ConfigFingerprint != info.ConfigFingerprint || li.NumRuns != 1 {
+		t.Fatalf("loaded info %+v", li)
+	}
+	if s := must(loaded.Stats(layers[5], CalibV)); s != wantV {
+		t.Fatalf("loaded stats %+v", s)
+	}
+	if _, err := LoadCalib(filepath.Join(dir, "missing")); !errors.Is(err, &Error{Status: ErrIO}) {
+		t.Fatalf("loading a missing file: %v", err)
+	}
+	env := must(MergeCalib(CalibMergeEnvelope, snap, loaded))
+	defer env.Close()
+	if ei, s := must(env.Info()), must(env.Stats(layers[0], CalibK)); ei.NumRuns != 2 || s.Count != 2*uint64(n) || s.MaxAbs != 3.5 {
+		t.Fatalf("envelope: %+v, %+v", ei, s)
+	}
+	if _, err := MergeCalib(CalibMergeRanks, snap, loaded); !errors.Is(err, &Error{Status: ErrInvalidArgument}) {
+		t.Fatalf("merging the same rank twice as ranks: %v", err)
+	}
+
+	// The scale pack from the statistics: max / 448 per layer.
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pack := filepath.Join(dir, "pack")
+	if err := env.WriteOverlay(pack, OverlayWriteOptions{BaseIndexPath: index}); err != nil {
+		t.Fatal(err)
+	}
+	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
+	defer ov.Close()
+	for _, layer := range layers {
+		if ks, vs, err := ov.Scales(layer); err != nil || ks != 3.5/448 || vs != 1.75/448 {
+			t.Fatalf("layer %d scales %g %g (%v), want %g %g", layer, ks, vs, err, 3.5/448, 1.75/448)
+		}
+	}
+
+	// One rank of four covers too little to summarise.
+	tp4 := smallFP16Config(t)
+	part := must(NewCalib(ctx, tp4))
+	defer part.Close()
+	ps := must(part.Snapshot())
+	defer ps.Close()
+	if _, err := ps.Summarize(layers[0], CalibK); !errors.Is(err, &Error{Status: ErrOverlayIncomplete}) {
+		t.Fatalf("summarising one rank of four: %v", err)
+	}
+	if s, err := CalibScaleFromMax(448); err != nil || s != 1 {
+		t.Fatalf("scale of 448: %g, %v", s, err)
+	}
+	if _, err := CalibScaleFromMax(0); !errors.Is(err, &Error{Status: ErrOverlayBadScale}) {
+		t.Fatalf("scale of 0: %v", err)
+	}
+}
