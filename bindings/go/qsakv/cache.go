@@ -40,6 +40,7 @@ type DeviceBuffer struct {
 	ctx   *Context
 	ptr   unsafe.Pointer
 	bytes int
+	users atomic.Int32 // open caches that use it as their memory (NewCacheWithMemory, external top-k)
 }
 
 // NewDeviceBuffer allocates bytes of device memory.
@@ -79,8 +80,12 @@ func (b *DeviceBuffer) Len() int { return b.bytes }
 // Pointer is the device address (for calls this package does not wrap).
 func (b *DeviceBuffer) Pointer() unsafe.Pointer { return b.ptr }
 
-// Close frees the buffer. Idempotent.
+// Close frees the buffer. Idempotent. While an open cache uses it as its memory
+// (NewCacheWithMemory, an external top-k buffer) it refuses (ErrState) and frees nothing.
 func (b *DeviceBuffer) Close() error {
+	if n := b.users.Load(); n > 0 {
+		return &Error{Status: ErrState, Message: fmt.Sprintf("buffer: %d open caches use it as their memory", n)}
+	}
 	if b.ptr != nil {
 		C.qsakv_free(b.ctx.ptr, b.ptr)
 		b.ptr = nil
@@ -120,43 +125,95 @@ func copyBytes[T Element](data []T) int {
 }
 
 // Upload copies data to the start of the buffer and waits for the copy.
-func Upload[T Element](b *DeviceBuffer, data []T) error {
+func Upload[T Element](b *DeviceBuffer, data []T) error { return UploadOn(b, data, DefaultStream) }
+
+// UploadOn copies data to the start of the buffer on stream, after the work enqueued
+// there, and waits for the stream (data is Go memory: the copy must end before it
+// returns).
+func UploadOn[T Element](b *DeviceBuffer, data []T, stream Stream) error {
 	n := copyBytes(data)
 	if err := b.need("upload", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
-		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, nil)
+		return C.qsakv_memcpy(b.ctx.ptr, b.ptr, unsafe.Pointer(&data[0]), C.size_t(n), C.QSAKV_COPY_HOST_TO_DEVICE, stream.c())
 	}, b)
 	if err != nil {
 		return err
 	}
-	return b.ctx.Synchronize()
+	return b.ctx.SynchronizeOn(stream)
 }
 
 // Download copies the start of the buffer into out after the default stream's work.
-func Download[T Element](b *DeviceBuffer, out []T) error {
+func Download[T Element](b *DeviceBuffer, out []T) error { return DownloadOn(b, out, DefaultStream) }
+
+// DownloadOn copies the start of the buffer into out on stream, after the work enqueued
+// there (e.g. the attention that wrote it), and waits for the stream.
+func DownloadOn[T Element](b *DeviceBuffer, out []T, stream Stream) error {
 	n := copyBytes(out)
 	if err := b.need("download", nil, n, 1); err != nil || n == 0 {
 		return err
 	}
 	err := call(func() C.qsakv_status {
-		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, nil)
+		return C.qsakv_memcpy(b.ctx.ptr, unsafe.Pointer(&out[0]), b.ptr, C.size_t(n), C.QSAKV_COPY_DEVICE_TO_HOST, stream.c())
 	}, b)
 	if err != nil {
 		return err
 	}
-	return b.ctx.Synchronize()
+	return b.ctx.SynchronizeOn(stream)
 }
 
 // ---------------------------------------------------------------------------------
 // Cache
 // ---------------------------------------------------------------------------------
 
-// CacheOptions size a cache: NumBlocks per QSA layer, or (NumBlocks 0) a memory budget.
+// CacheOptions are qsakv_cache_options: the size (NumBlocks per QSA layer, or, with
+// NumBlocks 0, a memory budget) and the top-k workspace.
 type CacheOptions struct {
 	NumBlocks         int64
 	MemoryBudgetBytes uint64
+	// PrivateTopk gives every layer a top-k buffer of its own (share_topk = 0) instead of
+	// the one model-level buffer that all layers share (the default).
+	PrivateTopk bool
+	// ExternalTopk is the caller's buffer for the shared top-k workspace (int32
+	// [ExternalTopkRows, top-k width], of the cache's context), used instead of one the
+	// library allocates; nil: allocate. The cache keeps it: its Close refuses (ErrState)
+	// while the cache is open.
+	ExternalTopk *DeviceBuffer
+	// ExternalTopkRows are its rows, at least the config's MaxBatchedTokens (0: that).
+	ExternalTopkRows int64
+}
+
+// c fills qsakv_cache_options for config m of geometry geo; an external top-k buffer
+// must be of ctx (nil: any) and hold its rows.
+func (opts CacheOptions) c(ctx *Context, m *ModelConfig, geo RankGeometry) (C.qsakv_cache_options, error) {
+	o := C.qsakv_go_cache_options()
+	o.num_blocks = C.int64_t(opts.NumBlocks)
+	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
+	if opts.PrivateTopk {
+		o.share_topk = 0
+	}
+	if opts.ExternalTopk == nil {
+		if opts.ExternalTopkRows != 0 {
+			return o, invalid("external_topk_rows: %d without an external_topk buffer", opts.ExternalTopkRows)
+		}
+		return o, nil
+	}
+	rows := opts.ExternalTopkRows
+	if rows == 0 {
+		rows = int64(m.MaxBatchedTokens)
+	}
+	if rows < 0 || rows > math.MaxInt {
+		return o, invalid("external_topk_rows: %d", rows)
+	}
+	if err := opts.ExternalTopk.need("external_topk", ctx, int(rows), int(geo.TopkWidth)*4); err != nil {
+		return o, err
+	}
+	o.external_topk = opts.ExternalTopk.ptr
+	o.external_topk_dtype = C.QSAKV_DTYPE_INT32
+	o.external_topk_rows = C.int64_t(rows)
+	o.external_topk_cols = C.int64_t(geo.TopkWidth)
+	return o, nil
 }
 
 // Cache is the KV caches of every QSA layer of a rank.
@@ -165,7 +222,8 @@ type Cache struct {
 	ctx      *Context
 	cfg      C.qsakv_model_config
 	geo      RankGeometry
-	children atomic.Int32 // open plans
+	children atomic.Int32    // open plans
+	memory   []*DeviceBuffer // the caller's buffers it uses (its memory, external top-k), kept open
 }
 
 // NewCache allocates the caches; overlay is required for E4M3 (validated) and nil for
@@ -178,22 +236,123 @@ func NewCache(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions)
 	if err != nil {
 		return nil, err
 	}
-	o := C.qsakv_go_cache_options()
-	o.num_blocks = C.int64_t(opts.NumBlocks)
-	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
+	o, err := opts.c(ctx, m, geo)
+	if err != nil {
+		return nil, err
+	}
 	cc := &Cache{ctx: ctx, cfg: m.c(), geo: geo}
 	var ov *C.qsakv_overlay
 	if overlay != nil {
 		ov = overlay.ptr
 	}
-	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) }, ctx, overlay); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_create(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o) },
+		ctx, overlay, opts.ExternalTopk); err != nil {
 		return nil, err
 	}
 	// The cache copied the overlay's scales: the overlay may be closed from now on (as
 	// in C), so the cache neither counts on it nor keeps it reachable.
-	ctx.children.Add(1)
-	runtime.SetFinalizer(cc, (*Cache).Close)
+	cc.opened(opts.ExternalTopk)
 	return cc, nil
+}
+
+// CacheLayoutFor is the layout (strides, bytes per layer, top-k shape) that a cache of
+// config m and opts would have, without making one (qsakv_cache_layout_for): what to
+// allocate for NewCacheWithMemory. opts.NumBlocks must be set (> 0). No allocation.
+func CacheLayoutFor(m *ModelConfig, opts CacheOptions) (CacheLayout, error) {
+	geo, err := m.RankGeometry()
+	if err != nil {
+		return CacheLayout{}, err
+	}
+	o, err := opts.c(nil, m, geo)
+	if err != nil {
+		return CacheLayout{}, err
+	}
+	cfg := m.c()
+	var l C.qsakv_cache_layout
+	l.struct_size = C.size_t(unsafe.Sizeof(l))
+	l.version = C.QSAKV_CACHE_LAYOUT_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_layout_for(&cfg, &o, &l) }, opts.ExternalTopk); err != nil {
+		return CacheLayout{}, err
+	}
+	return layoutFrom(&l), nil
+}
+
+// LayerMemory is one QSA layer's caches in the caller's memory (qsakv_layer_memory):
+// buffers of the cache's context of at least CacheLayoutFor's KVBytesPerLayer,
+// CompressedBytesPerLayer and RingBytesPerLayer bytes, none overlapping another.
+type LayerMemory struct {
+	KV, CompressedKeys, RingKeys *DeviceBuffer
+}
+
+// NewCacheWithMemory is NewCache over the caller's memory (qsakv_cache_create_with_memory),
+// for engines that allocate and profile their KV memory themselves: one LayerMemory per
+// QSA layer, in QSALayers order; opts.NumBlocks (> 0) sets the size. The library checks
+// each buffer (size, alignment, overlap) with a message naming it, uses the contents as
+// they are (not zeroed; every layer starts with the NaN checks of NoteExternalCodes on)
+// and still allocates the scales, NaN flags and (unless opts.ExternalTopk) the top-k
+// buffer, which are all the layout's TotalBytes counts. The cache keeps the buffers: their
+// Close refuses (ErrState) while it is open.
+func NewCacheWithMemory(ctx *Context, m *ModelConfig, overlay *Overlay, opts CacheOptions, layers []LayerMemory) (*Cache, error) {
+	if err := ctx.live(); err != nil {
+		return nil, err
+	}
+	geo, err := m.RankGeometry()
+	if err != nil {
+		return nil, err
+	}
+	o, err := opts.c(ctx, m, geo)
+	if err != nil {
+		return nil, err
+	}
+	var held []*DeviceBuffer
+	for i, l := range layers {
+		for _, x := range []struct {
+			name string
+			b    *DeviceBuffer
+		}{{"kv", l.KV}, {"compressed_keys", l.CompressedKeys}, {"ring_keys", l.RingKeys}} {
+			if err := x.b.need(fmt.Sprintf("memory[%d].%s", i, x.name), ctx, 0, 1); err != nil {
+				return nil, err
+			}
+			held = append(held, x.b)
+		}
+	}
+	// The layer array in C memory (cgo: a struct passed to C holds no Go pointers).
+	n := len(layers)
+	arr := (*C.qsakv_layer_memory)(C.calloc(C.size_t(n+1), C.size_t(unsafe.Sizeof(C.qsakv_layer_memory{}))))
+	defer C.free(unsafe.Pointer(arr))
+	for i, l := range layers {
+		e := &unsafe.Slice(arr, n)[i]
+		e.kv, e.kv_bytes = l.KV.ptr, C.uint64_t(l.KV.bytes)
+		e.compressed_keys, e.compressed_bytes = l.CompressedKeys.ptr, C.uint64_t(l.CompressedKeys.bytes)
+		e.ring_keys, e.ring_bytes = l.RingKeys.ptr, C.uint64_t(l.RingKeys.bytes)
+	}
+	mem := C.qsakv_cache_memory{struct_size: C.size_t(unsafe.Sizeof(C.qsakv_cache_memory{})),
+		version: C.QSAKV_CACHE_MEMORY_VERSION, num_layers: C.int32_t(n), layers: arr}
+	cc := &Cache{ctx: ctx, cfg: m.c(), geo: geo}
+	var ov *C.qsakv_overlay
+	if overlay != nil {
+		ov = overlay.ptr
+	}
+	if err := call(func() C.qsakv_status {
+		return C.qsakv_cache_create_with_memory(&cc.ptr, ctx.ptr, &cc.cfg, ov, &o, &mem)
+	}, ctx, overlay, opts.ExternalTopk, layers); err != nil {
+		return nil, err
+	}
+	cc.opened(append(held, opts.ExternalTopk)...)
+	return cc, nil
+}
+
+// opened counts a new cache as its context's child and as a user of the caller's
+// buffers it was made with (nil ones skipped), and sets its finalizer.
+func (c *Cache) opened(memory ...*DeviceBuffer) {
+	c.ctx.children.Add(1)
+	for _, b := range memory {
+		if b != nil {
+			b.users.Add(1)
+			c.memory = append(c.memory, b)
+		}
+	}
+	runtime.SetFinalizer(c, (*Cache).Close)
 }
 
 // Close frees the cache. Idempotent; refuses (ErrState) while a plan uses it.
@@ -205,6 +364,10 @@ func (c *Cache) Close() error {
 		C.qsakv_cache_destroy(c.ptr)
 		c.ptr = nil
 		c.ctx.children.Add(-1)
+		for _, b := range c.memory {
+			b.users.Add(-1)
+		}
+		c.memory = nil
 		runtime.SetFinalizer(c, nil)
 	}
 	return nil
@@ -226,19 +389,25 @@ func (c *Cache) Geometry() RankGeometry { return c.geo }
 // CompressedStrideBlock bytes, each holding CompressedKeysPerBlock keys of IndexHeadDim
 // dims; FP16 keys fill the page; E4M3 keys are codes (one byte per dim) followed, at
 // CompressedScalesOffset bytes from the page's start, by one FP32 scale per key (key =
-// scale * e4m3(code)); CompressedScalesOffset is -1 for FP16 keys.
+// scale * e4m3(code)); CompressedScalesOffset is -1 for FP16 keys. KVStride* are the
+// main cache's strides in elements; the top-k workspace is int32 [TopkRows, TopkCols],
+// one for every layer when TopkShared, the caller's when TopkExternal.
 type CacheLayout struct {
-	KVDtype                                       Dtype
-	NumBlocks                                     int64
-	BlockSize, KVHeads, HeadDim                   int32
-	KVBytesPerLayer                               uint64
-	CompressedBytesPerLayer                       uint64
-	RingLength                                    int32
-	RingBytesPerLayer                             uint64
-	TotalBytes                                    uint64
-	IndexKeyDtype                                 Dtype
-	IndexHeadDim, CompressedKeysPerBlock          int32
-	CompressedStrideBlock, CompressedScalesOffset int64
+	KVDtype                                                Dtype
+	NumBlocks                                              int64
+	BlockSize, KVHeads, HeadDim                            int32
+	KVBytesPerLayer                                        uint64
+	CompressedBytesPerLayer                                uint64
+	RingLength                                             int32
+	RingBytesPerLayer                                      uint64
+	TotalBytes                                             uint64
+	IndexKeyDtype                                          Dtype
+	IndexHeadDim, CompressedKeysPerBlock                   int32
+	CompressedStrideBlock, CompressedScalesOffset          int64
+	NumQSALayers                                           int32
+	KVStrideBlock, KVStrideKV, KVStrideToken, KVStrideHead int64
+	TopkRows, TopkCols                                     int64
+	TopkShared, TopkExternal                               bool
 }
 
 // Layout describes the cache.
@@ -252,6 +421,10 @@ func (c *Cache) Layout() (CacheLayout, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layout(c.ptr, &l) }, c); err != nil {
 		return CacheLayout{}, err
 	}
+	return layoutFrom(&l), nil
+}
+
+func layoutFrom(l *C.qsakv_cache_layout) CacheLayout {
 	return CacheLayout{
 		KVDtype: Dtype(l.kv_dtype), NumBlocks: int64(l.num_blocks), BlockSize: int32(l.block_size),
 		KVHeads: int32(l.kv_heads), HeadDim: int32(l.head_dim), KVBytesPerLayer: uint64(l.kv_bytes_per_layer),
@@ -260,7 +433,65 @@ func (c *Cache) Layout() (CacheLayout, error) {
 		IndexKeyDtype: Dtype(l.index_key_dtype), IndexHeadDim: int32(l.index_head_dim),
 		CompressedKeysPerBlock: int32(l.compressed_keys_per_block),
 		CompressedStrideBlock:  int64(l.compressed_stride_block), CompressedScalesOffset: int64(l.compressed_scales_offset),
-	}, nil
+		NumQSALayers:  int32(l.num_qsa_layers),
+		KVStrideBlock: int64(l.kv_stride_block), KVStrideKV: int64(l.kv_stride_kv),
+		KVStrideToken: int64(l.kv_stride_token), KVStrideHead: int64(l.kv_stride_head),
+		TopkRows: int64(l.topk_rows), TopkCols: int64(l.topk_cols),
+		TopkShared: l.topk_shared != 0, TopkExternal: l.topk_external != 0,
+	}
+}
+
+// LayerBuffers are the device pointers of one QSA layer's caches (qsakv_layer_buffers),
+// for interoperability (an engine's own kernels, a swap-in, a prefix-cache copy); valid
+// while the cache is open. With the CPU backend they are host memory. After writing into
+// KV yourself, call NoteExternalCodes (the kernels then check the layer for NaN codes).
+type LayerBuffers struct {
+	// KV is the main cache: KVDtype [NumBlocks, 2, BlockSize, KVHeads, HeadDim] at the
+	// CacheLayout's strides.
+	KV unsafe.Pointer
+	// CompressedKeys are the compressed index-key pages (CacheLayout's
+	// CompressedStrideBlock, CompressedScalesOffset).
+	CompressedKeys unsafe.Pointer
+	// RingKeys is the raw index-key ring: FP16 [max_requests, RingLength, IndexHeadDim].
+	RingKeys unsafe.Pointer
+	// Topk is the layer's top-k buffer, int32 [TopkRows, TopkCols] (the shared one when
+	// the layout's TopkShared).
+	Topk unsafe.Pointer
+	// Scales is device float[2]: the layer's K and V scale (1, 1 for 16-bit caches).
+	Scales unsafe.Pointer
+}
+
+// LayerBuffers returns the device pointers of QSA layer `layer` (a model-layer id).
+func (c *Cache) LayerBuffers(layer int32) (LayerBuffers, error) {
+	if err := c.live(); err != nil {
+		return LayerBuffers{}, err
+	}
+	var b C.qsakv_layer_buffers
+	b.struct_size = C.size_t(unsafe.Sizeof(b))
+	b.version = C.QSAKV_LAYER_BUFFERS_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_cache_get_layer_buffers(c.ptr, C.int32_t(layer), &b) }, c); err != nil {
+		return LayerBuffers{}, err
+	}
+	return LayerBuffers{KV: b.kv, CompressedKeys: b.compressed_keys, RingKeys: b.ring_keys,
+		Topk: unsafe.Pointer(b.topk), Scales: unsafe.Pointer(b.scales)}, nil
+}
+
+// NoteExternalCodes marks that layer's cache bytes were written outside the store calls
+// (through LayerBuffers), so the kernels check them for NaN codes (E4M3 software
+// decoder) and non-finite V values (grouped route) from now on: a one-way switch that
+// costs some speed in that layer.
+func (c *Cache) NoteExternalCodes(layer int32) error {
+	return c.NoteExternalCodesOn(layer, DefaultStream)
+}
+
+// NoteExternalCodesOn is NoteExternalCodes enqueued on stream (after the writes there).
+func (c *Cache) NoteExternalCodesOn(layer int32, stream Stream) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_cache_note_external_codes(c.ptr, C.int32_t(layer), stream.c())
+	}, c)
 }
 
 // TotalBytes is everything the cache allocated.
@@ -274,6 +505,11 @@ func (c *Cache) actBytes() int { return int(C.qsakv_dtype_size(c.cfg.activation_
 // StoreKV stores numTokens rows of K and V (activation dtype, [n, kv_heads, head_dim])
 // at slotMapping (int64 [n]; -1 skips).
 func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens int) error {
+	return c.StoreKVOn(layer, k, v, slotMapping, numTokens, DefaultStream)
+}
+
+// StoreKVOn is StoreKV enqueued on stream (capturable in a CUDA graph).
+func (c *Cache) StoreKVOn(layer int32, k, v, slotMapping *DeviceBuffer, numTokens int, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -288,14 +524,46 @@ func (c *Cache) StoreKV(layer int32, k, v, slotMapping *DeviceBuffer, numTokens 
 		}
 	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), nil)
+		return C.qsakv_store_kv(c.ptr, C.int32_t(layer), k.ptr, v.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numTokens), stream.c())
 	}, c, k, v, slotMapping)
+}
+
+// StoreIndexKeys stores raw index keys (FP16 [n, index_head_dim]) into the per-request
+// ring: key i at entry (requestSlots[i] (int32 [n]), positions[i] (int64 [n]) %
+// ring_length); a negative position skips.
+func (c *Cache) StoreIndexKeys(layer int32, keys, requestSlots, positions *DeviceBuffer, numTokens int) error {
+	return c.StoreIndexKeysOn(layer, keys, requestSlots, positions, numTokens, DefaultStream)
+}
+
+// StoreIndexKeysOn is StoreIndexKeys enqueued on stream.
+func (c *Cache) StoreIndexKeysOn(layer int32, keys, requestSlots, positions *DeviceBuffer, numTokens int, stream Stream) error {
+	if err := c.live(); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		b    *DeviceBuffer
+		unit int
+	}{{"keys", keys, int(c.cfg.index_head_dim) * 2}, {"request_slots", requestSlots, 4}, {"positions", positions, 8}} {
+		if err := x.b.need(x.name, c.ctx, numTokens, x.unit); err != nil {
+			return err
+		}
+	}
+	return call(func() C.qsakv_status {
+		return C.qsakv_store_index_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int32_t)(requestSlots.ptr),
+			(*C.int64_t)(positions.ptr), C.int64_t(numTokens), stream.c())
+	}, c, keys, requestSlots, positions)
 }
 
 // StoreCompressedKeys stores finished compressed index keys (FP16 [n, index_head_dim];
 // with IndexKeyDtype E4M3 each is quantised on its own into the layout's page) for the
 // groups of the slots in slotMapping (int64 [n]).
 func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer, numKeys int) error {
+	return c.StoreCompressedKeysOn(layer, keys, slotMapping, numKeys, DefaultStream)
+}
+
+// StoreCompressedKeysOn is StoreCompressedKeys enqueued on stream.
+func (c *Cache) StoreCompressedKeysOn(layer int32, keys, slotMapping *DeviceBuffer, numKeys int, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -306,7 +574,7 @@ func (c *Cache) StoreCompressedKeys(layer int32, keys, slotMapping *DeviceBuffer
 		return err
 	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), nil)
+		return C.qsakv_store_compressed_keys(c.ptr, C.int32_t(layer), keys.ptr, (*C.int64_t)(slotMapping.ptr), C.int64_t(numKeys), stream.c())
 	}, c, keys, slotMapping)
 }
 
@@ -329,6 +597,11 @@ type StepStores struct {
 // StoreStep makes a step's stores together (qsakv_store_step): every part is checked
 // before anything is stored, and on a GPU the parts take one kernel launch.
 func (c *Cache) StoreStep(layer int32, s StepStores) error {
+	return c.StoreStepOn(layer, s, DefaultStream)
+}
+
+// StoreStepOn is StoreStep enqueued on stream.
+func (c *Cache) StoreStepOn(layer int32, s StepStores, stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
@@ -388,7 +661,7 @@ func (c *Cache) StoreStep(layer int32, s StepStores) error {
 		st.num_compressed_keys = C.int64_t(s.NumCompressedKeys)
 	}
 	// The buffers' finalizers must not free them while the call reads them.
-	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, nil) }, c, s)
+	return call(func() C.qsakv_status { return C.qsakv_store_step(c.ptr, C.int32_t(layer), &st, stream.c()) }, c, s)
 }
 
 // ---------------------------------------------------------------------------------
@@ -453,15 +726,47 @@ func (p *Plan) Close() error {
 	return nil
 }
 
+// Batch is qsakv_batch: the next batch, for Plan.UpdateOn. The host arrays are copied;
+// the block table is read when select and attention run (not copied).
+type Batch struct {
+	// QueryStart [requests+1]: the rows of request r are [QueryStart[r], QueryStart[r+1]),
+	// one row per new token, ordered by request.
+	QueryStart []int32
+	// SeqLens [requests]: the tokens of request r after this step, its new rows included.
+	SeqLens []int32
+	// RequestSlots [requests]: the raw index-key ring slot of each request (the slot its
+	// index keys were stored at, 0 .. max_requests-1); nil: request r uses slot r.
+	RequestSlots []int32
+	// BlockTable: device int32 [requests, BlockTableStride], the physical block of each
+	// logical page.
+	BlockTable       *DeviceBuffer
+	BlockTableStride int32
+}
+
 // Update describes the next batch: queryStart [requests+1] (the rows of each request),
-// seqLens [requests], and the device block table (int32 [requests, stride]).
+// seqLens [requests], and the device block table (int32 [requests, stride]); request r
+// uses ring slot r. UpdateOn takes the whole Batch (request slots) and a stream.
 func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, stride int32) error {
+	return p.UpdateOn(Batch{QueryStart: queryStart, SeqLens: seqLens, BlockTable: blockTable,
+		BlockTableStride: stride}, DefaultStream)
+}
+
+// UpdateOn describes the next batch and copies its metadata to the plan on stream.
+// Enqueue the plan's SelectTopKOn and AttentionOn on the same stream (one plan per
+// stream): the copy overwrites what earlier calls read. Not capturable in a CUDA graph
+// (capture the calls that use the plan instead).
+func (p *Plan) UpdateOn(batch Batch, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
+	queryStart, seqLens, slots, stride := batch.QueryStart, batch.SeqLens, batch.RequestSlots, batch.BlockTableStride
+	blockTable := batch.BlockTable
 	n := len(seqLens)
 	if len(queryStart) != n+1 {
 		return invalid("query_start: %d entries for %d requests (needs requests + 1)", len(queryStart), n)
+	}
+	if slots != nil && len(slots) != n {
+		return invalid("request_slots: %d entries for %d requests (needs one per request, or nil)", len(slots), n)
 	}
 	if stride < 0 {
 		return invalid("block_table_stride: %d", stride)
@@ -480,13 +785,21 @@ func (p *Plan) Update(queryStart, seqLens []int32, blockTable *DeviceBuffer, str
 	}
 	b := (*C.qsakv_batch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.qsakv_batch{}))))
 	defer C.free(unsafe.Pointer(b))
+	if slots != nil {
+		rs := (*C.int32_t)(C.malloc(C.size_t(4*n + 4)))
+		defer C.free(unsafe.Pointer(rs))
+		if n > 0 {
+			copy(unsafe.Slice(rs, n), unsafe.Slice((*C.int32_t)(unsafe.Pointer(&slots[0])), n))
+		}
+		b.request_slots = rs
+	}
 	b.struct_size = C.size_t(unsafe.Sizeof(*b))
 	b.version = C.QSAKV_BATCH_VERSION
 	b.num_requests = C.int32_t(n)
 	b.query_start, b.seq_lens = qs, sl
 	b.block_table = (*C.int32_t)(blockTable.ptr)
 	b.block_table_stride = C.int32_t(stride)
-	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, nil) }, p, blockTable); err != nil {
+	if err := call(func() C.qsakv_status { return C.qsakv_plan_update(p.ptr, b, stream.c()) }, p, blockTable); err != nil {
 		return err
 	}
 	p.blockTable = blockTable
@@ -538,9 +851,46 @@ func (p *Plan) Info() (PlanInfo, error) {
 // Rows is the number of query rows of the last update.
 func (p *Plan) Rows() int { return p.rows }
 
-// SelectTopK selects every row's top-k tokens into the layer's shared top-k buffer.
-// indexQ: FP16 [rows, index_num_heads, index_head_dim].
+// topkArg is a caller's top-k buffer for the rows of the last update (nil: the layer's
+// own buffer; the stride is then not used): int32 [rows, stride], stride 0 meaning the
+// top-k width. The buffer must hold (rows - 1) * stride + width entries, counted without
+// overflow.
+func (p *Plan) topkArg(topk *DeviceBuffer, stride int64) (*C.int32_t, C.int64_t, error) {
+	if topk == nil {
+		return nil, 0, nil
+	}
+	width := int64(p.cache.geo.TopkWidth)
+	if stride == 0 {
+		stride = width
+	}
+	if stride < width {
+		return nil, 0, invalid("topk_stride: %d; must be >= the top-k width %d (0: the width)", stride, width)
+	}
+	entries := 0
+	if p.rows > 0 {
+		if rows := int64(p.rows - 1); rows > 0 && stride > (math.MaxInt-width)/rows {
+			return nil, 0, invalid("topk: %d rows at a stride of %d entries are more than an int holds", p.rows, stride)
+		}
+		entries = int(int64(p.rows-1)*stride + width)
+	}
+	if err := topk.need("topk", p.cache.ctx, entries, 4); err != nil {
+		return nil, 0, err
+	}
+	return (*C.int32_t)(topk.ptr), C.int64_t(stride), nil
+}
+
+// SelectTopK selects every row's top-k tokens into the layer's top-k buffer (the shared
+// one unless the cache has private ones). indexQ: FP16 [rows, index_num_heads,
+// index_head_dim].
 func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
+	return p.SelectTopKOn(layer, indexQ, nil, 0, DefaultStream)
+}
+
+// SelectTopKOn is SelectTopK into the caller's top-k buffer topk (int32 [rows,
+// topkStride], topkStride >= the top-k width, 0: the width; nil: the layer's buffer),
+// enqueued on stream. Each row's list is its request-relative token positions, padded
+// with -1; the entries past the width are not written.
+func (p *Plan) SelectTopKOn(layer int32, indexQ, topk *DeviceBuffer, topkStride int64, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
@@ -551,14 +901,25 @@ func (p *Plan) SelectTopK(layer int32, indexQ *DeviceBuffer) error {
 	if err := indexQ.need("index_q", p.cache.ctx, p.rows, int(c.cfg.index_num_heads)*int(c.cfg.index_head_dim)*2); err != nil {
 		return err
 	}
+	tk, stride, err := p.topkArg(topk, topkStride)
+	if err != nil {
+		return err
+	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, nil, 0, nil)
-	}, p, indexQ, p.blockTable)
+		return C.qsakv_select_topk(p.ptr, C.int32_t(layer), indexQ.ptr, tk, stride, stream.c())
+	}, p, indexQ, topk, p.blockTable)
 }
 
 // Attention runs attention for every row: q and out in the activation dtype,
-// [rows, q_heads, head_dim]; sparse mode reads the shared top-k buffer.
+// [rows, q_heads, head_dim]; sparse mode reads the layer's top-k buffer.
 func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) error {
+	return p.AttentionOn(layer, mode, q, nil, 0, out, DefaultStream)
+}
+
+// AttentionOn is Attention enqueued on stream, sparse mode over the caller's top-k lists
+// topk (int32 [rows, topkStride] request-relative token positions, -1 = none;
+// topkStride 0: the top-k width; nil: the layer's buffer; dense mode does not read it).
+func (p *Plan) AttentionOn(layer int32, mode AttentionMode, q, topk *DeviceBuffer, topkStride int64, out *DeviceBuffer, stream Stream) error {
 	if err := p.live(); err != nil {
 		return err
 	}
@@ -573,7 +934,11 @@ func (p *Plan) Attention(layer int32, mode AttentionMode, q, out *DeviceBuffer) 
 	if err := out.need("out", p.cache.ctx, p.rows, row); err != nil {
 		return err
 	}
+	tk, stride, err := p.topkArg(topk, topkStride)
+	if err != nil {
+		return err
+	}
 	return call(func() C.qsakv_status {
-		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, nil, 0, out.ptr, nil)
-	}, p, q, out, p.blockTable)
+		return C.qsakv_attention_run(p.ptr, C.int32_t(layer), C.qsakv_attention_mode(mode), q.ptr, tk, stride, out.ptr, stream.c())
+	}, p, q, topk, out, p.blockTable)
 }

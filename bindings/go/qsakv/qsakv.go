@@ -147,9 +147,10 @@ func LibraryMatchesHeader() bool {
 // BuiltWithCUDA says whether the library has the CUDA backend.
 func BuiltWithCUDA() bool { return C.qsakv_built_with_cuda() != 0 }
 
-// Backend, Dtype and AttentionMode mirror the header's enums.
+// Backend, Decoder, Dtype and AttentionMode mirror the header's enums.
 type (
 	Backend       int32
+	Decoder       int32
 	Dtype         int32
 	AttentionMode int32
 )
@@ -159,13 +160,53 @@ const (
 	BackendCPU  Backend = C.QSAKV_BACKEND_CPU
 	BackendCUDA Backend = C.QSAKV_BACKEND_CUDA
 
-	DtypeFP16 Dtype = C.QSAKV_DTYPE_FP16
-	DtypeBF16 Dtype = C.QSAKV_DTYPE_BF16
-	DtypeE4M3 Dtype = C.QSAKV_DTYPE_E4M3
+	// DecoderAuto is the hardware E4M3 conversion on SM89+, the software one before.
+	DecoderAuto Decoder = C.QSAKV_DECODER_AUTO
+	// DecoderHardware is the FP8 conversion instructions: ErrUnsupported before SM89 and
+	// on the CPU backend.
+	DecoderHardware Decoder = C.QSAKV_DECODER_HARDWARE
+	// DecoderSoftware is the exact bitcast decoder, on every GPU (and the CPU backend's).
+	DecoderSoftware Decoder = C.QSAKV_DECODER_SOFTWARE
+
+	DtypeInvalid Dtype = C.QSAKV_DTYPE_INVALID
+	DtypeFP16    Dtype = C.QSAKV_DTYPE_FP16
+	DtypeBF16    Dtype = C.QSAKV_DTYPE_BF16
+	DtypeE4M3    Dtype = C.QSAKV_DTYPE_E4M3
+	DtypeFP32    Dtype = C.QSAKV_DTYPE_FP32
+	DtypeInt32   Dtype = C.QSAKV_DTYPE_INT32
+	DtypeInt64   Dtype = C.QSAKV_DTYPE_INT64
 
 	AttentionSparse AttentionMode = C.QSAKV_ATTENTION_SPARSE
 	AttentionDense  AttentionMode = C.QSAKV_ATTENTION_DENSE
 )
+
+// String is the dtype's name (qsakv_dtype_name): "fp16", "bf16", "e4m3", "fp32", "int32",
+// "int64", or "invalid" for DtypeInvalid and unknown values.
+func (d Dtype) String() string { return C.GoString(C.qsakv_dtype_name(C.qsakv_dtype(d))) }
+
+// Size is the bytes per element (qsakv_dtype_size); 0 for DtypeInvalid and unknown values.
+func (d Dtype) Size() int { return int(C.qsakv_dtype_size(C.qsakv_dtype(d))) }
+
+// ---------------------------------------------------------------------------------
+// Streams
+// ---------------------------------------------------------------------------------
+
+// Stream is a CUDA stream (a cudaStream_t, as its address) for the calls that enqueue
+// work: each such method X has a variant XOn whose last argument is the Stream, and X is
+// XOn on DefaultStream. A cudaStream_t held as a C pointer p (another cgo package's)
+// converts with Stream(uintptr(unsafe.Pointer(p))); cudaStreamPerThread is Stream(2).
+// The CPU backend ignores the stream (it runs synchronously). The stream must belong to
+// the context's device, and the buffers a call reads must stay open until the work
+// enqueued on the stream has run (synchronise it before closing them).
+type Stream uintptr
+
+// DefaultStream is the legacy default stream (a NULL cudaStream_t), which CUDA graphs
+// cannot capture: capture the XOn calls on a stream of your own.
+const DefaultStream Stream = 0
+
+// c is the stream as the C API takes it: the handle's bits as a pointer. A cudaStream_t
+// is not Go memory, so there is nothing for the garbage collector to track.
+func (s Stream) c() C.qsakv_stream_t { return *(*C.qsakv_stream_t)(unsafe.Pointer(&s)) }
 
 // ---------------------------------------------------------------------------------
 // Context
@@ -177,10 +218,33 @@ type Context struct {
 	children atomic.Int32 // open caches and buffers made from it (finalizers run on their own goroutine)
 }
 
-// NewContext creates a context; BackendAuto picks CUDA when a GPU is usable.
+// ContextOptions are qsakv_context_options; the zero value is the library's default
+// (BackendAuto, device 0, DecoderAuto).
+type ContextOptions struct {
+	Backend Backend
+	// Device is the CUDA device ordinal (CUDA backend only; the CPU backend ignores it,
+	// but a negative one is refused with ErrInvalidArgument everywhere). Each
+	// tensor-parallel rank makes its context on its own GPU.
+	Device int32
+	// Decoder is the E4M3 decoder the kernels use.
+	Decoder Decoder
+}
+
+// NewContext creates a context on device 0 with the automatic decoder; BackendAuto picks
+// CUDA when a GPU is usable. NewContextWithOptions chooses the device and decoder.
 func NewContext(backend Backend) (*Context, error) {
+	return NewContextWithOptions(ContextOptions{Backend: backend})
+}
+
+// NewContextWithOptions creates a context with all of qsakv_context_options: the backend,
+// the CUDA device (ErrNoDevice when CUDA is asked for and there is no such device) and the
+// E4M3 decoder. With BackendAuto and no usable GPU it picks the CPU backend and
+// ContextInfo.FallbackReason says why.
+func NewContextWithOptions(opts ContextOptions) (*Context, error) {
 	o := C.qsakv_go_context_options()
-	o.backend = C.qsakv_backend(backend)
+	o.backend = C.qsakv_backend(opts.Backend)
+	o.device = C.int32_t(opts.Device)
+	o.decoder = C.qsakv_decoder(opts.Decoder)
 	c := &Context{}
 	if err := call(func() C.qsakv_status { return C.qsakv_context_create(&c.ptr, &o) }); err != nil {
 		return nil, err
@@ -210,13 +274,19 @@ func (c *Context) live() error {
 	return nil
 }
 
-// ContextInfo says what a context chose.
+// ContextInfo says what a context chose (qsakv_context_info).
 type ContextInfo struct {
-	Backend        Backend
-	Device         int32
-	SMVersion      int32
-	DeviceName     string
-	FallbackReason string
+	Backend Backend // never BackendAuto
+	Decoder Decoder // never DecoderAuto (DecoderSoftware on the CPU backend)
+	Device  int32   // -1 for the CPU backend
+	// SMVersion is e.g. 90 for SM 9.0; 0 for the CPU backend.
+	SMVersion           int32
+	MultiprocessorCount int32 // 0 for the CPU backend
+	// HasFP8Conversion says whether the GPU has the hardware E4M3 conversion (SM89+).
+	HasFP8Conversion  bool
+	DeviceMemoryBytes uint64 // 0 for the CPU backend
+	DeviceName        string
+	FallbackReason    string
 	// KernelTier is the CUDA kernel tier (70 or 75; 0 on the CPU backend).
 	KernelTier int32
 }
@@ -233,7 +303,9 @@ func (c *Context) Info() (ContextInfo, error) {
 		return ContextInfo{}, err
 	}
 	return ContextInfo{
-		Backend: Backend(i.backend), Device: int32(i.device), SMVersion: int32(i.sm_version),
+		Backend: Backend(i.backend), Decoder: Decoder(i.decoder), Device: int32(i.device),
+		SMVersion: int32(i.sm_version), MultiprocessorCount: int32(i.multiprocessor_count),
+		HasFP8Conversion: i.has_fp8_conversion != 0, DeviceMemoryBytes: uint64(i.device_memory_bytes),
 		DeviceName:     C.GoString(&i.device_name[0]),
 		FallbackReason: C.GoString(&i.fallback_reason[0]),
 		KernelTier:     int32(i.kernel_tier),
@@ -241,11 +313,14 @@ func (c *Context) Info() (ContextInfo, error) {
 }
 
 // Synchronize waits for the default stream (a no-op on the CPU backend).
-func (c *Context) Synchronize() error {
+func (c *Context) Synchronize() error { return c.SynchronizeOn(DefaultStream) }
+
+// SynchronizeOn waits for the work enqueued on stream (a no-op on the CPU backend).
+func (c *Context) SynchronizeOn(stream Stream) error {
 	if err := c.live(); err != nil {
 		return err
 	}
-	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, nil) }, c)
+	return call(func() C.qsakv_status { return C.qsakv_stream_synchronize(c.ptr, stream.c()) }, c)
 }
 
 // ---------------------------------------------------------------------------------
@@ -341,10 +416,13 @@ func (m *ModelConfig) Validate() error {
 	return call(func() C.qsakv_status { return C.qsakv_model_config_validate(&c) })
 }
 
-// RankGeometry is this rank's share of the model.
+// RankGeometry is this rank's share of the model (qsakv_rank_geometry): its query and KV
+// heads (FirstQHead and FirstKVHead are the global ids of its first ones), the top-k
+// width and blocks, the raw index-key ring's length and the effective softmax scale.
 type RankGeometry struct {
 	QHeads, KVHeads, GroupSize, TopkWidth, TopkBlocks, RingLength int32
 	SoftmaxScale                                                  float32
+	FirstQHead, FirstKVHead                                       int32
 }
 
 // RankGeometry validates, then derives this rank's geometry.
@@ -356,8 +434,9 @@ func (m *ModelConfig) RankGeometry() (RankGeometry, error) {
 	if err := call(func() C.qsakv_status { return C.qsakv_model_config_rank_geometry(&c, &g) }); err != nil {
 		return RankGeometry{}, err
 	}
-	return RankGeometry{int32(g.q_heads), int32(g.kv_heads), int32(g.group_size), int32(g.topk_width),
-		int32(g.topk_blocks), int32(g.ring_length), float32(g.softmax_scale)}, nil
+	return RankGeometry{QHeads: int32(g.q_heads), KVHeads: int32(g.kv_heads), GroupSize: int32(g.group_size),
+		TopkWidth: int32(g.topk_width), TopkBlocks: int32(g.topk_blocks), RingLength: int32(g.ring_length),
+		SoftmaxScale: float32(g.softmax_scale), FirstQHead: int32(g.first_q_head), FirstKVHead: int32(g.first_kv_head)}, nil
 }
 
 // CapacityTokens is how many tokens fit in budgetBytes per rank.
@@ -366,13 +445,17 @@ func (m *ModelConfig) CapacityTokens(budgetBytes uint64) (int64, error) {
 	return cap.NumTokens, err
 }
 
-// Capacity is the capacity plan of a config for a memory budget per rank: bytes per
-// token (all QSA layers), the same for the all-FP16 baseline (16-bit main cache, FP16
-// index keys), and the blocks and tokens that fit.
+// Capacity is the capacity plan of a config for a memory budget per rank
+// (qsakv_capacity): bytes per token (all QSA layers), the same for the all-FP16 baseline
+// (16-bit main cache, FP16 index keys), the fixed costs (the raw index-key rings of all
+// requests, the shared top-k workspace and what one per layer would cost), and the blocks
+// and tokens that fit BudgetBytes after them.
 type Capacity struct {
 	MainBytesPerToken, CompressedBytesPerToken, BytesPerToken, FP16BytesPerToken uint64
 	NumBlocks, NumTokens, FP16NumTokens                                          int64
 	CapacityRatio, IdealRatio                                                    float64
+	RingBytes, RingBytesPerRequest, TopkBytes, TopkBytesUnshared                 uint64
+	BudgetBytes, BytesPerBlock                                                   uint64
 }
 
 // Capacity plans budgetBytes per rank (qsakv_capacity_plan; no allocation).
@@ -389,6 +472,9 @@ func (m *ModelConfig) Capacity(budgetBytes uint64) (Capacity, error) {
 		BytesPerToken: uint64(k.bytes_per_token), FP16BytesPerToken: uint64(k.fp16_bytes_per_token),
 		NumBlocks: int64(k.num_blocks), NumTokens: int64(k.num_tokens), FP16NumTokens: int64(k.fp16_num_tokens),
 		CapacityRatio: float64(k.capacity_ratio), IdealRatio: float64(k.ideal_ratio),
+		RingBytes: uint64(k.ring_bytes), RingBytesPerRequest: uint64(k.ring_bytes_per_request),
+		TopkBytes: uint64(k.topk_bytes), TopkBytesUnshared: uint64(k.topk_bytes_unshared),
+		BudgetBytes: uint64(k.budget_bytes), BytesPerBlock: uint64(k.bytes_per_block),
 	}, nil
 }
 
@@ -411,6 +497,11 @@ func CheckpointRevision(path string) (string, error) {
 // differ; CUDA backend only (ErrUnsupported on the CPU backend). It runs on the default
 // stream and synchronises it.
 func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Pointer) error {
+	return TPConsensusOn(ctx, m, o, ncclComm, DefaultStream)
+}
+
+// TPConsensusOn is TPConsensus on stream (it synchronises the stream).
+func TPConsensusOn(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Pointer, stream Stream) error {
 	if err := ctx.live(); err != nil {
 		return err
 	}
@@ -422,7 +513,7 @@ func TPConsensus(ctx *Context, m *ModelConfig, o *Overlay, ncclComm unsafe.Point
 		ov = o.ptr
 	}
 	c := m.c()
-	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, nil) }, ctx, o)
+	return call(func() C.qsakv_status { return C.qsakv_tp_consensus(ctx.ptr, &c, ov, ncclComm, stream.c()) }, ctx, o)
 }
 
 // ---------------------------------------------------------------------------------
@@ -476,6 +567,43 @@ func (o *Overlay) Validate(m *ModelConfig, revision string) error {
 	return call(func() C.qsakv_status { return C.qsakv_overlay_validate(o.ptr, &c, crev) }, o)
 }
 
+// OverlayInfo is what an overlay holds (qsakv_overlay_info): its K and V scales, whether
+// Validate accepted it, the contract its manifest records (0, -1 or DtypeInvalid where
+// not constrained), the checkpoint revision it is bound to, its scale file's SHA-256 and
+// the tensor names' layer prefix.
+type OverlayInfo struct {
+	NumScales                 int32
+	Validated                 bool
+	UnitScaleControl          bool // the metadata marks a unit-scale negative control
+	ContractTPSize            int32
+	ContractSpeculativeTokens int32
+	ContractActivationDtype   Dtype
+	ContractMinSM             int32
+	BaseIndexSHA256           string
+	ScaleFileSHA256           string
+	LayerPrefix               string
+}
+
+// Info describes the overlay.
+func (o *Overlay) Info() (OverlayInfo, error) {
+	if o.ptr == nil {
+		return OverlayInfo{}, &Error{Status: ErrState, Message: "overlay: closed"}
+	}
+	var i C.qsakv_overlay_info
+	i.struct_size = C.size_t(unsafe.Sizeof(i))
+	i.version = C.QSAKV_OVERLAY_INFO_VERSION
+	if err := call(func() C.qsakv_status { return C.qsakv_overlay_get_info(o.ptr, &i) }, o); err != nil {
+		return OverlayInfo{}, err
+	}
+	return OverlayInfo{
+		NumScales: int32(i.num_scales), Validated: i.validated != 0, UnitScaleControl: i.unit_scale_control != 0,
+		ContractTPSize: int32(i.contract_tp_size), ContractSpeculativeTokens: int32(i.contract_speculative_tokens),
+		ContractActivationDtype: Dtype(i.contract_activation_dtype), ContractMinSM: int32(i.contract_min_sm),
+		BaseIndexSHA256: C.GoString(&i.base_index_sha256[0]), ScaleFileSHA256: C.GoString(&i.scale_file_sha256[0]),
+		LayerPrefix: C.GoString(&i.layer_prefix[0]),
+	}, nil
+}
+
 // Scales returns the K and V scale of a model layer.
 func (o *Overlay) Scales(layer int32) (k, v float32, err error) {
 	if o.ptr == nil {
@@ -519,20 +647,79 @@ func ReadScaleFile(path string) ([]LayerScales, string, error) {
 	}
 }
 
+// OverlayWriteOptions are qsakv_overlay_write_options: what a scale pack's manifest
+// records. The zero value binds to no base index and constrains nothing.
+type OverlayWriteOptions struct {
+	LayerPrefix   string // the tensor names' layer prefix ("": "model.layers")
+	BaseIndexPath string // the base checkpoint's model.safetensors.index.json
+	// The contract a runtime must meet: 0 (DtypeInvalid, nil) where not constrained.
+	ContractTPSize            int32  // 1..65536
+	ContractSpeculativeTokens *int32 // 0..64
+	ContractActivationDtype   Dtype
+	ContractMinSM             int32 // 1..10000 (70: SM 7.0)
+	UnitScaleControl          bool  // marks a unit-scale negative control in the metadata
+}
+
+// c is the options in C, with the C strings it holds; free releases them.
+func (w OverlayWriteOptions) c() (o C.qsakv_overlay_write_options, free func()) {
+	o = C.qsakv_go_overlay_write_options()
+	var strs []*C.char
+	if w.LayerPrefix != "" {
+		o.layer_prefix = C.CString(w.LayerPrefix)
+		strs = append(strs, o.layer_prefix)
+	}
+	if w.BaseIndexPath != "" {
+		o.base_index_path = C.CString(w.BaseIndexPath)
+		strs = append(strs, o.base_index_path)
+	}
+	o.contract_tp_size = C.int32_t(w.ContractTPSize)
+	if w.ContractSpeculativeTokens != nil {
+		o.contract_speculative_tokens = C.int32_t(*w.ContractSpeculativeTokens)
+	}
+	o.contract_activation_dtype = C.qsakv_dtype(w.ContractActivationDtype)
+	o.contract_min_sm = C.int32_t(w.ContractMinSM)
+	if w.UnitScaleControl {
+		o.unit_scale_control = 1
+	}
+	return o, func() {
+		for _, p := range strs {
+			C.free(unsafe.Pointer(p))
+		}
+	}
+}
+
 // WriteOverlay writes a scale pack into outDir (which must not exist) for the given
 // layers' scales, bound to the checkpoint index file baseIndexPath.
 func WriteOverlay(outDir string, layers []int32, kScales, vScales []float32, baseIndexPath string) error {
+	return WriteOverlayWithOptions(outDir, layers, kScales, vScales, OverlayWriteOptions{BaseIndexPath: baseIndexPath})
+}
+
+// WriteOverlayWithOptions is WriteOverlay with all of qsakv_overlay_write_options (the
+// layer prefix and the contract).
+func WriteOverlayWithOptions(outDir string, layers []int32, kScales, vScales []float32, opts OverlayWriteOptions) error {
 	if len(kScales) != len(layers) || len(vScales) != len(layers) || len(layers) == 0 {
 		return invalid("scales: %d layers, %d K and %d V scales", len(layers), len(kScales), len(vScales))
 	}
-	cout, cbase := C.CString(outDir), C.CString(baseIndexPath)
+	cout := C.CString(outDir)
 	defer C.free(unsafe.Pointer(cout))
-	defer C.free(unsafe.Pointer(cbase))
-	o := C.qsakv_go_overlay_write_options()
-	o.base_index_path = cbase
+	o, free := opts.c()
+	defer free()
 	return call(func() C.qsakv_status {
 		return C.qsakv_overlay_write(cout, (*C.int32_t)(unsafe.Pointer(&layers[0])),
 			(*C.float)(unsafe.Pointer(&kScales[0])), (*C.float)(unsafe.Pointer(&vScales[0])),
 			C.int32_t(len(layers)), &o)
 	})
+}
+
+// MaterializeOverlay builds a calibrated checkpoint directory outDir (which must not
+// exist) from a base checkpoint directory and a scale pack written by WriteOverlay
+// (qsakv_overlay_materialize): a merged index, links to the base's files, the scale file
+// and manifest, and a provenance record. ErrRevisionMismatch when the base is not the one
+// the pack is bound to, ErrOverlayDuplicate when the base already has a scale's name.
+func MaterializeOverlay(outDir, baseCheckpointDir, scalePackDir string) error {
+	cout, cbase, cpack := C.CString(outDir), C.CString(baseCheckpointDir), C.CString(scalePackDir)
+	defer C.free(unsafe.Pointer(cout))
+	defer C.free(unsafe.Pointer(cbase))
+	defer C.free(unsafe.Pointer(cpack))
+	return call(func() C.qsakv_status { return C.qsakv_overlay_materialize(cout, cbase, cpack) })
 }
