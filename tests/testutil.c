@@ -136,12 +136,34 @@ void tu_env_restore(const char* name, char* saved) {
   }
 }
 
-qsakv_context* tu_cuda_context_or_skip(void) {
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CUDA);
-  if (!ctx) {
-    fprintf(stderr, "[ SKIP     ] no usable GPU: %s\n", qsakv_last_error());
+int tu_gpu_required(void) {
+  const char* v = getenv("QSAKV_REQUIRE_GPU");
+  return v && strcmp(v, "1") == 0;
+}
+
+int tu_cuda_absent_skips(qsakv_status status) {
+  return status == QSAKV_ERROR_NO_DEVICE && !tu_gpu_required();
+}
+
+void tu_skip_or_fail_without_gpu(qsakv_status status, const char* what) {
+  if (tu_cuda_absent_skips(status)) {
+    fprintf(stderr, "[ SKIP     ] %s: no usable GPU: %s\n", what, qsakv_last_error());
     skip();
   }
+  print_error(
+      "%s: a CUDA context was refused with %s (%s)%s\n", what, qsakv_status_string(status),
+      qsakv_last_error(),
+      status == QSAKV_ERROR_NO_DEVICE ? ", and QSAKV_REQUIRE_GPU=1 says there is a GPU" : "");
+  fail();
+}
+
+qsakv_context* tu_cuda_context_or_skip(void) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* ctx = NULL;
+  const qsakv_status s = qsakv_context_create(&ctx, &o);
+  if (s != QSAKV_SUCCESS) tu_skip_or_fail_without_gpu(s, "CUDA case");
   /* Once per suite: which kernel tier the CUDA cases ran on (QSAKV_CUDA_TIER=sm70 forces
    * the V100 tier on any GPU), so a forced run's log shows that it was forced. */
   static int tier_printed = 0;

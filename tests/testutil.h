@@ -62,7 +62,19 @@ char* tu_env_save(const char* name);
 void tu_env_restore(const char* name, char* saved);
 
 qsakv_context* tu_context(qsakv_backend backend); /* NULL if unavailable */
-/* A CUDA context, or NULL after cmocka's skip() when there is no GPU. */
+/* Whether a CUDA case may skip: qsakv_context_create for the CUDA backend says
+ * QSAKV_ERROR_NO_DEVICE when there is no GPU to run on (no CUDA device or driver, a GPU
+ * older than SM70, a build without the CUDA backend); every other refusal (a QSAKV_* hook
+ * variable refused, a start-up failure) is a failure. QSAKV_REQUIRE_GPU=1 in the
+ * environment (the GPU runs: make gpu-test, tools/device-*.sh) makes NO_DEVICE a failure
+ * too. */
+int tu_gpu_required(void);
+int tu_cuda_absent_skips(qsakv_status status);
+/* After a CUDA context was refused with `status`: cmocka's skip() with the reason when
+ * tu_cuda_absent_skips(status), else fail() with the status and message. Never returns. */
+void tu_skip_or_fail_without_gpu(qsakv_status status, const char* what);
+/* A CUDA context; cmocka's skip() when there is no GPU (tu_cuda_absent_skips), a failed
+ * test on any other refusal. */
 qsakv_context* tu_cuda_context_or_skip(void);
 int tu_is_cuda(qsakv_context* ctx);
 /* The CUDA backend on the tensor-core tier: the plan can route rows to the grouped
