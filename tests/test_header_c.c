@@ -65,56 +65,8 @@ static void test_structs_start_with_size_and_version(void** state) {
  * field out would be a compile error here, not a silent zero: every macro names every
  * field. */
 #pragma GCC diagnostic error "-Wmissing-field-initializers"
-
-/* Field-by-field comparison, each field byte for byte (padding bytes are never compared:
- * their values are unspecified), with a record of the bytes compared: all_fields_compared
- * then fails when what no comparison covered is more than padding could be (a hole at least
- * as large as the alignment of the field after it, or of the struct at its end), so a
- * field left out of a comparison fails the test. */
-enum { FIELD_MAP_MAX = 4096 };
-typedef struct {
-  size_t size, align;
-  unsigned char covered[FIELD_MAP_MAX];
-  unsigned char align_at[FIELD_MAP_MAX]; /* the alignment of the field starting here */
-} field_map;
-
-static void field_map_start(field_map* map, size_t size, size_t align) {
-  assert_true(size <= FIELD_MAP_MAX);
-  memset(map, 0, sizeof *map);
-  map->size = size;
-  map->align = align;
-}
-
-static void same_field(field_map* map, const char* name, const void* want_base,
-                       const void* want_field, const void* got_field, size_t bytes, size_t align) {
-  const size_t offset = (size_t)((const char*)want_field - (const char*)want_base);
-  assert_true(offset + bytes <= map->size);
-  if (memcmp(want_field, got_field, bytes) != 0)
-    fail_msg("field %s (%zu bytes at offset %zu) differs", name, bytes, offset);
-  memset(map->covered + offset, 1, bytes);
-  map->align_at[offset] = (unsigned char)align;
-}
-
-static void all_fields_compared(const field_map* map, const char* type) {
-  size_t hole = 0;
-  for (size_t b = 0; b <= map->size; ++b) {
-    if (b < map->size && !map->covered[b]) {
-      ++hole;
-      continue;
-    }
-    /* b starts a field (or is the end): the hole before it can be padding only when it is
-     * smaller than that field's (the struct's) alignment. */
-    const size_t align = b < map->size ? map->align_at[b] : map->align;
-    if (hole > 0 && hole >= align)
-      fail_msg("%s: bytes %zu..%zu belong to a field that was not compared", type, b - hole, b - 1);
-    hole = 0;
-  }
-}
-
-#define FIELDS_OF(map, want) field_map_start(&(map), sizeof(want), __alignof__(want))
-#define SAME(map, want, got, field)                                                      \
-  same_field(&(map), #field, &(want), &(want).field, &(got).field, sizeof((want).field), \
-             __alignof__((want).field))
+/* Each test compares every field (tu_field_map, testutil.h: a field left out of the
+ * comparison fails it). */
 
 static void test_context_options_init_macro(void** state) {
   (void)state;
@@ -122,14 +74,14 @@ static void test_context_options_init_macro(void** state) {
   qsakv_context_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_context_options_init(&f), QSAKV_SUCCESS);
-  field_map map;
-  FIELDS_OF(map, m);
-  SAME(map, m, f, struct_size);
-  SAME(map, m, f, version);
-  SAME(map, m, f, backend);
-  SAME(map, m, f, device);
-  SAME(map, m, f, decoder);
-  all_fields_compared(&map, "qsakv_context_options");
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, backend);
+  TU_SAME_FIELD(map, m, f, device);
+  TU_SAME_FIELD(map, m, f, decoder);
+  tu_all_fields_compared(&map, "qsakv_context_options");
 }
 
 static void test_model_config_init_macro(void** state) {
@@ -138,32 +90,32 @@ static void test_model_config_init_macro(void** state) {
   qsakv_model_config f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_model_config_init(&f), QSAKV_SUCCESS);
-  field_map map;
-  FIELDS_OF(map, m);
-  SAME(map, m, f, struct_size);
-  SAME(map, m, f, version);
-  SAME(map, m, f, num_layers);
-  SAME(map, m, f, num_qsa_layers);
-  SAME(map, m, f, qsa_layers);
-  SAME(map, m, f, num_q_heads);
-  SAME(map, m, f, num_kv_heads);
-  SAME(map, m, f, head_dim);
-  SAME(map, m, f, softmax_scale);
-  SAME(map, m, f, index_num_heads);
-  SAME(map, m, f, index_head_dim);
-  SAME(map, m, f, compress_ratio);
-  SAME(map, m, f, topk_tokens);
-  SAME(map, m, f, tp_size);
-  SAME(map, m, f, tp_rank);
-  SAME(map, m, f, speculative_tokens);
-  SAME(map, m, f, activation_dtype);
-  SAME(map, m, f, kv_dtype);
-  SAME(map, m, f, block_size);
-  SAME(map, m, f, max_requests);
-  SAME(map, m, f, max_batched_tokens);
-  SAME(map, m, f, max_model_len);
-  SAME(map, m, f, index_key_dtype);
-  all_fields_compared(&map, "qsakv_model_config");
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, num_layers);
+  TU_SAME_FIELD(map, m, f, num_qsa_layers);
+  TU_SAME_FIELD(map, m, f, qsa_layers);
+  TU_SAME_FIELD(map, m, f, num_q_heads);
+  TU_SAME_FIELD(map, m, f, num_kv_heads);
+  TU_SAME_FIELD(map, m, f, head_dim);
+  TU_SAME_FIELD(map, m, f, softmax_scale);
+  TU_SAME_FIELD(map, m, f, index_num_heads);
+  TU_SAME_FIELD(map, m, f, index_head_dim);
+  TU_SAME_FIELD(map, m, f, compress_ratio);
+  TU_SAME_FIELD(map, m, f, topk_tokens);
+  TU_SAME_FIELD(map, m, f, tp_size);
+  TU_SAME_FIELD(map, m, f, tp_rank);
+  TU_SAME_FIELD(map, m, f, speculative_tokens);
+  TU_SAME_FIELD(map, m, f, activation_dtype);
+  TU_SAME_FIELD(map, m, f, kv_dtype);
+  TU_SAME_FIELD(map, m, f, block_size);
+  TU_SAME_FIELD(map, m, f, max_requests);
+  TU_SAME_FIELD(map, m, f, max_batched_tokens);
+  TU_SAME_FIELD(map, m, f, max_model_len);
+  TU_SAME_FIELD(map, m, f, index_key_dtype);
+  tu_all_fields_compared(&map, "qsakv_model_config");
   /* The one default that is not zero. */
   assert_int_equal(f.index_key_dtype, QSAKV_DTYPE_FP16);
 }
@@ -174,18 +126,18 @@ static void test_overlay_write_options_init_macro(void** state) {
   qsakv_overlay_write_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_overlay_write_options_init(&f), QSAKV_SUCCESS);
-  field_map map;
-  FIELDS_OF(map, m);
-  SAME(map, m, f, struct_size);
-  SAME(map, m, f, version);
-  SAME(map, m, f, layer_prefix);
-  SAME(map, m, f, base_index_path);
-  SAME(map, m, f, contract_tp_size);
-  SAME(map, m, f, contract_speculative_tokens);
-  SAME(map, m, f, contract_activation_dtype);
-  SAME(map, m, f, contract_min_sm);
-  SAME(map, m, f, unit_scale_control);
-  all_fields_compared(&map, "qsakv_overlay_write_options");
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, layer_prefix);
+  TU_SAME_FIELD(map, m, f, base_index_path);
+  TU_SAME_FIELD(map, m, f, contract_tp_size);
+  TU_SAME_FIELD(map, m, f, contract_speculative_tokens);
+  TU_SAME_FIELD(map, m, f, contract_activation_dtype);
+  TU_SAME_FIELD(map, m, f, contract_min_sm);
+  TU_SAME_FIELD(map, m, f, unit_scale_control);
+  tu_all_fields_compared(&map, "qsakv_overlay_write_options");
 }
 
 static void test_cache_options_init_macro(void** state) {
@@ -194,18 +146,18 @@ static void test_cache_options_init_macro(void** state) {
   qsakv_cache_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_cache_options_init(&f), QSAKV_SUCCESS);
-  field_map map;
-  FIELDS_OF(map, m);
-  SAME(map, m, f, struct_size);
-  SAME(map, m, f, version);
-  SAME(map, m, f, num_blocks);
-  SAME(map, m, f, memory_budget_bytes);
-  SAME(map, m, f, share_topk);
-  SAME(map, m, f, external_topk);
-  SAME(map, m, f, external_topk_dtype);
-  SAME(map, m, f, external_topk_rows);
-  SAME(map, m, f, external_topk_cols);
-  all_fields_compared(&map, "qsakv_cache_options");
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, num_blocks);
+  TU_SAME_FIELD(map, m, f, memory_budget_bytes);
+  TU_SAME_FIELD(map, m, f, share_topk);
+  TU_SAME_FIELD(map, m, f, external_topk);
+  TU_SAME_FIELD(map, m, f, external_topk_dtype);
+  TU_SAME_FIELD(map, m, f, external_topk_rows);
+  TU_SAME_FIELD(map, m, f, external_topk_cols);
+  tu_all_fields_compared(&map, "qsakv_cache_options");
 }
 
 static void test_plan_options_init_macro(void** state) {
@@ -214,15 +166,15 @@ static void test_plan_options_init_macro(void** state) {
   qsakv_plan_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_plan_options_init(&f), QSAKV_SUCCESS);
-  field_map map;
-  FIELDS_OF(map, m);
-  SAME(map, m, f, struct_size);
-  SAME(map, m, f, version);
-  SAME(map, m, f, max_rows);
-  SAME(map, m, f, max_requests);
-  SAME(map, m, f, num_splits);
-  SAME(map, m, f, multi_row_min_rows);
-  all_fields_compared(&map, "qsakv_plan_options");
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, max_rows);
+  TU_SAME_FIELD(map, m, f, max_requests);
+  TU_SAME_FIELD(map, m, f, num_splits);
+  TU_SAME_FIELD(map, m, f, multi_row_min_rows);
+  tu_all_fields_compared(&map, "qsakv_plan_options");
 }
 
 /* The structs with no *_init function: the header and nothing else (struct_size and
@@ -234,28 +186,28 @@ static void test_batch_and_cache_memory_init_macros(void** state) {
   memset(&want_b, 0, sizeof want_b);
   want_b.struct_size = sizeof want_b;
   want_b.version = QSAKV_BATCH_VERSION;
-  field_map map;
-  FIELDS_OF(map, b);
-  SAME(map, want_b, b, struct_size);
-  SAME(map, want_b, b, version);
-  SAME(map, want_b, b, num_requests);
-  SAME(map, want_b, b, query_start);
-  SAME(map, want_b, b, seq_lens);
-  SAME(map, want_b, b, request_slots);
-  SAME(map, want_b, b, block_table);
-  SAME(map, want_b, b, block_table_stride);
-  all_fields_compared(&map, "qsakv_batch");
+  tu_field_map map;
+  TU_FIELDS_OF(map, b);
+  TU_SAME_FIELD(map, want_b, b, struct_size);
+  TU_SAME_FIELD(map, want_b, b, version);
+  TU_SAME_FIELD(map, want_b, b, num_requests);
+  TU_SAME_FIELD(map, want_b, b, query_start);
+  TU_SAME_FIELD(map, want_b, b, seq_lens);
+  TU_SAME_FIELD(map, want_b, b, request_slots);
+  TU_SAME_FIELD(map, want_b, b, block_table);
+  TU_SAME_FIELD(map, want_b, b, block_table_stride);
+  tu_all_fields_compared(&map, "qsakv_batch");
   const qsakv_cache_memory mem = QSAKV_CACHE_MEMORY_INIT;
   qsakv_cache_memory want_mem;
   memset(&want_mem, 0, sizeof want_mem);
   want_mem.struct_size = sizeof want_mem;
   want_mem.version = QSAKV_CACHE_MEMORY_VERSION;
-  FIELDS_OF(map, mem);
-  SAME(map, want_mem, mem, struct_size);
-  SAME(map, want_mem, mem, version);
-  SAME(map, want_mem, mem, num_layers);
-  SAME(map, want_mem, mem, layers);
-  all_fields_compared(&map, "qsakv_cache_memory");
+  TU_FIELDS_OF(map, mem);
+  TU_SAME_FIELD(map, want_mem, mem, struct_size);
+  TU_SAME_FIELD(map, want_mem, mem, version);
+  TU_SAME_FIELD(map, want_mem, mem, num_layers);
+  TU_SAME_FIELD(map, want_mem, mem, layers);
+  tu_all_fields_compared(&map, "qsakv_cache_memory");
 }
 
 static void test_dtypes(void** state) {

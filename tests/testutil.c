@@ -297,3 +297,36 @@ void tu_apply_filter(void) {
   const char* f = getenv("QSAKV_TEST_FILTER");
   if (f && *f) cmocka_set_test_filter(f);
 }
+
+void tu_field_map_start(tu_field_map* map, size_t size, size_t align) {
+  assert_true(size <= TU_FIELD_MAP_MAX);
+  memset(map, 0, sizeof *map);
+  map->size = size;
+  map->align = align;
+}
+
+void tu_same_field(tu_field_map* map, const char* name, const void* want_base,
+                   const void* want_field, const void* got_field, size_t bytes, size_t align) {
+  const size_t offset = (size_t)((const char*)want_field - (const char*)want_base);
+  assert_true(offset + bytes <= map->size);
+  if (memcmp(want_field, got_field, bytes) != 0)
+    fail_msg("field %s (%zu bytes at offset %zu) differs", name, bytes, offset);
+  memset(map->covered + offset, 1, bytes);
+  map->align_at[offset] = (unsigned char)align;
+}
+
+void tu_all_fields_compared(const tu_field_map* map, const char* type) {
+  size_t hole = 0;
+  for (size_t b = 0; b <= map->size; ++b) {
+    if (b < map->size && !map->covered[b]) {
+      ++hole;
+      continue;
+    }
+    /* b starts a field (or is the end): the hole before it can be padding only when it is
+     * smaller than that field's (the struct's) alignment. */
+    const size_t align = b < map->size ? map->align_at[b] : map->align;
+    if (hole > 0 && hole >= align)
+      fail_msg("%s: bytes %zu..%zu belong to a field that was not compared", type, b - hole, b - 1);
+    hole = 0;
+  }
+}

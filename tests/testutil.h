@@ -99,6 +99,30 @@ void tu_small_config(qsakv_model_config* c, int num_q_heads, int num_kv_heads, i
 
 double tu_rel_l2(const double* ref, const double* got, size_t n);
 
+/* Field-by-field comparison of two structs of one type, each field byte for byte (padding
+ * bytes are never compared: their values are unspecified), with a record of the bytes
+ * compared: tu_all_fields_compared then fails when what no comparison covered is more than
+ * padding could be (a hole at least as large as the alignment of the field after it, or of
+ * the struct at its end), so a field left out of the comparison fails the test.
+ *   tu_field_map map;
+ *   TU_FIELDS_OF(map, want);
+ *   TU_SAME_FIELD(map, want, got, num_layers); ... one per field
+ *   tu_all_fields_compared(&map, "qsakv_model_config"); */
+enum { TU_FIELD_MAP_MAX = 4096 };
+typedef struct {
+  size_t size, align;
+  unsigned char covered[TU_FIELD_MAP_MAX];
+  unsigned char align_at[TU_FIELD_MAP_MAX]; /* the alignment of the field starting here */
+} tu_field_map;
+void tu_field_map_start(tu_field_map* map, size_t size, size_t align);
+void tu_same_field(tu_field_map* map, const char* name, const void* want_base,
+                   const void* want_field, const void* got_field, size_t bytes, size_t align);
+void tu_all_fields_compared(const tu_field_map* map, const char* type);
+#define TU_FIELDS_OF(map, want) tu_field_map_start(&(map), sizeof(want), __alignof__(want))
+#define TU_SAME_FIELD(map, want, got, field)                                                \
+  tu_same_field(&(map), #field, &(want), &(want).field, &(got).field, sizeof((want).field), \
+                __alignof__((want).field))
+
 /* Applies QSAKV_TEST_FILTER (a cmocka glob such as "*cuda*") when set: GPU runs under
  * compute-sanitizer use it to skip the CPU-only cases. */
 void tu_apply_filter(void);
