@@ -289,7 +289,7 @@ static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t**
 static void test_index_key_stores_cpu_and_cuda(void** state) {
   (void)state;
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("GPU comparison of index-key stores");
   store_world w;
   make_world(&w, cpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 1, 1);
   const int n = 64;
@@ -340,8 +340,6 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
     free(comp2);
     free_world(&g);
     qsakv_context_destroy(gpu);
-  } else {
-    print_message("[ SKIP part] GPU comparison of index-key stores: no GPU\n");
   }
   free(ring);
   free(comp);
@@ -472,7 +470,7 @@ static void test_e4m3_index_key_store(void** state) {
     if (i == 6) assert_true(s == (float)(65504.0 / 448.0));
     if (i == 5) assert_true(s > 0.0f && s < 1e-6f);
   }
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("GPU comparison of E4M3 index-key stores");
   if (gpu) {
     qsakv_cache_layout L2;
     uint8_t* g = store_e4m3_keys(gpu, keys, slots, n, &L2);
@@ -483,8 +481,6 @@ static void test_e4m3_index_key_store(void** state) {
     assert_int_equal(bad, 0);
     free(g);
     qsakv_context_destroy(gpu);
-  } else {
-    print_message("[ SKIP part] GPU comparison of E4M3 index-key stores: no GPU\n");
   }
   free(got);
   free(want);
@@ -681,7 +677,7 @@ static void test_store_step(void** state) {
                                    {QSAKV_DTYPE_BF16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16},
                                    {QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16}};
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("store_step on a GPU");
   for (int i = 0; i < 3; ++i) {
     step_inputs in;
     make_step_inputs(&in, kinds[i][0]);
@@ -697,7 +693,6 @@ static void test_store_step(void** state) {
     free_layer(&on_cpu);
     free_step_inputs(&in);
   }
-  if (!gpu) print_message("[ SKIP part] store_step on a GPU: no GPU\n");
   print_message("store_step: the three calls' bytes, every combination of parts, %s\n",
                 gpu ? "CPU and CUDA" : "CPU");
   if (gpu) qsakv_context_destroy(gpu);

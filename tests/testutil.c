@@ -182,6 +182,21 @@ qsakv_context* tu_cuda_context_or_skip(void) {
   return ctx;
 }
 
+qsakv_context* tu_cuda_context_or_null(const char* what) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* ctx = NULL;
+  const qsakv_status s = qsakv_context_create(&ctx, &o);
+  if (s == QSAKV_SUCCESS) return ctx;
+  if (tu_cuda_absent_skips(s)) {
+    print_message("[ SKIP part] %s: no usable GPU: %s\n", what, qsakv_last_error());
+    return NULL;
+  }
+  tu_skip_or_fail_without_gpu(s, what); /* fails */
+  return NULL;
+}
+
 int tu_has_grouped_route(qsakv_context* ctx) {
   qsakv_context_info info;
   memset(&info, 0, sizeof info);

@@ -76,6 +76,10 @@ void tu_skip_or_fail_without_gpu(qsakv_status status, const char* what);
 /* A CUDA context; cmocka's skip() when there is no GPU (tu_cuda_absent_skips), a failed
  * test on any other refusal. */
 qsakv_context* tu_cuda_context_or_skip(void);
+/* For a case whose GPU half is optional: a CUDA context, or NULL (after printing
+ * "[ SKIP part] what: ..." with the reason) when tu_cuda_absent_skips; a failed test on any
+ * other refusal. */
+qsakv_context* tu_cuda_context_or_null(const char* what);
 int tu_is_cuda(qsakv_context* ctx);
 /* The CUDA backend on the tensor-core tier: the plan can route rows to the grouped
  * multi-row attention route (the CPU backend and the SM70 tier have none). */
