@@ -69,6 +69,8 @@ test: deps venv build
 # On a machine with a GPU: build for the GPU present and run the suites (CUDA parts
 # included; the test framework is required), list the suites skipped for a missing
 # toolchain, then run the GPU cases under compute-sanitizer.
+# A GPU run: a CUDA case that finds no GPU fails instead of skipping (tests/testutil.h).
+gpu-test: export QSAKV_REQUIRE_GPU := 1
 gpu-test:
 	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQSAKV_CUDA_ARCHS=native -DQSAKV_BUILD_TESTS=ON $(CMAKE_FLAGS)
 	cmake --build build-gpu -j$(JOBS)

@@ -238,6 +238,14 @@ static void test_same_results_cuda(void** state) {
       fail_msg("message \"%s\" does not name \"%s\"", qsakv_last_error(), needle); \
     ++refusals;                                                                    \
   } while (0)
+/* A refused create through &cache: *out is NULL afterwards whatever it held before (the
+ * header's convention: on failure *out is NULL), so it starts as a stale non-NULL value. */
+#define EXPECT_NO_CACHE(call, needle)                                             \
+  do {                                                                            \
+    cache = (qsakv_cache*)&stale_cache;                                           \
+    EXPECT_REFUSAL(call, needle);                                                 \
+    if (cache) fail_msg("a refused create left *out %p, not NULL", (void*)cache); \
+  } while (0)
 
 static void test_refusals(void** state) {
   (void)state;
@@ -246,64 +254,65 @@ static void test_refusals(void** state) {
   fixture_init(&f, ctx);
   fixture_alloc(&f);
   qsakv_cache* cache = NULL;
+  int stale_cache = 0; /* its address: a non-NULL *out that a refusal must clear */
   int refusals = 0;
   qsakv_cache_memory m = memory_of(&f);
   EXPECT_REFUSAL(qsakv_cache_create_with_memory(NULL, ctx, &f.cfg, f.overlay, &f.opts, &m), "out");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, NULL, &f.cfg, f.overlay, &f.opts, &m),
-                 "context is NULL");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, NULL, f.overlay, &f.opts, &m),
-                 "config");
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, NULL),
-                 "memory is NULL");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, NULL, &f.cfg, f.overlay, &f.opts, &m),
+                  "context is NULL");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, NULL, f.overlay, &f.opts, &m),
+                  "config");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, NULL),
+                  "memory is NULL");
   EXPECT_REFUSAL(qsakv_cache_layout_for(NULL, &f.opts, &f.layout), "config");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, NULL, &f.layout), "options is NULL");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, &f.opts, NULL), "out");
   m.struct_size = 3;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.struct_size");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.struct_size");
   m = memory_of(&f);
   m.version = 0xDEADBEEFu;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.version");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.version");
   m = memory_of(&f);
   m.num_layers = -1;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.num_layers is -1");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.num_layers is -1");
   m = memory_of(&f);
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, NULL, &m),
-                 "options");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, NULL, &m),
+                  "options");
   m.num_layers = 1;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.num_layers is 1");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.num_layers is 1");
   m = memory_of(&f);
   m.layers = NULL;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.layers is NULL");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.layers is NULL");
   m = memory_of(&f);
   qsakv_cache_options o = f.opts;
   o.num_blocks = 0;
   o.memory_budget_bytes = 1 << 30;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
-                 "options.num_blocks is 0");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                  "options.num_blocks is 0");
   EXPECT_REFUSAL(qsakv_cache_layout_for(&f.cfg, &o, &f.layout), "options.num_blocks is 0");
 
   qsakv_layer_memory saved = f.layers[1];
   f.layers[1].kv = NULL;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.layers[1].kv (layer 7) is NULL");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.layers[1].kv (layer 7) is NULL");
   f.layers[1] = saved;
   f.layers[1].compressed_bytes -= 1;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.layers[1].compressed_keys (layer 7) is");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.layers[1].compressed_keys (layer 7) is");
   assert_non_null(strstr(qsakv_last_error(), "needs"));
   f.layers[1] = saved;
   f.layers[1].ring_keys = (char*)saved.ring_keys + 4;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "16-byte aligned");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "16-byte aligned");
   f.layers[1] = saved;
   f.layers[1].kv = f.layers[0].kv;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
-                 "memory.layers[1].kv (layer 7) overlaps memory.layers[0].kv");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m),
+                  "memory.layers[1].kv (layer 7) overlaps memory.layers[0].kv");
   f.layers[1] = saved;
   /* The caller's top-k buffer: selection writes it, so it may not overlap a layer's buffer
    * (either create path checks its alignment). The buffer it names is the first one the
@@ -313,20 +322,18 @@ static void test_refusals(void** state) {
   o.external_topk_rows = f.layout.topk_rows;
   o.external_topk_cols = f.layout.topk_cols;
   o.external_topk = f.layers[1].compressed_keys;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
-                 "options.external_topk overlaps memory.layers[");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                  "options.external_topk overlaps memory.layers[");
   int32_t* topk = malloc(sizeof(int32_t) * (size_t)(f.layout.topk_rows * f.layout.topk_cols + 1));
   o.external_topk = (char*)topk + 2;
-  EXPECT_REFUSAL(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
-                 "options.external_topk");
+  EXPECT_NO_CACHE(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m),
+                  "options.external_topk");
   assert_non_null(strstr(qsakv_last_error(), "4-byte aligned"));
-  EXPECT_REFUSAL(qsakv_cache_create(&cache, ctx, &f.cfg, f.overlay, &o), "4-byte aligned");
+  EXPECT_NO_CACHE(qsakv_cache_create(&cache, ctx, &f.cfg, f.overlay, &o), "4-byte aligned");
   o.external_topk = topk; /* a buffer of its own is taken */
   TU_OK(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &o, &m));
   qsakv_cache_destroy(cache);
-  cache = NULL;
   free(topk);
-  assert_null(cache);
   /* A bigger buffer than needed is fine. */
   f.layers[0].kv_bytes += 4096;
   TU_OK(qsakv_cache_create_with_memory(&cache, ctx, &f.cfg, f.overlay, &f.opts, &m));

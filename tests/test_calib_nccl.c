@@ -164,11 +164,18 @@ int main(void) {
       cmocka_unit_test(test_tp_consensus_one_rank),
   };
   tu_seed();
-  /* No GPU at all: the whole suite is skipped, visibly (CTest SKIP_RETURN_CODE 77). */
-  qsakv_context* probe = tu_context(QSAKV_BACKEND_CUDA);
-  if (!probe) {
-    fprintf(stderr, "[ SKIP     ] test_calib_nccl: no usable GPU (%s)\n", qsakv_last_error());
-    return 77;
+  /* No GPU at all: the whole suite is skipped, visibly (CTest SKIP_RETURN_CODE 77), unless
+   * QSAKV_REQUIRE_GPU=1; any other refusal of a CUDA context fails it (tu_cuda_absent_skips). */
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* probe = NULL;
+  const qsakv_status s = qsakv_context_create(&probe, &o);
+  if (s != QSAKV_SUCCESS) {
+    const int skips = tu_cuda_absent_skips(s);
+    fprintf(stderr, "[ %s ] test_calib_nccl: a CUDA context was refused with %s (%s)\n",
+            skips ? "SKIP    " : " FAILED ", qsakv_status_string(s), qsakv_last_error());
+    return skips ? 77 : 1;
   }
   qsakv_context_destroy(probe);
   return cmocka_run_group_tests_name("calib_nccl", tests, NULL, NULL);

@@ -65,6 +65,8 @@ static void test_structs_start_with_size_and_version(void** state) {
  * field out would be a compile error here, not a silent zero: every macro names every
  * field. */
 #pragma GCC diagnostic error "-Wmissing-field-initializers"
+/* Each test compares every field (tu_field_map, testutil.h: a field left out of the
+ * comparison fails it). */
 
 static void test_context_options_init_macro(void** state) {
   (void)state;
@@ -72,11 +74,14 @@ static void test_context_options_init_macro(void** state) {
   qsakv_context_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_context_options_init(&f), QSAKV_SUCCESS);
-  assert_int_equal(m.struct_size, f.struct_size);
-  assert_int_equal(m.version, f.version);
-  assert_int_equal(m.backend, f.backend);
-  assert_int_equal(m.device, f.device);
-  assert_int_equal(m.decoder, f.decoder);
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, backend);
+  TU_SAME_FIELD(map, m, f, device);
+  TU_SAME_FIELD(map, m, f, decoder);
+  tu_all_fields_compared(&map, "qsakv_context_options");
 }
 
 static void test_model_config_init_macro(void** state) {
@@ -85,28 +90,34 @@ static void test_model_config_init_macro(void** state) {
   qsakv_model_config f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_model_config_init(&f), QSAKV_SUCCESS);
-  assert_int_equal(m.struct_size, f.struct_size);
-  assert_int_equal(m.version, f.version);
-  assert_int_equal(m.num_layers, f.num_layers);
-  assert_int_equal(m.num_qsa_layers, f.num_qsa_layers);
-  assert_memory_equal(m.qsa_layers, f.qsa_layers, sizeof m.qsa_layers);
-  assert_int_equal(m.num_q_heads, f.num_q_heads);
-  assert_int_equal(m.num_kv_heads, f.num_kv_heads);
-  assert_int_equal(m.head_dim, f.head_dim);
-  assert_true(m.softmax_scale == f.softmax_scale);
-  assert_int_equal(m.index_num_heads, f.index_num_heads);
-  assert_int_equal(m.index_head_dim, f.index_head_dim);
-  assert_int_equal(m.compress_ratio, f.compress_ratio);
-  assert_int_equal(m.topk_tokens, f.topk_tokens);
-  assert_int_equal(m.tp_size, f.tp_size);
-  assert_int_equal(m.tp_rank, f.tp_rank);
-  assert_int_equal(m.speculative_tokens, f.speculative_tokens);
-  assert_int_equal(m.activation_dtype, f.activation_dtype);
-  assert_int_equal(m.kv_dtype, f.kv_dtype);
-  assert_int_equal(m.block_size, f.block_size);
-  assert_int_equal(m.max_requests, f.max_requests);
-  assert_int_equal(m.max_batched_tokens, f.max_batched_tokens);
-  assert_int_equal(m.max_model_len, f.max_model_len);
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, num_layers);
+  TU_SAME_FIELD(map, m, f, num_qsa_layers);
+  TU_SAME_FIELD(map, m, f, qsa_layers);
+  TU_SAME_FIELD(map, m, f, num_q_heads);
+  TU_SAME_FIELD(map, m, f, num_kv_heads);
+  TU_SAME_FIELD(map, m, f, head_dim);
+  TU_SAME_FIELD(map, m, f, softmax_scale);
+  TU_SAME_FIELD(map, m, f, index_num_heads);
+  TU_SAME_FIELD(map, m, f, index_head_dim);
+  TU_SAME_FIELD(map, m, f, compress_ratio);
+  TU_SAME_FIELD(map, m, f, topk_tokens);
+  TU_SAME_FIELD(map, m, f, tp_size);
+  TU_SAME_FIELD(map, m, f, tp_rank);
+  TU_SAME_FIELD(map, m, f, speculative_tokens);
+  TU_SAME_FIELD(map, m, f, activation_dtype);
+  TU_SAME_FIELD(map, m, f, kv_dtype);
+  TU_SAME_FIELD(map, m, f, block_size);
+  TU_SAME_FIELD(map, m, f, max_requests);
+  TU_SAME_FIELD(map, m, f, max_batched_tokens);
+  TU_SAME_FIELD(map, m, f, max_model_len);
+  TU_SAME_FIELD(map, m, f, index_key_dtype);
+  tu_all_fields_compared(&map, "qsakv_model_config");
+  /* The one default that is not zero. */
+  assert_int_equal(f.index_key_dtype, QSAKV_DTYPE_FP16);
 }
 
 static void test_overlay_write_options_init_macro(void** state) {
@@ -115,15 +126,18 @@ static void test_overlay_write_options_init_macro(void** state) {
   qsakv_overlay_write_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_overlay_write_options_init(&f), QSAKV_SUCCESS);
-  assert_int_equal(m.struct_size, f.struct_size);
-  assert_int_equal(m.version, f.version);
-  assert_ptr_equal(m.layer_prefix, f.layer_prefix);
-  assert_ptr_equal(m.base_index_path, f.base_index_path);
-  assert_int_equal(m.contract_tp_size, f.contract_tp_size);
-  assert_int_equal(m.contract_speculative_tokens, f.contract_speculative_tokens);
-  assert_int_equal(m.contract_activation_dtype, f.contract_activation_dtype);
-  assert_int_equal(m.contract_min_sm, f.contract_min_sm);
-  assert_int_equal(m.unit_scale_control, f.unit_scale_control);
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, layer_prefix);
+  TU_SAME_FIELD(map, m, f, base_index_path);
+  TU_SAME_FIELD(map, m, f, contract_tp_size);
+  TU_SAME_FIELD(map, m, f, contract_speculative_tokens);
+  TU_SAME_FIELD(map, m, f, contract_activation_dtype);
+  TU_SAME_FIELD(map, m, f, contract_min_sm);
+  TU_SAME_FIELD(map, m, f, unit_scale_control);
+  tu_all_fields_compared(&map, "qsakv_overlay_write_options");
 }
 
 static void test_cache_options_init_macro(void** state) {
@@ -132,15 +146,18 @@ static void test_cache_options_init_macro(void** state) {
   qsakv_cache_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_cache_options_init(&f), QSAKV_SUCCESS);
-  assert_int_equal(m.struct_size, f.struct_size);
-  assert_int_equal(m.version, f.version);
-  assert_int_equal(m.num_blocks, f.num_blocks);
-  assert_int_equal(m.memory_budget_bytes, f.memory_budget_bytes);
-  assert_int_equal(m.share_topk, f.share_topk);
-  assert_ptr_equal(m.external_topk, f.external_topk);
-  assert_int_equal(m.external_topk_dtype, f.external_topk_dtype);
-  assert_int_equal(m.external_topk_rows, f.external_topk_rows);
-  assert_int_equal(m.external_topk_cols, f.external_topk_cols);
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, num_blocks);
+  TU_SAME_FIELD(map, m, f, memory_budget_bytes);
+  TU_SAME_FIELD(map, m, f, share_topk);
+  TU_SAME_FIELD(map, m, f, external_topk);
+  TU_SAME_FIELD(map, m, f, external_topk_dtype);
+  TU_SAME_FIELD(map, m, f, external_topk_rows);
+  TU_SAME_FIELD(map, m, f, external_topk_cols);
+  tu_all_fields_compared(&map, "qsakv_cache_options");
 }
 
 static void test_plan_options_init_macro(void** state) {
@@ -149,30 +166,48 @@ static void test_plan_options_init_macro(void** state) {
   qsakv_plan_options f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_plan_options_init(&f), QSAKV_SUCCESS);
-  assert_int_equal(m.struct_size, f.struct_size);
-  assert_int_equal(m.version, f.version);
-  assert_int_equal(m.max_rows, f.max_rows);
-  assert_int_equal(m.max_requests, f.max_requests);
-  assert_int_equal(m.num_splits, f.num_splits);
+  tu_field_map map;
+  TU_FIELDS_OF(map, m);
+  TU_SAME_FIELD(map, m, f, struct_size);
+  TU_SAME_FIELD(map, m, f, version);
+  TU_SAME_FIELD(map, m, f, max_rows);
+  TU_SAME_FIELD(map, m, f, max_requests);
+  TU_SAME_FIELD(map, m, f, num_splits);
+  TU_SAME_FIELD(map, m, f, multi_row_min_rows);
+  tu_all_fields_compared(&map, "qsakv_plan_options");
 }
 
-/* The structs with no *_init function: the header and nothing else. */
+/* The structs with no *_init function: the header and nothing else (struct_size and
+ * version set, every other field zero or NULL). */
 static void test_batch_and_cache_memory_init_macros(void** state) {
   (void)state;
   const qsakv_batch b = QSAKV_BATCH_INIT;
-  assert_int_equal(b.struct_size, sizeof b);
-  assert_int_equal(b.version, QSAKV_BATCH_VERSION);
-  assert_int_equal(b.num_requests, 0);
-  assert_null(b.query_start);
-  assert_null(b.seq_lens);
-  assert_null(b.request_slots);
-  assert_null(b.block_table);
-  assert_int_equal(b.block_table_stride, 0);
+  qsakv_batch want_b;
+  memset(&want_b, 0, sizeof want_b);
+  want_b.struct_size = sizeof want_b;
+  want_b.version = QSAKV_BATCH_VERSION;
+  tu_field_map map;
+  TU_FIELDS_OF(map, b);
+  TU_SAME_FIELD(map, want_b, b, struct_size);
+  TU_SAME_FIELD(map, want_b, b, version);
+  TU_SAME_FIELD(map, want_b, b, num_requests);
+  TU_SAME_FIELD(map, want_b, b, query_start);
+  TU_SAME_FIELD(map, want_b, b, seq_lens);
+  TU_SAME_FIELD(map, want_b, b, request_slots);
+  TU_SAME_FIELD(map, want_b, b, block_table);
+  TU_SAME_FIELD(map, want_b, b, block_table_stride);
+  tu_all_fields_compared(&map, "qsakv_batch");
   const qsakv_cache_memory mem = QSAKV_CACHE_MEMORY_INIT;
-  assert_int_equal(mem.struct_size, sizeof mem);
-  assert_int_equal(mem.version, QSAKV_CACHE_MEMORY_VERSION);
-  assert_int_equal(mem.num_layers, 0);
-  assert_null(mem.layers);
+  qsakv_cache_memory want_mem;
+  memset(&want_mem, 0, sizeof want_mem);
+  want_mem.struct_size = sizeof want_mem;
+  want_mem.version = QSAKV_CACHE_MEMORY_VERSION;
+  TU_FIELDS_OF(map, mem);
+  TU_SAME_FIELD(map, want_mem, mem, struct_size);
+  TU_SAME_FIELD(map, want_mem, mem, version);
+  TU_SAME_FIELD(map, want_mem, mem, num_layers);
+  TU_SAME_FIELD(map, want_mem, mem, layers);
+  tu_all_fields_compared(&map, "qsakv_cache_memory");
 }
 
 static void test_dtypes(void** state) {

@@ -343,7 +343,11 @@ static void test_materialize_base_already_has_scale_file(void** state) {
   assert_false(ovf_exists(ckpt));
 }
 
-/* Every accepted spelling, under every prefix, loads and validates. */
+/* Every accepted spelling, under every prefix, loads and validates, and each scale lands
+ * on its own layer and kind (k_of and v_of: a distinct value for each, exact in FP32). */
+static float k_of(int i) { return 0.25f + (float)i; }
+static float v_of(int i) { return 100.5f + (float)i; }
+
 static void test_name_variants(void** state) {
   ovf_pack* p = *state;
   static const char* prefixes[] = {"model.layers", "model.language_model.layers",
@@ -363,9 +367,9 @@ static void test_name_variants(void** state) {
         /* Mix spellings across layers too: the rule is per tensor. */
         const int s = (si + i) % 6;
         snprintf(name, sizeof name, "%s.%d.%s", prefixes[pi], 4 * i + 3, k_suffix[s]);
-        ovf_set_f32(p, p->n++, name, 0.25f);
+        ovf_set_f32(p, p->n++, name, k_of(i));
         snprintf(name, sizeof name, "%s.%d.%s", prefixes[pi], 4 * i + 3, v_suffix[si]);
-        ovf_set_f32(p, p->n++, name, 0.5f + (float)i);
+        ovf_set_f32(p, p->n++, name, v_of(i));
       }
       ovf_write_pack(p);
       qsakv_overlay* o = NULL;
@@ -374,9 +378,14 @@ static void test_name_variants(void** state) {
       ovf_config(&c, 1);
       OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
       assert_string_equal(info_of(o).layer_prefix, prefixes[pi]);
-      float k, v;
-      OVF_OK(qsakv_overlay_get_scales(o, 47, &k, &v));
-      assert_true(k == 0.25f && v == 11.5f);
+      /* Each scale where its name put it: a value of its own per layer and kind. */
+      for (int i = 0; i < 12; ++i) {
+        float k, v;
+        OVF_OK(qsakv_overlay_get_scales(o, 4 * i + 3, &k, &v));
+        if (k != k_of(i) || v != v_of(i))
+          fail_msg("prefix %s, spellings %d: layer %d has k %g, v %g; written %g, %g", prefixes[pi],
+                   si, 4 * i + 3, (double)k, (double)v, (double)k_of(i), (double)v_of(i));
+      }
       qsakv_overlay_destroy(o);
     }
   }

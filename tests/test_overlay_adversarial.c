@@ -2,8 +2,10 @@
 /* Adversarial overlays: every malformed or dishonest input is refused with its own
  * status (and, for many, the words of the message). The cases are one table, `kCases`:
  * a name, how a well-formed overlay is damaged, how it is opened, the status expected
- * and the fragments its message must contain. Each row breaks one rule of a well-formed
- * overlay, so it fails if that rule is removed from the library; the few rows that
+ * and the fragments its message must contain (every refusing row names some: many rules
+ * share a status, so the status alone cannot tell which rule refused). Each row breaks one
+ * rule of a well-formed overlay, so it fails if that rule is removed from the library
+ * (another rule that still catches the file says something else); the few rows that
  * expect success pin down what must stay accepted. What is not a damaged file (the
  * runtime config against the contract, the base revision, the validated flag) follows
  * the table as ordinary tests. */
@@ -335,6 +337,13 @@ static void empty_dir(ovf_pack* p, const overlay_case* c) {
 /* "Unreadable": the tests run as root, for whom chmod 000 changes nothing, so a directory
  * stands where the file should be (test_unreadable_scale_file tries chmod 000 as another
  * user). */
+/* root/ckpt with the manifest and no scale file. */
+static void manifest_only(ovf_pack* p, const overlay_case* c) {
+  (void)c;
+  char scale[OVF_PATH + 64];
+  ckpt_with_manifest(p, scale, sizeof scale);
+}
+
 static void scale_file_a_directory(ovf_pack* p, const overlay_case* c) {
   (void)c;
   char scale[OVF_PATH + 64];
@@ -417,53 +426,69 @@ static qsakv_status open_ckpt_dir(ovf_pack* p) {
 static const overlay_case kCases[] = {
     /* the container */
     {"the fixture is valid", DAMAGE(well_formed), OK},
-    {"empty file", DAMAGE(empty_file), EXPECT(QSAKV_ERROR_FORMAT), SAYS("truncated")},
-    {"truncated inside the length", DAMAGE(cut_inside_length), EXPECT(QSAKV_ERROR_FORMAT)},
+    {"empty file", DAMAGE(empty_file), EXPECT(QSAKV_ERROR_FORMAT), SAYS("is truncated: 0 bytes")},
+    {"truncated inside the length", DAMAGE(cut_inside_length), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("5 bytes, less than the 8-byte header length")},
     {"truncated inside the header", DAMAGE(cut_inside_header), EXPECT(QSAKV_ERROR_FORMAT),
      SAYS("runs past the end")},
-    {"truncated data", DAMAGE(cut_last_data_byte), EXPECT(QSAKV_ERROR_FORMAT), SAYS("past the")},
+    {"truncated data", DAMAGE(cut_last_data_byte), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("ends at byte 96, past the 95-byte data section")},
     {"header length larger than the file", DAMAGE(header_length_file_size),
-     EXPECT(QSAKV_ERROR_FORMAT)},
-    {"header length zero", DAMAGE(header_length_zero), EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("runs past the end of the")},
+    {"header length zero", DAMAGE(header_length_zero), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("header length is 0; a header is at least")},
     {"header length over the limit (a terabyte)", DAMAGE(header_length_terabyte),
-     EXPECT(QSAKV_ERROR_FORMAT), SAYS("limit")},
-    {"header not JSON", DAMAGE(header_is), .from = "{this is not json}",
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("header length 1099511627776 is over the")},
+    {"header not JSON", DAMAGE(header_is), .from = "{this is not json}", EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("header is not valid JSON")},
     {"header a JSON array", DAMAGE(header_is),
      .from = "[{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}]",
-     EXPECT(QSAKV_ERROR_FORMAT)},
-    {"header JSON then garbage", DAMAGE(header_appended), .to = " {}", EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("the header does not start with '{'")},
+    {"header JSON then garbage", DAMAGE(header_appended), .to = " {}", EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("header is not valid JSON", "expected end of input")},
     /* the reference writer pads to 8 bytes this way */
     {"header padded with spaces is fine", DAMAGE(header_appended), .to = "       ", OK},
     {"header not UTF-8",
      HEADER_EDIT("model.layers.3.self_attn.k_scale", "model.layers.3.self_attn.k_scale\xff"),
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("header is not valid JSON", "ill-formed UTF-8")},
     {"trailing bytes", DAMAGE(trailing_bytes), EXPECT(QSAKV_ERROR_FORMAT),
-     SAYS("belong to no tensor")},
-    /* the last tensor, moved past the data */
-    {"offsets past the end", HEADER_EDIT("[92,96]", "[96,100]"), EXPECT(QSAKV_ERROR_FORMAT)},
-    /* two tensors share bytes 0..4 */
-    {"overlapping offsets", HEADER_EDIT("[4,8]", "[0,4]"), EXPECT(QSAKV_ERROR_FORMAT),
-     SAYS("overlaps")},
+     SAYS("4 bytes after the last tensor belong to no tensor")},
+    /* the last tensor grown to 8 bytes (F32 x [2]), past the data: the tensors still tile
+     * [0, 100) with no gap, so only the data section's end is broken */
+    {"offsets past the end",
+     HEADER_EDIT("\"shape\":[],\"data_offsets\":[92,96]",
+                 "\"shape\":[2],\"data_offsets\":[92,100]"),
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("ends at byte 100, past the 96-byte data section")},
+    /* tensor 0 grown to 8 bytes (F64), over tensor 1's bytes 4..8: no gap, no size mismatch */
+    {"overlapping offsets",
+     HEADER_EDIT("\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]",
+                 "\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]"),
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("at bytes [4, 8) overlaps the tensor before it")},
     {"gap in the data", DAMAGE(gap_in_data), EXPECT(QSAKV_ERROR_FORMAT),
-     SAYS("belong to no tensor")},
+     SAYS("data bytes [4, 8) belong to no tensor")},
     {"offsets do not match the size", DAMAGE(sizes_disagree_with_offsets),
-     EXPECT(QSAKV_ERROR_FORMAT)},
-    {"negative offset", HEADER_EDIT("[0,4]", "[-4,0]"), EXPECT(QSAKV_ERROR_FORMAT)},
-    {"fractional offset", HEADER_EDIT("[0,4]", "[0.0,4]"), EXPECT(QSAKV_ERROR_FORMAT)},
-    {"unknown dtype", HEADER_EDIT("\"F32\"", "\"F33\""), EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("data_offsets [0, 8] span 8 bytes; F32 x shape needs 4")},
+    /* a negative offset lies outside the data whatever else holds: the message pins the rule */
+    {"negative offset", HEADER_EDIT("[0,4]", "[-4,0]"), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("data_offsets holds -4, not a non-negative integer")},
+    {"fractional offset", HEADER_EDIT("[0,4]", "[0.0,4]"), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("data_offsets holds 0.0, not a non-negative integer")},
+    {"unknown dtype", HEADER_EDIT("\"F32\"", "\"F33\""), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("unknown dtype \"F33\"")},
     {"unknown entry field", HEADER_EDIT("\"dtype\":\"F32\"", "\"dtype\":\"F32\",\"scale\":2"),
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("has an unknown field \"scale\"")},
     {"entry field twice", HEADER_EDIT("\"dtype\":\"F32\"", "\"dtype\":\"F16\",\"dtype\":\"F32\""),
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("field \"dtype\" appears twice in")},
     {"metadata values not strings", DAMAGE(metadata_is),
      .from = "{\"qsakv.scale_contract\": \"e4m3fn(x/scale), max_abs/448\", \"n\": 3}",
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("__metadata__ \"n\" is a JSON number, not a string")},
     {"metadata names another scale contract", DAMAGE(metadata_is),
-     .from = "{\"qsakv.scale_contract\": \"e4m3fn(x*scale)\"}", EXPECT(QSAKV_ERROR_FORMAT)},
+     .from = "{\"qsakv.scale_contract\": \"e4m3fn(x*scale)\"}", EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("metadata qsakv.scale_contract is \"e4m3fn(x*scale)\"")},
     /* the manifest says false */
     {"metadata unit flag contradicts the manifest", DAMAGE(metadata_is),
-     .from = "{\"qsakv.unit_scale_control\": \"1\"}", EXPECT(QSAKV_ERROR_FORMAT)},
+     .from = "{\"qsakv.unit_scale_control\": \"1\"}", EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("qsakv.unit_scale_control is 1 but the manifest says false")},
     /* tensor 1 takes tensor 0's name: nlohmann would silently keep the last */
     {"tensor key twice",
      HEADER_EDIT("model.layers.3.self_attn.v_scale", "model.layers.3.self_attn.k_scale"),
@@ -472,22 +497,27 @@ static const overlay_case kCases[] = {
     /* the tensors */
     {"dtype F16", DAMAGE(layer_7_k_is_f16), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR),
      SAYS("layer 7 k_scale")},
-    {"dtype F64", DAMAGE(layer_7_v_is_f64), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR)},
+    {"dtype F64", DAMAGE(layer_7_v_is_f64), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR),
+     SAYS("layer 7 v_scale", "is F64 of shape [], not an FP32 scalar")},
     {"dtype BF16 packed in F32's bytes", DAMAGE(two_bf16_in_f32_bytes),
-     EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR)},
+     EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR), SAYS("is BF16 of shape [2], not an FP32 scalar")},
     {"shape [1]", DAMAGE(shape_one), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR),
      SAYS("not an FP32 scalar")},
-    {"shape [2]", DAMAGE(shape_two), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR)},
+    {"shape [2]", DAMAGE(shape_two), EXPECT(QSAKV_ERROR_OVERLAY_BAD_TENSOR),
+     SAYS("is F32 of shape [2], not an FP32 scalar")},
     {"scale NaN", SCALE(11, 'k', NAN), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
      SAYS("layer 11 k_scale is nan")},
     {"scale +inf", SCALE(23, 'v', INFINITY), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
      SAYS("layer 23 v_scale is inf")},
-    {"scale -inf", SCALE(3, 'k', -INFINITY), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE)},
+    {"scale -inf", SCALE(3, 'k', -INFINITY), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
+     SAYS("layer 3 k_scale is -inf")},
     {"scale zero", SCALE(47, 'v', 0.0f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
      SAYS("layer 47 v_scale is 0")},
-    {"scale -0", SCALE(47, 'k', -0.0f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE)},
+    {"scale -0", SCALE(47, 'k', -0.0f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
+     SAYS("layer 47 k_scale is -0")},
     {"scale negative", SCALE(19, 'k', -0.5f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE), SAYS("-0.5")},
-    {"scale negative subnormal", SCALE(19, 'v', -1e-45f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE)},
+    {"scale negative subnormal", SCALE(19, 'v', -1e-45f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
+     SAYS("layer 19 v_scale is -1.4")},
     /* the smallest positive float: finite and > 0 */
     {"scale positive subnormal is valid", SCALE(19, 'v', 1e-45f), OK},
     {"23 of 24 scales", DAMAGE(scale_left_out), .layer = 47, .kind = 'v',
@@ -501,7 +531,8 @@ static const overlay_case kCases[] = {
     {"scale of a non-QSA layer", DAMAGE(tensor_added), .from = "model.layers.4.self_attn.k_scale",
      EXPECT(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR), SAYS("layer 4, which is not a QSA layer")},
     {"scale of a layer past the model", DAMAGE(tensor_added),
-     .from = "model.layers.51.self_attn.v_scale", EXPECT(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR)},
+     .from = "model.layers.51.self_attn.v_scale", EXPECT(QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR),
+     SAYS("layer 51, which is not a QSA layer")},
     {"one scale under two spellings", DAMAGE(tensor_added),
      .from = "model.layers.11.self_attn.attn.k_scale", EXPECT(QSAKV_ERROR_OVERLAY_DUPLICATE),
      SAYS("layer 11 k_scale is given twice")},
@@ -513,9 +544,9 @@ static const overlay_case kCases[] = {
     {"scale file changed after the manifest", DAMAGE(scale_changed_after_manifest),
      EXPECT(QSAKV_ERROR_HASH_MISMATCH), SAYS("SHA-256")},
     {"manifest missing", DAMAGE(manifest_deleted), EXPECT(QSAKV_ERROR_OVERLAY_MISSING),
-     SAYS("manifest")},
+     SAYS("overlay manifest not found")},
     {"manifest not JSON", DAMAGE(manifest_is), .from = "schema_version = 1\n",
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("qsakv-overlay.json is not valid JSON")},
     {"manifest key twice", DAMAGE(manifest_key_twice), EXPECT(QSAKV_ERROR_FORMAT),
      SAYS("appears twice")},
     {"manifest field missing", MANIFEST_EDIT("\"unit_scale_control\": false,", ""),
@@ -527,31 +558,41 @@ static const overlay_case kCases[] = {
     {"manifest schema newer", MANIFEST_EDIT("\"schema_version\": 1", "\"schema_version\": 2"),
      EXPECT(QSAKV_ERROR_FORMAT), SAYS("schema_version")},
     {"manifest names another scale contract", MANIFEST_EDIT("max_abs/448", "p99.9/448"),
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("scale_contract is \"e4m3fn(x/scale), p99.9/448\"")},
     {"manifest contract value unknown", DAMAGE(contract_is),
      .from = "{\"tp_size\": 4, \"speculative_tokens\": 0, \"activation_dtype\": \"fp8\", "
              "\"min_sm\": 70}",
-     EXPECT(QSAKV_ERROR_FORMAT)},
-    {"manifest names differ from the file",
-     MANIFEST_EDIT("model.layers.47.self_attn.v_scale", "model.layers.47.self_attn.attn.v_scale"),
-     EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("contract.activation_dtype is \"fp8\"")},
+    /* the manifest's names and the file's, each way (a renamed entry would break both) */
+    {"manifest lacks a name of the file",
+     MANIFEST_EDIT(", \"model.layers.47.self_attn.v_scale\"", ""), EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("has tensor \"model.layers.47.self_attn.v_scale\" that the manifest")},
+    {"manifest lists a name the file lacks",
+     MANIFEST_EDIT("\"tensor_names\": [",
+                   "\"tensor_names\": [\"model.layers.47.self_attn.attn.v_scale\", "),
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("lists \"model.layers.47.self_attn.attn.v_scale\" that")},
     {"manifest lists a name twice",
      MANIFEST_EDIT("\"tensor_names\": [",
                    "\"tensor_names\": [\"model.layers.3.self_attn.k_scale\", "),
-     EXPECT(QSAKV_ERROR_OVERLAY_DUPLICATE)},
+     EXPECT(QSAKV_ERROR_OVERLAY_DUPLICATE),
+     SAYS("tensor name \"model.layers.3.self_attn.k_scale\" is listed twice")},
 
     /* files and directories */
-    {"path missing", DAMAGE(nothing_there), IN_CKPT_DIR, EXPECT(QSAKV_ERROR_OVERLAY_MISSING)},
-    {"directory without a scale file", DAMAGE(empty_dir), IN_CKPT_DIR,
-     EXPECT(QSAKV_ERROR_OVERLAY_MISSING)},
-    {"scale file a directory", DAMAGE(scale_file_a_directory), IN_CKPT_DIR, EXPECT(QSAKV_ERROR_IO)},
+    {"path missing", DAMAGE(nothing_there), IN_CKPT_DIR, EXPECT(QSAKV_ERROR_OVERLAY_MISSING),
+     SAYS("ckpt does not exist")},
+    {"directory without a manifest", DAMAGE(empty_dir), IN_CKPT_DIR,
+     EXPECT(QSAKV_ERROR_OVERLAY_MISSING), SAYS("overlay manifest not found")},
+    {"directory without a scale file", DAMAGE(manifest_only), IN_CKPT_DIR,
+     EXPECT(QSAKV_ERROR_OVERLAY_MISSING), SAYS("overlay scale file not found")},
+    {"scale file a directory", DAMAGE(scale_file_a_directory), IN_CKPT_DIR, EXPECT(QSAKV_ERROR_IO),
+     SAYS("model-kvscales.safetensors is not a regular file")},
     /* must neither block nor read it as an empty file (that would be HASH_MISMATCH) */
     {"scale file a FIFO", DAMAGE(scale_file_a_fifo), IN_CKPT_DIR, EXPECT(QSAKV_ERROR_IO),
      SAYS("not a regular file")},
     {"scale file a symlink loop", DAMAGE(scale_file_a_symlink_loop), IN_CKPT_DIR,
-     EXPECT(QSAKV_ERROR_IO)},
+     EXPECT(QSAKV_ERROR_IO), SAYS("cannot open overlay scale file")},
     {"directory a symlink to itself", DAMAGE(dir_a_symlink_to_itself), IN_CKPT_DIR,
-     EXPECT(QSAKV_ERROR_IO)},
+     EXPECT(QSAKV_ERROR_IO), SAYS("cannot stat overlay path")},
 
     /* the merged index of a checkpoint directory */
     {"checkpoint directory is valid", DAMAGE(ckpt_with_index), IN_CKPT_DIR,
@@ -569,9 +610,10 @@ static const overlay_case kCases[] = {
      SAYS("layer 31 v_scale")},
     {"index promises a tensor the file lacks", DAMAGE(ckpt_with_index), IN_CKPT_DIR,
      .from = "\"model.layers.51.self_attn.k_scale\": \"model-kvscales.safetensors\"",
-     EXPECT(QSAKV_ERROR_FORMAT)},
-    {"index not JSON", DAMAGE(ckpt_with_index_text), IN_CKPT_DIR,
-     .from = "{\"weight_map\": ", EXPECT(QSAKV_ERROR_FORMAT)},
+     EXPECT(QSAKV_ERROR_FORMAT),
+     SAYS("maps \"model.layers.51.self_attn.k_scale\" to model-kvscales.safetensors, which holds")},
+    {"index not JSON", DAMAGE(ckpt_with_index_text), IN_CKPT_DIR, .from = "{\"weight_map\": ",
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("model.safetensors.index.json is not valid JSON")},
 };
 
 enum { kNumCases = sizeof kCases / sizeof kCases[0] };
@@ -602,6 +644,11 @@ static int teardown_case(void** state) {
 static void run_case(void** state) {
   case_state* s = *state;
   const overlay_case* c = s->c;
+  /* A refusal's status alone may come from another rule than the row's: every row that
+   * expects one names its message too. */
+  if (c->expected != QSAKV_SUCCESS && !c->message[0])
+    fail_msg("%s: the row expects %s but checks no message (SAYS)", c->name,
+             qsakv_status_string(c->expected));
   c->damage(&s->pack, c);
   const qsakv_status got = c->open ? c->open(&s->pack) : ovf_load_validate(&s->pack);
   if (got != c->expected)

@@ -53,6 +53,23 @@ static void free_world(store_world* w) {
   qsakv_overlay_destroy(w->ov);
 }
 
+/* Fills `bytes` of device buffer `dst` with 0xA5: bytes no store names must keep it. */
+static void poison(qsakv_context* ctx, void* dst, size_t bytes) {
+  void* p = tu_device_filled(ctx, bytes, 0xA5);
+  TU_OK(qsakv_memcpy(ctx, dst, p, bytes, QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+  TU_OK(qsakv_stream_synchronize(ctx, NULL));
+  qsakv_free(ctx, p);
+}
+
+/* Asserts got == want over the whole buffer, printing the first differing bytes. */
+static void assert_image(const char* what, const uint8_t* got, const uint8_t* want, size_t n) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (got[i] != want[i] && bad++ < 5)
+      print_error("%s byte %zu: got 0x%02x want 0x%02x\n", what, i, got[i], want[i]);
+  if (bad) fail_msg("%s: %zu of %zu bytes differ from the expected image", what, bad, n);
+}
+
 /* Stores n tokens (random plus specials) into layer 3 with a random slot mapping that
  * has -1 entries; returns the layer's bytes after the store. */
 static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v, const int64_t* slots,
@@ -61,10 +78,7 @@ static uint8_t* do_store(store_world* w, const uint16_t* k, const uint16_t* v, c
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, 3, &lb));
   /* Poison first: bytes no slot names must keep it. */
-  void* poison = tu_device_filled(w->ctx, w->L.kv_bytes_per_layer, 0xA5);
-  TU_OK(qsakv_memcpy(w->ctx, lb.kv, poison, w->L.kv_bytes_per_layer, QSAKV_COPY_DEVICE_TO_DEVICE,
-                     NULL));
-  qsakv_free(w->ctx, poison);
+  poison(w->ctx, lb.kv, w->L.kv_bytes_per_layer);
   void* dk = tu_to_device(w->ctx, k, bytes);
   void* dv = tu_to_device(w->ctx, v, bytes);
   void* ds = tu_to_device(w->ctx, slots, sizeof(int64_t) * n);
@@ -147,29 +161,38 @@ static void test_e4m3_store_cpu(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* A 16-bit cache (BF16, then FP16) over a poisoned layer: each named slot holds its K and
+ * V rows, every other byte (-1 slots, slots no token names) still the poison. */
 static void test_16bit_store_cpu(void** state) {
   (void)state;
   qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
-  store_world w;
-  make_world(&w, ctx, QSAKV_DTYPE_BF16, QSAKV_DTYPE_BF16, 1, 1);
-  const int n = 200;
-  uint16_t *k, *v;
-  int64_t* slots;
-  make_inputs(n, 40 * 16, QSAKV_DTYPE_BF16, &k, &v, &slots);
-  uint8_t* got = do_store(&w, k, v, slots, n);
-  const uint16_t* g16 = (const uint16_t*)got;
-  for (int t = 0; t < n; ++t) {
-    if (slots[t] < 0) continue;
-    const int64_t base =
-        (slots[t] / 16) * w.L.kv_stride_block + (slots[t] % 16) * w.L.kv_stride_token;
-    assert_memory_equal(g16 + base, k + t * 256, 512);
-    assert_memory_equal(g16 + base + w.L.kv_stride_kv, v + t * 256, 512);
+  const qsakv_dtype dtypes[] = {QSAKV_DTYPE_BF16, QSAKV_DTYPE_FP16};
+  for (int di = 0; di < 2; ++di) {
+    store_world w;
+    make_world(&w, ctx, dtypes[di], dtypes[di], 1, 1);
+    const int n = 200;
+    uint16_t *k, *v;
+    int64_t* slots;
+    make_inputs(n, 40 * 16, dtypes[di], &k, &v, &slots);
+    uint8_t* got = do_store(&w, k, v, slots, n);
+    uint8_t* want = malloc(w.L.kv_bytes_per_layer);
+    memset(want, 0xA5, w.L.kv_bytes_per_layer);
+    uint16_t* w16 = (uint16_t*)want;
+    for (int t = 0; t < n; ++t) {
+      if (slots[t] < 0) continue;
+      const int64_t base =
+          (slots[t] / 16) * w.L.kv_stride_block + (slots[t] % 16) * w.L.kv_stride_token;
+      memcpy(w16 + base, k + t * 256, 512);
+      memcpy(w16 + base + w.L.kv_stride_kv, v + t * 256, 512);
+    }
+    assert_image(qsakv_dtype_name(dtypes[di]), got, want, w.L.kv_bytes_per_layer);
+    free(got);
+    free(want);
+    free(k);
+    free(v);
+    free(slots);
+    free_world(&w);
   }
-  free(got);
-  free(k);
-  free(v);
-  free(slots);
-  free_world(&w);
   qsakv_context_destroy(ctx);
 }
 
@@ -244,6 +267,9 @@ static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t**
                                const int64_t* cslots, int n, store_world* w) {
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(w->cache, 7, &lb));
+  /* Poison first: ring rows and compressed entries no key names must keep it. */
+  poison(ctx, lb.ring_keys, w->L.ring_bytes_per_layer);
+  poison(ctx, lb.compressed_keys, w->L.compressed_bytes_per_layer);
   void* dk = tu_to_device(ctx, keys, 2 * (size_t)n * 128);
   void* dr = tu_to_device(ctx, req, 4 * (size_t)n);
   void* dp = tu_to_device(ctx, pos, 8 * (size_t)n);
@@ -263,7 +289,7 @@ static void check_index_stores(qsakv_context* ctx, uint8_t** ring_out, uint8_t**
 static void test_index_key_stores_cpu_and_cuda(void** state) {
   (void)state;
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("GPU comparison of index-key stores");
   store_world w;
   make_world(&w, cpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 1, 1);
   const int n = 64;
@@ -278,19 +304,25 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
   }
   uint8_t *ring, *comp;
   check_index_stores(cpu, &ring, &comp, keys, req, pos, cs, n, &w);
-  const uint16_t* r16 = (const uint16_t*)ring;
-  const uint16_t* c16 = (const uint16_t*)comp;
-  /* Last writer wins in the ring: rows with the same (request, pos % 4). */
+  /* The expected images over the poison: in key order, so that the last writer wins in the
+   * ring (rows with the same request and pos % ring_length); the compressed entry of key i
+   * is cs[i] / 4 (FP16 pages: entries of 128 keys' dims, back to back). */
+  assert_int_equal(w.L.ring_length, 4);
+  assert_int_equal(w.L.compressed_stride_block, (int64_t)w.L.compressed_keys_per_block * 128 * 2);
+  uint8_t* want_ring = malloc(w.L.ring_bytes_per_layer);
+  uint8_t* want_comp = malloc(w.L.compressed_bytes_per_layer);
+  memset(want_ring, 0xA5, w.L.ring_bytes_per_layer);
+  memset(want_comp, 0xA5, w.L.compressed_bytes_per_layer);
   for (int i = 0; i < n; ++i) {
-    if (pos[i] >= 0) {
-      int last = i;
-      for (int j = i + 1; j < n; ++j)
-        if (pos[j] >= 0 && req[j] == req[i] && pos[j] % 4 == pos[i] % 4) last = j;
-      assert_memory_equal(r16 + ((size_t)req[i] * w.L.ring_length + pos[i] % 4) * 128,
-                          keys + last * 128, 256);
-    }
-    if (cs[i] >= 0) assert_memory_equal(c16 + (size_t)(cs[i] / 4) * 128, keys + i * 128, 256);
+    if (pos[i] >= 0)
+      memcpy((uint16_t*)want_ring + ((size_t)req[i] * w.L.ring_length + pos[i] % 4) * 128,
+             keys + i * 128, 256);
+    if (cs[i] >= 0) memcpy((uint16_t*)want_comp + (size_t)(cs[i] / 4) * 128, keys + i * 128, 256);
   }
+  assert_image("ring", ring, want_ring, w.L.ring_bytes_per_layer);
+  assert_image("compressed keys", comp, want_comp, w.L.compressed_bytes_per_layer);
+  free(want_ring);
+  free(want_comp);
   if (gpu) {
     store_world g;
     make_world(&g, gpu, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, 1, 1);
@@ -308,8 +340,6 @@ static void test_index_key_stores_cpu_and_cuda(void** state) {
     free(comp2);
     free_world(&g);
     qsakv_context_destroy(gpu);
-  } else {
-    print_message("[ SKIP part] GPU comparison of index-key stores: no GPU\n");
   }
   free(ring);
   free(comp);
@@ -335,15 +365,12 @@ static uint8_t* store_e4m3_keys(qsakv_context* ctx, const uint16_t* keys, const 
   TU_OK(qsakv_cache_get_layout(cache, L));
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
-  void* poison = tu_device_filled(ctx, L->compressed_bytes_per_layer, 0xA5);
-  TU_OK(qsakv_memcpy(ctx, lb.compressed_keys, poison, L->compressed_bytes_per_layer,
-                     QSAKV_COPY_DEVICE_TO_DEVICE, NULL));
+  poison(ctx, lb.compressed_keys, L->compressed_bytes_per_layer);
   void* dk = tu_to_device(ctx, keys, 2 * (size_t)n * 128);
   void* ds = tu_to_device(ctx, slots, 8 * (size_t)n);
   TU_OK(qsakv_store_compressed_keys(cache, 7, dk, ds, n, NULL));
   uint8_t* out = malloc(L->compressed_bytes_per_layer);
   tu_to_host(ctx, out, lb.compressed_keys, L->compressed_bytes_per_layer);
-  qsakv_free(ctx, poison);
   qsakv_free(ctx, dk);
   qsakv_free(ctx, ds);
   qsakv_cache_destroy(cache);
@@ -443,7 +470,7 @@ static void test_e4m3_index_key_store(void** state) {
     if (i == 6) assert_true(s == (float)(65504.0 / 448.0));
     if (i == 5) assert_true(s > 0.0f && s < 1e-6f);
   }
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("GPU comparison of E4M3 index-key stores");
   if (gpu) {
     qsakv_cache_layout L2;
     uint8_t* g = store_e4m3_keys(gpu, keys, slots, n, &L2);
@@ -454,8 +481,6 @@ static void test_e4m3_index_key_store(void** state) {
     assert_int_equal(bad, 0);
     free(g);
     qsakv_context_destroy(gpu);
-  } else {
-    print_message("[ SKIP part] GPU comparison of E4M3 index-key stores: no GPU\n");
   }
   free(got);
   free(want);
@@ -652,7 +677,7 @@ static void test_store_step(void** state) {
                                    {QSAKV_DTYPE_BF16, QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16},
                                    {QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16, QSAKV_DTYPE_FP16}};
   qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
-  qsakv_context* gpu = tu_context(QSAKV_BACKEND_CUDA);
+  qsakv_context* gpu = tu_cuda_context_or_null("store_step on a GPU");
   for (int i = 0; i < 3; ++i) {
     step_inputs in;
     make_step_inputs(&in, kinds[i][0]);
@@ -668,7 +693,6 @@ static void test_store_step(void** state) {
     free_layer(&on_cpu);
     free_step_inputs(&in);
   }
-  if (!gpu) print_message("[ SKIP part] store_step on a GPU: no GPU\n");
   print_message("store_step: the three calls' bytes, every combination of parts, %s\n",
                 gpu ? "CPU and CUDA" : "CPU");
   if (gpu) qsakv_context_destroy(gpu);

@@ -136,12 +136,34 @@ void tu_env_restore(const char* name, char* saved) {
   }
 }
 
-qsakv_context* tu_cuda_context_or_skip(void) {
-  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CUDA);
-  if (!ctx) {
-    fprintf(stderr, "[ SKIP     ] no usable GPU: %s\n", qsakv_last_error());
+int tu_gpu_required(void) {
+  const char* v = getenv("QSAKV_REQUIRE_GPU");
+  return v && strcmp(v, "1") == 0;
+}
+
+int tu_cuda_absent_skips(qsakv_status status) {
+  return status == QSAKV_ERROR_NO_DEVICE && !tu_gpu_required();
+}
+
+void tu_skip_or_fail_without_gpu(qsakv_status status, const char* what) {
+  if (tu_cuda_absent_skips(status)) {
+    fprintf(stderr, "[ SKIP     ] %s: no usable GPU: %s\n", what, qsakv_last_error());
     skip();
   }
+  print_error(
+      "%s: a CUDA context was refused with %s (%s)%s\n", what, qsakv_status_string(status),
+      qsakv_last_error(),
+      status == QSAKV_ERROR_NO_DEVICE ? ", and QSAKV_REQUIRE_GPU=1 says there is a GPU" : "");
+  fail();
+}
+
+qsakv_context* tu_cuda_context_or_skip(void) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* ctx = NULL;
+  const qsakv_status s = qsakv_context_create(&ctx, &o);
+  if (s != QSAKV_SUCCESS) tu_skip_or_fail_without_gpu(s, "CUDA case");
   /* Once per suite: which kernel tier the CUDA cases ran on (QSAKV_CUDA_TIER=sm70 forces
    * the V100 tier on any GPU), so a forced run's log shows that it was forced. */
   static int tier_printed = 0;
@@ -158,6 +180,21 @@ qsakv_context* tu_cuda_context_or_skip(void) {
     }
   }
   return ctx;
+}
+
+qsakv_context* tu_cuda_context_or_null(const char* what) {
+  qsakv_context_options o;
+  qsakv_context_options_init(&o);
+  o.backend = QSAKV_BACKEND_CUDA;
+  qsakv_context* ctx = NULL;
+  const qsakv_status s = qsakv_context_create(&ctx, &o);
+  if (s == QSAKV_SUCCESS) return ctx;
+  if (tu_cuda_absent_skips(s)) {
+    print_message("[ SKIP part] %s: no usable GPU: %s\n", what, qsakv_last_error());
+    return NULL;
+  }
+  tu_skip_or_fail_without_gpu(s, what); /* fails */
+  return NULL;
 }
 
 int tu_has_grouped_route(qsakv_context* ctx) {
@@ -274,4 +311,37 @@ double tu_rel_l2(const double* ref, const double* got, size_t n) {
 void tu_apply_filter(void) {
   const char* f = getenv("QSAKV_TEST_FILTER");
   if (f && *f) cmocka_set_test_filter(f);
+}
+
+void tu_field_map_start(tu_field_map* map, size_t size, size_t align) {
+  assert_true(size <= TU_FIELD_MAP_MAX);
+  memset(map, 0, sizeof *map);
+  map->size = size;
+  map->align = align;
+}
+
+void tu_same_field(tu_field_map* map, const char* name, const void* want_base,
+                   const void* want_field, const void* got_field, size_t bytes, size_t align) {
+  const size_t offset = (size_t)((const char*)want_field - (const char*)want_base);
+  assert_true(offset + bytes <= map->size);
+  if (memcmp(want_field, got_field, bytes) != 0)
+    fail_msg("field %s (%zu bytes at offset %zu) differs", name, bytes, offset);
+  memset(map->covered + offset, 1, bytes);
+  map->align_at[offset] = (unsigned char)align;
+}
+
+void tu_all_fields_compared(const tu_field_map* map, const char* type) {
+  size_t hole = 0;
+  for (size_t b = 0; b <= map->size; ++b) {
+    if (b < map->size && !map->covered[b]) {
+      ++hole;
+      continue;
+    }
+    /* b starts a field (or is the end): the hole before it can be padding only when it is
+     * smaller than that field's (the struct's) alignment. */
+    const size_t align = b < map->size ? map->align_at[b] : map->align;
+    if (hole > 0 && hole >= align)
+      fail_msg("%s: bytes %zu..%zu belong to a field that was not compared", type, b - hole, b - 1);
+    hole = 0;
+  }
 }

@@ -62,8 +62,24 @@ char* tu_env_save(const char* name);
 void tu_env_restore(const char* name, char* saved);
 
 qsakv_context* tu_context(qsakv_backend backend); /* NULL if unavailable */
-/* A CUDA context, or NULL after cmocka's skip() when there is no GPU. */
+/* Whether a CUDA case may skip: qsakv_context_create for the CUDA backend says
+ * QSAKV_ERROR_NO_DEVICE when there is no GPU to run on (no CUDA device or driver, a GPU
+ * older than SM70, a build without the CUDA backend); every other refusal (a QSAKV_* hook
+ * variable refused, a start-up failure) is a failure. QSAKV_REQUIRE_GPU=1 in the
+ * environment (the GPU runs: make gpu-test, tools/device-*.sh) makes NO_DEVICE a failure
+ * too. */
+int tu_gpu_required(void);
+int tu_cuda_absent_skips(qsakv_status status);
+/* After a CUDA context was refused with `status`: cmocka's skip() with the reason when
+ * tu_cuda_absent_skips(status), else fail() with the status and message. Never returns. */
+void tu_skip_or_fail_without_gpu(qsakv_status status, const char* what);
+/* A CUDA context; cmocka's skip() when there is no GPU (tu_cuda_absent_skips), a failed
+ * test on any other refusal. */
 qsakv_context* tu_cuda_context_or_skip(void);
+/* For a case whose GPU half is optional: a CUDA context, or NULL (after printing
+ * "[ SKIP part] what: ..." with the reason) when tu_cuda_absent_skips; a failed test on any
+ * other refusal. */
+qsakv_context* tu_cuda_context_or_null(const char* what);
 int tu_is_cuda(qsakv_context* ctx);
 /* The CUDA backend on the tensor-core tier: the plan can route rows to the grouped
  * multi-row attention route (the CPU backend and the SM70 tier have none). */
@@ -86,6 +102,30 @@ void tu_small_config(qsakv_model_config* c, int num_q_heads, int num_kv_heads, i
                      qsakv_dtype act, qsakv_dtype kv, int block_size);
 
 double tu_rel_l2(const double* ref, const double* got, size_t n);
+
+/* Field-by-field comparison of two structs of one type, each field byte for byte (padding
+ * bytes are never compared: their values are unspecified), with a record of the bytes
+ * compared: tu_all_fields_compared then fails when what no comparison covered is more than
+ * padding could be (a hole at least as large as the alignment of the field after it, or of
+ * the struct at its end), so a field left out of the comparison fails the test.
+ *   tu_field_map map;
+ *   TU_FIELDS_OF(map, want);
+ *   TU_SAME_FIELD(map, want, got, num_layers); ... one per field
+ *   tu_all_fields_compared(&map, "qsakv_model_config"); */
+enum { TU_FIELD_MAP_MAX = 4096 };
+typedef struct {
+  size_t size, align;
+  unsigned char covered[TU_FIELD_MAP_MAX];
+  unsigned char align_at[TU_FIELD_MAP_MAX]; /* the alignment of the field starting here */
+} tu_field_map;
+void tu_field_map_start(tu_field_map* map, size_t size, size_t align);
+void tu_same_field(tu_field_map* map, const char* name, const void* want_base,
+                   const void* want_field, const void* got_field, size_t bytes, size_t align);
+void tu_all_fields_compared(const tu_field_map* map, const char* type);
+#define TU_FIELDS_OF(map, want) tu_field_map_start(&(map), sizeof(want), __alignof__(want))
+#define TU_SAME_FIELD(map, want, got, field)                                                \
+  tu_same_field(&(map), #field, &(want), &(want).field, &(got).field, sizeof((want).field), \
+                __alignof__((want).field))
 
 /* Applies QSAKV_TEST_FILTER (a cmocka glob such as "*cuda*") when set: GPU runs under
  * compute-sanitizer use it to skip the CPU-only cases. */

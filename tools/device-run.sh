@@ -12,6 +12,8 @@
 # set, builds only those targets.
 # cmocka is not installed there: its Debian packages travel in .deps-device/.
 set -uo pipefail
+# A GPU run: a CUDA case that finds no GPU fails instead of skipping (tests/testutil.h).
+export QSAKV_REQUIRE_GPU=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 prefix=/tmp/cmocka

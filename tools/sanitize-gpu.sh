@@ -3,6 +3,8 @@
 # launches kernels, racecheck on those with shared memory. Usage: sanitize-gpu.sh BUILD
 # QSAKV_CUDA_TIER=sm70 in the environment runs them on the SM70 kernel tier.
 set -uo pipefail
+# A GPU run: a CUDA case that finds no GPU fails instead of skipping (tests/testutil.h).
+export QSAKV_REQUIRE_GPU=1
 build=${1:-build-gpu}
 echo "== kernel tier: ${QSAKV_CUDA_TIER:-auto (from the GPU)}"
 export QSAKV_TEST_FILTER='*cuda*'
