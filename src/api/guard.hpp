@@ -99,7 +99,7 @@ void write_versioned(T* out, T value, const char* what) {
 // leaves the CUDA context unusable, and undefined behaviour on the CPU).
 inline void require_element_aligned(const void* p, size_t bytes, const char* type,
                                     const char* what) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+  if (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes != 0)  // (0: no element size known)
     fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) must be %zu-byte aligned: it is an array of %s",
          what, p, bytes, type);
 }
