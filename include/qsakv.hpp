@@ -7,8 +7,8 @@
  * the library's thread-local message (copied and cleared in the failing thread).
  * Handles are move-only and free their C object in the destructor; get() gives the raw
  * pointer for C calls this header does not wrap. Parents must outlive their children,
- * as in C: a Cache its Context, a Plan its Cache (an Overlay may go once its caches
- * exist: they copy its scales).
+ * as in C: a Cache its Context (and the caller's memory it was made over), a Plan its
+ * Cache (an Overlay may go once its caches exist: they copy its scales).
  *
  *   qsakv::Context ctx(QSAKV_BACKEND_CPU);
  *   auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
@@ -260,13 +260,47 @@ class Cache {
     check(qsakv_cache_create(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr, &options));
     h_.reset(p);
   }
+  /* Over the caller's memory (qsakv_cache_create_with_memory; options.num_blocks > 0):
+   * one qsakv_layer_memory per QSA layer, each buffer at least what layout_for() reports.
+   * The buffers are used as they are (not zeroed) and never freed by the cache: they must
+   * outlive it. */
+  Cache(const Context& ctx, const qsakv_model_config& c, const Overlay* overlay,
+        const qsakv_cache_options& options, const qsakv_cache_memory& memory) {
+    qsakv_cache* p = nullptr;
+    check(qsakv_cache_create_with_memory(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr,
+                                         &options, &memory));
+    h_.reset(p);
+  }
   /* The context must outlive the cache (the C object keeps it): no temporary. */
   Cache(Context&&, const qsakv_model_config&, const Overlay*, const qsakv_cache_options&) = delete;
+  Cache(Context&&, const qsakv_model_config&, const Overlay*, const qsakv_cache_options&,
+        const qsakv_cache_memory&) = delete;
+  /* The caller's memory for the constructor above: fill num_layers and layers. */
+  static qsakv_cache_memory cache_memory() { return QSAKV_CACHE_MEMORY_INIT; }
+  /* The layout a cache of this config and options would have (options.num_blocks > 0),
+   * without creating one: what to allocate for a cache over the caller's memory. */
+  static qsakv_cache_layout layout_for(const qsakv_model_config& c,
+                                       const qsakv_cache_options& options) {
+    auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
+    check(qsakv_cache_layout_for(&c, &options, &l));
+    return l;
+  }
   qsakv_cache* get() const noexcept { return h_.get(); }
   qsakv_cache_layout layout() const {
     auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
     check(qsakv_cache_get_layout(h_.get(), &l));
     return l;
+  }
+  /* The device pointers of a QSA layer (model-layer id), valid while the cache lives. */
+  qsakv_layer_buffers layer_buffers(int32_t layer) const {
+    auto b = detail::versioned<qsakv_layer_buffers>(QSAKV_LAYER_BUFFERS_VERSION);
+    check(qsakv_cache_get_layer_buffers(h_.get(), layer, &b));
+    return b;
+  }
+  /* After writing a layer's cache bytes yourself (through layer_buffers()): the kernels
+   * check that layer for NaN codes and non-finite V values from now on. */
+  void note_external_codes(int32_t layer, qsakv_stream_t stream = nullptr) {
+    check(qsakv_cache_note_external_codes(h_.get(), layer, stream));
   }
   void store_kv(int32_t layer, const void* k, const void* v, const int64_t* slot_mapping,
                 int64_t num_tokens, qsakv_stream_t stream = nullptr) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,6 +33,10 @@ static_assert(std::is_constructible<qsakv::DeviceBuffer, const qsakv::Context&, 
 static_assert(
     !std::is_constructible<qsakv::Calib, qsakv::Context&&, const qsakv_model_config&>::value,
     "no calibration of a temporary context");
+static_assert(!std::is_constructible<qsakv::Cache, qsakv::Context&&, const qsakv_model_config&,
+                                     const qsakv::Overlay*, const qsakv_cache_options&,
+                                     const qsakv_cache_memory&>::value,
+              "no cache over caller memory of a temporary context");
 
 static uint16_t to_half(float x) {  // exact for the values used here (normal or zero)
   uint32_t u;
@@ -405,6 +410,184 @@ static void test_calibration_to_scale_pack(void** state) {
   assert_int_equal(std::system(cmd.c_str()), 0);
 }
 
+// A cache over caller-owned host memory (CPU backend): layout_for is the layout a cache
+// of the same options has; the stores land in the caller's buffers at the offsets the
+// layout gives, and every other byte keeps the caller's poison (the memory is not
+// zeroed); layer_buffers equals the C call and names the caller's buffers;
+// note_external_codes takes a QSA layer; undersized memory is refused naming the buffer.
+static void test_cache_over_caller_memory(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  const auto g = qsakv::ModelConfig::rank_geometry(cfg);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 4;
+  const qsakv_cache_layout L = qsakv::Cache::layout_for(cfg, co);
+  const qsakv::Cache owned(ctx, cfg, nullptr, co);
+  const qsakv_cache_layout lo = owned.layout();
+  assert_int_equal(L.num_blocks, 4);
+  assert_int_equal(L.kv_bytes_per_layer, lo.kv_bytes_per_layer);
+  assert_int_equal(L.compressed_bytes_per_layer, lo.compressed_bytes_per_layer);
+  assert_int_equal(L.ring_bytes_per_layer, lo.ring_bytes_per_layer);
+  assert_int_equal(L.kv_stride_block, lo.kv_stride_block);
+  assert_int_equal(L.kv_stride_kv, lo.kv_stride_kv);
+  assert_int_equal(L.kv_stride_token, lo.kv_stride_token);
+  assert_int_equal(L.kv_stride_head, lo.kv_stride_head);
+  assert_int_equal(L.ring_length, lo.ring_length);
+  assert_int_equal(L.compressed_stride_block, lo.compressed_stride_block);
+
+  // Caller buffers, 16-byte aligned, poisoned.
+  const int32_t nl = cfg.num_qsa_layers;
+  const unsigned char poison = 0x55;
+  auto alloc = [&](uint64_t bytes) {
+    void* p = std::aligned_alloc(16, (size_t)((bytes + 15) / 16 * 16));
+    assert_non_null(p);
+    std::memset(p, poison, (size_t)bytes);
+    return std::unique_ptr<void, void (*)(void*)>(p, std::free);
+  };
+  std::vector<std::unique_ptr<void, void (*)(void*)>> owned_by_test;
+  std::vector<qsakv_layer_memory> lm((size_t)nl);
+  for (auto& m : lm) {
+    owned_by_test.push_back(alloc(L.kv_bytes_per_layer));
+    m.kv = owned_by_test.back().get();
+    m.kv_bytes = L.kv_bytes_per_layer;
+    owned_by_test.push_back(alloc(L.compressed_bytes_per_layer));
+    m.compressed_keys = owned_by_test.back().get();
+    m.compressed_bytes = L.compressed_bytes_per_layer;
+    owned_by_test.push_back(alloc(L.ring_bytes_per_layer));
+    m.ring_keys = owned_by_test.back().get();
+    m.ring_bytes = L.ring_bytes_per_layer;
+  }
+  auto mem = qsakv::Cache::cache_memory();
+  assert_int_equal(mem.struct_size, sizeof mem);
+  mem.num_layers = nl;
+  mem.layers = lm.data();
+  qsakv::Cache cache(ctx, cfg, nullptr, co, mem);
+  assert_true(cache.layout().total_bytes < lo.total_bytes);  // the caller's memory not counted
+
+  const int li = 2, layer = cfg.qsa_layers[li];
+  const int n = 8, D = cfg.head_dim, KH = g.kv_heads, ID = cfg.index_head_dim;
+  std::vector<uint16_t> k((size_t)n * KH * D), v(k.size()), rk((size_t)n * ID), ck(rk.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = to_half(0.125f * (float)(i % 13 + 1));
+    v[i] = to_half(-0.25f * (float)(i % 5 + 1));
+  }
+  for (size_t i = 0; i < rk.size(); ++i) {
+    rk[i] = to_half(0.5f * (float)(i % 7 + 1));
+    ck[i] = to_half(0.75f * (float)(i % 3 + 1));
+  }
+  std::vector<int64_t> slots(n), pos(n), cslots(n);
+  std::vector<int32_t> req(n);
+  for (int t = 0; t < n; ++t) {
+    slots[t] = 30 * t + 3;  // blocks 0..3 of 64 tokens
+    pos[t] = t / 2;         // ring entries 0..3 of each request: none written twice
+    req[t] = t % 2;
+    cslots[t] = (int64_t)cfg.compress_ratio * (8 * t + 1);  // compressed entries 8t + 1, pages 0..3
+  }
+  cache.store_kv(layer, k.data(), v.data(), slots.data(), n);  // host memory on the CPU
+  cache.store_index_keys(layer, rk.data(), req.data(), pos.data(), n);
+  cache.store_compressed_keys(layer, ck.data(), cslots.data(), n);
+
+  // What the caller's buffers must hold: the poison, and each stored element where the
+  // layout puts it.
+  std::vector<unsigned char> want_kv((size_t)L.kv_bytes_per_layer, poison),
+      want_ring((size_t)L.ring_bytes_per_layer, poison),
+      want_ck((size_t)L.compressed_bytes_per_layer, poison);
+  auto put = [](std::vector<unsigned char>& buf, uint64_t byte, uint16_t h) {
+    assert_true(byte + 2 <= buf.size());
+    std::memcpy(&buf[(size_t)byte], &h, 2);
+  };
+  for (int t = 0; t < n; ++t) {
+    const int64_t b = slots[t] / cfg.block_size, o = slots[t] % cfg.block_size;
+    for (int h = 0; h < KH; ++h)
+      for (int d = 0; d < D; ++d) {
+        const int64_t e = b * L.kv_stride_block + o * L.kv_stride_token + h * L.kv_stride_head + d;
+        const size_t src = ((size_t)t * KH + h) * D + d;
+        put(want_kv, 2 * (uint64_t)e, k[src]);
+        put(want_kv, 2 * (uint64_t)(e + L.kv_stride_kv), v[src]);
+      }
+    const int64_t entry = (int64_t)req[t] * L.ring_length + pos[t] % L.ring_length;
+    const int64_t centry = cslots[t] / cfg.compress_ratio;
+    const int64_t page = centry / L.compressed_keys_per_block,
+                  j = centry % L.compressed_keys_per_block;
+    for (int d = 0; d < ID; ++d) {
+      put(want_ring, 2 * (uint64_t)(entry * ID + d), rk[(size_t)t * ID + d]);
+      put(want_ck, (uint64_t)(page * L.compressed_stride_block + 2 * (j * ID + d)),
+          ck[(size_t)t * ID + d]);
+    }
+  }
+  assert_memory_equal(lm[li].kv, want_kv.data(), want_kv.size());
+  assert_memory_equal(lm[li].ring_keys, want_ring.data(), want_ring.size());
+  assert_memory_equal(lm[li].compressed_keys, want_ck.data(), want_ck.size());
+  // Another layer's buffers were not touched.
+  assert_memory_equal(lm[0].kv, std::vector<unsigned char>(want_kv.size(), poison).data(),
+                      want_kv.size());
+
+  // layer_buffers: what the C call returns, the caller's buffers, unit scales (FP16).
+  for (const qsakv::Cache* c : {(const qsakv::Cache*)&cache, &owned}) {
+    for (int32_t i = 0; i < nl; ++i) {
+      qsakv_layer_buffers raw;
+      std::memset(&raw, 0, sizeof raw);
+      raw.struct_size = sizeof raw;
+      assert_int_equal(qsakv_cache_get_layer_buffers(c->get(), cfg.qsa_layers[i], &raw),
+                       QSAKV_SUCCESS);
+      const qsakv_layer_buffers b = c->layer_buffers(cfg.qsa_layers[i]);
+      assert_int_equal(b.struct_size, sizeof b);
+      assert_int_equal(b.version, QSAKV_LAYER_BUFFERS_VERSION);
+      assert_ptr_equal(b.kv, raw.kv);
+      assert_ptr_equal(b.compressed_keys, raw.compressed_keys);
+      assert_ptr_equal(b.ring_keys, raw.ring_keys);
+      assert_ptr_equal(b.topk, raw.topk);
+      assert_ptr_equal(b.scales, raw.scales);
+      assert_true(b.scales[0] == 1.0f && b.scales[1] == 1.0f);
+      if (c == &cache) {
+        assert_ptr_equal(b.kv, lm[(size_t)i].kv);
+        assert_ptr_equal(b.compressed_keys, lm[(size_t)i].compressed_keys);
+        assert_ptr_equal(b.ring_keys, lm[(size_t)i].ring_keys);
+      }
+    }
+  }
+  assert_true(cache.layer_buffers(cfg.qsa_layers[0]).kv !=
+              cache.layer_buffers(cfg.qsa_layers[1]).kv);
+  try {
+    cache.layer_buffers(0);  // layer 0 is not a QSA layer
+    fail_msg("layer_buffers of a non-QSA layer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+
+  cache.note_external_codes(layer);
+  try {
+    cache.note_external_codes(0);
+    fail_msg("note_external_codes of a non-QSA layer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+
+  lm[1].kv_bytes = L.kv_bytes_per_layer - 16;  // too small: refused, naming the buffer
+  try {
+    qsakv::Cache bad(ctx, cfg, nullptr, co, mem);
+    fail_msg("an undersized kv buffer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(err.message().c_str(), "memory.layers[1].kv"));
+  }
+  co.num_blocks = 0;
+  co.memory_budget_bytes = 1 << 30;
+  try {
+    qsakv::Cache::layout_for(cfg, co);
+    fail_msg("layout_for without num_blocks did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(err.message().c_str(), "num_blocks"));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
@@ -414,6 +597,7 @@ int main(void) {
       cmocka_unit_test(test_tp_consensus_and_checkpoint_config),
       cmocka_unit_test(test_index_key_dtype),
       cmocka_unit_test(test_calibration_to_scale_pack),
+      cmocka_unit_test(test_cache_over_caller_memory),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
 }
