@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "qsakv.h"
 
@@ -235,6 +236,72 @@ class Overlay {
     float k = 0, v = 0;
     check(qsakv_overlay_get_scales(h_.get(), layer, &k, &v));
     return {k, v};
+  }
+
+  /* One layer of a scale file: the half of a K/V pair the file lacks is NaN. */
+  struct LayerScales {
+    int32_t layer;
+    float k_scale;
+    float v_scale;
+  };
+  /* A scale file's scales in ascending layer order and its SHA-256 (hex). */
+  struct ScaleFile {
+    std::vector<LayerScales> layers;
+    std::string sha256;
+  };
+  /* The scales a scale file (model-kvscales.safetensors) holds, as they are, for
+   * inspection (qsakv_overlay_read_scale_file): nothing validated, bound to nothing. */
+  static ScaleFile read_scale_file(const std::string& scale_file) {
+    int32_t n = 0;  // the count first, then the file again with room for all
+    check(qsakv_overlay_read_scale_file(scale_file.c_str(), 0, nullptr, nullptr, nullptr, &n,
+                                        nullptr));
+    for (;;) {
+      const int32_t capacity = n;
+      std::vector<int32_t> layers(static_cast<size_t>(capacity));
+      std::vector<float> k(static_cast<size_t>(capacity)), v(static_cast<size_t>(capacity));
+      char hex[65] = {0};
+      check(qsakv_overlay_read_scale_file(scale_file.c_str(), capacity, layers.data(), k.data(),
+                                          v.data(), &n, hex));
+      if (n > capacity) continue;  // the file grew in between: read it again, sized
+      ScaleFile out;
+      out.sha256 = hex;
+      const size_t count = static_cast<size_t>(n);
+      out.layers.reserve(count);
+      for (size_t i = 0; i < count; ++i) out.layers.push_back({layers[i], k[i], v[i]});
+      return out;
+    }
+  }
+  /* Defaults of the manifest's contract (unconstrained, default prefix, no base index). */
+  static qsakv_overlay_write_options default_write_options() {
+    return QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  }
+  /* A scale pack (scale file and manifest) in `out_dir`, a new directory
+   * (qsakv_overlay_write): the scales of `num_layers` QSA layers, arrays of num_layers. */
+  static void write(const std::string& out_dir, const int32_t* layers, const float* k_scales,
+                    const float* v_scales, int32_t num_layers,
+                    const qsakv_overlay_write_options& options) {
+    check(qsakv_overlay_write(out_dir.c_str(), layers, k_scales, v_scales, num_layers, &options));
+  }
+  /* The same from read_scale_file's entries. */
+  static void write(const std::string& out_dir, const std::vector<LayerScales>& scales,
+                    const qsakv_overlay_write_options& options) {
+    if (scales.size() > static_cast<size_t>(INT32_MAX))
+      throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "more scales than an int32 counts");
+    std::vector<int32_t> layers;
+    std::vector<float> k, v;
+    for (const LayerScales& s : scales) {
+      layers.push_back(s.layer);
+      k.push_back(s.k_scale);
+      v.push_back(s.v_scale);
+    }
+    write(out_dir, layers.data(), k.data(), v.data(), static_cast<int32_t>(scales.size()), options);
+  }
+  /* A calibrated checkpoint directory `out_dir` (new) from a base checkpoint directory and
+   * a scale pack of write() (qsakv_overlay_materialize). */
+  static void materialize(const std::string& out_dir, const std::string& base_checkpoint_dir,
+                          const std::string& scale_pack_dir) {
+    check(qsakv_overlay_materialize(out_dir.c_str(), base_checkpoint_dir.c_str(),
+                                    scale_pack_dir.c_str()));
   }
 
  private:

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "testutil.h"
 
 static_assert(!std::is_copy_constructible<qsakv::Context>::value, "handles are move-only");
@@ -410,6 +412,132 @@ static void test_calibration_to_scale_pack(void** state) {
   assert_int_equal(std::system(cmd.c_str()), 0);
 }
 
+static void write_file(const std::string& path, const char* body) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  assert_non_null(f);
+  std::fputs(body, f);
+  std::fclose(f);
+}
+static std::string read_file(const std::string& path) {
+  std::string s;
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return s;
+  char buf[256];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+static uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// Overlay::write, read_scale_file and materialize: a scale pack of distinct K and V scales
+// per layer reads back bit for bit (with the hash the loaded overlay reports), rewrites
+// from read_scale_file's entries into the same file, materialises over a base checkpoint
+// (its weights linked, its revision kept) into an overlay that validates and backs an
+// E4M3 cache whose per-layer scales are the written ones. Refusals throw with the status.
+static void test_overlay_write_read_materialize(void** state) {
+  (void)state;
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  assert_int_equal(cfg.kv_dtype, QSAKV_DTYPE_E4M3);
+  const int32_t n = cfg.num_qsa_layers;
+  std::vector<int32_t> layers(cfg.qsa_layers, cfg.qsa_layers + n);
+  std::vector<float> ks((size_t)n), vs((size_t)n);
+  for (int32_t i = 0; i < n; ++i) {
+    ks[(size_t)i] = 0.01f * (float)(i + 1);  // K and V differ, and differ per layer
+    vs[(size_t)i] = 0.5f + 0.03125f * (float)i;
+  }
+  char dir[] = "/tmp/qsakv-cpp-overlay-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string root = dir, base = root + "/base";
+  assert_int_equal(mkdir(base.c_str(), 0755), 0);
+  write_file(base + "/model.safetensors.index.json",
+             "{\"metadata\": {\"total_size\": 7}, \"weight_map\": {\"w\": \"a.safetensors\"}}");
+  write_file(base + "/a.safetensors", "weights");
+  write_file(base + "/config.json", "{}");
+
+  auto o = qsakv::Overlay::default_write_options();
+  assert_int_equal(o.contract_speculative_tokens, -1);  // QSAKV_OVERLAY_WRITE_OPTIONS_INIT
+  const std::string index = base + "/model.safetensors.index.json";
+  o.base_index_path = index.c_str();
+  const std::string pack = root + "/pack";
+  qsakv::Overlay::write(pack, layers.data(), ks.data(), vs.data(), n, o);
+
+  const auto file = qsakv::Overlay::read_scale_file(pack + "/model-kvscales.safetensors");
+  assert_int_equal(file.layers.size(), (size_t)n);
+  for (int32_t i = 0; i < n; ++i) {
+    const auto& e = file.layers[(size_t)i];
+    assert_int_equal(e.layer, layers[(size_t)i]);
+    assert_int_equal(bits(e.k_scale), bits(ks[(size_t)i]));
+    assert_int_equal(bits(e.v_scale), bits(vs[(size_t)i]));
+  }
+  assert_int_equal(file.sha256.size(), 64);
+  {
+    const qsakv::Overlay bare(pack + "/model-kvscales.safetensors");
+    assert_string_equal(bare.info().scale_file_sha256, file.sha256.c_str());
+  }
+  // The entries written again: the same scale file (the same hash).
+  const std::string again = root + "/again";
+  qsakv::Overlay::write(again, file.layers, o);
+  assert_string_equal(
+      qsakv::Overlay::read_scale_file(again + "/model-kvscales.safetensors").sha256.c_str(),
+      file.sha256.c_str());
+
+  const std::string ckpt = root + "/calibrated";
+  qsakv::Overlay::materialize(ckpt, base, pack);
+  assert_true(read_file(ckpt + "/a.safetensors") == "weights");
+  const std::string rev = qsakv::checkpoint_revision(ckpt);
+  assert_string_equal(rev.c_str(), qsakv::checkpoint_revision(base).c_str());
+  qsakv::Overlay ov(ckpt);
+  assert_int_equal(ov.info().validated, 0);
+  ov.validate(cfg, rev);
+  assert_int_equal(ov.info().validated, 1);
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 2;
+  const qsakv::Cache cache(ctx, cfg, &ov, co);
+  for (int32_t i = 0; i < n; ++i) {
+    const float* sc = cache.layer_buffers(layers[(size_t)i]).scales;  // host on the CPU
+    assert_int_equal(bits(sc[0]), bits(ks[(size_t)i]));
+    assert_int_equal(bits(sc[1]), bits(vs[(size_t)i]));
+  }
+
+  try {
+    qsakv::Overlay::write(pack, layers.data(), ks.data(), vs.data(), n, o);
+    fail_msg("writing over an existing pack did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+  try {
+    qsakv::Overlay::materialize(ckpt, base, pack);
+    fail_msg("materialising into an existing directory did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+  try {
+    qsakv::Overlay::read_scale_file(root + "/no-such.safetensors");
+    fail_msg("reading a missing scale file did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_IO);
+  }
+  try {
+    ks[0] = 0;  // a bad scale: refused, nothing written
+    qsakv::Overlay::write(root + "/bad", layers.data(), ks.data(), vs.data(), n, o);
+    fail_msg("a zero scale did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_OVERLAY_BAD_SCALE);
+  }
+  const std::string cmd = "rm -rf " + root;
+  assert_int_equal(std::system(cmd.c_str()), 0);
+}
+
 // A cache over caller-owned host memory (CPU backend): layout_for is the layout a cache
 // of the same options has; the stores land in the caller's buffers at the offsets the
 // layout gives, and every other byte keeps the caller's poison (the memory is not
@@ -597,6 +725,7 @@ int main(void) {
       cmocka_unit_test(test_tp_consensus_and_checkpoint_config),
       cmocka_unit_test(test_index_key_dtype),
       cmocka_unit_test(test_calibration_to_scale_pack),
+      cmocka_unit_test(test_overlay_write_read_materialize),
       cmocka_unit_test(test_cache_over_caller_memory),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
