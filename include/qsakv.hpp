@@ -465,6 +465,22 @@ class Calib {
     check(qsakv_calib_get_info(h_.get(), &i));
     return i;
   }
+  /* The model config the statistics were gathered for, with this header's struct_size and
+   * version (it holds this header's fields). */
+  qsakv_model_config config() const {
+    auto c = detail::versioned<qsakv_model_config>(QSAKV_MODEL_CONFIG_VERSION);
+    check(qsakv_calib_get_config(h_.get(), &c));
+    c.struct_size = sizeof c;
+    c.version = QSAKV_MODEL_CONFIG_VERSION;
+    return c;
+  }
+  /* The smallest FP32 scale s with 448 s >= max_abs (qsakv_calib_scale_from_max);
+   * Error(QSAKV_ERROR_OVERLAY_BAD_SCALE) for max_abs not finite and > 0. */
+  static float scale_from_max(float max_abs) {
+    float s = 0;
+    check(qsakv_calib_scale_from_max(max_abs, &s));
+    return s;
+  }
   /* One QSA layer's K or V statistics of a host handle; `histogram`: nullptr or
    * QSAKV_CALIB_BINS counts. */
   qsakv_calib_stats stats(int32_t layer, qsakv_calib_kind kind,

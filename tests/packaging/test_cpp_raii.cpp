@@ -5,6 +5,7 @@
 #include "qsakv.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -716,6 +717,56 @@ static void test_cache_over_caller_memory(void** state) {
   }
 }
 
+// Calib::config is the config the handle was made for (live, a snapshot, a saved and
+// loaded file); Calib::scale_from_max is the smallest FP32 s with 448 s >= max.
+static void test_calib_config_and_scale_from_max(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 2;
+  cfg.tp_rank = 1;
+  cfg.speculative_tokens = 1;
+  cfg.max_requests = 3;
+  cfg.max_model_len = 4096;
+  cfg.index_key_dtype = QSAKV_DTYPE_E4M3;
+  qsakv::Calib live(ctx, cfg);
+  const qsakv_model_config c = live.config();
+  assert_memory_equal(&c, &cfg, sizeof c);
+  const qsakv::Calib snap = live.snapshot();
+  const qsakv_model_config cs = snap.config();
+  assert_memory_equal(&cs, &cfg, sizeof cfg);
+  char dir[] = "/tmp/qsakv-cpp-calibcfg-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string path = std::string(dir) + "/stats.safetensors";
+  snap.save(path);
+  const qsakv::Calib back = qsakv::Calib::load(path);
+  const qsakv_model_config cb = back.config();
+  // The stats file's config has no index_key_dtype yet (the loaded handle reads FP16):
+  // the fields before it round-trip.
+  assert_memory_equal(&cb, &cfg, offsetof(qsakv_model_config, index_key_dtype));
+  std::remove(path.c_str());
+  std::remove(dir);
+
+  assert_true(qsakv::Calib::scale_from_max(448.0f) == 1.0f);
+  assert_true(qsakv::Calib::scale_from_max(3.5f) == 0.0078125f);  // 3.5 / 448 = 2^-7
+  for (float m : {3.0f, 1.0f, 1e-3f, 65504.0f, 0.1f}) {
+    const float s = qsakv::Calib::scale_from_max(m);
+    float want = 0;
+    assert_int_equal(qsakv_calib_scale_from_max(m, &want), QSAKV_SUCCESS);
+    assert_int_equal(bits(s), bits(want));
+    assert_true(448.0 * (double)s >= (double)m);  // no calibration value saturates
+    assert_true(448.0 * (double)std::nextafter(s, 0.0f) < (double)m);  // and the smallest
+  }
+  for (float m : {0.0f, -1.0f, NAN, INFINITY}) {
+    try {
+      qsakv::Calib::scale_from_max(m);
+      fail_msg("scale_from_max(%g) did not throw", (double)m);
+    } catch (const qsakv::Error& err) {
+      assert_int_equal(err.status(), QSAKV_ERROR_OVERLAY_BAD_SCALE);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
@@ -727,6 +778,7 @@ int main(void) {
       cmocka_unit_test(test_calibration_to_scale_pack),
       cmocka_unit_test(test_overlay_write_read_materialize),
       cmocka_unit_test(test_cache_over_caller_memory),
+      cmocka_unit_test(test_calib_config_and_scale_from_max),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
 }
