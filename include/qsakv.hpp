@@ -7,8 +7,8 @@
  * the library's thread-local message (copied and cleared in the failing thread).
  * Handles are move-only and free their C object in the destructor; get() gives the raw
  * pointer for C calls this header does not wrap. Parents must outlive their children,
- * as in C: a Cache its Context, a Plan its Cache (an Overlay may go once its caches
- * exist: they copy its scales).
+ * as in C: a Cache its Context (and the caller's memory it was made over), a Plan its
+ * Cache (an Overlay may go once its caches exist: they copy its scales).
  *
  *   qsakv::Context ctx(QSAKV_BACKEND_CPU);
  *   auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "qsakv.h"
 
@@ -237,6 +238,72 @@ class Overlay {
     return {k, v};
   }
 
+  /* One layer of a scale file: the half of a K/V pair the file lacks is NaN. */
+  struct LayerScales {
+    int32_t layer;
+    float k_scale;
+    float v_scale;
+  };
+  /* A scale file's scales in ascending layer order and its SHA-256 (hex). */
+  struct ScaleFile {
+    std::vector<LayerScales> layers;
+    std::string sha256;
+  };
+  /* The scales a scale file (model-kvscales.safetensors) holds, as they are, for
+   * inspection (qsakv_overlay_read_scale_file): nothing validated, bound to nothing. */
+  static ScaleFile read_scale_file(const std::string& scale_file) {
+    int32_t n = 0;  // the count first, then the file again with room for all
+    check(qsakv_overlay_read_scale_file(scale_file.c_str(), 0, nullptr, nullptr, nullptr, &n,
+                                        nullptr));
+    for (;;) {
+      const int32_t capacity = n;
+      std::vector<int32_t> layers(static_cast<size_t>(capacity));
+      std::vector<float> k(static_cast<size_t>(capacity)), v(static_cast<size_t>(capacity));
+      char hex[65] = {0};
+      check(qsakv_overlay_read_scale_file(scale_file.c_str(), capacity, layers.data(), k.data(),
+                                          v.data(), &n, hex));
+      if (n > capacity) continue;  // the file grew in between: read it again, sized
+      ScaleFile out;
+      out.sha256 = hex;
+      const size_t count = static_cast<size_t>(n);
+      out.layers.reserve(count);
+      for (size_t i = 0; i < count; ++i) out.layers.push_back({layers[i], k[i], v[i]});
+      return out;
+    }
+  }
+  /* Defaults of the manifest's contract (unconstrained, default prefix, no base index). */
+  static qsakv_overlay_write_options default_write_options() {
+    return QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  }
+  /* A scale pack (scale file and manifest) in `out_dir`, a new directory
+   * (qsakv_overlay_write): the scales of `num_layers` QSA layers, arrays of num_layers. */
+  static void write(const std::string& out_dir, const int32_t* layers, const float* k_scales,
+                    const float* v_scales, int32_t num_layers,
+                    const qsakv_overlay_write_options& options) {
+    check(qsakv_overlay_write(out_dir.c_str(), layers, k_scales, v_scales, num_layers, &options));
+  }
+  /* The same from read_scale_file's entries. */
+  static void write(const std::string& out_dir, const std::vector<LayerScales>& scales,
+                    const qsakv_overlay_write_options& options) {
+    if (scales.size() > static_cast<size_t>(INT32_MAX))
+      throw Error(QSAKV_ERROR_INVALID_ARGUMENT, "more scales than an int32 counts");
+    std::vector<int32_t> layers;
+    std::vector<float> k, v;
+    for (const LayerScales& s : scales) {
+      layers.push_back(s.layer);
+      k.push_back(s.k_scale);
+      v.push_back(s.v_scale);
+    }
+    write(out_dir, layers.data(), k.data(), v.data(), static_cast<int32_t>(scales.size()), options);
+  }
+  /* A calibrated checkpoint directory `out_dir` (new) from a base checkpoint directory and
+   * a scale pack of write() (qsakv_overlay_materialize). */
+  static void materialize(const std::string& out_dir, const std::string& base_checkpoint_dir,
+                          const std::string& scale_pack_dir) {
+    check(qsakv_overlay_materialize(out_dir.c_str(), base_checkpoint_dir.c_str(),
+                                    scale_pack_dir.c_str()));
+  }
+
  private:
   detail::Unique<qsakv_overlay, qsakv_overlay_destroy> h_;
 };
@@ -260,13 +327,47 @@ class Cache {
     check(qsakv_cache_create(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr, &options));
     h_.reset(p);
   }
+  /* Over the caller's memory (qsakv_cache_create_with_memory; options.num_blocks > 0):
+   * one qsakv_layer_memory per QSA layer, each buffer at least what layout_for() reports.
+   * The buffers are used as they are (not zeroed) and never freed by the cache: they must
+   * outlive it. */
+  Cache(const Context& ctx, const qsakv_model_config& c, const Overlay* overlay,
+        const qsakv_cache_options& options, const qsakv_cache_memory& memory) {
+    qsakv_cache* p = nullptr;
+    check(qsakv_cache_create_with_memory(&p, ctx.get(), &c, overlay ? overlay->get() : nullptr,
+                                         &options, &memory));
+    h_.reset(p);
+  }
   /* The context must outlive the cache (the C object keeps it): no temporary. */
   Cache(Context&&, const qsakv_model_config&, const Overlay*, const qsakv_cache_options&) = delete;
+  Cache(Context&&, const qsakv_model_config&, const Overlay*, const qsakv_cache_options&,
+        const qsakv_cache_memory&) = delete;
+  /* The caller's memory for the constructor above: fill num_layers and layers. */
+  static qsakv_cache_memory cache_memory() { return QSAKV_CACHE_MEMORY_INIT; }
+  /* The layout a cache of this config and options would have (options.num_blocks > 0),
+   * without creating one: what to allocate for a cache over the caller's memory. */
+  static qsakv_cache_layout layout_for(const qsakv_model_config& c,
+                                       const qsakv_cache_options& options) {
+    auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
+    check(qsakv_cache_layout_for(&c, &options, &l));
+    return l;
+  }
   qsakv_cache* get() const noexcept { return h_.get(); }
   qsakv_cache_layout layout() const {
     auto l = detail::versioned<qsakv_cache_layout>(QSAKV_CACHE_LAYOUT_VERSION);
     check(qsakv_cache_get_layout(h_.get(), &l));
     return l;
+  }
+  /* The device pointers of a QSA layer (model-layer id), valid while the cache lives. */
+  qsakv_layer_buffers layer_buffers(int32_t layer) const {
+    auto b = detail::versioned<qsakv_layer_buffers>(QSAKV_LAYER_BUFFERS_VERSION);
+    check(qsakv_cache_get_layer_buffers(h_.get(), layer, &b));
+    return b;
+  }
+  /* After writing a layer's cache bytes yourself (through layer_buffers()): the kernels
+   * check that layer for NaN codes and non-finite V values from now on. */
+  void note_external_codes(int32_t layer, qsakv_stream_t stream = nullptr) {
+    check(qsakv_cache_note_external_codes(h_.get(), layer, stream));
   }
   void store_kv(int32_t layer, const void* k, const void* v, const int64_t* slot_mapping,
                 int64_t num_tokens, qsakv_stream_t stream = nullptr) {
@@ -363,6 +464,22 @@ class Calib {
     auto i = detail::versioned<qsakv_calib_info>(QSAKV_CALIB_INFO_VERSION);
     check(qsakv_calib_get_info(h_.get(), &i));
     return i;
+  }
+  /* The model config the statistics were gathered for, with this header's struct_size and
+   * version (it holds this header's fields). */
+  qsakv_model_config config() const {
+    auto c = detail::versioned<qsakv_model_config>(QSAKV_MODEL_CONFIG_VERSION);
+    check(qsakv_calib_get_config(h_.get(), &c));
+    c.struct_size = sizeof c;
+    c.version = QSAKV_MODEL_CONFIG_VERSION;
+    return c;
+  }
+  /* The smallest FP32 scale s with 448 s >= max_abs (qsakv_calib_scale_from_max);
+   * Error(QSAKV_ERROR_OVERLAY_BAD_SCALE) for max_abs not finite and > 0. */
+  static float scale_from_max(float max_abs) {
+    float s = 0;
+    check(qsakv_calib_scale_from_max(max_abs, &s));
+    return s;
   }
   /* One QSA layer's K or V statistics of a host handle; `histogram`: nullptr or
    * QSAKV_CALIB_BINS counts. */

@@ -5,12 +5,16 @@
 #include "qsakv.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <sys/stat.h>
 
 #include "testutil.h"
 
@@ -32,6 +36,10 @@ static_assert(std::is_constructible<qsakv::DeviceBuffer, const qsakv::Context&, 
 static_assert(
     !std::is_constructible<qsakv::Calib, qsakv::Context&&, const qsakv_model_config&>::value,
     "no calibration of a temporary context");
+static_assert(!std::is_constructible<qsakv::Cache, qsakv::Context&&, const qsakv_model_config&,
+                                     const qsakv::Overlay*, const qsakv_cache_options&,
+                                     const qsakv_cache_memory&>::value,
+              "no cache over caller memory of a temporary context");
 
 static uint16_t to_half(float x) {  // exact for the values used here (normal or zero)
   uint32_t u;
@@ -405,6 +413,360 @@ static void test_calibration_to_scale_pack(void** state) {
   assert_int_equal(std::system(cmd.c_str()), 0);
 }
 
+static void write_file(const std::string& path, const char* body) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  assert_non_null(f);
+  std::fputs(body, f);
+  std::fclose(f);
+}
+static std::string read_file(const std::string& path) {
+  std::string s;
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return s;
+  char buf[256];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+static uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// Overlay::write, read_scale_file and materialize: a scale pack of distinct K and V scales
+// per layer reads back bit for bit (with the hash the loaded overlay reports), rewrites
+// from read_scale_file's entries into the same file, materialises over a base checkpoint
+// (its weights linked, its revision kept) into an overlay that validates and backs an
+// E4M3 cache whose per-layer scales are the written ones. Refusals throw with the status.
+static void test_overlay_write_read_materialize(void** state) {
+  (void)state;
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  assert_int_equal(cfg.kv_dtype, QSAKV_DTYPE_E4M3);
+  const int32_t n = cfg.num_qsa_layers;
+  std::vector<int32_t> layers(cfg.qsa_layers, cfg.qsa_layers + n);
+  std::vector<float> ks((size_t)n), vs((size_t)n);
+  for (int32_t i = 0; i < n; ++i) {
+    ks[(size_t)i] = 0.01f * (float)(i + 1);  // K and V differ, and differ per layer
+    vs[(size_t)i] = 0.5f + 0.03125f * (float)i;
+  }
+  char dir[] = "/tmp/qsakv-cpp-overlay-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string root = dir, base = root + "/base";
+  assert_int_equal(mkdir(base.c_str(), 0755), 0);
+  write_file(base + "/model.safetensors.index.json",
+             "{\"metadata\": {\"total_size\": 7}, \"weight_map\": {\"w\": \"a.safetensors\"}}");
+  write_file(base + "/a.safetensors", "weights");
+  write_file(base + "/config.json", "{}");
+
+  auto o = qsakv::Overlay::default_write_options();
+  assert_int_equal(o.contract_speculative_tokens, -1);  // QSAKV_OVERLAY_WRITE_OPTIONS_INIT
+  const std::string index = base + "/model.safetensors.index.json";
+  o.base_index_path = index.c_str();
+  const std::string pack = root + "/pack";
+  qsakv::Overlay::write(pack, layers.data(), ks.data(), vs.data(), n, o);
+
+  const auto file = qsakv::Overlay::read_scale_file(pack + "/model-kvscales.safetensors");
+  assert_int_equal(file.layers.size(), (size_t)n);
+  for (int32_t i = 0; i < n; ++i) {
+    const auto& e = file.layers[(size_t)i];
+    assert_int_equal(e.layer, layers[(size_t)i]);
+    assert_int_equal(bits(e.k_scale), bits(ks[(size_t)i]));
+    assert_int_equal(bits(e.v_scale), bits(vs[(size_t)i]));
+  }
+  assert_int_equal(file.sha256.size(), 64);
+  {
+    const qsakv::Overlay bare(pack + "/model-kvscales.safetensors");
+    assert_string_equal(bare.info().scale_file_sha256, file.sha256.c_str());
+  }
+  // The entries written again: the same scale file (the same hash).
+  const std::string again = root + "/again";
+  qsakv::Overlay::write(again, file.layers, o);
+  assert_string_equal(
+      qsakv::Overlay::read_scale_file(again + "/model-kvscales.safetensors").sha256.c_str(),
+      file.sha256.c_str());
+
+  const std::string ckpt = root + "/calibrated";
+  qsakv::Overlay::materialize(ckpt, base, pack);
+  assert_true(read_file(ckpt + "/a.safetensors") == "weights");
+  const std::string rev = qsakv::checkpoint_revision(ckpt);
+  assert_string_equal(rev.c_str(), qsakv::checkpoint_revision(base).c_str());
+  qsakv::Overlay ov(ckpt);
+  assert_int_equal(ov.info().validated, 0);
+  ov.validate(cfg, rev);
+  assert_int_equal(ov.info().validated, 1);
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 2;
+  const qsakv::Cache cache(ctx, cfg, &ov, co);
+  for (int32_t i = 0; i < n; ++i) {
+    const float* sc = cache.layer_buffers(layers[(size_t)i]).scales;  // host on the CPU
+    assert_int_equal(bits(sc[0]), bits(ks[(size_t)i]));
+    assert_int_equal(bits(sc[1]), bits(vs[(size_t)i]));
+  }
+
+  try {
+    qsakv::Overlay::write(pack, layers.data(), ks.data(), vs.data(), n, o);
+    fail_msg("writing over an existing pack did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+  try {
+    qsakv::Overlay::materialize(ckpt, base, pack);
+    fail_msg("materialising into an existing directory did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+  try {
+    qsakv::Overlay::read_scale_file(root + "/no-such.safetensors");
+    fail_msg("reading a missing scale file did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_IO);
+  }
+  try {
+    ks[0] = 0;  // a bad scale: refused, nothing written
+    qsakv::Overlay::write(root + "/bad", layers.data(), ks.data(), vs.data(), n, o);
+    fail_msg("a zero scale did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_OVERLAY_BAD_SCALE);
+  }
+  const std::string cmd = "rm -rf " + root;
+  assert_int_equal(std::system(cmd.c_str()), 0);
+}
+
+// A cache over caller-owned host memory (CPU backend): layout_for is the layout a cache
+// of the same options has; the stores land in the caller's buffers at the offsets the
+// layout gives, and every other byte keeps the caller's poison (the memory is not
+// zeroed); layer_buffers equals the C call and names the caller's buffers;
+// note_external_codes takes a QSA layer; undersized memory is refused naming the buffer.
+static void test_cache_over_caller_memory(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 4;
+  cfg.max_batched_tokens = 8;
+  cfg.max_requests = 2;
+  cfg.max_model_len = 256;
+  cfg.kv_dtype = QSAKV_DTYPE_FP16;
+  const auto g = qsakv::ModelConfig::rank_geometry(cfg);
+  auto co = qsakv::Cache::default_options();
+  co.num_blocks = 4;
+  const qsakv_cache_layout L = qsakv::Cache::layout_for(cfg, co);
+  const qsakv::Cache owned(ctx, cfg, nullptr, co);
+  const qsakv_cache_layout lo = owned.layout();
+  assert_int_equal(L.num_blocks, 4);
+  assert_int_equal(L.kv_bytes_per_layer, lo.kv_bytes_per_layer);
+  assert_int_equal(L.compressed_bytes_per_layer, lo.compressed_bytes_per_layer);
+  assert_int_equal(L.ring_bytes_per_layer, lo.ring_bytes_per_layer);
+  assert_int_equal(L.kv_stride_block, lo.kv_stride_block);
+  assert_int_equal(L.kv_stride_kv, lo.kv_stride_kv);
+  assert_int_equal(L.kv_stride_token, lo.kv_stride_token);
+  assert_int_equal(L.kv_stride_head, lo.kv_stride_head);
+  assert_int_equal(L.ring_length, lo.ring_length);
+  assert_int_equal(L.compressed_stride_block, lo.compressed_stride_block);
+
+  // Caller buffers, 16-byte aligned, poisoned.
+  const int32_t nl = cfg.num_qsa_layers;
+  const unsigned char poison = 0x55;
+  auto alloc = [&](uint64_t bytes) {
+    void* p = std::aligned_alloc(16, (size_t)((bytes + 15) / 16 * 16));
+    assert_non_null(p);
+    std::memset(p, poison, (size_t)bytes);
+    return std::unique_ptr<void, void (*)(void*)>(p, std::free);
+  };
+  std::vector<std::unique_ptr<void, void (*)(void*)>> owned_by_test;
+  std::vector<qsakv_layer_memory> lm((size_t)nl);
+  for (auto& m : lm) {
+    owned_by_test.push_back(alloc(L.kv_bytes_per_layer));
+    m.kv = owned_by_test.back().get();
+    m.kv_bytes = L.kv_bytes_per_layer;
+    owned_by_test.push_back(alloc(L.compressed_bytes_per_layer));
+    m.compressed_keys = owned_by_test.back().get();
+    m.compressed_bytes = L.compressed_bytes_per_layer;
+    owned_by_test.push_back(alloc(L.ring_bytes_per_layer));
+    m.ring_keys = owned_by_test.back().get();
+    m.ring_bytes = L.ring_bytes_per_layer;
+  }
+  auto mem = qsakv::Cache::cache_memory();
+  assert_int_equal(mem.struct_size, sizeof mem);
+  mem.num_layers = nl;
+  mem.layers = lm.data();
+  qsakv::Cache cache(ctx, cfg, nullptr, co, mem);
+  assert_true(cache.layout().total_bytes < lo.total_bytes);  // the caller's memory not counted
+
+  const int li = 2, layer = cfg.qsa_layers[li];
+  const int n = 8, D = cfg.head_dim, KH = g.kv_heads, ID = cfg.index_head_dim;
+  std::vector<uint16_t> k((size_t)n * KH * D), v(k.size()), rk((size_t)n * ID), ck(rk.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = to_half(0.125f * (float)(i % 13 + 1));
+    v[i] = to_half(-0.25f * (float)(i % 5 + 1));
+  }
+  for (size_t i = 0; i < rk.size(); ++i) {
+    rk[i] = to_half(0.5f * (float)(i % 7 + 1));
+    ck[i] = to_half(0.75f * (float)(i % 3 + 1));
+  }
+  std::vector<int64_t> slots(n), pos(n), cslots(n);
+  std::vector<int32_t> req(n);
+  for (int t = 0; t < n; ++t) {
+    slots[t] = 30 * t + 3;  // blocks 0..3 of 64 tokens
+    pos[t] = t / 2;         // ring entries 0..3 of each request: none written twice
+    req[t] = t % 2;
+    cslots[t] = (int64_t)cfg.compress_ratio * (8 * t + 1);  // compressed entries 8t + 1, pages 0..3
+  }
+  cache.store_kv(layer, k.data(), v.data(), slots.data(), n);  // host memory on the CPU
+  cache.store_index_keys(layer, rk.data(), req.data(), pos.data(), n);
+  cache.store_compressed_keys(layer, ck.data(), cslots.data(), n);
+
+  // What the caller's buffers must hold: the poison, and each stored element where the
+  // layout puts it.
+  std::vector<unsigned char> want_kv((size_t)L.kv_bytes_per_layer, poison),
+      want_ring((size_t)L.ring_bytes_per_layer, poison),
+      want_ck((size_t)L.compressed_bytes_per_layer, poison);
+  auto put = [](std::vector<unsigned char>& buf, uint64_t byte, uint16_t h) {
+    assert_true(byte + 2 <= buf.size());
+    std::memcpy(&buf[(size_t)byte], &h, 2);
+  };
+  for (int t = 0; t < n; ++t) {
+    const int64_t b = slots[t] / cfg.block_size, o = slots[t] % cfg.block_size;
+    for (int h = 0; h < KH; ++h)
+      for (int d = 0; d < D; ++d) {
+        const int64_t e = b * L.kv_stride_block + o * L.kv_stride_token + h * L.kv_stride_head + d;
+        const size_t src = ((size_t)t * KH + h) * D + d;
+        put(want_kv, 2 * (uint64_t)e, k[src]);
+        put(want_kv, 2 * (uint64_t)(e + L.kv_stride_kv), v[src]);
+      }
+    const int64_t entry = (int64_t)req[t] * L.ring_length + pos[t] % L.ring_length;
+    const int64_t centry = cslots[t] / cfg.compress_ratio;
+    const int64_t page = centry / L.compressed_keys_per_block,
+                  j = centry % L.compressed_keys_per_block;
+    for (int d = 0; d < ID; ++d) {
+      put(want_ring, 2 * (uint64_t)(entry * ID + d), rk[(size_t)t * ID + d]);
+      put(want_ck, (uint64_t)(page * L.compressed_stride_block + 2 * (j * ID + d)),
+          ck[(size_t)t * ID + d]);
+    }
+  }
+  assert_memory_equal(lm[li].kv, want_kv.data(), want_kv.size());
+  assert_memory_equal(lm[li].ring_keys, want_ring.data(), want_ring.size());
+  assert_memory_equal(lm[li].compressed_keys, want_ck.data(), want_ck.size());
+  // Another layer's buffers were not touched.
+  assert_memory_equal(lm[0].kv, std::vector<unsigned char>(want_kv.size(), poison).data(),
+                      want_kv.size());
+
+  // layer_buffers: what the C call returns, the caller's buffers, unit scales (FP16).
+  for (const qsakv::Cache* c : {(const qsakv::Cache*)&cache, &owned}) {
+    for (int32_t i = 0; i < nl; ++i) {
+      qsakv_layer_buffers raw;
+      std::memset(&raw, 0, sizeof raw);
+      raw.struct_size = sizeof raw;
+      assert_int_equal(qsakv_cache_get_layer_buffers(c->get(), cfg.qsa_layers[i], &raw),
+                       QSAKV_SUCCESS);
+      const qsakv_layer_buffers b = c->layer_buffers(cfg.qsa_layers[i]);
+      assert_int_equal(b.struct_size, sizeof b);
+      assert_int_equal(b.version, QSAKV_LAYER_BUFFERS_VERSION);
+      assert_ptr_equal(b.kv, raw.kv);
+      assert_ptr_equal(b.compressed_keys, raw.compressed_keys);
+      assert_ptr_equal(b.ring_keys, raw.ring_keys);
+      assert_ptr_equal(b.topk, raw.topk);
+      assert_ptr_equal(b.scales, raw.scales);
+      assert_true(b.scales[0] == 1.0f && b.scales[1] == 1.0f);
+      if (c == &cache) {
+        assert_ptr_equal(b.kv, lm[(size_t)i].kv);
+        assert_ptr_equal(b.compressed_keys, lm[(size_t)i].compressed_keys);
+        assert_ptr_equal(b.ring_keys, lm[(size_t)i].ring_keys);
+      }
+    }
+  }
+  assert_true(cache.layer_buffers(cfg.qsa_layers[0]).kv !=
+              cache.layer_buffers(cfg.qsa_layers[1]).kv);
+  try {
+    cache.layer_buffers(0);  // layer 0 is not a QSA layer
+    fail_msg("layer_buffers of a non-QSA layer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+
+  cache.note_external_codes(layer);
+  try {
+    cache.note_external_codes(0);
+    fail_msg("note_external_codes of a non-QSA layer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+  }
+
+  lm[1].kv_bytes = L.kv_bytes_per_layer - 16;  // too small: refused, naming the buffer
+  try {
+    qsakv::Cache bad(ctx, cfg, nullptr, co, mem);
+    fail_msg("an undersized kv buffer did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(err.message().c_str(), "memory.layers[1].kv"));
+  }
+  co.num_blocks = 0;
+  co.memory_budget_bytes = 1 << 30;
+  try {
+    qsakv::Cache::layout_for(cfg, co);
+    fail_msg("layout_for without num_blocks did not throw");
+  } catch (const qsakv::Error& err) {
+    assert_int_equal(err.status(), QSAKV_ERROR_INVALID_ARGUMENT);
+    assert_non_null(std::strstr(err.message().c_str(), "num_blocks"));
+  }
+}
+
+// Calib::config is the config the handle was made for (live, a snapshot, a saved and
+// loaded file); Calib::scale_from_max is the smallest FP32 s with 448 s >= max.
+static void test_calib_config_and_scale_from_max(void** state) {
+  (void)state;
+  qsakv::Context ctx(QSAKV_BACKEND_CPU);
+  auto cfg = qsakv::ModelConfig::preset("qwen4_exp");
+  cfg.tp_size = 2;
+  cfg.tp_rank = 1;
+  cfg.speculative_tokens = 1;
+  cfg.max_requests = 3;
+  cfg.max_model_len = 4096;
+  cfg.index_key_dtype = QSAKV_DTYPE_E4M3;
+  qsakv::Calib live(ctx, cfg);
+  const qsakv_model_config c = live.config();
+  assert_memory_equal(&c, &cfg, sizeof c);
+  const qsakv::Calib snap = live.snapshot();
+  const qsakv_model_config cs = snap.config();
+  assert_memory_equal(&cs, &cfg, sizeof cfg);
+  char dir[] = "/tmp/qsakv-cpp-calibcfg-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const std::string path = std::string(dir) + "/stats.safetensors";
+  snap.save(path);
+  const qsakv::Calib back = qsakv::Calib::load(path);
+  const qsakv_model_config cb = back.config();
+  // The stats file's config has no index_key_dtype yet (the loaded handle reads FP16):
+  // the fields before it round-trip.
+  assert_memory_equal(&cb, &cfg, offsetof(qsakv_model_config, index_key_dtype));
+  std::remove(path.c_str());
+  std::remove(dir);
+
+  assert_true(qsakv::Calib::scale_from_max(448.0f) == 1.0f);
+  assert_true(qsakv::Calib::scale_from_max(3.5f) == 0.0078125f);  // 3.5 / 448 = 2^-7
+  for (float m : {3.0f, 1.0f, 1e-3f, 65504.0f, 0.1f}) {
+    const float s = qsakv::Calib::scale_from_max(m);
+    float want = 0;
+    assert_int_equal(qsakv_calib_scale_from_max(m, &want), QSAKV_SUCCESS);
+    assert_int_equal(bits(s), bits(want));
+    assert_true(448.0 * (double)s >= (double)m);  // no calibration value saturates
+    assert_true(448.0 * (double)std::nextafter(s, 0.0f) < (double)m);  // and the smallest
+  }
+  for (float m : {0.0f, -1.0f, NAN, INFINITY}) {
+    try {
+      qsakv::Calib::scale_from_max(m);
+      fail_msg("scale_from_max(%g) did not throw", (double)m);
+    } catch (const qsakv::Error& err) {
+      assert_int_equal(err.status(), QSAKV_ERROR_OVERLAY_BAD_SCALE);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipeline_matches_fp64),
@@ -414,6 +776,9 @@ int main(void) {
       cmocka_unit_test(test_tp_consensus_and_checkpoint_config),
       cmocka_unit_test(test_index_key_dtype),
       cmocka_unit_test(test_calibration_to_scale_pack),
+      cmocka_unit_test(test_overlay_write_read_materialize),
+      cmocka_unit_test(test_cache_over_caller_memory),
+      cmocka_unit_test(test_calib_config_and_scale_from_max),
   };
   return cmocka_run_group_tests_name("cpp_raii", tests, NULL, NULL);
 }
