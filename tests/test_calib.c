@@ -800,6 +800,32 @@ static void test_save_load_roundtrip(void** state) {
   TU_OK(qsakv_calib_get_config(r1, &ca));
   TU_OK(qsakv_calib_get_config(back, &cb));
   assert_memory_equal(&ca, &cb, sizeof ca);
+  /* Every config field survives the file, index_key_dtype too (files before it was
+   * recorded load as FP16 index keys, its default then). */
+  {
+    qsakv_model_config c;
+    calib_config(&c, QSAKV_DTYPE_FP16, 2, 1);
+    c.index_key_dtype = QSAKV_DTYPE_E4M3;
+    qsakv_calib* lv = live(ctx, &c);
+    TU_OK(qsakv_calib_start(lv));
+    fill(ctx, lv, &c, NULL, 17.0, 0);
+    qsakv_calib* h = snapshot(lv); /* save takes a host handle */
+    qsakv_calib_destroy(lv);
+    char e4m3_keys[256];
+    snprintf(e4m3_keys, sizeof e4m3_keys, "%s/e4m3-keys.safetensors", dir);
+    TU_OK(qsakv_calib_save(h, e4m3_keys));
+    qsakv_calib* loaded = NULL;
+    TU_OK(qsakv_calib_load(&loaded, e4m3_keys));
+    memset(&ca, 0, sizeof ca);
+    memset(&cb, 0, sizeof cb);
+    ca.struct_size = cb.struct_size = sizeof ca;
+    TU_OK(qsakv_calib_get_config(h, &ca));
+    TU_OK(qsakv_calib_get_config(loaded, &cb));
+    assert_int_equal(cb.index_key_dtype, QSAKV_DTYPE_E4M3);
+    assert_memory_equal(&ca, &cb, sizeof ca);
+    qsakv_calib_destroy(loaded);
+    qsakv_calib_destroy(h);
+  }
   /* A file that is not a statistics file. */
   char other[256];
   snprintf(other, sizeof other, "%s/other.safetensors", dir);

@@ -54,6 +54,7 @@ json config_json(const qsakv_model_config& c) {
   j["max_requests"] = c.max_requests;
   j["max_batched_tokens"] = c.max_batched_tokens;
   j["max_model_len"] = c.max_model_len;
+  j["index_key_dtype"] = dtype_name(c.index_key_dtype);
   return j;
 }
 
@@ -76,10 +77,11 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
   const json j = parse_json_strict(text, what + " metadata \"config\"");
   if (!j.is_object()) fail(QSAKV_ERROR_FORMAT, "%s: config is not a JSON object", what.c_str());
   static const char* const kKeys[] = {
-      "num_layers",    "qsa_layers",      "num_q_heads",        "num_kv_heads",     "head_dim",
-      "softmax_scale", "index_num_heads", "index_head_dim",     "compress_ratio",   "topk_tokens",
-      "tp_size",       "tp_rank",         "speculative_tokens", "activation_dtype", "kv_dtype",
-      "block_size",    "max_requests",    "max_batched_tokens", "max_model_len"};
+      "num_layers",         "qsa_layers",         "num_q_heads",     "num_kv_heads",
+      "head_dim",           "softmax_scale",      "index_num_heads", "index_head_dim",
+      "compress_ratio",     "topk_tokens",        "tp_size",         "tp_rank",
+      "speculative_tokens", "activation_dtype",   "kv_dtype",        "block_size",
+      "max_requests",       "max_batched_tokens", "max_model_len",   "index_key_dtype"};
   for (const auto& kv : j.items()) {
     bool known = false;
     for (const char* k : kKeys) known |= kv.key() == k;
@@ -122,6 +124,13 @@ qsakv_model_config parse_config(const std::string& text, const std::string& what
   c.max_requests = get_int(j, "max_requests", what);
   c.max_batched_tokens = get_int(j, "max_batched_tokens", what);
   c.max_model_len = get_int(j, "max_model_len", what);
+  // Files written before the field existed hold FP16 index keys (the default then).
+  if (j.contains("index_key_dtype")) {
+    const json& d = j["index_key_dtype"];
+    if (!d.is_string() || dtype_of(d.get<std::string>()) == QSAKV_DTYPE_INVALID)
+      fail(QSAKV_ERROR_FORMAT, "%s: config.index_key_dtype is not a dtype name", what.c_str());
+    c.index_key_dtype = dtype_of(d.get<std::string>());
+  }
   try {
     validate_config(c);
   } catch (const Error& e) {
