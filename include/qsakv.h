@@ -802,7 +802,10 @@ typedef struct qsakv_batch {
   /* Host int32 [num_requests]: tokens of request r after this step, the new rows
    * included: its rows sit at positions seq_lens[r] - n_r ... seq_lens[r] - 1. */
   const int32_t* seq_lens;
-  /* Host int32 [num_requests]: raw-ring slot of each request; NULL: r. */
+  /* Host int32 [num_requests]: raw-ring slot of each request; NULL: r. Checked (0 ..
+   * max_requests - 1) and kept in the plan, but no call reads it today: the ring's keys are
+   * placed by qsakv_store_index_keys' own request_slots and read by the engine, which
+   * compresses them (qsakv_cache_get_layer_buffers). */
   const int32_t* request_slots;
   /* DEVICE int32 [num_requests, block_table_stride]: physical block of each logical
    * page. Read by select and attention at run time (not copied): keep it alive and
