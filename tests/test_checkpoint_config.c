@@ -62,32 +62,7 @@ static void test_reference_equals_preset(void** state) {
   assert_true(c.softmax_scale == 0.0f);
   /* Field by field equal to the preset, every field: overlays validated for one fit the
    * other. */
-  tu_field_map map;
-  TU_FIELDS_OF(map, p);
-  TU_SAME_FIELD(map, p, c, struct_size);
-  TU_SAME_FIELD(map, p, c, version);
-  TU_SAME_FIELD(map, p, c, num_layers);
-  TU_SAME_FIELD(map, p, c, num_qsa_layers);
-  TU_SAME_FIELD(map, p, c, qsa_layers);
-  TU_SAME_FIELD(map, p, c, num_q_heads);
-  TU_SAME_FIELD(map, p, c, num_kv_heads);
-  TU_SAME_FIELD(map, p, c, head_dim);
-  TU_SAME_FIELD(map, p, c, softmax_scale);
-  TU_SAME_FIELD(map, p, c, index_num_heads);
-  TU_SAME_FIELD(map, p, c, index_head_dim);
-  TU_SAME_FIELD(map, p, c, compress_ratio);
-  TU_SAME_FIELD(map, p, c, topk_tokens);
-  TU_SAME_FIELD(map, p, c, tp_size);
-  TU_SAME_FIELD(map, p, c, tp_rank);
-  TU_SAME_FIELD(map, p, c, speculative_tokens);
-  TU_SAME_FIELD(map, p, c, activation_dtype);
-  TU_SAME_FIELD(map, p, c, kv_dtype);
-  TU_SAME_FIELD(map, p, c, block_size);
-  TU_SAME_FIELD(map, p, c, max_requests);
-  TU_SAME_FIELD(map, p, c, max_batched_tokens);
-  TU_SAME_FIELD(map, p, c, max_model_len);
-  TU_SAME_FIELD(map, p, c, index_key_dtype);
-  tu_all_fields_compared(&map, "qsakv_model_config");
+  tu_expect_same_model_config(&p, &c);
   TU_OK(qsakv_model_config_validate(&c));
   /* The file itself works as well as its directory. */
   char file[1100];

@@ -90,32 +90,7 @@ static void test_model_config_init_macro(void** state) {
   qsakv_model_config f;
   memset(&f, 0x5A, sizeof f);
   assert_int_equal(qsakv_model_config_init(&f), QSAKV_SUCCESS);
-  tu_field_map map;
-  TU_FIELDS_OF(map, m);
-  TU_SAME_FIELD(map, m, f, struct_size);
-  TU_SAME_FIELD(map, m, f, version);
-  TU_SAME_FIELD(map, m, f, num_layers);
-  TU_SAME_FIELD(map, m, f, num_qsa_layers);
-  TU_SAME_FIELD(map, m, f, qsa_layers);
-  TU_SAME_FIELD(map, m, f, num_q_heads);
-  TU_SAME_FIELD(map, m, f, num_kv_heads);
-  TU_SAME_FIELD(map, m, f, head_dim);
-  TU_SAME_FIELD(map, m, f, softmax_scale);
-  TU_SAME_FIELD(map, m, f, index_num_heads);
-  TU_SAME_FIELD(map, m, f, index_head_dim);
-  TU_SAME_FIELD(map, m, f, compress_ratio);
-  TU_SAME_FIELD(map, m, f, topk_tokens);
-  TU_SAME_FIELD(map, m, f, tp_size);
-  TU_SAME_FIELD(map, m, f, tp_rank);
-  TU_SAME_FIELD(map, m, f, speculative_tokens);
-  TU_SAME_FIELD(map, m, f, activation_dtype);
-  TU_SAME_FIELD(map, m, f, kv_dtype);
-  TU_SAME_FIELD(map, m, f, block_size);
-  TU_SAME_FIELD(map, m, f, max_requests);
-  TU_SAME_FIELD(map, m, f, max_batched_tokens);
-  TU_SAME_FIELD(map, m, f, max_model_len);
-  TU_SAME_FIELD(map, m, f, index_key_dtype);
-  tu_all_fields_compared(&map, "qsakv_model_config");
+  tu_expect_same_model_config(&m, &f);
   /* The one default that is not zero. */
   assert_int_equal(f.index_key_dtype, QSAKV_DTYPE_FP16);
 }

@@ -345,3 +345,32 @@ void tu_all_fields_compared(const tu_field_map* map, const char* type) {
     hole = 0;
   }
 }
+
+void tu_expect_same_model_config(const qsakv_model_config* want, const qsakv_model_config* got) {
+  tu_field_map map;
+  TU_FIELDS_OF(map, *want);
+  TU_SAME_FIELD(map, *want, *got, struct_size);
+  TU_SAME_FIELD(map, *want, *got, version);
+  TU_SAME_FIELD(map, *want, *got, num_layers);
+  TU_SAME_FIELD(map, *want, *got, num_qsa_layers);
+  TU_SAME_FIELD(map, *want, *got, qsa_layers);
+  TU_SAME_FIELD(map, *want, *got, num_q_heads);
+  TU_SAME_FIELD(map, *want, *got, num_kv_heads);
+  TU_SAME_FIELD(map, *want, *got, head_dim);
+  TU_SAME_FIELD(map, *want, *got, softmax_scale);
+  TU_SAME_FIELD(map, *want, *got, index_num_heads);
+  TU_SAME_FIELD(map, *want, *got, index_head_dim);
+  TU_SAME_FIELD(map, *want, *got, compress_ratio);
+  TU_SAME_FIELD(map, *want, *got, topk_tokens);
+  TU_SAME_FIELD(map, *want, *got, tp_size);
+  TU_SAME_FIELD(map, *want, *got, tp_rank);
+  TU_SAME_FIELD(map, *want, *got, speculative_tokens);
+  TU_SAME_FIELD(map, *want, *got, activation_dtype);
+  TU_SAME_FIELD(map, *want, *got, kv_dtype);
+  TU_SAME_FIELD(map, *want, *got, block_size);
+  TU_SAME_FIELD(map, *want, *got, max_requests);
+  TU_SAME_FIELD(map, *want, *got, max_batched_tokens);
+  TU_SAME_FIELD(map, *want, *got, max_model_len);
+  TU_SAME_FIELD(map, *want, *got, index_key_dtype);
+  tu_all_fields_compared(&map, "qsakv_model_config");
+}

@@ -127,6 +127,10 @@ void tu_all_fields_compared(const tu_field_map* map, const char* type);
   tu_same_field(&(map), #field, &(want), &(want).field, &(got).field, sizeof((want).field), \
                 __alignof__((want).field))
 
+/* Every field of two model configs equal (tu_field_map: a field added to the struct and
+ * not here fails). */
+void tu_expect_same_model_config(const qsakv_model_config* want, const qsakv_model_config* got);
+
 /* Applies QSAKV_TEST_FILTER (a cmocka glob such as "*cuda*") when set: GPU runs under
  * compute-sanitizer use it to skip the CPU-only cases. */
 void tu_apply_filter(void);
