@@ -140,11 +140,7 @@ static void check_e4m3_store(qsakv_context* ctx, qsakv_dtype act) {
             tu_e4m3_encode(x / (kv ? vs : ks));
       }
   }
-  size_t bad = 0;
-  for (size_t i = 0; i < w.L.kv_bytes_per_layer; ++i)
-    if (got[i] != want[i])
-      if (bad++ < 5) print_error("byte %zu: got 0x%02x want 0x%02x\n", i, got[i], want[i]);
-  assert_int_equal(bad, 0);
+  assert_image("E4M3 store", got, want, w.L.kv_bytes_per_layer);
   free(got);
   free(want);
   free(k);
