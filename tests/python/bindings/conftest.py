@@ -13,6 +13,14 @@ if not (os.environ.get("QSAKV_LIB") or os.environ.get("QSAKV_LIBRARY")):
     pytest.exit("set QSAKV_LIB to the built libqsakv.so (ctest does)", returncode=2)
 
 
+def no_gpu(reason: str):
+    """Skips the module or test for want of a GPU, saying why; under QSAKV_REQUIRE_GPU=1
+    (the GPU runs set it, CONTRIBUTING.md) fails instead, as the C suites do."""
+    if os.environ.get("QSAKV_REQUIRE_GPU") == "1":
+        pytest.fail(f"QSAKV_REQUIRE_GPU=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
 def write_checkpoint(root: Path) -> Path:
     """A base checkpoint directory: an index naming one weight file, and the file."""
     root.mkdir(parents=True, exist_ok=True)
