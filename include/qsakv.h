@@ -138,8 +138,9 @@ typedef enum qsakv_status {
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
   QSAKV_ERROR_CALIB_NON_FINITE = -30,       /* calibration saw NaN or infinite activations */
-  QSAKV_ERROR_TP_MISMATCH = -31,     /* tensor-parallel ranks hold different configs/overlays */
-  QSAKV_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps any int32 a valid value of the type */
+  QSAKV_ERROR_TP_MISMATCH = -31,         /* tensor-parallel ranks hold different configs/overlays */
+  QSAKV_ERROR_OVERLAY_UNIT_SCALES = -32, /* unit scales (a negative control) not asked for */
+  QSAKV_STATUS_MAX_ENUM = 0x7FFFFFFF     /* keeps any int32 a valid value of the type */
 } qsakv_status;
 
 /* Static, never NULL: "QSAKV_ERROR_OVERLAY_INCOMPLETE" etc.; unknown codes give
@@ -508,7 +509,7 @@ typedef struct qsakv_capacity {
 QSAKV_API qsakv_status qsakv_capacity_plan(const qsakv_model_config* config,
                                            uint64_t memory_budget_bytes, qsakv_capacity* out);
 
-#define QSAKV_CACHE_OPTIONS_VERSION 1
+#define QSAKV_CACHE_OPTIONS_VERSION 2
 typedef struct qsakv_cache_options {
   size_t struct_size;
   uint32_t version;
@@ -524,26 +525,31 @@ typedef struct qsakv_cache_options {
   qsakv_dtype external_topk_dtype;
   int64_t external_topk_rows; /* >= max_batched_tokens */
   int64_t external_topk_cols; /* == topk_width (2051) */
+  /* Version 2. 1: an E4M3 cache may run on a unit-scale overlay (one marked as a negative
+   * control, unit_scale_control, or whose every scale is 1.0), to measure what calibration
+   * buys; 0 (default): such an overlay is refused (QSAKV_ERROR_OVERLAY_UNIT_SCALES). */
+  int32_t allow_unit_scales;
 } qsakv_cache_options;
 /* Fills defaults: num_blocks 0 (size from memory_budget_bytes), the shared top-k buffer,
- * no external buffer. */
+ * no external buffer, unit-scale overlays refused. */
 QSAKV_API qsakv_status qsakv_cache_options_init(qsakv_cache_options* options);
 /* The same defaults as an initializer. */
 #define QSAKV_CACHE_OPTIONS_INIT                                                                  \
   {                                                                                               \
     sizeof(qsakv_cache_options), QSAKV_CACHE_OPTIONS_VERSION, 0, 0, 1, NULL, QSAKV_DTYPE_INVALID, \
-        0, 0                                                                                      \
+        0, 0, 0                                                                                   \
   }
 
 /* Allocates every cache of this rank: main K/V per QSA layer, raw index-key rings,
  * compressed index-key caches, and the top-k workspace. E4M3 needs an overlay that
  * qsakv_overlay_validate accepted for an equal config (else OVERLAY_MISSING or
- * OVERLAY_NOT_VALIDATED); 16-bit caches take overlay == NULL. A BF16 cache on an SM 7.5
- * GPU is UNSUPPORTED (its tensor cores have no BF16 MMAs; FP16 and E4M3 run there). The scales are
- * copied to device memory; the overlay may be destroyed afterwards. Blocking, allocates. Cache
- * contents start zeroed. The context must outlive the cache. options NULL: the defaults of
- * qsakv_cache_options_init, which size nothing, so the call is refused (set num_blocks or
- * memory_budget_bytes). */
+ * OVERLAY_NOT_VALIDATED) and that holds calibrated scales (a unit-scale overlay only with
+ * options.allow_unit_scales, else OVERLAY_UNIT_SCALES); 16-bit caches take overlay == NULL. A BF16
+ * cache on an SM 7.5 GPU is UNSUPPORTED (its tensor cores have no BF16 MMAs; FP16 and E4M3 run
+ * there). The scales are copied to device memory; the overlay may be destroyed afterwards.
+ * Blocking, allocates. Cache contents start zeroed. The context must outlive the cache. options
+ * NULL: the defaults of qsakv_cache_options_init, which size nothing, so the call is refused (set
+ * num_blocks or memory_budget_bytes). */
 QSAKV_API qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
                                           const qsakv_model_config* config,
                                           const qsakv_overlay* overlay,

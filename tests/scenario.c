@@ -130,6 +130,9 @@ void tu_world_build(tu_world* w, qsakv_context* ctx, const qsakv_model_config* c
   qsakv_cache_options co;
   TU_OK(qsakv_cache_options_init(&co));
   co.num_blocks = num_blocks;
+  /* Worlds with unit scales (integer data whose products stay exact) ask for them: the
+   * library refuses a unit-scale overlay otherwise. */
+  co.allow_unit_scales = k_scale == 1.0f && v_scale == 1.0f;
   TU_OK(qsakv_cache_create(&w->cache, ctx, cfg, w->overlay, &co));
   w->layout.struct_size = sizeof w->layout;
   TU_OK(qsakv_cache_get_layout(w->cache, &w->layout));

@@ -3,6 +3,7 @@
  * shared top-k workspace's saving; cache creation and layout queries on the CPU. */
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -205,6 +206,34 @@ static void test_e4m3_needs_overlay(void** state) {
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
   assert_true(lb.scales[0] == 0.25f && lb.scales[1] == 2.0f); /* CPU: host memory */
   qsakv_cache_destroy(cache);
+  /* Unit scales: one scale of 1.0 is a value like any other; an overlay of nothing but
+   * 1.0 is refused unless the options ask for it (a negative control). */
+  const float one_k[2] = {1.0f, 0.25f}, ones[2] = {1.0f, 1.0f};
+  qsakv_overlay* one = tu_make_overlay(&c, one_k, v);
+  TU_OK(qsakv_cache_create(&cache, ctx, &c, one, &o));
+  qsakv_cache_destroy(cache);
+  qsakv_overlay_destroy(one);
+  qsakv_overlay* unit = tu_make_overlay(&c, ones, ones);
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, unit, &o), QSAKV_ERROR_OVERLAY_UNIT_SCALES);
+  assert_null(cache);
+  assert_non_null(strstr(qsakv_last_error(), "every one of its scales is 1.0"));
+  assert_non_null(strstr(qsakv_last_error(), "allow_unit_scales is 0"));
+  o.allow_unit_scales = 2;
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, unit, &o), QSAKV_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(qsakv_last_error(), "allow_unit_scales is 2"));
+  o.allow_unit_scales = 1;
+  TU_OK(qsakv_cache_create(&cache, ctx, &c, unit, &o));
+  TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));
+  assert_true(lb.scales[0] == 1.0f && lb.scales[1] == 1.0f);
+  qsakv_cache_destroy(cache);
+  o.allow_unit_scales = 0;
+  /* Options of version 1 (without the field) get the default: refused. */
+  o.version = 1;
+  o.struct_size = offsetof(qsakv_cache_options, allow_unit_scales);
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, unit, &o), QSAKV_ERROR_OVERLAY_UNIT_SCALES);
+  o.version = QSAKV_CACHE_OPTIONS_VERSION;
+  o.struct_size = sizeof o;
+  qsakv_overlay_destroy(unit);
   /* A 16-bit cache takes no overlay. */
   c.kv_dtype = QSAKV_DTYPE_FP16;
   TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &c, ov, &o), QSAKV_ERROR_INVALID_ARGUMENT);

@@ -30,7 +30,8 @@ static void test_status_strings_distinct(void** state) {
                               QSAKV_ERROR_CONTRACT,
                               QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
                               QSAKV_ERROR_CALIB_NON_FINITE,
-                              QSAKV_ERROR_TP_MISMATCH};
+                              QSAKV_ERROR_TP_MISMATCH,
+                              QSAKV_ERROR_OVERLAY_UNIT_SCALES};
   const size_t n = sizeof all / sizeof all[0];
   for (size_t i = 0; i < n; ++i) {
     const char* s = qsakv_status_string(all[i]);

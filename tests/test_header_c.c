@@ -132,6 +132,7 @@ static void test_cache_options_init_macro(void** state) {
   TU_SAME_FIELD(map, m, f, external_topk_dtype);
   TU_SAME_FIELD(map, m, f, external_topk_rows);
   TU_SAME_FIELD(map, m, f, external_topk_cols);
+  TU_SAME_FIELD(map, m, f, allow_unit_scales);
   tu_all_fields_compared(&map, "qsakv_cache_options");
 }
 

@@ -391,6 +391,8 @@ static void test_name_variants(void** state) {
   }
 }
 
+/* A unit-scale negative control loads and validates (presence, not value, is the rule of
+ * validation), and backs an E4M3 cache only where the cache's options ask for it. */
 static void test_unit_scales_are_valid(void** state) {
   ovf_pack* p = *state;
   int32_t layers[12];
@@ -413,7 +415,30 @@ static void test_unit_scales_are_valid(void** state) {
   float ks, vs;
   OVF_OK(qsakv_overlay_get_scales(o, 3, &ks, &vs));
   assert_true(ks == 1.0f && vs == 1.0f);
+  /* Valid, but an E4M3 cache runs on it only when asked to (a negative control). */
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  qsakv_cache_options co;
+  OVF_OK(qsakv_cache_options_init(&co));
+  co.num_blocks = 2;
+  qsakv_cache* cache = NULL;
+  OVF_EXPECT(qsakv_cache_create(&cache, ctx, &c, o, &co), QSAKV_ERROR_OVERLAY_UNIT_SCALES);
+  assert_non_null(strstr(qsakv_last_error(), "unit_scale_control: true"));
+  co.allow_unit_scales = 1;
+  OVF_OK(qsakv_cache_create(&cache, ctx, &c, o, &co));
+  qsakv_cache_destroy(cache);
   qsakv_overlay_destroy(o);
+  /* The marker alone is the signal: calibrated-looking scales marked as a control are
+   * refused the same way. */
+  reference_scales(layers, k, v);
+  snprintf(out, sizeof out, "%s/unit-marked", p->root);
+  OVF_OK(qsakv_overlay_write(out, layers, k, v, 12, &wo));
+  OVF_OK(qsakv_overlay_load(&o, out, NULL));
+  OVF_OK(qsakv_overlay_validate(o, &c, p->base_sha));
+  co.allow_unit_scales = 0;
+  OVF_EXPECT(qsakv_cache_create(&cache, ctx, &c, o, &co), QSAKV_ERROR_OVERLAY_UNIT_SCALES);
+  assert_null(cache);
+  qsakv_overlay_destroy(o);
+  qsakv_context_destroy(ctx);
 }
 
 static void test_tp4_reference_contract(void** state) {

@@ -29,9 +29,13 @@ qsakv_cache_options default_cache_options() {
   return o;
 }
 
-// E4M3 needs an overlay validated for this very config; 16-bit caches take none.
+// E4M3 needs an overlay validated for this very config, with calibrated scales (unit
+// scales only where the caller asked for a negative control); 16-bit caches take none.
 std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay* overlay,
-                                const BackendInfo& backend) {
+                                const BackendInfo& backend, int32_t allow_unit_scales) {
+  if (allow_unit_scales != 0 && allow_unit_scales != 1)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT, "options.allow_unit_scales is %d; must be 0 or 1",
+         allow_unit_scales);
   std::vector<float> scales(2 * static_cast<size_t>(c.num_qsa_layers), 1.0f);
   if (c.kv_dtype != QSAKV_DTYPE_E4M3) {
     if (overlay)
@@ -52,6 +56,17 @@ std::vector<float> layer_scales(const qsakv_model_config& c, const qsakv_overlay
          backend.sm_version);
   for (int i = 0; i < c.num_qsa_layers; ++i)
     overlay_scales(overlay, c.qsa_layers[i], &scales[2 * i], &scales[2 * i + 1]);
+  // A single scale of 1.0 is a calibrated value like any other; a whole overlay of them,
+  // or one marked as a negative control, is the uncalibrated run E4M3 mode exists to avoid.
+  const bool marked = overlay->unit_scale_control;
+  const bool all_one = std::all_of(scales.begin(), scales.end(), [](float s) { return s == 1.0f; });
+  if ((marked || all_one) && !allow_unit_scales)
+    fail(QSAKV_ERROR_OVERLAY_UNIT_SCALES,
+         "the overlay holds unit scales (%s): E4M3 mode does not run uncalibrated; "
+         "options.allow_unit_scales is %d, set it to 1 to run a negative control",
+         marked ? "its manifest marks it unit_scale_control: true"
+                : "every one of its scales is 1.0",
+         allow_unit_scales);
   return scales;
 }
 
@@ -193,7 +208,7 @@ qsakv_status qsakv_cache_create(qsakv_cache** out, qsakv_context* context,
     // The config first (INVALID_CONFIG), then the overlay: E4M3 without valid scales is
     // refused before any size question.
     const qsakv_rank_geometry g = rank_geometry(c);
-    const std::vector<float> scales = layer_scales(c, overlay, be->info());
+    const std::vector<float> scales = layer_scales(c, overlay, be->info(), o.allow_unit_scales);
     require_backend_takes(c, be->info());
     auto cache =
         new_cache(context, c, g, scales, o, build_layout(c, g, o, resolve_num_blocks(c, o)));
@@ -242,7 +257,12 @@ qsakv_status qsakv_cache_create_with_memory(qsakv_cache** out, qsakv_context* co
     if (!context) fail(QSAKV_ERROR_INVALID_ARGUMENT, "context is NULL");
     const auto c = read_versioned(config, default_model_config(), "config");
     const qsakv_rank_geometry g = rank_geometry(c);  // validates the config first
-    const std::vector<float> scales = layer_scales(c, overlay, context->backend->info());
+    // The options' unit-scale choice is needed before their size is checked: the overlay
+    // is refused before any size question, as in qsakv_cache_create.
+    const int32_t allow_unit =
+        options ? read_versioned(options, default_cache_options(), "options").allow_unit_scales : 0;
+    const std::vector<float> scales =
+        layer_scales(c, overlay, context->backend->info(), allow_unit);
     require_backend_takes(c, context->backend->info());
     const auto o = sized_options(options);
     if (!memory) fail(QSAKV_ERROR_INVALID_ARGUMENT, "memory is NULL");

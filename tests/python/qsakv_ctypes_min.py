@@ -72,6 +72,7 @@ class Lib:
                 co = _new(_cdefs.qsakv_cache_options, _cdefs.QSAKV_CACHE_OPTIONS_VERSION)
                 self.check(lib.qsakv_cache_options_init(ref(co)))
                 co.num_blocks = (tokens + BLOCK - 1) // BLOCK
+                co.allow_unit_scales = int(scale == 1.0)  # the codec test's unit scale, asked for
                 cache = ctypes.c_void_p()
                 self.check(lib.qsakv_cache_create(ref(cache), ctx, ref(cfg), ov, ref(co)))
                 slots = np.arange(tokens, dtype=np.int64)

@@ -182,6 +182,10 @@ type CacheOptions struct {
 	ExternalTopk *DeviceBuffer
 	// ExternalTopkRows are its rows, at least the config's MaxBatchedTokens (0: that).
 	ExternalTopkRows int64
+	// AllowUnitScales lets an E4M3 cache run on a unit-scale overlay (a negative control:
+	// marked unit_scale_control, or every scale 1.0); without it such an overlay is
+	// refused (ErrOverlayUnitScales).
+	AllowUnitScales bool
 }
 
 // c fills qsakv_cache_options for config m of geometry geo; an external top-k buffer
@@ -192,6 +196,9 @@ func (opts CacheOptions) c(ctx *Context, m *ModelConfig, geo RankGeometry) (C.qs
 	o.memory_budget_bytes = C.uint64_t(opts.MemoryBudgetBytes)
 	if opts.PrivateTopk {
 		o.share_topk = 0
+	}
+	if opts.AllowUnitScales {
+		o.allow_unit_scales = 1
 	}
 	if opts.ExternalTopk == nil {
 		if opts.ExternalTopkRows != 0 {

@@ -92,6 +92,7 @@ const (
 	ErrOverlayNotValidated  Status = C.QSAKV_ERROR_OVERLAY_NOT_VALIDATED
 	ErrCalibNonFinite       Status = C.QSAKV_ERROR_CALIB_NON_FINITE
 	ErrTPMismatch           Status = C.QSAKV_ERROR_TP_MISMATCH
+	ErrOverlayUnitScales    Status = C.QSAKV_ERROR_OVERLAY_UNIT_SCALES
 )
 
 // String is the status' name, e.g. "QSAKV_ERROR_INVALID_CONFIG".

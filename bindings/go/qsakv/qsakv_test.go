@@ -1624,3 +1624,41 @@ func TestCalibration(t *testing.T) {
 		t.Fatalf("scale of 0: %v", err)
 	}
 }
+
+// An overlay of nothing but unit scales backs an E4M3 cache only when CacheOptions asks
+// for it (a negative control); otherwise ErrOverlayUnitScales, naming the option.
+func TestUnitScaleOverlayNeedsAllowUnitScales(t *testing.T) {
+	ctx := must(NewContext(BackendCPU))
+	defer ctx.Close()
+	cfg := smallFP16Config(t)
+	cfg.KVDtype = DtypeE4M3
+	dir := t.TempDir()
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	layers := cfg.QSALayers()
+	ones := make([]float32, len(layers))
+	for i := range ones {
+		ones[i] = 1
+	}
+	pack := filepath.Join(dir, "pack")
+	if err := WriteOverlay(pack, layers, ones, ones, index); err != nil {
+		t.Fatal(err)
+	}
+	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
+	defer ov.Close()
+	if err := ov.Validate(cfg, must(CheckpointRevision(dir))); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewCache(ctx, cfg, ov, CacheOptions{NumBlocks: 2})
+	var qe *Error
+	if !errors.As(err, &qe) || qe.Status != ErrOverlayUnitScales || !strings.Contains(qe.Message, "allow_unit_scales") {
+		t.Fatalf("unit scales without AllowUnitScales: %v, want ErrOverlayUnitScales naming allow_unit_scales", err)
+	}
+	cache, err := NewCache(ctx, cfg, ov, CacheOptions{NumBlocks: 2, AllowUnitScales: true})
+	if err != nil {
+		t.Fatalf("unit scales with AllowUnitScales: %v", err)
+	}
+	cache.Close()
+}

@@ -14,7 +14,7 @@ pub const QSAKV_RANK_GEOMETRY_VERSION: u32 = 1;
 pub const QSAKV_OVERLAY_INFO_VERSION: u32 = 1;
 pub const QSAKV_OVERLAY_WRITE_OPTIONS_VERSION: u32 = 1;
 pub const QSAKV_CAPACITY_VERSION: u32 = 1;
-pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 1;
+pub const QSAKV_CACHE_OPTIONS_VERSION: u32 = 2;
 pub const QSAKV_CACHE_LAYOUT_VERSION: u32 = 1;
 pub const QSAKV_LAYER_BUFFERS_VERSION: u32 = 1;
 pub const QSAKV_CACHE_MEMORY_VERSION: u32 = 1;
@@ -113,6 +113,9 @@ impl qsakv_status {
 }
 impl qsakv_status {
     pub const QSAKV_ERROR_TP_MISMATCH: qsakv_status = qsakv_status(-31);
+}
+impl qsakv_status {
+    pub const QSAKV_ERROR_OVERLAY_UNIT_SCALES: qsakv_status = qsakv_status(-32);
 }
 impl qsakv_status {
     pub const QSAKV_STATUS_MAX_ENUM: qsakv_status = qsakv_status(2147483647);
@@ -2100,12 +2103,13 @@ pub struct qsakv_cache_options {
     pub external_topk_dtype: qsakv_dtype,
     pub external_topk_rows: i64,
     pub external_topk_cols: i64,
+    pub allow_unit_scales: i32,
 }
 #[test]
 fn bindgen_test_layout_qsakv_cache_options() {
     assert_eq!(
         ::std::mem::size_of::<qsakv_cache_options>(),
-        72usize,
+        80usize,
         concat!("Size of: ", stringify!(qsakv_cache_options))
     );
     assert_eq!(
@@ -2266,6 +2270,23 @@ fn bindgen_test_layout_qsakv_cache_options() {
         );
     }
     test_field_external_topk_cols();
+    fn test_field_allow_unit_scales() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<qsakv_cache_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allow_unit_scales) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(qsakv_cache_options),
+                "::",
+                stringify!(allow_unit_scales)
+            )
+        );
+    }
+    test_field_allow_unit_scales();
 }
 extern "C" {
     #[must_use]
