@@ -1044,7 +1044,13 @@ typedef enum qsakv_calib_merge_mode {
  * sum that would not fit in 64 bits is refused (QSAKV_ERROR_INVALID_ARGUMENT naming the
  * layer, K/V and field): counts never wrap.
  * Mismatched fingerprints or TP sizes are QSAKV_ERROR_INVALID_ARGUMENT naming both;
- * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. Blocking. */
+ * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. With two or more
+ * inputs, each must have observed every QSA layer's K and V (count > 0): summed, the
+ * others' counts would hide the gap, and at TP > 1 the layer's scale would miss the KV
+ * heads of the ranks that input covers. Such an input is QSAKV_ERROR_OVERLAY_INCOMPLETE
+ * naming the input (index), its TP ranks, the layer and K/V (checked after the rules
+ * above). A single input is copied as is (qsakv_calib_summarize refuses its gaps).
+ * Blocking. */
 QSAKV_API qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inputs,
                                          int32_t num_inputs, qsakv_calib_merge_mode mode);
 

@@ -528,14 +528,10 @@ static FILE* open_stats_data(const char* path, long* data) {
   return file;
 }
 
-/* A missing K/V half: the API observes K and V together, so a file from another writer is
- * the only way to get one; it is made with the CPU handle and a file edit. */
-static void test_summary_refuses_a_missing_kv_half(void** state) {
-  cpu_calib_fixture* f = *state;
-  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
-  saved_3_and_7(f, dir, path, sizeof path);
-  /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
-   * tensor is first in the data section, ordered (layer, kind). */
+/* Edits a saved file of layers 3 and 7 so that layer 7's V was never observed: zeroes
+ * its entry (count, finite, nonzero, histogram) and its max. The words tensor is first
+ * in the data section, ordered (layer, kind); max_abs follows it. */
+static void unobserve_layer_7_v(const char* path) {
   long words;
   FILE* file = open_stats_data(path, &words);
   const long entry = (long)(4096 + 3) * 8;
@@ -545,6 +541,15 @@ static void test_summary_refuses_a_missing_kv_half(void** state) {
   fseek(file, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
   fwrite(zero, 1, 4, file);
   fclose(file);
+}
+
+/* A missing K/V half: the API observes K and V together, so a file from another writer is
+ * the only way to get one; it is made with the CPU handle and a file edit. */
+static void test_summary_refuses_a_missing_kv_half(void** state) {
+  cpu_calib_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  unobserve_layer_7_v(path);
   qsakv_calib* edited = NULL;
   TU_OK(qsakv_calib_load(&edited, path));
   qsakv_calib_summary sum;
@@ -610,6 +615,75 @@ static void test_summary_refuses_one_rank_of_two(void** state) {
                          "cover 1 of 2 TP ranks; missing rank(s) 0");
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
+}
+
+/* A snapshot of rank `rank` of a TP `tp` run that observed layer 3 and, if `with_7`,
+ * layer 7 (K and V). */
+static qsakv_calib* rank_observing(cpu_calib_fixture* f, int tp, int rank, int with_7) {
+  qsakv_model_config c;
+  calib_config(&c, QSAKV_DTYPE_FP16, tp, rank);
+  qsakv_calib* h = live(f->ctx, &c);
+  TU_OK(qsakv_calib_start(h));
+  observe(f->ctx, h, 3, f->x, f->x, 8, row_elems(&c));
+  if (with_7) observe(f->ctx, h, 7, f->x, f->x, 8, row_elems(&c));
+  qsakv_calib* s = snapshot(h);
+  qsakv_calib_destroy(h);
+  return s;
+}
+
+static void expect_merge_refused(const qsakv_calib* a, const qsakv_calib* b,
+                                 qsakv_calib_merge_mode mode, const char* text) {
+  const qsakv_calib* in[] = {a, b};
+  qsakv_calib* out = (qsakv_calib*)0x1;
+  TU_EXPECT_STATUS(qsakv_calib_merge(&out, in, 2, mode), QSAKV_ERROR_OVERLAY_INCOMPLETE);
+  assert_null(out);
+  MSG_HAS(text);
+}
+
+/* At TP > 1 each rank holds other KV heads: a rank that never observed a layer (or half of
+ * its K/V pair) must not vanish behind the other ranks' counts when they are summed. Every
+ * input of a merge of two or more is checked, naming it, its ranks, the layer and kind. */
+static void test_merge_refuses_an_input_that_missed_a_layer(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* r0 = rank_observing(f, 2, 0, 1);
+  qsakv_calib* r1_gap = rank_observing(f, 2, 1, 0);
+  expect_merge_refused(r0, r1_gap, QSAKV_CALIB_MERGE_RANKS,
+                       "input 1 (TP rank 1 of 2) never observed layer 7 K and V (count 0)");
+  MSG_HAS("KV heads");
+  expect_merge_refused(r1_gap, r0, QSAKV_CALIB_MERGE_RANKS,
+                       "input 0 (TP rank 1 of 2) never observed layer 7 K and V");
+  /* One input is copied as is; its summary refuses it (rank 0 is missing). */
+  const qsakv_calib* one[] = {r1_gap};
+  qsakv_calib* copy = NULL;
+  TU_OK(qsakv_calib_merge(&copy, one, 1, QSAKV_CALIB_MERGE_RANKS));
+  qsakv_calib_destroy(copy);
+  /* Half of a pair: only V of layer 7 missing on rank 1 (a file edit; see above). */
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/rank1.safetensors", dir);
+  qsakv_calib* r1 = rank_observing(f, 2, 1, 1);
+  TU_OK(qsakv_calib_save(r1, path));
+  unobserve_layer_7_v(path);
+  qsakv_calib* r1_half = NULL;
+  TU_OK(qsakv_calib_load(&r1_half, path));
+  expect_merge_refused(r0, r1_half, QSAKV_CALIB_MERGE_RANKS,
+                       "input 1 (TP rank 1 of 2) never observed layer 7 V (count 0)");
+  /* The whole ranks merge; that merge, once checked, envelopes with another. */
+  const qsakv_calib* both[] = {r0, r1};
+  qsakv_calib* run = NULL;
+  TU_OK(qsakv_calib_merge(&run, both, 2, QSAKV_CALIB_MERGE_RANKS));
+  const qsakv_calib* runs[] = {run, run};
+  qsakv_calib* env = NULL;
+  TU_OK(qsakv_calib_merge(&env, runs, 2, QSAKV_CALIB_MERGE_ENVELOPE));
+  /* An envelope of TP1 runs: a run that missed a layer is refused too. */
+  qsakv_calib* whole = rank_observing(f, 1, 0, 1);
+  qsakv_calib* gap = rank_observing(f, 1, 0, 0);
+  expect_merge_refused(whole, gap, QSAKV_CALIB_MERGE_ENVELOPE,
+                       "input 1 (TP rank 0 of 1) never observed layer 7 K and V");
+  qsakv_calib* all[] = {r0, r1_gap, r1, r1_half, run, env, whole, gap};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) qsakv_calib_destroy(all[i]);
+  unlink(path);
+  rmdir(dir);
 }
 
 /* A live handle is summarized or saved only through a snapshot. */
@@ -1054,6 +1128,7 @@ int main(void) {
       R(test_summary_refuses_non_finite_values),
       R(test_summary_refuses_a_zero_maximum),
       R(test_summary_refuses_one_rank_of_two),
+      R(test_merge_refuses_an_input_that_missed_a_layer),
       R(test_live_handle_refuses_summary_and_save),
       R(test_create_refuses_bad_arguments),
       cmocka_unit_test(test_summary_values),

@@ -271,7 +271,34 @@ def test_calib_summarize_json(env, tmp_path):
     assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE")
 
 
-def write_stats_rank(lib, path, rank):
+def test_a_rank_that_missed_a_layer_is_refused(env, tmp_path):
+    """At TP > 1 each rank holds other KV heads: summed with the others, a rank that never
+    observed layer 11 would still give it a scale, blind to that rank's heads. Every
+    command that merges refuses it, naming the input, its file, rank, layer and kind."""
+    lib, tool = env
+    ranks = []
+    for rank in range(4):
+        ranks.append(tmp_path / f"rank{rank}.st")
+        write_stats_rank(lib, ranks[-1], rank, skip_layers=(11,) if rank == 1 else ())
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {}}')
+    for args in (["calib", "summarize", *ranks], ["calib", "summarize", *ranks, "--json"],
+                 ["calib", "merge", tmp_path / "merged.st", *ranks],
+                 ["overlay", "make", "--stats", *ranks, "--base-index", index, tmp_path / "pack"]):
+        r = run_tool(tool, *args)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE: input 1 (TP rank 1 of 4) "
+                                   "never observed layer 11 K and V (count 0)"), (args, r.stderr)
+        assert f"  input 1: {ranks[1]}\n" in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "merged.st").exists() and not (tmp_path / "pack").exists()
+    # Merging ranks 2 and 3 first changes nothing: rank 1 is still checked on its own.
+    part = tmp_path / "ranks23.st"
+    assert run_tool(tool, "calib", "merge", part, *ranks[2:]).returncode == 0
+    r = run_tool(tool, "calib", "summarize", ranks[0], ranks[1], part)
+    assert r.returncode == 1 and "input 1 (TP rank 1 of 4) never observed layer 11" in r.stderr
+
+
+def write_stats_rank(lib, path, rank, skip_layers=()):
     opts = _cdefs.qsakv_context_options()
     assert lib.qsakv_context_options_init(ctypes.byref(opts)) == 0
     opts.backend = 1
@@ -286,6 +313,8 @@ def write_stats_rank(lib, path, rank):
     assert lib.qsakv_calib_start(live) == 0
     tokens, dim = 4, 256  # TP4: one KV head of 256 per rank
     for i, layer in enumerate(QSA_LAYERS):
+        if layer in skip_layers:
+            continue
         k = struct.pack(f"<{tokens * dim}e", *[(i + 1) * ((j % 7) - 3) / 3
                                                 for j in range(tokens * dim)])
         v = struct.pack(f"<{tokens * dim}e", *[0.5] * (tokens * dim))
