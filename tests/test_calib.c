@@ -1047,6 +1047,133 @@ static void test_end_to_end(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* The pack from `stats` with `wo` (base index `index` set here) loaded from its scale file
+ * into *ov; *info gets its contract. */
+static void pack_of(const qsakv_calib* stats, qsakv_overlay_write_options wo, const char* index,
+                    const char* pack, qsakv_overlay** ov, qsakv_overlay_info* info) {
+  wo.base_index_path = index;
+  TU_OK(qsakv_calib_write_overlay(stats, pack, &wo));
+  char scale_file[400];
+  snprintf(scale_file, sizeof scale_file, "%s/model-kvscales.safetensors", pack);
+  TU_OK(qsakv_overlay_load(ov, scale_file, NULL));
+  memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+  info->version = QSAKV_OVERLAY_INFO_VERSION;
+  TU_OK(qsakv_overlay_get_info(*ov, info));
+}
+
+/* Options left at QSAKV_OVERLAY_WRITE_OPTIONS_INIT bind the pack to what was calibrated
+ * (the statistics' TP size and activation dtype), as `qsakv overlay make` does: BF16 TP1
+ * statistics do not give a pack that validates for FP16 at TP2. contract_tp_size -1
+ * lifts the TP constraint; explicit values are kept. */
+static void test_write_overlay_binds_the_statistics_by_default(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  char dir[] = "/tmp/qsakv-calib-contract-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char base[300], index[400], pack[400];
+  snprintf(base, sizeof base, "%s/base", dir);
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", base);
+  assert_int_equal(mkdir(base, 0755), 0);
+  write_text(index, "{\"weight_map\": {\"lm_head.weight\": \"model.safetensors\"}}\n");
+  char revision[65];
+  TU_OK(qsakv_checkpoint_revision(base, revision));
+  qsakv_model_config bf16_tp1, fp16_tp2;
+  calib_config(&bf16_tp1, QSAKV_DTYPE_BF16, 1, 0);
+  calib_config(&fp16_tp2, QSAKV_DTYPE_FP16, 2, 0);
+  qsakv_calib* h = live(ctx, &bf16_tp1);
+  TU_OK(qsakv_calib_start(h));
+  fill(ctx, h, &bf16_tp1, NULL, 40.0, 0);
+  qsakv_calib* stats = snapshot(h);
+  qsakv_calib_destroy(h);
+
+  const qsakv_overlay_write_options init = QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  qsakv_overlay* ov = NULL;
+  qsakv_overlay_info info;
+  snprintf(pack, sizeof pack, "%s/default", dir);
+  pack_of(stats, init, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 1);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  assert_int_equal(info.contract_speculative_tokens, -1); /* not settled by statistics */
+  assert_int_equal(info.contract_min_sm, 0);
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp2, revision), QSAKV_ERROR_CONTRACT);
+  MSG_HAS("tp_size must be 1");
+  qsakv_model_config bf16_tp2 = fp16_tp2;
+  bf16_tp2.activation_dtype = QSAKV_DTYPE_BF16;
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &bf16_tp2, revision), QSAKV_ERROR_CONTRACT);
+  qsakv_model_config fp16_tp1 = bf16_tp1;
+  fp16_tp1.activation_dtype = QSAKV_DTYPE_FP16;
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp1, revision), QSAKV_ERROR_CONTRACT);
+  MSG_HAS("activation_dtype must be bf16");
+  TU_OK(qsakv_overlay_validate(ov, &bf16_tp1, revision));
+  qsakv_overlay_destroy(ov);
+
+  /* The same through qsakv_overlay_write_options_init. */
+  qsakv_overlay_write_options wo;
+  TU_OK(qsakv_overlay_write_options_init(&wo));
+  snprintf(pack, sizeof pack, "%s/init", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 1);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  qsakv_overlay_destroy(ov);
+
+  /* -1: no TP constraint (the dtype stays bound); explicit values as given. */
+  wo.contract_tp_size = -1;
+  snprintf(pack, sizeof pack, "%s/any-tp", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 0);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  TU_OK(qsakv_overlay_validate(ov, &bf16_tp2, revision));
+  qsakv_overlay_destroy(ov);
+  wo.contract_tp_size = 4;
+  wo.contract_activation_dtype = QSAKV_DTYPE_FP16;
+  wo.contract_speculative_tokens = 2;
+  wo.contract_min_sm = 90;
+  snprintf(pack, sizeof pack, "%s/explicit", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 4);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_FP16);
+  assert_int_equal(info.contract_speculative_tokens, 2);
+  assert_int_equal(info.contract_min_sm, 90);
+  qsakv_overlay_destroy(ov);
+
+  /* Below -1 is refused, naming the meanings; nothing is written. */
+  wo.contract_tp_size = -2;
+  wo.base_index_path = index;
+  snprintf(pack, sizeof pack, "%s/never", dir);
+  TU_EXPECT_STATUS(qsakv_calib_write_overlay(stats, pack, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("contract_tp_size is -2; 0 (the statistics' TP size, 1), -1 (not constrained)");
+  assert_int_equal(access(pack, F_OK), -1);
+
+  /* Merged TP2 statistics bind TP2. */
+  qsakv_calib* ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    qsakv_model_config c;
+    calib_config(&c, QSAKV_DTYPE_FP16, 2, r);
+    qsakv_calib* lr = live(ctx, &c);
+    TU_OK(qsakv_calib_start(lr));
+    fill(ctx, lr, &c, NULL, 9.0, 0);
+    ranks[r] = snapshot(lr);
+    qsakv_calib_destroy(lr);
+  }
+  qsakv_calib* m = NULL;
+  TU_OK(qsakv_calib_merge(&m, (const qsakv_calib* const*)ranks, 2, QSAKV_CALIB_MERGE_RANKS));
+  snprintf(pack, sizeof pack, "%s/tp2", dir);
+  pack_of(m, init, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 2);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_FP16);
+  TU_OK(qsakv_overlay_validate(ov, &fp16_tp2, revision));
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp1, revision), QSAKV_ERROR_CONTRACT);
+  qsakv_overlay_destroy(ov);
+
+  qsakv_calib_destroy(m);
+  qsakv_calib_destroy(ranks[0]);
+  qsakv_calib_destroy(ranks[1]);
+  qsakv_calib_destroy(stats);
+  rm_tree(dir);
+  qsakv_context_destroy(ctx);
+}
+
 /* ---- CUDA ------------------------------------------------------------------------- */
 
 /* The GPU's statistics equal the CPU backend's bit for bit on the same data. */
@@ -1134,6 +1261,7 @@ int main(void) {
       cmocka_unit_test(test_summary_values),
       cmocka_unit_test(test_save_load_roundtrip),
       cmocka_unit_test(test_end_to_end),
+      cmocka_unit_test(test_write_overlay_binds_the_statistics_by_default),
       cmocka_unit_test(test_cuda_matches_cpu_fp16),
       cmocka_unit_test(test_cuda_matches_cpu_bf16),
   };

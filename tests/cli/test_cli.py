@@ -470,6 +470,30 @@ def test_make_checks_its_contract_before_reading(env, tmp_path):
     assert not (tmp_path / "big").exists()
 
 
+def test_make_binds_the_statistics_unless_told(env, tmp_path):
+    """overlay make's contract: the statistics' TP size and activation dtype by default
+    (the library's default too), `--tp 0` any TP size, explicit values as given."""
+    lib, tool = env
+    ranks = []
+    for rank in range(4):
+        ranks.append(tmp_path / f"rank{rank}.st")
+        write_stats_rank(lib, ranks[-1], rank)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {}}')
+    for name, extra, want in (
+            ("default", [], {"tp_size": 4, "speculative_tokens": None,
+                             "activation_dtype": "fp16", "min_sm": None}),
+            ("any-tp", ["--tp", "0"], {"tp_size": None, "speculative_tokens": None,
+                                       "activation_dtype": "fp16", "min_sm": None}),
+            ("explicit", ["--tp", "2", "--spec", "1", "--act", "bf16", "--min-sm", "80"],
+             {"tp_size": 2, "speculative_tokens": 1, "activation_dtype": "bf16", "min_sm": 80})):
+        r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
+                     tmp_path / name, *extra)
+        assert r.returncode == 0, (name, r.stderr)
+        manifest = json.loads((tmp_path / name / "qsakv-overlay.json").read_text())
+        assert manifest["contract"] == want, (name, manifest["contract"])
+
+
 def test_a_statistics_file_given_twice_is_refused(env, tmp_path):
     lib, tool = env
     stats = tmp_path / "rank.st"

@@ -294,18 +294,14 @@ static int overlay_make(int argc, char** argv) {
   if (rc < 0) rc = load_merged(stats, n, &c);
   free(stats);
   if (rc >= 0) return rc;
-  qsakv_model_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.struct_size = sizeof cfg;
-  cfg.version = QSAKV_MODEL_CONFIG_VERSION;
-  qsakv_calib_get_config(c, &cfg);
+  /* Unset (0, INVALID), the TP size and activation dtype are the statistics'
+   * (qsakv_calib_write_overlay); the library's "no TP constraint" is -1. */
   qsakv_overlay_write_options wo;
   qsakv_overlay_write_options_init(&wo);
   wo.base_index_path = base_index;
   wo.layer_prefix = prefix;
-  wo.contract_tp_size = tp >= 0 ? tp : cfg.tp_size;
+  wo.contract_tp_size = tp < 0 ? 0 : tp == 0 ? -1 : tp;
   wo.contract_speculative_tokens = spec;
-  wo.contract_activation_dtype = cfg.activation_dtype;
   wo.contract_min_sm = min_sm;
   if (act) wo.contract_activation_dtype = act_dtype;
   qsakv_status s = qsakv_calib_write_overlay(c, out_dir, &wo);
