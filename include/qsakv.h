@@ -430,22 +430,27 @@ QSAKV_API qsakv_status qsakv_overlay_read_scale_file(const char* scale_file, int
                                                      float* v_scales, int32_t* num_layers,
                                                      char sha256_hex[65]);
 
-/* Scale contract recorded in a manifest by qsakv_overlay_write. */
+/* Scale contract recorded in a manifest by qsakv_overlay_write. qsakv_calib_write_overlay
+ * reads the two fields marked [calib] otherwise: left unset (0, INVALID) they take the
+ * statistics' TP size and activation dtype. */
 #define QSAKV_OVERLAY_WRITE_OPTIONS_VERSION 1
 typedef struct qsakv_overlay_write_options {
   size_t struct_size;
   uint32_t version;
   const char* layer_prefix;              /* "model.layers" when NULL */
   const char* base_index_path;           /* base checkpoint's model.safetensors.index.json */
-  int32_t contract_tp_size;              /* 0 = not constrained, else 1..65536 */
+  int32_t contract_tp_size;              /* 0 = not constrained, else 1..65536. [calib] 0 =
+                                            the statistics' TP size, -1 = not constrained */
   int32_t contract_speculative_tokens;   /* -1 = not constrained, else 0..64 */
-  qsakv_dtype contract_activation_dtype; /* INVALID = not constrained */
+  qsakv_dtype contract_activation_dtype; /* INVALID = not constrained. [calib] INVALID = the
+                                            statistics' dtype (always constrained) */
   int32_t contract_min_sm;               /* 0 = not constrained, else 1..10000 (70: SM 7.0) */
   int32_t unit_scale_control;            /* 1 marks a unit-scale negative control in the metadata
                                             (informational: a loaded 1.0 is a valid scale) */
 } qsakv_overlay_write_options;
-/* Fills defaults: every contract field unconstrained, the default layer prefix, no base
- * index (set what the overlay should bind). */
+/* Fills defaults: every contract field unset (for qsakv_overlay_write: unconstrained;
+ * for qsakv_calib_write_overlay: TP size and activation dtype from the statistics), the
+ * default layer prefix, no base index (set what the overlay should bind). */
 QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_options* options);
 /* The same defaults as an initializer. */
 #define QSAKV_OVERLAY_WRITE_OPTIONS_INIT                                                         \
@@ -1050,7 +1055,13 @@ typedef enum qsakv_calib_merge_mode {
  * sum that would not fit in 64 bits is refused (QSAKV_ERROR_INVALID_ARGUMENT naming the
  * layer, K/V and field): counts never wrap.
  * Mismatched fingerprints or TP sizes are QSAKV_ERROR_INVALID_ARGUMENT naming both;
- * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. Blocking. */
+ * overlapping ranks (RANKS) or an incomplete input (ENVELOPE) too. With two or more
+ * inputs, each must have observed every QSA layer's K and V (count > 0): summed, the
+ * others' counts would hide the gap, and at TP > 1 the layer's scale would miss the KV
+ * heads of the ranks that input covers. Such an input is QSAKV_ERROR_OVERLAY_INCOMPLETE
+ * naming the input (index), its TP ranks, the layer and K/V (checked after the rules
+ * above). A single input is copied as is (qsakv_calib_summarize refuses its gaps).
+ * Blocking. */
 QSAKV_API qsakv_status qsakv_calib_merge(qsakv_calib** out, const qsakv_calib* const* inputs,
                                          int32_t num_inputs, qsakv_calib_merge_mode mode);
 
@@ -1089,8 +1100,15 @@ QSAKV_API qsakv_status qsakv_calib_summarize(const qsakv_calib* calib, int32_t l
                                              qsakv_calib_kind kind, qsakv_calib_summary* summary);
 
 /* Summarises every QSA layer (all refusals above) and writes the scale pack with
- * qsakv_overlay_write(out_dir, ...) and `options` (whose contract fields are used as
- * given). Blocking. */
+ * qsakv_overlay_write(out_dir, ...) and `options`, bound by default to what was
+ * calibrated: contract_tp_size 0 (unset) is the statistics' TP size and -1 asks for no TP
+ * constraint; contract_activation_dtype INVALID (unset) is the statistics' activation
+ * dtype (there is no unconstrained dtype here: write the scales of qsakv_calib_summarize
+ * with qsakv_overlay_write for that). contract_speculative_tokens and contract_min_sm
+ * are used as given (-1 and 0: not constrained): the statistics do not settle them (the
+ * recorded config's speculative_tokens is no part of the fingerprint, so the inputs of a
+ * merge may differ in it). A contract_tp_size outside -1..65536 is INVALID_ARGUMENT.
+ * Blocking. */
 QSAKV_API qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const char* out_dir,
                                                  const qsakv_overlay_write_options* options);
 

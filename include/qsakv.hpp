@@ -505,7 +505,8 @@ class Calib {
     return Calib(p);
   }
   /* The scale pack of every QSA layer into `out_dir` (a new directory); `options`:
-   * base index, contract and layer prefix (QSAKV_OVERLAY_WRITE_OPTIONS_INIT first). */
+   * base index, contract and layer prefix (QSAKV_OVERLAY_WRITE_OPTIONS_INIT first: the
+   * contract's TP size and activation dtype left unset are the statistics'). */
   void write_overlay(const std::string& out_dir, const qsakv_overlay_write_options& options) const {
     check(qsakv_calib_write_overlay(h_.get(), out_dir.c_str(), &options));
   }

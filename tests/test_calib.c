@@ -528,14 +528,10 @@ static FILE* open_stats_data(const char* path, long* data) {
   return file;
 }
 
-/* A missing K/V half: the API observes K and V together, so a file from another writer is
- * the only way to get one; it is made with the CPU handle and a file edit. */
-static void test_summary_refuses_a_missing_kv_half(void** state) {
-  cpu_calib_fixture* f = *state;
-  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
-  saved_3_and_7(f, dir, path, sizeof path);
-  /* Zero layer 7's V entry (count, finite, nonzero, histogram) and its max: the words
-   * tensor is first in the data section, ordered (layer, kind). */
+/* Edits a saved file of layers 3 and 7 so that layer 7's V was never observed: zeroes
+ * its entry (count, finite, nonzero, histogram) and its max. The words tensor is first
+ * in the data section, ordered (layer, kind); max_abs follows it. */
+static void unobserve_layer_7_v(const char* path) {
   long words;
   FILE* file = open_stats_data(path, &words);
   const long entry = (long)(4096 + 3) * 8;
@@ -545,6 +541,15 @@ static void test_summary_refuses_a_missing_kv_half(void** state) {
   fseek(file, words + 4 * entry + 3 * 4, SEEK_SET); /* max_abs[1][1] */
   fwrite(zero, 1, 4, file);
   fclose(file);
+}
+
+/* A missing K/V half: the API observes K and V together, so a file from another writer is
+ * the only way to get one; it is made with the CPU handle and a file edit. */
+static void test_summary_refuses_a_missing_kv_half(void** state) {
+  cpu_calib_fixture* f = *state;
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  saved_3_and_7(f, dir, path, sizeof path);
+  unobserve_layer_7_v(path);
   qsakv_calib* edited = NULL;
   TU_OK(qsakv_calib_load(&edited, path));
   qsakv_calib_summary sum;
@@ -610,6 +615,75 @@ static void test_summary_refuses_one_rank_of_two(void** state) {
                          "cover 1 of 2 TP ranks; missing rank(s) 0");
   qsakv_calib_destroy(s);
   qsakv_calib_destroy(h);
+}
+
+/* A snapshot of rank `rank` of a TP `tp` run that observed layer 3 and, if `with_7`,
+ * layer 7 (K and V). */
+static qsakv_calib* rank_observing(cpu_calib_fixture* f, int tp, int rank, int with_7) {
+  qsakv_model_config c;
+  calib_config(&c, QSAKV_DTYPE_FP16, tp, rank);
+  qsakv_calib* h = live(f->ctx, &c);
+  TU_OK(qsakv_calib_start(h));
+  observe(f->ctx, h, 3, f->x, f->x, 8, row_elems(&c));
+  if (with_7) observe(f->ctx, h, 7, f->x, f->x, 8, row_elems(&c));
+  qsakv_calib* s = snapshot(h);
+  qsakv_calib_destroy(h);
+  return s;
+}
+
+static void expect_merge_refused(const qsakv_calib* a, const qsakv_calib* b,
+                                 qsakv_calib_merge_mode mode, const char* text) {
+  const qsakv_calib* in[] = {a, b};
+  qsakv_calib* out = (qsakv_calib*)0x1;
+  TU_EXPECT_STATUS(qsakv_calib_merge(&out, in, 2, mode), QSAKV_ERROR_OVERLAY_INCOMPLETE);
+  assert_null(out);
+  MSG_HAS(text);
+}
+
+/* At TP > 1 each rank holds other KV heads: a rank that never observed a layer (or half of
+ * its K/V pair) must not vanish behind the other ranks' counts when they are summed. Every
+ * input of a merge of two or more is checked, naming it, its ranks, the layer and kind. */
+static void test_merge_refuses_an_input_that_missed_a_layer(void** state) {
+  cpu_calib_fixture* f = *state;
+  qsakv_calib* r0 = rank_observing(f, 2, 0, 1);
+  qsakv_calib* r1_gap = rank_observing(f, 2, 1, 0);
+  expect_merge_refused(r0, r1_gap, QSAKV_CALIB_MERGE_RANKS,
+                       "input 1 (TP rank 1 of 2) never observed layer 7 K and V (count 0)");
+  MSG_HAS("KV heads");
+  expect_merge_refused(r1_gap, r0, QSAKV_CALIB_MERGE_RANKS,
+                       "input 0 (TP rank 1 of 2) never observed layer 7 K and V");
+  /* One input is copied as is; its summary refuses it (rank 0 is missing). */
+  const qsakv_calib* one[] = {r1_gap};
+  qsakv_calib* copy = NULL;
+  TU_OK(qsakv_calib_merge(&copy, one, 1, QSAKV_CALIB_MERGE_RANKS));
+  qsakv_calib_destroy(copy);
+  /* Half of a pair: only V of layer 7 missing on rank 1 (a file edit; see above). */
+  char dir[] = "/tmp/qsakv-calib-XXXXXX", path[256];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/rank1.safetensors", dir);
+  qsakv_calib* r1 = rank_observing(f, 2, 1, 1);
+  TU_OK(qsakv_calib_save(r1, path));
+  unobserve_layer_7_v(path);
+  qsakv_calib* r1_half = NULL;
+  TU_OK(qsakv_calib_load(&r1_half, path));
+  expect_merge_refused(r0, r1_half, QSAKV_CALIB_MERGE_RANKS,
+                       "input 1 (TP rank 1 of 2) never observed layer 7 V (count 0)");
+  /* The whole ranks merge; that merge, once checked, envelopes with another. */
+  const qsakv_calib* both[] = {r0, r1};
+  qsakv_calib* run = NULL;
+  TU_OK(qsakv_calib_merge(&run, both, 2, QSAKV_CALIB_MERGE_RANKS));
+  const qsakv_calib* runs[] = {run, run};
+  qsakv_calib* env = NULL;
+  TU_OK(qsakv_calib_merge(&env, runs, 2, QSAKV_CALIB_MERGE_ENVELOPE));
+  /* An envelope of TP1 runs: a run that missed a layer is refused too. */
+  qsakv_calib* whole = rank_observing(f, 1, 0, 1);
+  qsakv_calib* gap = rank_observing(f, 1, 0, 0);
+  expect_merge_refused(whole, gap, QSAKV_CALIB_MERGE_ENVELOPE,
+                       "input 1 (TP rank 0 of 1) never observed layer 7 K and V");
+  qsakv_calib* all[] = {r0, r1_gap, r1, r1_half, run, env, whole, gap};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) qsakv_calib_destroy(all[i]);
+  unlink(path);
+  rmdir(dir);
 }
 
 /* A live handle is summarized or saved only through a snapshot. */
@@ -973,6 +1047,133 @@ static void test_end_to_end(void** state) {
   qsakv_context_destroy(ctx);
 }
 
+/* The pack from `stats` with `wo` (base index `index` set here) loaded from its scale file
+ * into *ov; *info gets its contract. */
+static void pack_of(const qsakv_calib* stats, qsakv_overlay_write_options wo, const char* index,
+                    const char* pack, qsakv_overlay** ov, qsakv_overlay_info* info) {
+  wo.base_index_path = index;
+  TU_OK(qsakv_calib_write_overlay(stats, pack, &wo));
+  char scale_file[400];
+  snprintf(scale_file, sizeof scale_file, "%s/model-kvscales.safetensors", pack);
+  TU_OK(qsakv_overlay_load(ov, scale_file, NULL));
+  memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+  info->version = QSAKV_OVERLAY_INFO_VERSION;
+  TU_OK(qsakv_overlay_get_info(*ov, info));
+}
+
+/* Options left at QSAKV_OVERLAY_WRITE_OPTIONS_INIT bind the pack to what was calibrated
+ * (the statistics' TP size and activation dtype), as `qsakv overlay make` does: BF16 TP1
+ * statistics do not give a pack that validates for FP16 at TP2. contract_tp_size -1
+ * lifts the TP constraint; explicit values are kept. */
+static void test_write_overlay_binds_the_statistics_by_default(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_context(QSAKV_BACKEND_CPU);
+  char dir[] = "/tmp/qsakv-calib-contract-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char base[300], index[400], pack[400];
+  snprintf(base, sizeof base, "%s/base", dir);
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", base);
+  assert_int_equal(mkdir(base, 0755), 0);
+  write_text(index, "{\"weight_map\": {\"lm_head.weight\": \"model.safetensors\"}}\n");
+  char revision[65];
+  TU_OK(qsakv_checkpoint_revision(base, revision));
+  qsakv_model_config bf16_tp1, fp16_tp2;
+  calib_config(&bf16_tp1, QSAKV_DTYPE_BF16, 1, 0);
+  calib_config(&fp16_tp2, QSAKV_DTYPE_FP16, 2, 0);
+  qsakv_calib* h = live(ctx, &bf16_tp1);
+  TU_OK(qsakv_calib_start(h));
+  fill(ctx, h, &bf16_tp1, NULL, 40.0, 0);
+  qsakv_calib* stats = snapshot(h);
+  qsakv_calib_destroy(h);
+
+  const qsakv_overlay_write_options init = QSAKV_OVERLAY_WRITE_OPTIONS_INIT;
+  qsakv_overlay* ov = NULL;
+  qsakv_overlay_info info;
+  snprintf(pack, sizeof pack, "%s/default", dir);
+  pack_of(stats, init, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 1);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  assert_int_equal(info.contract_speculative_tokens, -1); /* not settled by statistics */
+  assert_int_equal(info.contract_min_sm, 0);
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp2, revision), QSAKV_ERROR_CONTRACT);
+  MSG_HAS("tp_size must be 1");
+  qsakv_model_config bf16_tp2 = fp16_tp2;
+  bf16_tp2.activation_dtype = QSAKV_DTYPE_BF16;
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &bf16_tp2, revision), QSAKV_ERROR_CONTRACT);
+  qsakv_model_config fp16_tp1 = bf16_tp1;
+  fp16_tp1.activation_dtype = QSAKV_DTYPE_FP16;
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp1, revision), QSAKV_ERROR_CONTRACT);
+  MSG_HAS("activation_dtype must be bf16");
+  TU_OK(qsakv_overlay_validate(ov, &bf16_tp1, revision));
+  qsakv_overlay_destroy(ov);
+
+  /* The same through qsakv_overlay_write_options_init. */
+  qsakv_overlay_write_options wo;
+  TU_OK(qsakv_overlay_write_options_init(&wo));
+  snprintf(pack, sizeof pack, "%s/init", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 1);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  qsakv_overlay_destroy(ov);
+
+  /* -1: no TP constraint (the dtype stays bound); explicit values as given. */
+  wo.contract_tp_size = -1;
+  snprintf(pack, sizeof pack, "%s/any-tp", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 0);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_BF16);
+  TU_OK(qsakv_overlay_validate(ov, &bf16_tp2, revision));
+  qsakv_overlay_destroy(ov);
+  wo.contract_tp_size = 4;
+  wo.contract_activation_dtype = QSAKV_DTYPE_FP16;
+  wo.contract_speculative_tokens = 2;
+  wo.contract_min_sm = 90;
+  snprintf(pack, sizeof pack, "%s/explicit", dir);
+  pack_of(stats, wo, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 4);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_FP16);
+  assert_int_equal(info.contract_speculative_tokens, 2);
+  assert_int_equal(info.contract_min_sm, 90);
+  qsakv_overlay_destroy(ov);
+
+  /* Below -1 is refused, naming the meanings; nothing is written. */
+  wo.contract_tp_size = -2;
+  wo.base_index_path = index;
+  snprintf(pack, sizeof pack, "%s/never", dir);
+  TU_EXPECT_STATUS(qsakv_calib_write_overlay(stats, pack, &wo), QSAKV_ERROR_INVALID_ARGUMENT);
+  MSG_HAS("contract_tp_size is -2; 0 (the statistics' TP size, 1), -1 (not constrained)");
+  assert_int_equal(access(pack, F_OK), -1);
+
+  /* Merged TP2 statistics bind TP2. */
+  qsakv_calib* ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    qsakv_model_config c;
+    calib_config(&c, QSAKV_DTYPE_FP16, 2, r);
+    qsakv_calib* lr = live(ctx, &c);
+    TU_OK(qsakv_calib_start(lr));
+    fill(ctx, lr, &c, NULL, 9.0, 0);
+    ranks[r] = snapshot(lr);
+    qsakv_calib_destroy(lr);
+  }
+  qsakv_calib* m = NULL;
+  TU_OK(qsakv_calib_merge(&m, (const qsakv_calib* const*)ranks, 2, QSAKV_CALIB_MERGE_RANKS));
+  snprintf(pack, sizeof pack, "%s/tp2", dir);
+  pack_of(m, init, index, pack, &ov, &info);
+  assert_int_equal(info.contract_tp_size, 2);
+  assert_int_equal(info.contract_activation_dtype, QSAKV_DTYPE_FP16);
+  TU_OK(qsakv_overlay_validate(ov, &fp16_tp2, revision));
+  TU_EXPECT_STATUS(qsakv_overlay_validate(ov, &fp16_tp1, revision), QSAKV_ERROR_CONTRACT);
+  qsakv_overlay_destroy(ov);
+
+  qsakv_calib_destroy(m);
+  qsakv_calib_destroy(ranks[0]);
+  qsakv_calib_destroy(ranks[1]);
+  qsakv_calib_destroy(stats);
+  rm_tree(dir);
+  qsakv_context_destroy(ctx);
+}
+
 /* ---- CUDA ------------------------------------------------------------------------- */
 
 /* The GPU's statistics equal the CPU backend's bit for bit on the same data. */
@@ -1054,11 +1255,13 @@ int main(void) {
       R(test_summary_refuses_non_finite_values),
       R(test_summary_refuses_a_zero_maximum),
       R(test_summary_refuses_one_rank_of_two),
+      R(test_merge_refuses_an_input_that_missed_a_layer),
       R(test_live_handle_refuses_summary_and_save),
       R(test_create_refuses_bad_arguments),
       cmocka_unit_test(test_summary_values),
       cmocka_unit_test(test_save_load_roundtrip),
       cmocka_unit_test(test_end_to_end),
+      cmocka_unit_test(test_write_overlay_binds_the_statistics_by_default),
       cmocka_unit_test(test_cuda_matches_cpu_fp16),
       cmocka_unit_test(test_cuda_matches_cpu_bf16),
   };

@@ -12,6 +12,7 @@
 #include "core/calib/summary.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
+#include "core/overlay/manifest.hpp"
 #include "core/overlay/write.hpp"
 #include "core/versioned.hpp"
 
@@ -64,6 +65,27 @@ std::unique_ptr<qsakv_calib> host_handle(calib::HostStats s) {
   auto h = std::make_unique<qsakv_calib>();
   h->host = std::move(s);
   return h;
+}
+
+// The contract of a scale pack written from statistics (qsakv_calib_write_overlay): a TP
+// size or activation dtype left at its unset value (0, INVALID) is the statistics', so that
+// the pack stays bound to what was calibrated unless the caller says otherwise;
+// contract_tp_size -1 asks for no TP constraint (qsakv_overlay_write's 0). The speculative
+// tokens and the minimum SM are as given (the statistics do not tell them: the config's
+// speculative_tokens is no part of the fingerprint, and merges do not compare it).
+qsakv_overlay_write_options bind_to_statistics(qsakv_overlay_write_options o,
+                                               const calib::HostStats& s) {
+  if (o.contract_tp_size < -1 || o.contract_tp_size > kMaxContractTpSize)
+    fail(QSAKV_ERROR_INVALID_ARGUMENT,
+         "options.contract_tp_size is %d; 0 (the statistics' TP size, %d), -1 (not "
+         "constrained) or 1..%d",
+         o.contract_tp_size, s.config.tp_size, kMaxContractTpSize);
+  o.contract_tp_size = o.contract_tp_size == 0    ? s.config.tp_size
+                       : o.contract_tp_size == -1 ? 0
+                                                  : o.contract_tp_size;
+  if (enum_value(o.contract_activation_dtype) == QSAKV_DTYPE_INVALID)
+    o.contract_activation_dtype = s.config.activation_dtype;
+  return o;
 }
 
 // Start and observe refuse a handle whose counts are already global.
@@ -316,8 +338,9 @@ qsakv_status qsakv_calib_write_overlay(const qsakv_calib* calib, const char* out
     require_host(calib, "qsakv_calib_write_overlay");
     if (!out_dir) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_dir is NULL");
     if (!*out_dir) fail(QSAKV_ERROR_INVALID_ARGUMENT, "out_dir is empty");
-    const auto opt = read_versioned(options, default_write_options(), "options");
     const calib::HostStats& s = calib->host;
+    const auto opt =
+        bind_to_statistics(read_versioned(options, default_write_options(), "options"), s);
     calib::check_summarizable(s);
     const int n = s.config.num_qsa_layers;
     std::vector<float> k(n), v(n);

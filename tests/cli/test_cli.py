@@ -271,7 +271,34 @@ def test_calib_summarize_json(env, tmp_path):
     assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE")
 
 
-def write_stats_rank(lib, path, rank):
+def test_a_rank_that_missed_a_layer_is_refused(env, tmp_path):
+    """At TP > 1 each rank holds other KV heads: summed with the others, a rank that never
+    observed layer 11 would still give it a scale, blind to that rank's heads. Every
+    command that merges refuses it, naming the input, its file, rank, layer and kind."""
+    lib, tool = env
+    ranks = []
+    for rank in range(4):
+        ranks.append(tmp_path / f"rank{rank}.st")
+        write_stats_rank(lib, ranks[-1], rank, skip_layers=(11,) if rank == 1 else ())
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {}}')
+    for args in (["calib", "summarize", *ranks], ["calib", "summarize", *ranks, "--json"],
+                 ["calib", "merge", tmp_path / "merged.st", *ranks],
+                 ["overlay", "make", "--stats", *ranks, "--base-index", index, tmp_path / "pack"]):
+        r = run_tool(tool, *args)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_INCOMPLETE: input 1 (TP rank 1 of 4) "
+                                   "never observed layer 11 K and V (count 0)"), (args, r.stderr)
+        assert f"  input 1: {ranks[1]}\n" in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "merged.st").exists() and not (tmp_path / "pack").exists()
+    # Merging ranks 2 and 3 first changes nothing: rank 1 is still checked on its own.
+    part = tmp_path / "ranks23.st"
+    assert run_tool(tool, "calib", "merge", part, *ranks[2:]).returncode == 0
+    r = run_tool(tool, "calib", "summarize", ranks[0], ranks[1], part)
+    assert r.returncode == 1 and "input 1 (TP rank 1 of 4) never observed layer 11" in r.stderr
+
+
+def write_stats_rank(lib, path, rank, skip_layers=()):
     opts = _cdefs.qsakv_context_options()
     assert lib.qsakv_context_options_init(ctypes.byref(opts)) == 0
     opts.backend = 1
@@ -286,6 +313,8 @@ def write_stats_rank(lib, path, rank):
     assert lib.qsakv_calib_start(live) == 0
     tokens, dim = 4, 256  # TP4: one KV head of 256 per rank
     for i, layer in enumerate(QSA_LAYERS):
+        if layer in skip_layers:
+            continue
         k = struct.pack(f"<{tokens * dim}e", *[(i + 1) * ((j % 7) - 3) / 3
                                                 for j in range(tokens * dim)])
         v = struct.pack(f"<{tokens * dim}e", *[0.5] * (tokens * dim))
@@ -439,6 +468,30 @@ def test_make_checks_its_contract_before_reading(env, tmp_path):
                  tmp_path / "big", "--tp", "70000")
     assert r.returncode == 1 and "contract_tp_size is 70000" in r.stderr, r.stderr
     assert not (tmp_path / "big").exists()
+
+
+def test_make_binds_the_statistics_unless_told(env, tmp_path):
+    """overlay make's contract: the statistics' TP size and activation dtype by default
+    (the library's default too), `--tp 0` any TP size, explicit values as given."""
+    lib, tool = env
+    ranks = []
+    for rank in range(4):
+        ranks.append(tmp_path / f"rank{rank}.st")
+        write_stats_rank(lib, ranks[-1], rank)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {}}')
+    for name, extra, want in (
+            ("default", [], {"tp_size": 4, "speculative_tokens": None,
+                             "activation_dtype": "fp16", "min_sm": None}),
+            ("any-tp", ["--tp", "0"], {"tp_size": None, "speculative_tokens": None,
+                                       "activation_dtype": "fp16", "min_sm": None}),
+            ("explicit", ["--tp", "2", "--spec", "1", "--act", "bf16", "--min-sm", "80"],
+             {"tp_size": 2, "speculative_tokens": 1, "activation_dtype": "bf16", "min_sm": 80})):
+        r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
+                     tmp_path / name, *extra)
+        assert r.returncode == 0, (name, r.stderr)
+        manifest = json.loads((tmp_path / name / "qsakv-overlay.json").read_text())
+        assert manifest["contract"] == want, (name, manifest["contract"])
 
 
 def test_a_statistics_file_given_twice_is_refused(env, tmp_path):

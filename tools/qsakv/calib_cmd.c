@@ -21,12 +21,24 @@ const char kCalibUsage[] =
     "  [2^(-24 + 40b/4096), 2^(-24 + 40(b+1)/4096))).\n"
     "merge: the TP ranks of one run into OUT (each rank exactly once).\n"
     "envelope: complete statistics of several runs into OUT (max of maxima).\n"
+    "With several files, each must have observed every QSA layer's K and V (at TP > 1\n"
+    "  each rank holds other KV heads): QSAKV_ERROR_OVERLAY_INCOMPLETE otherwise, naming\n"
+    "  the input; the files are then listed by input index.\n"
     "OUT must not exist. merge and envelope take no options.\n"
     "\n" QSAKV_EXIT_CODES_TEXT;
 
 static void free_all(qsakv_calib** h, int n) {
   for (int i = 0; i < n; ++i) qsakv_calib_destroy(h[i]);
   free(h);
+}
+
+/* A refused merge of `n` files: the library's message names inputs by index, so each
+ * index's file follows it (when there are several). Returns the exit code. */
+static int merge_refused(qsakv_status s, char** paths, int n) {
+  const int rc = tool_refused(s);
+  if (n > 1)
+    for (int i = 0; i < n; ++i) fprintf(stderr, "  input %d: %s\n", i, paths[i]);
+  return rc;
 }
 
 /* Loads and merges `n` files: one file as is; several as an envelope when every one
@@ -54,7 +66,7 @@ static int load_merged(char** paths, int n, qsakv_calib** out) {
       out, (const qsakv_calib* const*)in, n,
       n > 1 && all_complete ? QSAKV_CALIB_MERGE_ENVELOPE : QSAKV_CALIB_MERGE_RANKS);
   free_all(in, n);
-  return s == QSAKV_SUCCESS ? -1 : tool_refused(s);
+  return s == QSAKV_SUCCESS ? -1 : merge_refused(s, paths, n);
 }
 
 static int merge_to(char** paths, int n, const char* out_path, qsakv_calib_merge_mode mode) {
@@ -72,7 +84,8 @@ static int merge_to(char** paths, int n, const char* out_path, qsakv_calib_merge
   qsakv_calib* m = NULL;
   qsakv_status s = qsakv_calib_merge(&m, (const qsakv_calib* const*)in, n, mode);
   free_all(in, n);
-  if (s == QSAKV_SUCCESS) s = qsakv_calib_save(m, out_path);
+  if (s != QSAKV_SUCCESS) return merge_refused(s, paths, n);
+  s = qsakv_calib_save(m, out_path);
   qsakv_calib_destroy(m);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   printf("wrote %s (%s of %d file%s)\n", out_path,
@@ -281,18 +294,14 @@ static int overlay_make(int argc, char** argv) {
   if (rc < 0) rc = load_merged(stats, n, &c);
   free(stats);
   if (rc >= 0) return rc;
-  qsakv_model_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.struct_size = sizeof cfg;
-  cfg.version = QSAKV_MODEL_CONFIG_VERSION;
-  qsakv_calib_get_config(c, &cfg);
+  /* Unset (0, INVALID), the TP size and activation dtype are the statistics'
+   * (qsakv_calib_write_overlay); the library's "no TP constraint" is -1. */
   qsakv_overlay_write_options wo;
   qsakv_overlay_write_options_init(&wo);
   wo.base_index_path = base_index;
   wo.layer_prefix = prefix;
-  wo.contract_tp_size = tp >= 0 ? tp : cfg.tp_size;
+  wo.contract_tp_size = tp < 0 ? 0 : tp == 0 ? -1 : tp;
   wo.contract_speculative_tokens = spec;
-  wo.contract_activation_dtype = cfg.activation_dtype;
   wo.contract_min_sm = min_sm;
   if (act) wo.contract_activation_dtype = act_dtype;
   qsakv_status s = qsakv_calib_write_overlay(c, out_dir, &wo);

@@ -358,7 +358,9 @@ func (c *Calib) Summarize(layer int32, kind CalibKind) (CalibSummary, error) {
 
 // WriteOverlay summarises every QSA layer of a host copy (all of Summarize's refusals) and
 // writes the scale pack into outDir (which must not exist), with opts' base index and
-// contract.
+// contract. Unlike WriteOverlayWithOptions, a zero ContractTPSize or ContractActivationDtype
+// takes the statistics' TP size or activation dtype; ContractTPSize -1 lifts the TP
+// constraint.
 func (c *Calib) WriteOverlay(outDir string, opts OverlayWriteOptions) error {
 	if err := c.live(); err != nil {
 		return err

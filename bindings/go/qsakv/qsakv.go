@@ -653,7 +653,9 @@ func ReadScaleFile(path string) ([]LayerScales, string, error) {
 type OverlayWriteOptions struct {
 	LayerPrefix   string // the tensor names' layer prefix ("": "model.layers")
 	BaseIndexPath string // the base checkpoint's model.safetensors.index.json
-	// The contract a runtime must meet: 0 (DtypeInvalid, nil) where not constrained.
+	// The contract a runtime must meet: 0 (DtypeInvalid, nil) where not constrained
+	// (Calib.WriteOverlay: 0 TP size and DtypeInvalid are the statistics', -1 TP size
+	// is not constrained).
 	ContractTPSize            int32  // 1..65536
 	ContractSpeculativeTokens *int32 // 0..64
 	ContractActivationDtype   Dtype

@@ -214,7 +214,9 @@ class Calibration(Handle):
                       unit_scale_control: bool = False) -> None:
         """Summarises every QSA layer (all of summarize()'s refusals) and writes the scale
         pack out_dir/model-kvscales.safetensors + qsakv-overlay.json bound to the base
-        checkpoint's index (as Overlay.write, same contract fields)."""
+        checkpoint's index (as Overlay.write, same contract fields, but bound to the
+        statistics by default: contract_tp_size 0 is their TP size, -1 no TP constraint;
+        contract_activation_dtype None is their activation dtype)."""
         p = self._p
         opts = write_options(base_index_path, layer_prefix, contract_tp_size,
                              contract_speculative_tokens, contract_activation_dtype,

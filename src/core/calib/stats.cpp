@@ -101,6 +101,27 @@ std::string rank_list(const HostStats& s) {
   return r.empty() ? "none" : r;
 }
 
+// A merge sums counts, so an input that never observed a layer's K or V would vanish
+// behind the other inputs' counts: at TP > 1 the merged scale would miss the KV heads of
+// the ranks that input covers. Refuses such an input, naming it, its ranks, the layer and
+// the kind(s).
+void require_every_entry_observed(const HostStats& s, size_t input) {
+  for (int i = 0; i < s.config.num_qsa_layers; ++i) {
+    const bool k = s.entry(i, 0)[kWordCount] > 0, v = s.entry(i, 1)[kWordCount] > 0;
+    if (k && v) continue;
+    const int tp = s.config.tp_size;
+    fail(QSAKV_ERROR_OVERLAY_INCOMPLETE,
+         "input %zu (TP rank%s %s of %d) never observed layer %d %s (count 0); merged, the "
+         "other inputs' counts would hide the gap%s: every input of a merge must observe "
+         "every QSA layer's K and V",
+         input, s.ranks_covered() > 1 ? "s" : "", rank_list(s).c_str(), tp, s.config.qsa_layers[i],
+         !k && !v ? "K and V"
+         : !k     ? "K"
+                  : "V",
+         tp > 1 ? " and the layer's scale would miss those ranks' KV heads" : "");
+  }
+}
+
 }  // namespace
 
 HostStats merge(const std::vector<const HostStats*>& in, qsakv_calib_merge_mode mode) {
@@ -146,6 +167,10 @@ HostStats merge(const std::vector<const HostStats*>& in, qsakv_calib_merge_mode 
     }
     accumulate(out, s);
   }
+  // After the checks above, so that a mismatch or an overlap is named first. A single
+  // input is copied as is (summarize refuses its gaps); from two on, each must be whole.
+  if (in.size() > 1)
+    for (size_t i = 0; i < in.size(); ++i) require_every_entry_observed(*in[i], i);
   if (in.size() > 1 || out.ranks_covered() > 1) out.rank = -1;
   return out;
 }
