@@ -3,6 +3,7 @@ not take refused, --json where a script parses the output, verify/capacity with
 --checkpoint, and inspect of a scale file that no manifest binds.
 Needs QSAKV_LIB (libqsakv.so), QSAKV_TOOL (qsakv) and QSAKV_TEST_DATA (tests/data)."""
 import ctypes
+import hashlib
 import json
 import os
 import struct
@@ -175,6 +176,66 @@ def test_inspect_half_pair_shows_null(env, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["num_scales"] == 1
     assert doc["layers"] == [{"layer": 3, "k_scale": 0.25, "v_scale": None}]
+
+
+def _rewrite_pack(pack, drop=None, add=None):
+    """Rewrites the pack without tensor `drop` and with an F32 scalar `add` (a name): the
+    scale file, and the manifest (its name list and the file's SHA-256), so that the pack
+    still loads."""
+    scale, manifest = pack / "model-kvscales.safetensors", pack / "qsakv-overlay.json"
+    data = scale.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    out, payload = {"__metadata__": header.pop("__metadata__")}, b""
+    for key, t in header.items():
+        if key != drop:
+            a, b = t["data_offsets"]
+            out[key] = dict(t, data_offsets=[len(payload), len(payload) + b - a])
+            payload += body[a:b]
+    if add:
+        out[add] = {"dtype": "F32", "shape": [], "data_offsets": [len(payload), len(payload) + 4]}
+        payload += struct.pack("<f", 1.0)
+    raw = json.dumps(out).encode()
+    scale.write_bytes(struct.pack("<Q", len(raw)) + raw + payload)
+    m = json.loads(manifest.read_text())
+    m["tensor_names"] = [k for k in out if k != "__metadata__"]
+    m["scale_file_sha256"] = hashlib.sha256(scale.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(m))
+
+
+def test_inspect_bound_shows_a_layer_with_one_half(env, tmp_path):
+    """A bound pack whose layer 11 has its K scale only: inspect shows layer 11 with the V
+    half as nan (null in JSON), as the unbound view does; before, the bound view left the
+    layer out (it asked qsakv_overlay_get_scales, which answers only for whole pairs)."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    _rewrite_pack(pack, drop="model.layers.11.self_attn.v_scale")
+    r = run_tool(tool, "overlay", "inspect", pack, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["bound"] is True and doc["num_scales"] == 23
+    assert [e["layer"] for e in doc["layers"]] == QSA_LAYERS
+    assert doc["layers"][2] == {"layer": 11, "k_scale": pytest.approx(0.03), "v_scale": None}
+    r = run_tool(tool, "overlay", "inspect", pack)
+    assert r.returncode == 0, r.stderr
+    assert "scales:             23 (a K or V the file lacks shows as nan)" in r.stdout
+    assert "    11  0.0299999993    nan" in r.stdout
+    # The unbound view of the same file: the same rows.
+    (pack / "qsakv-overlay.json").unlink()
+    assert json.loads(run_tool(tool, "overlay", "inspect", pack, "--json").stdout)["layers"] \
+        == doc["layers"]
+
+
+def test_inspect_bound_refuses_what_is_not_a_scale(env, tmp_path):
+    """A tensor that is not a K/V scale, which a pack may hold until it is validated: the
+    bound view refuses it as the unbound view does, rather than leave it out."""
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    _rewrite_pack(pack, add="model.layers.3.mlp.gate_proj.weight")
+    r = run_tool(tool, "overlay", "inspect", pack, "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR:")
+    assert "model.layers.3.mlp.gate_proj.weight" in r.stderr
 
 
 # capacity -----------------------------------------------------------------------------
