@@ -306,6 +306,45 @@ def test_capacity_e4m3_index_keys(env):
     assert "--index-keys fp16|e4m3" in run_tool(tool, "capacity", "--help").stdout
 
 
+def test_capacity_bf16(env):
+    """--kv bf16: a BF16 cache of a BF16 model (before, always INVALID_CONFIG, exit 1:
+    the tool kept the preset's FP16 activations and had no --act)."""
+    lib, tool = env
+    r = run_tool(tool, "capacity", "--kv", "bf16", "--tp", "4", "--budget-gib", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["kv_dtype"] == "bf16" and doc["activation_dtype"] == "bf16"
+    cfg = _cdefs.qsakv_model_config()
+    assert lib.qsakv_model_config_preset(ctypes.byref(cfg), b"qwen4_exp") == 0
+    cfg.tp_size = 4
+    cfg.kv_dtype = cfg.activation_dtype = _cdefs.QSAKV_DTYPE_BF16
+    cap = _cdefs.qsakv_capacity()
+    cap.struct_size, cap.version = ctypes.sizeof(cap), _cdefs.QSAKV_CAPACITY_VERSION
+    assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 40 << 30, ctypes.byref(cap)) == 0
+    assert doc["bytes_per_token"] == cap.bytes_per_token == 13056
+    assert doc["num_blocks"] == cap.num_blocks
+    # Spelled out, the same table; the text names the activations.
+    both = run_tool(tool, "capacity", "--kv", "bf16", "--act", "bf16", "--tp", "4",
+                    "--budget-gib", "40", "--json")
+    assert json.loads(both.stdout) == doc
+    text = run_tool(tool, "capacity", "--kv", "bf16")
+    assert text.returncode == 0 and "bf16 KV, bf16 activations" in text.stdout
+    # E4M3 KV of a BF16 model: the same bytes as of an FP16 one.
+    e4m3 = json.loads(run_tool(tool, "capacity", "--act", "bf16", "--tp", "4", "--json").stdout)
+    fp16 = json.loads(run_tool(tool, "capacity", "--tp", "4", "--json").stdout)
+    assert e4m3["activation_dtype"] == "bf16" and fp16["activation_dtype"] == "fp16"
+    del e4m3["activation_dtype"], fp16["activation_dtype"]
+    assert e4m3 == fp16
+    # A 16-bit cache of the other activation type: the command line's fault.
+    for kv, act in (("bf16", "fp16"), ("fp16", "bf16")):
+        r = run_tool(tool, "capacity", "--kv", kv, "--act", act)
+        assert r.returncode == 2 and r.stdout == "", (kv, act)
+        assert f"--kv {kv} with --act {act}" in r.stderr
+    r = run_tool(tool, "capacity", "--act", "fp32")
+    assert r.returncode == 2 and "--act must be fp16 or bf16, not fp32" in r.stderr
+    assert "--act fp16|bf16" in run_tool(tool, "capacity", "--help").stdout
+
+
 # calib summarize --json ---------------------------------------------------------------
 
 def test_calib_summarize_json(env, tmp_path):
