@@ -528,17 +528,33 @@ def test_make_checks_its_contract_before_reading(env, tmp_path):
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"weight_map": {}}')
     base = ["overlay", "make", "--stats", tmp_path / "missing.st", "--base-index", index]
-    for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, not -5"),
-                          (["--spec", "-2"], "--spec: -1 (any)"),
-                          (["--min-sm", "-1"], "--min-sm: 0 (any)"),
+    for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, 1 to 65536, not -5"),
+                          (["--tp", "70000"], "--tp: 0 (any) or a TP size, 1 to 65536, not 70000"),
+                          (["--spec", "-2"], "--spec: -1 (any) or 0 to 64 speculative tokens"),
+                          (["--spec", "65"], "--spec: -1 (any) or 0 to 64 speculative tokens"),
+                          (["--min-sm", "-1"], "--min-sm: 0 (any) or an SM, 1 to 10000"),
+                          (["--min-sm", "10001"], "--min-sm: 0 (any) or an SM, 1 to 10000"),
+                          (["--prefix", "model..layers"], "--prefix: a dotted name"),
+                          (["--prefix", ".model"], "--prefix: a dotted name"),
+                          (["--prefix", "model/layers"], "--prefix: a dotted name"),
                           (["--act", "fp32"], "--act must be fp16 or bf16, not fp32")):
         r = run_tool(tool, *base, tmp_path / "out", *extra)
         assert r.returncode == 2 and needle in r.stderr, (extra, r.stderr)
-    # Above what a manifest may hold: the library refuses, and nothing is written.
+    # Above what a manifest may hold: the command line's fault (before, the library's
+    # refusal, exit 1, after the statistics were read), and nothing is written.
     r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
                  tmp_path / "big", "--tp", "70000")
-    assert r.returncode == 1 and "contract_tp_size is 70000" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--tp: 0 (any) or a TP size" in r.stderr, r.stderr
     assert not (tmp_path / "big").exists()
+    # The largest values in range are taken (and a dotted prefix other than the default).
+    r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
+                 tmp_path / "edge", "--tp", "65536", "--spec", "64", "--min-sm", "10000",
+                 "--prefix", "model.language_model-2.layers_x")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(run_tool(tool, "overlay", "inspect", tmp_path / "edge", "--json").stdout)
+    assert doc["contract"] == {"tp_size": 65536, "speculative_tokens": 64,
+                               "activation_dtype": "fp16", "min_sm": 10000}
+    assert doc["layer_prefix"] == "model.language_model-2.layers_x"
 
 
 def test_a_statistics_file_given_twice_is_refused(env, tmp_path):
@@ -596,12 +612,68 @@ def test_after_a_double_dash_every_argument_is_a_path(env, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--tp", "0"], "--tp: a TP size of 1 or more, not 0"),
+    (["--tp", "0"], "--tp: a TP size, 1 to 65536, not 0"),
+    (["--tp", "70000"], "--tp: a TP size, 1 to 65536, not 70000"),
     (["--tp", "2", "--rank", "2"], "--rank: 0 to 1 for --tp 2, not 2"),
     (["--rank", "-1"], "--rank: 0 to 0 for --tp 1, not -1"),
-    (["--spec", "-1"], "--spec: 0 or more speculative tokens, not -1"),
+    (["--spec", "-1"], "--spec: 0 to 64 speculative tokens, not -1"),
+    (["--spec", "65"], "--spec: 0 to 64 speculative tokens, not 65"),
+    (["--preset", "nope"], "--preset: unknown preset \"nope\""),
+    (["--act", "fp32"], "--act must be fp16 or bf16, not fp32"),
 ])
 def test_verify_values_no_run_can_have_are_usage_errors(env, args, needle):
     _, tool = env
-    r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, *args)
-    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    for json_flag in ([], ["--json"]):  # --json too: a usage error, no verdict on stdout
+        r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, *args, *json_flag)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert r.stdout == ""
+
+
+@pytest.mark.parametrize("revision", ["main", "0" * 63, "0" * 65, "g" * 64, "0" * 63 + " ",
+                                      ""])
+def test_verify_revision_that_is_no_sha256_is_a_usage_error(env, tmp_path, revision):
+    """Exit 2 (before, the library's INVALID_ARGUMENT, exit 1), with --checkpoint too
+    (before, a REVISION_MISMATCH)."""
+    lib, tool = env
+    base, pack, _ = _checkpoint(lib, tmp_path / "base")
+    for extra in ([], ["--checkpoint", base]):
+        r = run_tool(tool, "overlay", "verify", pack, "--revision", revision, *extra)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert "--revision: a SHA-256, 64 hex digits" in r.stderr
+
+
+def test_capacity_values_no_run_can_have_are_usage_errors(env):
+    """capacity classifies as verify does: --tp 0 was exit 1 here (the library's
+    INVALID_CONFIG) and exit 2 in verify."""
+    _, tool = env
+    for args, needle in ((["--tp", "0"], "--tp: a TP size, 1 to 65536, not 0"),
+                         (["--tp", "-1"], "--tp: a TP size, 1 to 65536, not -1"),
+                         (["--tp", "70000"], "--tp: a TP size, 1 to 65536, not 70000"),
+                         (["--tp", "x"], "--tp: not an integer: x"),
+                         (["--preset", "nope"], "--preset: unknown preset \"nope\"")):
+        r = run_tool(tool, "capacity", *args)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+        assert r.stdout == ""
+
+
+def test_values_this_model_refuses_are_the_librarys_refusal(env, tmp_path):
+    """In range, but not for this model: exit 1 with the library's status, in every
+    command alike."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    for args in (["capacity", "--tp", "3"],
+                 ["capacity", "--tp", "65536"],
+                 ["overlay", "verify", pack, "--revision", rev, "--tp", "3"]):
+        r = run_tool(tool, *args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.startswith("QSAKV_ERROR_INVALID_CONFIG:"), (args, r.stderr)
+
+
+def test_help_documents_the_exit_codes(env):
+    _, tool = env
+    top = run_tool(tool, "--help").stdout
+    assert "2  bad command line: an unknown option" in top
+    assert "--tp outside 1..65536" in top and "is the library's refusal: 1" in top
+    for area in AREAS:
+        text = run_tool(tool, area, "--help").stdout
+        assert "a value that no run can have whatever the files and the model" in text, area

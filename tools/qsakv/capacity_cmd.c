@@ -15,6 +15,7 @@ const char kCapacityUsage[] =
     "shared top-k workspace and what one buffer per layer would cost), and the blocks\n"
     "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache with\n"
     "FP16 index keys.\n"
+    "--tp: the TP size, 1..65536 (default 1).\n"
     "--kv: the main K/V cache (default e4m3). --act: the activation dtype (Q, K, V);\n"
     "  default: --kv's when --kv is fp16 or bf16 (a 16-bit cache stores the activation\n"
     "  type, so --kv bf16 alone means bf16 activations), else fp16; a 16-bit --kv with\n"
@@ -112,7 +113,9 @@ int cmd_capacity(int argc, char** argv) {
     else if (!strcmp(o, "--index-keys"))
       index_keys = v;
     else if (!strcmp(o, "--tp")) {
-      if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
+      if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer: %s", v);
+      if (tp < 1 || tp > QSAKV_TOOL_MAX_TP)
+        return tool_usage_error("--tp: a TP size, 1 to %d, not %d", QSAKV_TOOL_MAX_TP, tp);
     } else if (!strcmp(o, "--budget-gib")) {
       char* end = NULL;
       gib = strtod(v, &end);
@@ -124,6 +127,8 @@ int cmd_capacity(int argc, char** argv) {
   }
   if (preset && checkpoint)
     return tool_usage_error("capacity: --preset and --checkpoint exclude each other");
+  const int bad_preset = preset ? tool_check_preset(preset) : -1;
+  if (bad_preset >= 0) return bad_preset;
   /* Every value checked before the model is read: a usage error is never hidden. */
   qsakv_dtype kv_dtype, act_dtype, index_key_dtype;
   if (!strcmp(kv, "e4m3"))

@@ -31,17 +31,20 @@ const char kOverlayUsage[] =
     "  the base checkpoint's model.safetensors.index.json). The config: the preset\n"
     "  (default qwen4_exp) or --checkpoint CKPT (a checkpoint directory or its\n"
     "  config.json, read as by qsakv_model_config_from_checkpoint), with E4M3 KV and the\n"
-    "  given runtime (TP1 rank 0, no speculative tokens, fp16 by default). When CKPT's\n"
-    "  directory has an index, the revision is CKPT's own (qsakv_checkpoint_revision: a\n"
-    "  materialised checkpoint's is its base's, hashed now) and --revision, if given, must\n"
-    "  equal it (QSAKV_ERROR_REVISION_MISMATCH); otherwise --revision is required. A\n"
-    "  unit-scale negative control is valid and said so (\"unit_scale_control\").\n"
+    "  given runtime (--tp 1..65536, default 1; --rank 0..N-1, default 0; --spec 0..64,\n"
+    "  default 0; --act fp16 by default). When CKPT's directory has an index, the\n"
+    "  revision is CKPT's own (qsakv_checkpoint_revision: a materialised checkpoint's is\n"
+    "  its base's, hashed now) and --revision, if given, must equal it\n"
+    "  (QSAKV_ERROR_REVISION_MISMATCH); otherwise --revision is required. A unit-scale\n"
+    "  negative control is valid and said so (\"unit_scale_control\").\n"
     "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
     "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
     "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
-    "  index PATH. Contract: --tp (default: the statistics' TP size; 0 = any), --spec\n"
-    "  (default any), --act (default: the statistics' activation dtype), --min-sm\n"
-    "  (default any); --prefix is the checkpoint's layer prefix (model.layers).\n"
+    "  index PATH. Contract: --tp 0..65536 (default: the statistics' TP size; 0 = any),\n"
+    "  --spec -1..64 (default -1, any), --act (default: the statistics' activation\n"
+    "  dtype), --min-sm 0..10000 (default 0, any; 70 = SM 7.0); --prefix is the\n"
+    "  checkpoint's layer prefix, a dotted name (default model.layers). Every value is\n"
+    "  checked before a file is read.\n"
     "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
     "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
     "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
@@ -109,13 +112,20 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
   }
   if (!a->path) return tool_usage_error("overlay %s: DIR or FILE missing", argv[1]);
   /* Values no run can have are the command line's fault (exit 2), not the library's. */
-  if (a->tp < 1) return tool_usage_error("--tp: a TP size of 1 or more, not %d", a->tp);
+  if (a->tp < 1 || a->tp > QSAKV_TOOL_MAX_TP)
+    return tool_usage_error("--tp: a TP size, 1 to %d, not %d", QSAKV_TOOL_MAX_TP, a->tp);
   if (a->rank < 0 || a->rank >= a->tp)
     return tool_usage_error("--rank: 0 to %d for --tp %d, not %d", a->tp - 1, a->tp, a->rank);
-  if (a->spec < 0) return tool_usage_error("--spec: 0 or more speculative tokens, not %d", a->spec);
+  if (a->spec < 0 || a->spec > QSAKV_TOOL_MAX_SPEC)
+    return tool_usage_error("--spec: 0 to %d speculative tokens, not %d", QSAKV_TOOL_MAX_SPEC,
+                            a->spec);
   if (a->preset && a->checkpoint)
     return tool_usage_error("overlay verify: --preset and --checkpoint exclude each other");
-  return -1;
+  if (a->act && strcmp(a->act, "fp16") && strcmp(a->act, "bf16"))
+    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
+  int rc = a->revision ? tool_check_revision(a->revision) : -1;
+  if (rc < 0 && a->preset) rc = tool_check_preset(a->preset);
+  return rc;
 }
 
 /* "null" when unconstrained (the text table turns it into "any"). */
@@ -397,11 +407,7 @@ static int verify_revision(const struct overlay_args* a, char rev[65], int* from
 }
 
 static int verify(const struct overlay_args* a) {
-  qsakv_dtype act = QSAKV_DTYPE_FP16;
-  if (a->act && !strcmp(a->act, "bf16"))
-    act = QSAKV_DTYPE_BF16;
-  else if (a->act && strcmp(a->act, "fp16"))
-    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
+  const qsakv_dtype act = a->act && !strcmp(a->act, "bf16") ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16;
   char rev[65];
   int rev_from = 0;
   const int rc = verify_revision(a, rev, &rev_from);
