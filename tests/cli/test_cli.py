@@ -111,6 +111,25 @@ def test_verify_json(env, tmp_path):
     assert "tp" in doc["message"].lower()
 
 
+def test_verify_prints_the_revision_in_lower_case(env, tmp_path):
+    """--revision in upper case is valid (the library compares lower-case) and printed as
+    the library compares it; before, as typed."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    typed = rev[:32].upper() + rev[32:]
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", typed, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["revision"] == rev and doc["revision_from"] == "argument"
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", typed)
+    assert r.returncode == 0 and f"base revision {rev}\n" in r.stdout
+    # A mismatch names the revision in lower case too.
+    other = "ab" * 32
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", other.upper(), "--json")
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["status"] == "QSAKV_ERROR_REVISION_MISMATCH"
+    assert other in r.stderr and other.upper() not in r.stderr
+
 def test_verify_with_checkpoint_config(env, tmp_path):
     lib, tool = env
     pack, rev = write_pack(lib, tmp_path)

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /* qsakv overlay inspect | verify (make and materialize: calib_cmd.c) */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 
 #include "commands.h"
@@ -50,8 +50,9 @@ const char kOverlayUsage[] =
     "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
     "After `--` the arguments are paths (make: they continue what came before it: the\n"
     "  --stats list, else OUT_DIR).\n"
-    "--json prints one JSON object on stdout (verify: also when the library refuses,\n"
-    "  {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
+    "--json prints one JSON object on stdout (verify: its \"revision\" in lower-case hex,\n"
+    "  as the library compares it, however --revision was typed; also when the library\n"
+    "  refuses, {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
     "\n" QSAKV_EXIT_CODES_TEXT;
 
 /* Options of both verbs; which verb takes which is checked in parse_args. */
@@ -62,6 +63,7 @@ struct overlay_args {
   const char* preset;
   const char* checkpoint;
   const char* act;
+  char revision_lower[65]; /* --revision in lower case, as the library compares it */
   int json;
   int tp, rank, spec;
 };
@@ -124,6 +126,11 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
   if (a->act && strcmp(a->act, "fp16") && strcmp(a->act, "bf16"))
     return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
   int rc = a->revision ? tool_check_revision(a->revision) : -1;
+  if (rc < 0 && a->revision) { /* printed and compared lower-case from here on */
+    for (int i = 0; i < 65; ++i)
+      a->revision_lower[i] = (char)tolower((unsigned char)a->revision[i]);
+    a->revision = a->revision_lower;
+  }
   if (rc < 0 && a->preset) rc = tool_check_preset(a->preset);
   return rc;
 }
@@ -386,7 +393,7 @@ static int verify_revision(const struct overlay_args* a, char rev[65], int* from
     if (is_kind(index, S_IFREG)) {
       const qsakv_status s = qsakv_checkpoint_revision(dir, rev);
       if (s != QSAKV_SUCCESS) return verify_refused(a, s);
-      if (a->revision && strcasecmp(a->revision, rev)) {
+      if (a->revision && strcmp(a->revision, rev)) {
         char message[512];
         snprintf(message, sizeof message,
                  "--revision is %.80s, but the checkpoint %.200s has revision %s (the SHA-256 "
