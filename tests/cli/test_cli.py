@@ -3,6 +3,7 @@ not take refused, --json where a script parses the output, verify/capacity with
 --checkpoint, and inspect of a scale file that no manifest binds.
 Needs QSAKV_LIB (libqsakv.so), QSAKV_TOOL (qsakv) and QSAKV_TEST_DATA (tests/data)."""
 import ctypes
+import hashlib
 import json
 import os
 import struct
@@ -110,6 +111,25 @@ def test_verify_json(env, tmp_path):
     assert "tp" in doc["message"].lower()
 
 
+def test_verify_prints_the_revision_in_lower_case(env, tmp_path):
+    """--revision in upper case is valid (the library compares lower-case) and printed as
+    the library compares it; before, as typed."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    typed = rev[:32].upper() + rev[32:]
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", typed, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["revision"] == rev and doc["revision_from"] == "argument"
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", typed)
+    assert r.returncode == 0 and f"base revision {rev}\n" in r.stdout
+    # A mismatch names the revision in lower case too.
+    other = "ab" * 32
+    r = run_tool(tool, "overlay", "verify", pack, "--revision", other.upper(), "--json")
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["status"] == "QSAKV_ERROR_REVISION_MISMATCH"
+    assert other in r.stderr and other.upper() not in r.stderr
+
 def test_verify_with_checkpoint_config(env, tmp_path):
     lib, tool = env
     pack, rev = write_pack(lib, tmp_path)
@@ -175,6 +195,66 @@ def test_inspect_half_pair_shows_null(env, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["num_scales"] == 1
     assert doc["layers"] == [{"layer": 3, "k_scale": 0.25, "v_scale": None}]
+
+
+def _rewrite_pack(pack, drop=None, add=None):
+    """Rewrites the pack without tensor `drop` and with an F32 scalar `add` (a name): the
+    scale file, and the manifest (its name list and the file's SHA-256), so that the pack
+    still loads."""
+    scale, manifest = pack / "model-kvscales.safetensors", pack / "qsakv-overlay.json"
+    data = scale.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    out, payload = {"__metadata__": header.pop("__metadata__")}, b""
+    for key, t in header.items():
+        if key != drop:
+            a, b = t["data_offsets"]
+            out[key] = dict(t, data_offsets=[len(payload), len(payload) + b - a])
+            payload += body[a:b]
+    if add:
+        out[add] = {"dtype": "F32", "shape": [], "data_offsets": [len(payload), len(payload) + 4]}
+        payload += struct.pack("<f", 1.0)
+    raw = json.dumps(out).encode()
+    scale.write_bytes(struct.pack("<Q", len(raw)) + raw + payload)
+    m = json.loads(manifest.read_text())
+    m["tensor_names"] = [k for k in out if k != "__metadata__"]
+    m["scale_file_sha256"] = hashlib.sha256(scale.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(m))
+
+
+def test_inspect_bound_shows_a_layer_with_one_half(env, tmp_path):
+    """A bound pack whose layer 11 has its K scale only: inspect shows layer 11 with the V
+    half as nan (null in JSON), as the unbound view does; before, the bound view left the
+    layer out (it asked qsakv_overlay_get_scales, which answers only for whole pairs)."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    _rewrite_pack(pack, drop="model.layers.11.self_attn.v_scale")
+    r = run_tool(tool, "overlay", "inspect", pack, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["bound"] is True and doc["num_scales"] == 23
+    assert [e["layer"] for e in doc["layers"]] == QSA_LAYERS
+    assert doc["layers"][2] == {"layer": 11, "k_scale": pytest.approx(0.03), "v_scale": None}
+    r = run_tool(tool, "overlay", "inspect", pack)
+    assert r.returncode == 0, r.stderr
+    assert "scales:             23 (a K or V the file lacks shows as nan)" in r.stdout
+    assert "    11  0.0299999993    nan" in r.stdout
+    # The unbound view of the same file: the same rows.
+    (pack / "qsakv-overlay.json").unlink()
+    assert json.loads(run_tool(tool, "overlay", "inspect", pack, "--json").stdout)["layers"] \
+        == doc["layers"]
+
+
+def test_inspect_bound_refuses_what_is_not_a_scale(env, tmp_path):
+    """A tensor that is not a K/V scale, which a pack may hold until it is validated: the
+    bound view refuses it as the unbound view does, rather than leave it out."""
+    lib, tool = env
+    pack, _ = write_pack(lib, tmp_path)
+    _rewrite_pack(pack, add="model.layers.3.mlp.gate_proj.weight")
+    r = run_tool(tool, "overlay", "inspect", pack, "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR:")
+    assert "model.layers.3.mlp.gate_proj.weight" in r.stderr
 
 
 # capacity -----------------------------------------------------------------------------
@@ -243,6 +323,45 @@ def test_capacity_e4m3_index_keys(env):
     assert r.returncode == 2 and r.stdout == ""
     assert "--index-keys must be fp16 or e4m3, not bf16" in r.stderr
     assert "--index-keys fp16|e4m3" in run_tool(tool, "capacity", "--help").stdout
+
+
+def test_capacity_bf16(env):
+    """--kv bf16: a BF16 cache of a BF16 model (before, always INVALID_CONFIG, exit 1:
+    the tool kept the preset's FP16 activations and had no --act)."""
+    lib, tool = env
+    r = run_tool(tool, "capacity", "--kv", "bf16", "--tp", "4", "--budget-gib", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["kv_dtype"] == "bf16" and doc["activation_dtype"] == "bf16"
+    cfg = _cdefs.qsakv_model_config()
+    assert lib.qsakv_model_config_preset(ctypes.byref(cfg), b"qwen4_exp") == 0
+    cfg.tp_size = 4
+    cfg.kv_dtype = cfg.activation_dtype = _cdefs.QSAKV_DTYPE_BF16
+    cap = _cdefs.qsakv_capacity()
+    cap.struct_size, cap.version = ctypes.sizeof(cap), _cdefs.QSAKV_CAPACITY_VERSION
+    assert lib.qsakv_capacity_plan(ctypes.byref(cfg), 40 << 30, ctypes.byref(cap)) == 0
+    assert doc["bytes_per_token"] == cap.bytes_per_token == 13056
+    assert doc["num_blocks"] == cap.num_blocks
+    # Spelled out, the same table; the text names the activations.
+    both = run_tool(tool, "capacity", "--kv", "bf16", "--act", "bf16", "--tp", "4",
+                    "--budget-gib", "40", "--json")
+    assert json.loads(both.stdout) == doc
+    text = run_tool(tool, "capacity", "--kv", "bf16")
+    assert text.returncode == 0 and "bf16 KV, bf16 activations" in text.stdout
+    # E4M3 KV of a BF16 model: the same bytes as of an FP16 one.
+    e4m3 = json.loads(run_tool(tool, "capacity", "--act", "bf16", "--tp", "4", "--json").stdout)
+    fp16 = json.loads(run_tool(tool, "capacity", "--tp", "4", "--json").stdout)
+    assert e4m3["activation_dtype"] == "bf16" and fp16["activation_dtype"] == "fp16"
+    del e4m3["activation_dtype"], fp16["activation_dtype"]
+    assert e4m3 == fp16
+    # A 16-bit cache of the other activation type: the command line's fault.
+    for kv, act in (("bf16", "fp16"), ("fp16", "bf16")):
+        r = run_tool(tool, "capacity", "--kv", kv, "--act", act)
+        assert r.returncode == 2 and r.stdout == "", (kv, act)
+        assert f"--kv {kv} with --act {act}" in r.stderr
+    r = run_tool(tool, "capacity", "--act", "fp32")
+    assert r.returncode == 2 and "--act must be fp16 or bf16, not fp32" in r.stderr
+    assert "--act fp16|bf16" in run_tool(tool, "capacity", "--help").stdout
 
 
 # calib summarize --json ---------------------------------------------------------------
@@ -457,17 +576,33 @@ def test_make_checks_its_contract_before_reading(env, tmp_path):
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"weight_map": {}}')
     base = ["overlay", "make", "--stats", tmp_path / "missing.st", "--base-index", index]
-    for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, not -5"),
-                          (["--spec", "-2"], "--spec: -1 (any)"),
-                          (["--min-sm", "-1"], "--min-sm: 0 (any)"),
+    for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, 1 to 65536, not -5"),
+                          (["--tp", "70000"], "--tp: 0 (any) or a TP size, 1 to 65536, not 70000"),
+                          (["--spec", "-2"], "--spec: -1 (any) or 0 to 64 speculative tokens"),
+                          (["--spec", "65"], "--spec: -1 (any) or 0 to 64 speculative tokens"),
+                          (["--min-sm", "-1"], "--min-sm: 0 (any) or an SM, 1 to 10000"),
+                          (["--min-sm", "10001"], "--min-sm: 0 (any) or an SM, 1 to 10000"),
+                          (["--prefix", "model..layers"], "--prefix: a dotted name"),
+                          (["--prefix", ".model"], "--prefix: a dotted name"),
+                          (["--prefix", "model/layers"], "--prefix: a dotted name"),
                           (["--act", "fp32"], "--act must be fp16 or bf16, not fp32")):
         r = run_tool(tool, *base, tmp_path / "out", *extra)
         assert r.returncode == 2 and needle in r.stderr, (extra, r.stderr)
-    # Above what a manifest may hold: the library refuses, and nothing is written.
+    # Above what a manifest may hold: the command line's fault (before, the library's
+    # refusal, exit 1, after the statistics were read), and nothing is written.
     r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
                  tmp_path / "big", "--tp", "70000")
-    assert r.returncode == 1 and "contract_tp_size is 70000" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--tp: 0 (any) or a TP size" in r.stderr, r.stderr
     assert not (tmp_path / "big").exists()
+    # The largest values in range are taken (and a dotted prefix other than the default).
+    r = run_tool(tool, "overlay", "make", "--stats", *ranks, "--base-index", index,
+                 tmp_path / "edge", "--tp", "65536", "--spec", "64", "--min-sm", "10000",
+                 "--prefix", "model.language_model-2.layers_x")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(run_tool(tool, "overlay", "inspect", tmp_path / "edge", "--json").stdout)
+    assert doc["contract"] == {"tp_size": 65536, "speculative_tokens": 64,
+                               "activation_dtype": "fp16", "min_sm": 10000}
+    assert doc["layer_prefix"] == "model.language_model-2.layers_x"
 
 
 def test_make_binds_the_statistics_unless_told(env, tmp_path):
@@ -549,12 +684,68 @@ def test_after_a_double_dash_every_argument_is_a_path(env, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--tp", "0"], "--tp: a TP size of 1 or more, not 0"),
+    (["--tp", "0"], "--tp: a TP size, 1 to 65536, not 0"),
+    (["--tp", "70000"], "--tp: a TP size, 1 to 65536, not 70000"),
     (["--tp", "2", "--rank", "2"], "--rank: 0 to 1 for --tp 2, not 2"),
     (["--rank", "-1"], "--rank: 0 to 0 for --tp 1, not -1"),
-    (["--spec", "-1"], "--spec: 0 or more speculative tokens, not -1"),
+    (["--spec", "-1"], "--spec: 0 to 64 speculative tokens, not -1"),
+    (["--spec", "65"], "--spec: 0 to 64 speculative tokens, not 65"),
+    (["--preset", "nope"], "--preset: unknown preset \"nope\""),
+    (["--act", "fp32"], "--act must be fp16 or bf16, not fp32"),
 ])
 def test_verify_values_no_run_can_have_are_usage_errors(env, args, needle):
     _, tool = env
-    r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, *args)
-    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    for json_flag in ([], ["--json"]):  # --json too: a usage error, no verdict on stdout
+        r = run_tool(tool, "overlay", "verify", "x", "--revision", "0" * 64, *args, *json_flag)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert r.stdout == ""
+
+
+@pytest.mark.parametrize("revision", ["main", "0" * 63, "0" * 65, "g" * 64, "0" * 63 + " ",
+                                      ""])
+def test_verify_revision_that_is_no_sha256_is_a_usage_error(env, tmp_path, revision):
+    """Exit 2 (before, the library's INVALID_ARGUMENT, exit 1), with --checkpoint too
+    (before, a REVISION_MISMATCH)."""
+    lib, tool = env
+    base, pack, _ = _checkpoint(lib, tmp_path / "base")
+    for extra in ([], ["--checkpoint", base]):
+        r = run_tool(tool, "overlay", "verify", pack, "--revision", revision, *extra)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert "--revision: a SHA-256, 64 hex digits" in r.stderr
+
+
+def test_capacity_values_no_run_can_have_are_usage_errors(env):
+    """capacity classifies as verify does: --tp 0 was exit 1 here (the library's
+    INVALID_CONFIG) and exit 2 in verify."""
+    _, tool = env
+    for args, needle in ((["--tp", "0"], "--tp: a TP size, 1 to 65536, not 0"),
+                         (["--tp", "-1"], "--tp: a TP size, 1 to 65536, not -1"),
+                         (["--tp", "70000"], "--tp: a TP size, 1 to 65536, not 70000"),
+                         (["--tp", "x"], "--tp: not an integer: x"),
+                         (["--preset", "nope"], "--preset: unknown preset \"nope\"")):
+        r = run_tool(tool, "capacity", *args)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+        assert r.stdout == ""
+
+
+def test_values_this_model_refuses_are_the_librarys_refusal(env, tmp_path):
+    """In range, but not for this model: exit 1 with the library's status, in every
+    command alike."""
+    lib, tool = env
+    pack, rev = write_pack(lib, tmp_path)
+    for args in (["capacity", "--tp", "3"],
+                 ["capacity", "--tp", "65536"],
+                 ["overlay", "verify", pack, "--revision", rev, "--tp", "3"]):
+        r = run_tool(tool, *args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.startswith("QSAKV_ERROR_INVALID_CONFIG:"), (args, r.stderr)
+
+
+def test_help_documents_the_exit_codes(env):
+    _, tool = env
+    top = run_tool(tool, "--help").stdout
+    assert "2  bad command line: an unknown option" in top
+    assert "--tp outside 1..65536" in top and "is the library's refusal: 1" in top
+    for area in AREAS:
+        text = run_tool(tool, area, "--help").stdout
+        assert "a value that no run can have whatever the files and the model" in text, area

@@ -269,8 +269,9 @@ static int overlay_make(int argc, char** argv) {
         int* dst = !strcmp(o, "--tp") ? &tp : !strcmp(o, "--spec") ? &spec : &min_sm;
         if (tool_parse_int(argv[++i], dst))
           rc = tool_usage_error("%s: not an integer: %s", o, argv[i]);
-        else if (dst == &tp && tp < 0)
-          rc = tool_usage_error("--tp: 0 (any) or a TP size, not %d", tp);
+        else if (dst == &tp && (tp < 0 || tp > QSAKV_TOOL_MAX_TP))
+          rc = tool_usage_error("--tp: 0 (any) or a TP size, 1 to %d, not %d", QSAKV_TOOL_MAX_TP,
+                                tp);
       }
     } else if (in_stats) {
       stats[n++] = argv[i];
@@ -282,11 +283,15 @@ static int overlay_make(int argc, char** argv) {
   }
   /* Usage errors before any file is read, so that a bad load never hides one. */
   qsakv_dtype act_dtype = QSAKV_DTYPE_INVALID;
-  if (rc < 0 && spec < -1)
-    rc = tool_usage_error("--spec: -1 (any) or a count of speculative tokens, not %d", spec);
-  if (rc < 0 && min_sm < 0) rc = tool_usage_error("--min-sm: 0 (any) or an SM, not %d", min_sm);
+  if (rc < 0 && (spec < -1 || spec > QSAKV_TOOL_MAX_SPEC))
+    rc = tool_usage_error("--spec: -1 (any) or 0 to %d speculative tokens, not %d",
+                          QSAKV_TOOL_MAX_SPEC, spec);
+  if (rc < 0 && (min_sm < 0 || min_sm > QSAKV_TOOL_MAX_MIN_SM))
+    rc = tool_usage_error("--min-sm: 0 (any) or an SM, 1 to %d (70: SM 7.0), not %d",
+                          QSAKV_TOOL_MAX_MIN_SM, min_sm);
   if (rc < 0 && act && parse_dtype(act, &act_dtype))
     rc = tool_usage_error("--act must be fp16 or bf16, not %s", act);
+  if (rc < 0 && prefix) rc = tool_check_layer_prefix(prefix);
   if (rc < 0 && n == 0) rc = tool_usage_error("overlay make: --stats STATS... is required");
   if (rc < 0 && !base_index) rc = tool_usage_error("overlay make: --base-index PATH is required");
   if (rc < 0 && !out_dir) rc = tool_usage_error("overlay make: OUT_DIR missing");

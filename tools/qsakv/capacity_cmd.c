@@ -8,15 +8,20 @@
 
 const char kCapacityUsage[] =
     "usage: qsakv capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N]\n"
-    "                      [--kv e4m3|fp16|bf16] [--index-keys fp16|e4m3]\n"
+    "                      [--kv e4m3|fp16|bf16] [--act fp16|bf16] [--index-keys fp16|e4m3]\n"
     "                      [--budget-gib X] [--json]\n"
     "\n"
     "Bytes per token per rank (all QSA layers), fixed costs (index-key rings, the\n"
     "shared top-k workspace and what one buffer per layer would cost), and the blocks\n"
     "and tokens that fit in X GiB (default 64) per rank, against a 16-bit cache with\n"
     "FP16 index keys.\n"
-    "--kv: the main K/V cache (default e4m3). --index-keys: the compressed index keys\n"
-    "(index_key_dtype; default fp16; e4m3: E4M3 codes with one FP32 scale per key).\n"
+    "--tp: the TP size, 1..65536 (default 1).\n"
+    "--kv: the main K/V cache (default e4m3). --act: the activation dtype (Q, K, V);\n"
+    "  default: --kv's when --kv is fp16 or bf16 (a 16-bit cache stores the activation\n"
+    "  type, so --kv bf16 alone means bf16 activations), else fp16; a 16-bit --kv with\n"
+    "  the other --act is refused (exit 2).\n"
+    "--index-keys: the compressed index keys (index_key_dtype; default fp16; e4m3: E4M3\n"
+    "  codes with one FP32 scale per key).\n"
     "The model: the preset (default qwen4_exp) or --checkpoint CKPT (a checkpoint\n"
     "directory or its config.json, read as by qsakv_model_config_from_checkpoint).\n"
     "--json prints one JSON object.\n"
@@ -28,7 +33,7 @@ static void print_json(const char* model, const qsakv_model_config* c, const qsa
   tool_json_string(stdout, model);
   printf(
       ", \"num_qsa_layers\": %d, \"tp_size\": %d, \"kv_dtype\": \"%s\", "
-      "\"index_key_dtype\": \"%s\", \"budget_gib\": %.17g, "
+      "\"activation_dtype\": \"%s\", \"index_key_dtype\": \"%s\", \"budget_gib\": %.17g, "
       "\"budget_bytes\": %llu, "
       "\"block_size\": %d,\n \"main_bytes_per_token\": %llu, "
       "\"compressed_bytes_per_token\": %llu, \"bytes_per_token\": %llu, "
@@ -37,7 +42,8 @@ static void print_json(const char* model, const qsakv_model_config* c, const qsa
       " \"num_blocks\": %lld, \"num_tokens\": %lld, \"fp16_num_tokens\": %lld, "
       "\"bytes_per_block\": %llu, \"capacity_ratio\": %.17g, \"ideal_ratio\": %.17g}\n",
       c->num_qsa_layers, c->tp_size, qsakv_dtype_name(c->kv_dtype),
-      qsakv_dtype_name(c->index_key_dtype), gib, (unsigned long long)k->budget_bytes, c->block_size,
+      qsakv_dtype_name(c->activation_dtype), qsakv_dtype_name(c->index_key_dtype), gib,
+      (unsigned long long)k->budget_bytes, c->block_size,
       (unsigned long long)k->main_bytes_per_token,
       (unsigned long long)k->compressed_bytes_per_token, (unsigned long long)k->bytes_per_token,
       (unsigned long long)k->fp16_bytes_per_token, (unsigned long long)k->ring_bytes,
@@ -51,9 +57,11 @@ static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 static void print_text(const char* preset, const qsakv_model_config* c, const qsakv_capacity* k,
                        double gib) {
-  printf("%s, TP%d, %s KV, %s index keys, block size %d, budget %.3g GiB per rank\n\n", preset,
-         c->tp_size, qsakv_dtype_name(c->kv_dtype), qsakv_dtype_name(c->index_key_dtype),
-         c->block_size, gib);
+  printf(
+      "%s, TP%d, %s KV, %s activations, %s index keys, block size %d, budget %.3g GiB per "
+      "rank\n\n",
+      preset, c->tp_size, qsakv_dtype_name(c->kv_dtype), qsakv_dtype_name(c->activation_dtype),
+      qsakv_dtype_name(c->index_key_dtype), c->block_size, gib);
   printf("per token, per rank, all %d QSA layers\n", c->num_qsa_layers);
   printf("  main K/V                 %10llu B\n", (unsigned long long)k->main_bytes_per_token);
   printf("  compressed index keys    %10llu B\n",
@@ -77,6 +85,7 @@ int cmd_capacity(int argc, char** argv) {
   const char* preset = NULL;
   const char* checkpoint = NULL;
   const char* kv = "e4m3";
+  const char* act = NULL; /* NULL: --kv's when 16-bit, else fp16 */
   const char* index_keys = "fp16";
   int tp = 1, json = 0;
   double gib = 64.0;
@@ -88,7 +97,8 @@ int cmd_capacity(int argc, char** argv) {
     }
     if (o[0] != '-') return tool_usage_error("capacity: unexpected argument %s", o);
     if (strcmp(o, "--preset") && strcmp(o, "--checkpoint") && strcmp(o, "--kv") &&
-        strcmp(o, "--index-keys") && strcmp(o, "--tp") && strcmp(o, "--budget-gib"))
+        strcmp(o, "--act") && strcmp(o, "--index-keys") && strcmp(o, "--tp") &&
+        strcmp(o, "--budget-gib"))
       return tool_usage_error("capacity: unknown option %s", o);
     if (i + 1 >= argc) return tool_usage_error("capacity: %s needs a value", o);
     const char* v = argv[++i];
@@ -98,10 +108,14 @@ int cmd_capacity(int argc, char** argv) {
       checkpoint = v;
     else if (!strcmp(o, "--kv"))
       kv = v;
+    else if (!strcmp(o, "--act"))
+      act = v;
     else if (!strcmp(o, "--index-keys"))
       index_keys = v;
     else if (!strcmp(o, "--tp")) {
-      if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer");
+      if (tool_parse_int(v, &tp)) return tool_usage_error("--tp: not an integer: %s", v);
+      if (tp < 1 || tp > QSAKV_TOOL_MAX_TP)
+        return tool_usage_error("--tp: a TP size, 1 to %d, not %d", QSAKV_TOOL_MAX_TP, tp);
     } else if (!strcmp(o, "--budget-gib")) {
       char* end = NULL;
       gib = strtod(v, &end);
@@ -113,26 +127,46 @@ int cmd_capacity(int argc, char** argv) {
   }
   if (preset && checkpoint)
     return tool_usage_error("capacity: --preset and --checkpoint exclude each other");
+  const int bad_preset = preset ? tool_check_preset(preset) : -1;
+  if (bad_preset >= 0) return bad_preset;
+  /* Every value checked before the model is read: a usage error is never hidden. */
+  qsakv_dtype kv_dtype, act_dtype, index_key_dtype;
+  if (!strcmp(kv, "e4m3"))
+    kv_dtype = QSAKV_DTYPE_E4M3;
+  else if (!strcmp(kv, "fp16"))
+    kv_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(kv, "bf16"))
+    kv_dtype = QSAKV_DTYPE_BF16;
+  else
+    return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
+  if (!act)
+    act_dtype = kv_dtype == QSAKV_DTYPE_E4M3 ? QSAKV_DTYPE_FP16 : kv_dtype;
+  else if (!strcmp(act, "fp16"))
+    act_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(act, "bf16"))
+    act_dtype = QSAKV_DTYPE_BF16;
+  else
+    return tool_usage_error("--act must be fp16 or bf16, not %s", act);
+  if (kv_dtype != QSAKV_DTYPE_E4M3 && kv_dtype != act_dtype)
+    return tool_usage_error(
+        "--kv %s with --act %s: a 16-bit cache stores the activation type (give the same "
+        "dtype to both, or leave --act out)",
+        kv, act);
+  if (!strcmp(index_keys, "fp16"))
+    index_key_dtype = QSAKV_DTYPE_FP16;
+  else if (!strcmp(index_keys, "e4m3"))
+    index_key_dtype = QSAKV_DTYPE_E4M3;
+  else
+    return tool_usage_error("--index-keys must be fp16 or e4m3, not %s", index_keys);
   const char* model = checkpoint ? checkpoint : preset ? preset : "qwen4_exp";
   qsakv_model_config c;
   qsakv_status s = checkpoint ? qsakv_model_config_from_checkpoint(&c, checkpoint)
                               : qsakv_model_config_preset(&c, model);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   c.tp_size = tp;
-  if (!strcmp(kv, "e4m3"))
-    c.kv_dtype = QSAKV_DTYPE_E4M3;
-  else if (!strcmp(kv, "fp16"))
-    c.kv_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(kv, "bf16"))
-    c.kv_dtype = QSAKV_DTYPE_BF16;
-  else
-    return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
-  if (!strcmp(index_keys, "fp16"))
-    c.index_key_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(index_keys, "e4m3"))
-    c.index_key_dtype = QSAKV_DTYPE_E4M3;
-  else
-    return tool_usage_error("--index-keys must be fp16 or e4m3, not %s", index_keys);
+  c.kv_dtype = kv_dtype;
+  c.activation_dtype = act_dtype;
+  c.index_key_dtype = index_key_dtype;
   qsakv_capacity k;
   memset(&k, 0, sizeof k);
   k.struct_size = sizeof k;

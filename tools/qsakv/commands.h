@@ -13,9 +13,19 @@
 #define QSAKV_EXIT_USAGE 2   /* bad command line */
 
 /* The closing paragraph of every usage text. */
-#define QSAKV_EXIT_CODES_TEXT                                                              \
-  "exit codes: 0 success; 1 the library refused (status name and message on stderr), or\n" \
-  "the output could not be written; 2 bad command line.\n"
+#define QSAKV_EXIT_CODES_TEXT                                                             \
+  "exit codes: 0 success; 1 the library refused (status name and message on stderr), a\n" \
+  "file changed while it was read, or the output could not be written; 2 bad command\n"   \
+  "line, including a value that no run can have whatever the files and the model (a\n"    \
+  "number outside its range, a --revision that is not 64 hex digits, an unknown name);\n" \
+  "a value in range that this model or these files refuse is the library's refusal, 1.\n"
+
+/* The largest values any run can have: the header's limits (qsakv_overlay_write_options:
+ * a contract's tp_size 1..65536, speculative_tokens 0..64, min_sm 1..10000; a model
+ * config's speculative_tokens 0..64). */
+#define QSAKV_TOOL_MAX_TP 65536
+#define QSAKV_TOOL_MAX_SPEC 64
+#define QSAKV_TOOL_MAX_MIN_SM 10000
 
 /* Each area's usage (all its verbs): printed by `qsakv <area> [<verb> ...] --help`. */
 extern const char kOverlayUsage[];
@@ -41,6 +51,15 @@ int tool_usage_error(const char* fmt, ...);
 void tool_json_string(FILE* f, const char* s);
 /* Parses a decimal int: digits with an optional leading '-', nothing else; 0 on success. */
 int tool_parse_int(const char* s, int* out);
+/* Usage checks of values that no run can have (each returns -1 when the value is good,
+ * else QSAKV_EXIT_USAGE after saying why): */
+/* --revision: a SHA-256, 64 hex digits of either case. */
+int tool_check_revision(const char* revision);
+/* --preset: a name the library knows (asked of qsakv_model_config_preset). */
+int tool_check_preset(const char* preset);
+/* --prefix: a dotted name, as the library takes it (1..127 of [A-Za-z0-9_.-], no '.' at
+ * either end, no two in a row). */
+int tool_check_layer_prefix(const char* prefix);
 /* Refuses (exit 2) a file given twice in paths[0..n) (the same file by device and inode,
  * whatever the spelling): merging a file with itself counts its runs twice. Returns -1
  * when each file is given once, else the exit code. */

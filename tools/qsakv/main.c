@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* qsakv: command-line tool for libqsakv. `qsakv <area> <verb> ...`. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -30,7 +31,8 @@ static const char kUsage[] =
     "        | envelope OUT STATS...\n"
     "        report, merge (TP ranks) or envelope (runs) calibration statistics\n"
     "  capacity [--preset qwen4_exp | --checkpoint CKPT] [--tp N] [--kv e4m3|fp16|bf16]\n"
-    "        [--index-keys fp16|e4m3] [--budget-gib X] [--json]   the capacity table\n"
+    "        [--act fp16|bf16] [--index-keys fp16|e4m3] [--budget-gib X] [--json]\n"
+    "        the capacity table\n"
     "\n"
     "`qsakv <area> --help` and `qsakv <area> <verb> --help` describe an area and its\n"
     "verbs. An option a verb does not take is refused. --json prints one JSON object.\n"
@@ -39,9 +41,16 @@ static const char kUsage[] =
     "exit codes:\n"
     "  0  success (verify: the overlay is valid for the config and revision)\n"
     "  1  the library refused: the status name (e.g. QSAKV_ERROR_OVERLAY_INCOMPLETE)\n"
-    "     and the library's message are printed on stderr; or the output could not be\n"
-    "     written (a full disk, a closed pipe)\n"
-    "  2  bad command line\n";
+    "     and the library's message are printed on stderr; or a file changed while it\n"
+    "     was read; or the output could not be written (a full disk, a closed pipe)\n"
+    "  2  bad command line: an unknown option, a missing or extra argument, or a value\n"
+    "     that no run can have whatever the files and the model: --tp outside 1..65536\n"
+    "     (overlay make: 0..65536, 0 = any), --rank outside 0..N-1, --spec outside 0..64\n"
+    "     (overlay make: -1..64, -1 = any), --min-sm outside 0..10000, a --revision that\n"
+    "     is not 64 hex digits, an unknown --preset or dtype, a --prefix that is not a\n"
+    "     dotted name, a non-positive --budget-gib. A value in range that this model or\n"
+    "     these files refuse (a --tp that does not divide the model's heads, a --spec\n"
+    "     outside the overlay's contract) is the library's refusal: 1.\n";
 
 int tool_refused(qsakv_status status) {
   fprintf(stderr, "%s: %s\n", qsakv_status_string(status), qsakv_last_error());
@@ -113,6 +122,39 @@ int tool_parse_int(const char* s, int* out) {
   if (errno || *end || v < INT_MIN || v > INT_MAX) return -1;
   *out = (int)v;
   return 0;
+}
+
+int tool_check_revision(const char* revision) {
+  size_t n = 0;
+  while (n < 64 && isxdigit((unsigned char)revision[n])) ++n;
+  if (n == 64 && revision[64] == '\0') return -1;
+  return tool_usage_error(
+      "--revision: a SHA-256, 64 hex digits (of the base checkpoint's "
+      "model.safetensors.index.json), not %.100s",
+      revision);
+}
+
+int tool_check_preset(const char* preset) {
+  qsakv_model_config c;
+  const qsakv_status s = qsakv_model_config_preset(&c, preset);
+  if (s == QSAKV_SUCCESS) return -1;
+  if (s == QSAKV_ERROR_INVALID_ARGUMENT)
+    return tool_usage_error("--preset: %s", qsakv_last_error());
+  return tool_refused(s);
+}
+
+int tool_check_layer_prefix(const char* prefix) {
+  const size_t n = strlen(prefix);
+  int ok = n > 0 && n <= 127 && prefix[0] != '.' && prefix[n - 1] != '.';
+  for (size_t i = 0; ok && i < n; ++i) {
+    const char c = prefix[i];
+    ok = isalnum((unsigned char)c) || c == '_' || c == '-' || (c == '.' && prefix[i + 1] != '.');
+  }
+  if (ok) return -1;
+  return tool_usage_error(
+      "--prefix: a dotted name (up to 127 of A-Z a-z 0-9 _ - ., no '.' at either end or "
+      "twice in a row; e.g. model.layers), not \"%s\"",
+      prefix);
 }
 
 int tool_refuse_repeated_files(char** paths, int n, const char* what) {

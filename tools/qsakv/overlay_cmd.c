@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /* qsakv overlay inspect | verify (make and materialize: calib_cmd.c) */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 
 #include "commands.h"
@@ -22,31 +22,37 @@ const char kOverlayUsage[] =
     "model-kvscales.safetensors, qsakv-overlay.json) or a scale pack written by\n"
     "qsakv_overlay_write; FILE is a bare scale file (its manifest: --manifest, else\n"
     "qsakv-overlay.json beside it).\n"
-    "inspect: the scales, revision hashes and contract. A scale file that no manifest\n"
-    "  binds is shown as found, with a note that nothing binds it (inspecting is not\n"
-    "  validating; verify refuses it).\n"
+    "inspect: the scales, revision hashes and contract. Every layer the scale file holds\n"
+    "  is shown; the half of a K/V pair it lacks shows as nan (null in JSON); a tensor\n"
+    "  that is not an F32 K/V scale is refused. A scale file that no manifest binds is\n"
+    "  shown as found, with a note that nothing binds it (inspecting is not validating;\n"
+    "  verify refuses it).\n"
     "verify: validates against a model config and the base revision SHA (the SHA-256 of\n"
     "  the base checkpoint's model.safetensors.index.json). The config: the preset\n"
     "  (default qwen4_exp) or --checkpoint CKPT (a checkpoint directory or its\n"
     "  config.json, read as by qsakv_model_config_from_checkpoint), with E4M3 KV and the\n"
-    "  given runtime (TP1 rank 0, no speculative tokens, fp16 by default). When CKPT's\n"
-    "  directory has an index, the revision is CKPT's own (qsakv_checkpoint_revision: a\n"
-    "  materialised checkpoint's is its base's, hashed now) and --revision, if given, must\n"
-    "  equal it (QSAKV_ERROR_REVISION_MISMATCH); otherwise --revision is required. A\n"
-    "  unit-scale negative control is valid and said so (\"unit_scale_control\").\n"
+    "  given runtime (--tp 1..65536, default 1; --rank 0..N-1, default 0; --spec 0..64,\n"
+    "  default 0; --act fp16 by default). When CKPT's directory has an index, the\n"
+    "  revision is CKPT's own (qsakv_checkpoint_revision: a materialised checkpoint's is\n"
+    "  its base's, hashed now) and --revision, if given, must equal it\n"
+    "  (QSAKV_ERROR_REVISION_MISMATCH); otherwise --revision is required. A unit-scale\n"
+    "  negative control is valid and said so (\"unit_scale_control\").\n"
     "make: summarises the statistics (merged as by `calib summarize`; every refusal of\n"
     "  qsakv_calib_summarize applies) and writes the scale pack OUT_DIR\n"
     "  (model-kvscales.safetensors + qsakv-overlay.json) bound to the base checkpoint's\n"
-    "  index PATH. Contract: --tp (default: the statistics' TP size; 0 = any), --spec\n"
-    "  (default any), --act (default: the statistics' activation dtype), --min-sm\n"
-    "  (default any); --prefix is the checkpoint's layer prefix (model.layers).\n"
+    "  index PATH. Contract: --tp 0..65536 (default: the statistics' TP size; 0 = any),\n"
+    "  --spec -1..64 (default -1, any), --act (default: the statistics' activation\n"
+    "  dtype), --min-sm 0..10000 (default 0, any; 70 = SM 7.0); --prefix is the\n"
+    "  checkpoint's layer prefix, a dotted name (default model.layers). Every value is\n"
+    "  checked before a file is read.\n"
     "materialize: builds the calibrated checkpoint OUT_DIR from BASE_DIR and the pack;\n"
     "  the base index's SHA-256 must be the manifest's (checked before anything is\n"
     "  written; QSAKV_ERROR_REVISION_MISMATCH otherwise).\n"
     "After `--` the arguments are paths (make: they continue what came before it: the\n"
     "  --stats list, else OUT_DIR).\n"
-    "--json prints one JSON object on stdout (verify: also when the library refuses,\n"
-    "  {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
+    "--json prints one JSON object on stdout (verify: its \"revision\" in lower-case hex,\n"
+    "  as the library compares it, however --revision was typed; also when the library\n"
+    "  refuses, {\"valid\": false, \"status\": ..., \"message\": ...}).\n"
     "\n" QSAKV_EXIT_CODES_TEXT;
 
 /* Options of both verbs; which verb takes which is checked in parse_args. */
@@ -57,6 +63,7 @@ struct overlay_args {
   const char* preset;
   const char* checkpoint;
   const char* act;
+  char revision_lower[65]; /* --revision in lower case, as the library compares it */
   int json;
   int tp, rank, spec;
 };
@@ -107,13 +114,25 @@ static int parse_args(int argc, char** argv, struct overlay_args* a) {
   }
   if (!a->path) return tool_usage_error("overlay %s: DIR or FILE missing", argv[1]);
   /* Values no run can have are the command line's fault (exit 2), not the library's. */
-  if (a->tp < 1) return tool_usage_error("--tp: a TP size of 1 or more, not %d", a->tp);
+  if (a->tp < 1 || a->tp > QSAKV_TOOL_MAX_TP)
+    return tool_usage_error("--tp: a TP size, 1 to %d, not %d", QSAKV_TOOL_MAX_TP, a->tp);
   if (a->rank < 0 || a->rank >= a->tp)
     return tool_usage_error("--rank: 0 to %d for --tp %d, not %d", a->tp - 1, a->tp, a->rank);
-  if (a->spec < 0) return tool_usage_error("--spec: 0 or more speculative tokens, not %d", a->spec);
+  if (a->spec < 0 || a->spec > QSAKV_TOOL_MAX_SPEC)
+    return tool_usage_error("--spec: 0 to %d speculative tokens, not %d", QSAKV_TOOL_MAX_SPEC,
+                            a->spec);
   if (a->preset && a->checkpoint)
     return tool_usage_error("overlay verify: --preset and --checkpoint exclude each other");
-  return -1;
+  if (a->act && strcmp(a->act, "fp16") && strcmp(a->act, "bf16"))
+    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
+  int rc = a->revision ? tool_check_revision(a->revision) : -1;
+  if (rc < 0 && a->revision) { /* printed and compared lower-case from here on */
+    for (int i = 0; i < 65; ++i)
+      a->revision_lower[i] = (char)tolower((unsigned char)a->revision[i]);
+    a->revision = a->revision_lower;
+  }
+  if (rc < 0 && a->preset) rc = tool_check_preset(a->preset);
+  return rc;
 }
 
 /* "null" when unconstrained (the text table turns it into "any"). */
@@ -131,7 +150,47 @@ static void print_scale_rows(const int32_t* layers, const float* k, const float*
     printf("%6d  %-14.9g  %-14.9g\n", layers[i], (double)k[i], (double)v[i]);
 }
 
-static void print_text(const qsakv_overlay* o, const qsakv_overlay_info* in) {
+/* The scales of a K/V pair as a table: a half the file lacks shows as nan. */
+struct scale_table {
+  int32_t n;
+  int32_t* layers;
+  float *k, *v;
+  char sha256[65];
+};
+
+static void free_table(struct scale_table* t) {
+  free(t->layers), free(t->k), free(t->v);
+  memset(t, 0, sizeof *t);
+}
+
+/* Reads every layer of the scale file (qsakv_overlay_read_scale_file: each layer the file
+ * holds, with the half of a pair it lacks as NaN). Returns -1, or an exit code. */
+static int read_table(const char* scale, struct scale_table* t) {
+  memset(t, 0, sizeof *t);
+  qsakv_status s = qsakv_overlay_read_scale_file(scale, 0, NULL, NULL, NULL, &t->n, t->sha256);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  const int32_t capacity = t->n;
+  t->layers = calloc((size_t)capacity + 1, sizeof *t->layers);
+  t->k = calloc((size_t)capacity + 1, sizeof *t->k);
+  t->v = calloc((size_t)capacity + 1, sizeof *t->v);
+  if (!t->layers || !t->k || !t->v) {
+    free_table(t);
+    return tool_usage_error("out of memory");
+  }
+  s = qsakv_overlay_read_scale_file(scale, capacity, t->layers, t->k, t->v, &t->n, t->sha256);
+  if (s == QSAKV_SUCCESS && t->n > capacity) { /* the file grew between the two reads */
+    free_table(t);
+    fprintf(stderr, "qsakv: %s changed while it was read; try again\n", scale);
+    return QSAKV_EXIT_REFUSED;
+  }
+  if (s != QSAKV_SUCCESS) {
+    free_table(t);
+    return tool_refused(s);
+  }
+  return -1;
+}
+
+static void print_text(const qsakv_overlay_info* in, const struct scale_table* t) {
   char b1[16], b2[16], b3[16];
   printf("layer prefix:       %s\n", in->layer_prefix);
   printf("base index sha256:  %s\n", in->base_index_sha256);
@@ -144,13 +203,8 @@ static void print_text(const qsakv_overlay* o, const qsakv_overlay_info* in) {
              ? "any"
              : qsakv_dtype_name(in->contract_activation_dtype),
          any(contract_int(in->contract_min_sm, 0, b3, sizeof b3)));
-  printf("scales:             %d\n\n%6s  %-14s  %-14s\n", in->num_scales, "layer", "k_scale",
-         "v_scale");
-  for (int layer = 0; layer < QSAKV_MAX_LAYERS; ++layer) {
-    float k, v;
-    if (qsakv_overlay_get_scales(o, layer, &k, &v) == QSAKV_SUCCESS)
-      printf("%6d  %-14.9g  %-14.9g\n", layer, (double)k, (double)v);
-  }
+  printf("scales:             %d (a K or V the file lacks shows as nan)\n\n", in->num_scales);
+  print_scale_rows(t->layers, t->k, t->v, t->n);
 }
 
 /* JSON by hand is safe for the bound view: every string printed is a hex digest, a dtype
@@ -171,7 +225,7 @@ static void print_json_layer(int first, int layer, float k, float v) {
   printf("}");
 }
 
-static void print_json(const qsakv_overlay* o, const qsakv_overlay_info* in) {
+static void print_json(const qsakv_overlay_info* in, const struct scale_table* t) {
   printf(
       "{\"bound\": true, \"layer_prefix\": \"%s\", \"base_index_sha256\": \"%s\", "
       "\"scale_file_sha256\": \"%s\", \"unit_scale_control\": %s, \"num_scales\": %d,\n",
@@ -187,13 +241,7 @@ static void print_json(const qsakv_overlay* o, const qsakv_overlay_info* in) {
       contract_int(in->contract_speculative_tokens, -1, spec, sizeof spec),
       in->contract_activation_dtype == QSAKV_DTYPE_INVALID ? "null" : act,
       contract_int(in->contract_min_sm, 0, sm, sizeof sm));
-  int first = 1;
-  for (int layer = 0; layer < QSAKV_MAX_LAYERS; ++layer) {
-    float k, v;
-    if (qsakv_overlay_get_scales(o, layer, &k, &v) != QSAKV_SUCCESS) continue;
-    print_json_layer(first, layer, k, v);
-    first = 0;
-  }
+  for (int i = 0; i < t->n; ++i) print_json_layer(i == 0, t->layers[i], t->k[i], t->v[i]);
   printf("\n ]}\n");
 }
 
@@ -219,70 +267,72 @@ static void overlay_paths(const char* path, char* scale, char* manifest, size_t 
 
 /* A scale file that no manifest binds: its scales as found, and that nothing binds them. */
 static int inspect_unbound(const struct overlay_args* a, const char* scale, const char* manifest) {
-  int32_t n = 0;
-  char sha[65];
-  qsakv_status s = qsakv_overlay_read_scale_file(scale, 0, NULL, NULL, NULL, &n, sha);
-  if (s != QSAKV_SUCCESS) return tool_refused(s);
-  int32_t* layers = calloc((size_t)n + 1, sizeof *layers);
-  float* k = calloc((size_t)n + 1, sizeof *k);
-  float* v = calloc((size_t)n + 1, sizeof *v);
-  if (!layers || !k || !v) {
-    free(layers), free(k), free(v);
-    return tool_usage_error("out of memory");
-  }
-  s = qsakv_overlay_read_scale_file(scale, n, layers, k, v, &n, sha);
-  if (s != QSAKV_SUCCESS) {
-    free(layers), free(k), free(v);
-    return tool_refused(s);
-  }
+  struct scale_table t;
+  const int rc = read_table(scale, &t);
+  if (rc >= 0) return rc;
   int num_scales = 0;
-  for (int i = 0; i < n; ++i) num_scales += !isnan(k[i]) + !isnan(v[i]);
+  for (int i = 0; i < t.n; ++i) num_scales += !isnan(t.k[i]) + !isnan(t.v[i]);
   if (a->json) {
     printf("{\"bound\": false, \"scale_file\": ");
     tool_json_string(stdout, scale);
     printf(", \"missing_manifest\": ");
     tool_json_string(stdout, manifest);
-    printf(", \"scale_file_sha256\": \"%s\", \"num_scales\": %d,\n \"layers\": [", sha, num_scales);
-    for (int i = 0; i < n; ++i) print_json_layer(i == 0, layers[i], k[i], v[i]);
+    printf(", \"scale_file_sha256\": \"%s\", \"num_scales\": %d,\n \"layers\": [", t.sha256,
+           num_scales);
+    for (int i = 0; i < t.n; ++i) print_json_layer(i == 0, t.layers[i], t.k[i], t.v[i]);
     printf("\n ]}\n");
   } else {
     printf("scale file:         %s\n", scale);
-    printf("scale file sha256:  %s\n", sha);
+    printf("scale file sha256:  %s\n", t.sha256);
     printf(
         "manifest:           none: no manifest binds this file (%s does not exist),\n"
         "                    so no checkpoint revision and no contract; the scales are\n"
         "                    shown as found, not validated (overlay verify refuses it)\n",
         manifest);
     printf("scales:             %d (a K or V the file lacks shows as nan)\n\n", num_scales);
-    print_scale_rows(layers, k, v, n);
+    print_scale_rows(t.layers, t.k, t.v, t.n);
   }
-  free(layers), free(k), free(v);
+  free_table(&t);
   return QSAKV_EXIT_OK;
 }
 
+/* A bound overlay: the manifest's binding and contract (the loaded handle) and every layer
+ * the scale file holds (read as the unbound view reads it, so that a layer with one half
+ * of its pair shows, the other half as nan; qsakv_overlay_get_scales answers only for
+ * whole pairs). The file read must be the one the handle hashed. */
 static int inspect(const struct overlay_args* a) {
+  char scale[4096], manifest[4096];
+  overlay_paths(a->path, scale, manifest, sizeof scale);
   qsakv_overlay* o = NULL;
   qsakv_status s = qsakv_overlay_load(&o, a->path, a->manifest);
-  if (s == QSAKV_ERROR_OVERLAY_MISSING && !a->manifest) {
-    char scale[4096], manifest[4096];
-    overlay_paths(a->path, scale, manifest, sizeof scale);
-    if (is_kind(scale, S_IFREG) && !is_kind(manifest, S_IFREG))
-      return inspect_unbound(a, scale, manifest);
-  }
+  if (s == QSAKV_ERROR_OVERLAY_MISSING && !a->manifest && is_kind(scale, S_IFREG) &&
+      !is_kind(manifest, S_IFREG))
+    return inspect_unbound(a, scale, manifest);
   if (s != QSAKV_SUCCESS) return tool_refused(s);
   qsakv_overlay_info info;
   memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;
   info.version = QSAKV_OVERLAY_INFO_VERSION;
   s = qsakv_overlay_get_info(o, &info);
-  if (s == QSAKV_SUCCESS) {
-    if (a->json)
-      print_json(o, &info);
-    else
-      print_text(o, &info);
-  }
   qsakv_overlay_destroy(o);
-  return s == QSAKV_SUCCESS ? QSAKV_EXIT_OK : tool_refused(s);
+  if (s != QSAKV_SUCCESS) return tool_refused(s);
+  struct scale_table t;
+  const int rc = read_table(scale, &t);
+  if (rc >= 0) return rc;
+  if (strcmp(t.sha256, info.scale_file_sha256)) {
+    fprintf(stderr,
+            "qsakv: %s changed while it was read (SHA-256 %s, the manifest records %s); try "
+            "again\n",
+            scale, t.sha256, info.scale_file_sha256);
+    free_table(&t);
+    return QSAKV_EXIT_REFUSED;
+  }
+  if (a->json)
+    print_json(&info, &t);
+  else
+    print_text(&info, &t);
+  free_table(&t);
+  return QSAKV_EXIT_OK;
 }
 
 static qsakv_status make_config(const struct overlay_args* a, qsakv_model_config* c) {
@@ -343,7 +393,7 @@ static int verify_revision(const struct overlay_args* a, char rev[65], int* from
     if (is_kind(index, S_IFREG)) {
       const qsakv_status s = qsakv_checkpoint_revision(dir, rev);
       if (s != QSAKV_SUCCESS) return verify_refused(a, s);
-      if (a->revision && strcasecmp(a->revision, rev)) {
+      if (a->revision && strcmp(a->revision, rev)) {
         char message[512];
         snprintf(message, sizeof message,
                  "--revision is %.80s, but the checkpoint %.200s has revision %s (the SHA-256 "
@@ -364,11 +414,7 @@ static int verify_revision(const struct overlay_args* a, char rev[65], int* from
 }
 
 static int verify(const struct overlay_args* a) {
-  qsakv_dtype act = QSAKV_DTYPE_FP16;
-  if (a->act && !strcmp(a->act, "bf16"))
-    act = QSAKV_DTYPE_BF16;
-  else if (a->act && strcmp(a->act, "fp16"))
-    return tool_usage_error("--act must be fp16 or bf16, not %s", a->act);
+  const qsakv_dtype act = a->act && !strcmp(a->act, "bf16") ? QSAKV_DTYPE_BF16 : QSAKV_DTYPE_FP16;
   char rev[65];
   int rev_from = 0;
   const int rc = verify_revision(a, rev, &rev_from);

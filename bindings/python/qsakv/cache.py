@@ -36,7 +36,10 @@ compressed_keys: the compressed index keys, num_blocks pages of the layout's
     the codes and the scales in them).
 ring_keys: float16 [max_requests, ring_length, index_head_dim].
 topk: int32 [topk_rows, topk_cols] (the shared buffer when shared).
-scales: float32 [2]: k_scale, v_scale (1, 1 for 16-bit caches)."""
+scales: float32 [2]: k_scale, v_scale (1, 1 for 16-bit caches). Read-only (the C API's
+    const float*: the cache's validated scales): a NumPy array with writeable False, a
+    DeviceArray with readonly True (torch.as_tensor refuses it; qsakv.torch_ops.as_tensor
+    gives a copy)."""
 
 _KV_DTYPE_NAMES = {"E4M3": "uint8", "FP16": "float16", "BF16": "bfloat16"}
 
@@ -305,7 +308,8 @@ class Cache(Handle):
         ring = _views.view(a["ring_keys"], (c.max_requests, L.ring_length, c.index_head_dim),
                            "float16", **kw)
         topk = _views.view(a["topk"], (L.topk_rows, L.topk_cols), "int32", **kw)
-        scales = _views.view(a["scales"], (2,), "float32", **kw)
+        # const float* in qsakv_layer_buffers: the validated scales, read-only here too.
+        scales = _views.view(a["scales"], (2,), "float32", readonly=True, **kw)
         for name, v, want in (("kv", kv, L.kv_bytes_per_layer),
                               ("compressed_keys", ck, L.compressed_bytes_per_layer),
                               ("ring_keys", ring, L.ring_bytes_per_layer)):

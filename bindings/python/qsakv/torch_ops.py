@@ -105,12 +105,24 @@ def _get(hid: int, cls):
 def as_tensor(view) -> torch.Tensor:
     """A torch tensor sharing the memory of a layer_buffers view (no copy). E4M3 codes
     stay uint8 (.view(torch.float8_e4m3fn)); a bfloat16 cache is uint16 on the device
-    (.view(torch.bfloat16)), bfloat16 on the host."""
+    (.view(torch.bfloat16)), bfloat16 on the host. A read-only view (layer_buffers(l).scales,
+    const in the C API) comes as a copy: torch has no read-only tensors (torch.as_tensor
+    refuses a read-only __cuda_array_interface__), and a shared one would let a write reach
+    the cache's validated scales."""
     if isinstance(view, DeviceArray):
-        return torch.as_tensor(view, device=f"cuda:{view.device}")
+        device = f"cuda:{view.device}"
+        if view.readonly:  # a writable alias only for the copy, which never escapes
+            alias = DeviceArray(view.ptr, view.shape, view.dtype, device=view.device,
+                                owner=view)
+            alias.strides = view.strides
+            return torch.as_tensor(alias, device=device).clone()
+        return torch.as_tensor(view, device=device)
+    copy = not view.flags.writeable
     if view.dtype.name == "bfloat16":  # ml_dtypes: torch.from_numpy does not know it
-        return torch.from_numpy(view.view("uint16")).view(torch.bfloat16)
-    return torch.from_numpy(view)
+        view = view.view("uint16")
+        t = torch.from_numpy(view.copy() if copy else view)
+        return t.view(torch.bfloat16)
+    return torch.from_numpy(view.copy() if copy else view)
 
 
 def _views(cache: Cache, layer: int) -> dict:

@@ -84,4 +84,15 @@ def test_layer_buffers_are_cuda_array_views(small_cfg):
         np.testing.assert_array_equal(kv.cpu().numpy(), cache.read_kv(layer))
         topk = torch.as_tensor(b.topk, device="cuda")
         assert topk.dtype == torch.int32 and tuple(topk.shape) == (L.topk_rows, L.topk_cols)
-        assert torch.as_tensor(b.scales, device="cuda").tolist() == [1.0, 1.0]
+        # scales: const float* in the C API, so a read-only interface, which torch.as_tensor
+        # refuses (torch has no read-only tensors); torch_ops.as_tensor gives a copy.
+        assert b.scales.readonly and b.scales.__cuda_array_interface__["data"][1] is True
+        assert not b.kv.readonly and not b.topk.readonly
+        with pytest.raises(TypeError, match="read only"):
+            torch.as_tensor(b.scales, device="cuda")
+        from qsakv import torch_ops
+
+        scales = torch_ops.as_tensor(b.scales)
+        assert scales.tolist() == [1.0, 1.0] and scales.data_ptr() != b.scales.ptr
+        scales.fill_(7.0)
+        assert torch_ops.as_tensor(b.scales).tolist() == [1.0, 1.0]

@@ -174,6 +174,34 @@ def test_layer_buffers_are_typed_views_of_the_cache(cpu, small_cfg, world, overl
         assert b.kv.base._owner is cache._pin()
 
 
+def test_layer_buffer_scales_are_read_only(cpu, small_cfg, world, overlay, checkpoint):
+    """qsakv_layer_buffers.scales is a const float*: the view is read-only, for good, so
+    the validated scales of an E4M3 cache cannot be overwritten through it (before, the
+    view was writable: b.scales[:] = 1.0 replaced them). The other buffers stay
+    writable (the C API's void*)."""
+    ov, ks, vs = overlay
+    ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+    with qsakv.Cache(cpu, small_cfg, ov, num_blocks=world.num_blocks) as cache:
+        b = cache.layer_buffers(small_cfg.qsa_layers[0])
+        assert not b.scales.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            b.scales[:] = 1.0
+        with pytest.raises(ValueError, match="read-only"):
+            b.scales[0] = 2.0
+        with pytest.raises(ValueError):
+            b.scales.setflags(write=True)
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(b.scales)[1] = 3.0
+        want = [np.float32(ks), np.float32(vs)]
+        assert b.scales.tolist() == want
+        assert cache.layer_buffers(small_cfg.qsa_layers[0]).scales.tolist() == want
+        assert all(x.flags.writeable for x in (b.kv, b.compressed_keys, b.ring_keys, b.topk))
+        # As an output the package refuses it, as any read-only array.
+        with pytest.raises(qsakv.InvalidArgumentError, match="read-only"):
+            _buffers.check(b.scales, "out", "float32", (2,), backend_cuda=False,
+                           writable=True)
+
+
 def test_layer_buffers_16bit_and_device_array_interface(cpu, small_cfg):
     with qsakv.Cache(cpu, small_cfg.replace(kv_dtype="bf16", activation_dtype="bf16"),
                      num_blocks=2) as cache:
@@ -193,6 +221,12 @@ def test_layer_buffers_16bit_and_device_array_interface(cpu, small_cfg):
     f = DeviceArray(0x1000, (3, 2), "float16", strides=(2, 1))
     assert f.__cuda_array_interface__["strides"] == (4, 2)
     assert _buffers.describe(f).shape == (3, 2)  # the package itself accepts its views
+    assert d.readonly is False and _buffers.describe(d).writable
+    # Memory the C API declares const (layer_buffers().scales on CUDA): the interface's
+    # read-only flag, which the package honours too.
+    r = DeviceArray(0x2000, (2,), "float32", device=0, readonly=True)
+    assert r.__cuda_array_interface__["data"] == (0x2000, True)
+    assert not _buffers.describe(r).writable and "read-only" in repr(r)
 
 
 def test_capacity_plan(small_cfg):

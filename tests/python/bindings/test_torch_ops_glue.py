@@ -197,3 +197,37 @@ def test_a_closed_or_unknown_handle_is_refused(qops, cpu, small_cfg):
         sys.modules["torch"].ops.qsakv.store_kv(token, k, k, s, cid, 3)
     with pytest.raises(qsakv.ClosedError, match="no cache with id 999999"):
         sys.modules["torch"].ops.qsakv.store_kv(token, k, k, s, 999999, 3)
+
+
+def test_as_tensor_of_a_read_only_view_is_a_copy(qops, cpu, small_cfg, monkeypatch):
+    """layer_buffers().scales is read-only (const in the C API); torch has no read-only
+    tensors, so as_tensor copies it: a write to the tensor never reaches the cache."""
+    from qsakv._views import DeviceArray
+
+    with qsakv.Cache(cpu, small_cfg.replace(kv_dtype="fp16"), num_blocks=2) as cache:
+        b = cache.layer_buffers(small_cfg.qsa_layers[0])
+        t = qops.as_tensor(b.scales)  # the stand-in's from_numpy returns the array itself
+        assert t.flags.writeable and not np.shares_memory(t, b.scales)
+        t[:] = 9.0
+        assert b.scales.tolist() == [1.0, 1.0]
+        assert np.shares_memory(qops.as_tensor(b.kv), b.kv)  # writable views: shared
+    # A read-only DeviceArray: torch.as_tensor refuses the interface's read-only flag, so
+    # it sees a writable alias of the same memory, whose tensor is cloned at once.
+    seen = []
+
+    class Tensor:
+        def clone(self):
+            seen.append("clone")
+            return "copy"
+
+    def as_tensor(obj, device):
+        cai = obj.__cuda_array_interface__
+        seen.append((cai["data"], cai["shape"], cai["typestr"], device))
+        return Tensor()
+
+    monkeypatch.setattr(qops.torch, "as_tensor", as_tensor)
+    r = DeviceArray(0x2000, (2,), "float32", device=1, readonly=True)
+    assert qops.as_tensor(r) == "copy"
+    assert seen == [((0x2000, False), (2,), "<f4", "cuda:1"), "clone"]
+    w = DeviceArray(0x3000, (2,), "float32", device=1)
+    assert isinstance(qops.as_tensor(w), Tensor) and seen[-1][0] == (0x3000, False)
