@@ -8,6 +8,12 @@ close() destroys at once unless a view of the memory is still alive, in which ca
 memory stays valid until the last such view is gone; and a parent's C object (a Cache's
 Context, a Plan's Cache) outlives its children's. Closing a parent closes its open
 children first. Using a closed handle raises ClosedError; close() twice is a no-op.
+
+The keeper also holds what the C object points into without owning it (`held`: a
+Cache's caller-owned memory and external top-k array), so those arrays live exactly as
+long as the C object and every view of its memory, whatever the caller does with its
+own references (the weakref.finalize callback, and so the destroy, runs before the
+keeper's slots are cleared).
 """
 from __future__ import annotations
 
@@ -36,10 +42,13 @@ class _Keeper:
     """Holds a C object alive by being referenced (see the module's docstring): the
     owning handle, its children's keepers and the views of its memory reference it."""
 
-    __slots__ = ("parent", "__weakref__")
+    __slots__ = ("parent", "held", "__weakref__")
 
     def __init__(self, parent: "_Keeper | None"):
         self.parent = parent
+        #: Objects the C object uses but does not own (caller-owned memory), released
+        #: only after the C object was destroyed.
+        self.held = None
 
 
 class Handle:

@@ -22,8 +22,8 @@ CopyKind = by_c_name["qsakv_copy_kind"]
 LayerBuffers = namedtuple("LayerBuffers", "kv compressed_keys ring_keys topk scales")
 LayerBuffers.__doc__ = """Views of one QSA layer's buffers: NumPy arrays (CPU backend,
 host memory) or DeviceArray objects with __cuda_array_interface__ (CUDA backend; e.g.
-torch.as_tensor(view, device="cuda")). No copy: they are the cache's memory, valid while
-the Cache is open.
+torch.as_tensor(view, device="cuda")). No copy: they are the cache's memory, which each
+view keeps allocated (caller-owned memory included), even after the Cache is closed.
 
 kv: the main cache [num_blocks, 2 (K, V), block_size, kv_heads, head_dim]: uint8 E4M3
     codes (torch: .view(torch.float8_e4m3fn)), float16, or bfloat16 (uint16 on the
@@ -133,13 +133,16 @@ def memory_shapes(config: ModelConfig, layout) -> dict:
 
 def _layer_memory(memory, config, layout, cuda, device):
     """ctypes qsakv_layer_memory[num_qsa_layers] from the caller's arrays, each checked for
-    dtype, shape, contiguity and device (messages name memory[i].field)."""
+    dtype, shape, contiguity and device (messages name memory[i].field), and the tuple of
+    what must stay alive for the addresses to stay valid: each array object checked
+    (taken from the caller's container once) with its checked address."""
     shapes = memory_shapes(config, layout)
     n = config.num_qsa_layers
     if len(memory) != n:
         raise argument_error(f"memory: expected one entry per QSA layer ({n}), got "
                              f"{len(memory)}")
     arr = (_cdefs.qsakv_layer_memory * n)()
+    held = []
     for i, entry in enumerate(memory):
         get = entry.get if isinstance(entry, dict) else \
             (lambda f, e=entry: e[("kv", "compressed_keys", "ring_keys").index(f)])
@@ -147,10 +150,11 @@ def _layer_memory(memory, config, layout, cuda, device):
                                   ("ring_keys", "ring_bytes")):
             shape, dtypes = shapes[field]
             name = f"memory[{i}].{field} (layer {config.qsa_layers[i]})"
+            obj = get(field)  # once: the object checked is the object held
             b, error, matched = None, None, None
             for dt in dtypes:
                 try:
-                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device,
+                    b = check(obj, name, dt, shape, backend_cuda=cuda, device_id=device,
                               writable=True)
                     matched = dt
                     break
@@ -160,7 +164,8 @@ def _layer_memory(memory, config, layout, cuda, device):
                 raise error
             setattr(arr[i], field, b.ptr)
             setattr(arr[i], size_field, _nbytes(shape, matched))
-    return arr
+            held.append((obj, b.ptr))
+    return arr, tuple(held)
 
 
 def _page_strides(layout, dtype, ndim):
@@ -189,7 +194,7 @@ class Cache(Handle):
     OverlayMissingError / OverlayNotValidatedError); 16-bit caches take overlay=None.
     The scales are copied: the overlay may be closed afterwards. num_blocks=0 sizes the
     cache from memory_budget_bytes. external_topk: a device int32 [rows, topk_width]
-    array to use as the top-k workspace (kept alive by the cache).
+    array to use as the top-k workspace (kept alive by the cache and its views).
 
     memory: caller-owned cache memory (engines that allocate and profile their own KV
     pool): one entry per QSA layer (config.qsa_layers order), each a dict or tuple of
@@ -197,7 +202,9 @@ class Cache(Handle):
     memory_shapes(config, layout_for(config, num_blocks=...)) gives (torch/CuPy device
     arrays on the CUDA backend, NumPy arrays on the CPU backend); needs num_blocks > 0.
     The library checks each (messages name memory[i].field), never frees them and uses
-    their contents as they are; the Cache keeps them alive while open.
+    their contents as they are. The Cache holds the arrays themselves (not the
+    container: emptying or refilling it changes nothing), as long as it is open and as
+    long as any view of its memory is alive.
 
     The Cache keeps its Context alive; closing the Context closes the Cache first.
     """
@@ -209,11 +216,12 @@ class Cache(Handle):
                  share_topk: bool = True, external_topk=None, memory=None):
         geometry = config.rank_geometry()
         cuda, device = context.is_cuda, context.info.device
-        topk = None
+        topk, held = None, ()
         if external_topk is not None:
             b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
                       backend_cuda=cuda, device_id=device, writable=True)
             topk = (b.ptr,) + tuple(b.shape)
+            held = ((external_topk, b.ptr),)
         opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
                               share_topk=share_topk, external_topk=topk)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
@@ -222,7 +230,9 @@ class Cache(Handle):
             lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
                                    ctypes.byref(opts))
         else:
-            layers = _layer_memory(memory, config, _layout_of(config, opts), cuda, device)
+            layers, arrays = _layer_memory(memory, config, _layout_of(config, opts), cuda,
+                                           device)
+            held += arrays
             m = _structs.new(_cdefs.qsakv_cache_memory)
             m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
             m.num_layers = len(layers)
@@ -230,11 +240,12 @@ class Cache(Handle):
             lib.qsakv_cache_create_with_memory(ctypes.byref(out), context._p, config._ref, ov,
                                                ctypes.byref(opts), ctypes.byref(m))
         super().__init__(out, lib.qsakv_cache_destroy, parent=context)
+        # The caller's arrays (external top-k, memory) on the keeper that the C object's
+        # destroy and every view of its memory share: they outlive both.
+        self._keeper.held = held
         self.context = context
         self._config = config.copy()
         self._geometry = geometry
-        self._external_topk = external_topk
-        self._memory = memory  # the caller's buffers stay alive while the cache is open
         self._cuda, self._device = cuda, device
         self._layout = self._get_layout()
         # Argument checks of the hot calls, made once (see _buffers.ArgSpec).
