@@ -31,7 +31,12 @@ def live_handles() -> int:
     return _live
 
 
-def _destroy(destroy, ptr) -> None:
+def _destroy(destroy, ptr, parent) -> None:
+    """The finalizer of a keeper. `parent` (the parent's keeper) is only held: the
+    finalizer's reference keeps the parent's C object alive until the child's is
+    destroyed, even when the garbage collector finds both keepers unreachable at once (a
+    reference cycle through the handles or a call's arguments), where it runs their
+    finalizers in no particular order."""
     global _live
     destroy(ptr)
     with _live_lock:
@@ -66,7 +71,7 @@ class Handle:
         self._parent = parent
         self._children: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._keeper = _Keeper(parent._keeper if parent is not None else None)
-        weakref.finalize(self._keeper, _destroy, destroy, ptr)
+        weakref.finalize(self._keeper, _destroy, destroy, ptr, self._keeper.parent)
         if parent is not None:
             parent._children.add(self)
 
