@@ -55,6 +55,9 @@ def _raise_last_error(status: int, function: str) -> None:
 
 
 def _errcheck(status, func, args):
+    # Not kept by the traceback of a failure: the handles' pointers among the arguments
+    # hold their C objects alive (see _handle.Handle._p).
+    del args
     if status != 0:
         _raise_last_error(status, func.__name__)
     return status

@@ -225,9 +225,9 @@ class Cache(Handle):
         opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
                               share_topk=share_topk, external_topk=topk)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
-        ov = overlay._p if overlay is not None else None
         if memory is None:
-            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
+            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref,
+                                   overlay._p if overlay is not None else None,
                                    ctypes.byref(opts))
         else:
             layers, arrays = _layer_memory(memory, config, _layout_of(config, opts), cuda,
@@ -237,8 +237,10 @@ class Cache(Handle):
             m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
             m.num_layers = len(layers)
             m.layers = layers
-            lib.qsakv_cache_create_with_memory(ctypes.byref(out), context._p, config._ref, ov,
-                                               ctypes.byref(opts), ctypes.byref(m))
+            lib.qsakv_cache_create_with_memory(
+                ctypes.byref(out), context._p, config._ref,
+                overlay._p if overlay is not None else None, ctypes.byref(opts),
+                ctypes.byref(m))
         super().__init__(out, lib.qsakv_cache_destroy, parent=context)
         # The caller's arrays (external top-k, memory) on the keeper that the C object's
         # destroy and every view of its memory share: they outlive both.
@@ -370,18 +372,22 @@ class Cache(Handle):
         in the README); keep the inputs alive until it ran; no allocation, capturable in
         a CUDA graph. CPU backend: synchronous.
         """
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         pk, n = self._k.ptr(k)
         pv = self._v.ptr(v, n)[0]
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_kv(a, layer, pk, pv, ps, n, s)
+            status = _store_kv(keeper.addr, layer, pk, pv, ps, n, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_store_kv", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_kv")
 
     def store_index_keys(self, layer: int, keys, request_slots, positions, *,
@@ -390,18 +396,22 @@ class Cache(Handle):
         positions[i] % ring_length). keys: DEVICE float16 [n, index_head_dim];
         request_slots: DEVICE int32 [n]; positions: DEVICE int64 [n] (negative skips).
         Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         pk, n = self._keys.ptr(keys)
         pr = self._request_slots.ptr(request_slots, n)[0]
         pp = self._positions.ptr(positions, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_index_keys(a, layer, pk, pr, pp, n, s)
+            status = _store_index_keys(keeper.addr, layer, pk, pr, pp, n, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_store_index_keys", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_index_keys")
 
     def store_compressed_keys(self, layer: int, keys, slot_mapping, *, stream=None) -> None:
@@ -412,17 +422,21 @@ class Cache(Handle):
         zero or has a NaN / infinite element is stored as scale 0 and codes 0);
         slot_mapping: DEVICE int64 [n], the slot of any token of the group (-1 skips).
         Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         pk, n = self._keys.ptr(keys)
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_compressed_keys(a, layer, pk, ps, n, s)
+            status = _store_compressed_keys(keeper.addr, layer, pk, ps, n, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_store_compressed_keys", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_compressed_keys")
 
     def store_step(self, layer: int, *, k=None, v=None, slot_mapping=None, index_keys=None,
@@ -434,8 +448,7 @@ class Cache(Handle):
         with that method's arrays and meaning, any part left out (None). Every part is
         checked before anything is stored; on a GPU the parts take one kernel launch
         instead of three. Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         st = _structs.new(_cdefs.qsakv_step_stores)
         types = dict(st._fields_)
@@ -469,7 +482,16 @@ class Cache(Handle):
         blocking."""
         import numpy as np
 
-        L = self.layout
+        keeper = self._pin()  # the memory copied from stays allocated until the copy ran
+        try:
+            return self._read_kv(layer, stream)
+        finally:
+            keeper = None  # noqa: F841 (not kept alive by an exception's traceback)
+
+    def _read_kv(self, layer, stream):
+        import numpy as np
+
+        L = self._layout
         kind = {DType.E4M3: np.uint8, DType.FP16: np.float16}.get(L.kv_dtype)
         if kind is None:
             try:

@@ -93,10 +93,13 @@ class Calibration(Handle):
         overlapping ranks or incomplete envelope inputs: InvalidArgumentError."""
         mode = choice(CalibMergeMode, mode, "mode")
         inputs = list(inputs)
-        arr = (ctypes.POINTER(_cdefs.qsakv_calib) * max(1, len(inputs)))(
-            *(c._p for c in inputs))
+        ptrs = [c._p for c in inputs]  # each holds its handle's keeper during the call
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
-        lib.qsakv_calib_merge(ctypes.byref(out), arr, len(inputs), mode)
+        try:
+            arr = (ctypes.POINTER(_cdefs.qsakv_calib) * max(1, len(inputs)))(*ptrs)
+            lib.qsakv_calib_merge(ctypes.byref(out), arr, len(inputs), mode)
+        finally:
+            ptrs = None  # noqa: F841 (not kept alive by an exception's traceback)
         return _new_handle(cls, out)
 
     # -- live handles --------------------------------------------------------------------
@@ -116,8 +119,7 @@ class Calibration(Handle):
         current stream when torch is imported); no allocation, capturable (a captured
         observe counts at every replay). A no-op while stopped (arguments still
         checked)."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         if self._k is None:
             raise argument_error("observe: a host handle (load/merge/snapshot) observes "
@@ -125,11 +127,16 @@ class Calibration(Handle):
         pk, n = self._k.ptr(k)
         pv = self._v.ptr(v, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _observe(a, layer, pk, pv, n, s)
+            status = _observe(keeper.addr, layer, pk, pv, n, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_calib_observe", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_calib_observe")
 
     def allreduce(self, nccl_comm, *, stream=None) -> None:
@@ -144,10 +151,10 @@ class Calibration(Handle):
 
     def snapshot(self, *, stream=None) -> "Calibration":
         """A host copy, after the work enqueued on `stream` (blocking)."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         s = resolve_stream(stream, self._cuda, self._device)
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
-        lib.qsakv_calib_snapshot(ctypes.byref(out), p, stream_arg(s))
+        lib.qsakv_calib_snapshot(ctypes.byref(out), self._p, stream_arg(s))
         return _new_handle(type(self), out)
 
     # -- any handle ----------------------------------------------------------------------
@@ -217,11 +224,11 @@ class Calibration(Handle):
         checkpoint's index (as Overlay.write, same contract fields, but bound to the
         statistics by default: contract_tp_size 0 is their TP size, -1 no TP constraint;
         contract_activation_dtype None is their activation dtype)."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         opts = write_options(base_index_path, layer_prefix, contract_tp_size,
                              contract_speculative_tokens, contract_activation_dtype,
                              contract_min_sm, unit_scale_control)
-        lib.qsakv_calib_write_overlay(p, _path(out_dir), ctypes.byref(opts))
+        lib.qsakv_calib_write_overlay(self._p, _path(out_dir), ctypes.byref(opts))
 
 
 def scale_from_max(max_abs: float) -> float:

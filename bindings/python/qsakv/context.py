@@ -66,9 +66,9 @@ class Context(Handle):
     def synchronize(self, stream=None) -> None:
         """Waits for `stream` (default: torch's current stream when torch is imported,
         else the legacy default stream; no-op on the CPU backend). Blocking."""
-        p = self._p
-        lib.qsakv_stream_synchronize(p, stream_arg(resolve_stream(stream, self._cuda,
-                                                                  self._device)))
+        self._p  # noqa: B018 (ClosedError first)
+        s = resolve_stream(stream, self._cuda, self._device)
+        lib.qsakv_stream_synchronize(self._p, stream_arg(s))
 
 
 def built_with_cuda() -> bool:

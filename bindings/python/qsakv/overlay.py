@@ -70,10 +70,10 @@ class Overlay(Handle):
     def validate(self, config: ModelConfig, expected_base_revision: str) -> "Overlay":
         """Validates against `config` and the base checkpoint's revision (see
         checkpoint_revision). Every fail-closed rule has its own exception class."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         if not isinstance(expected_base_revision, str):
             raise TypeError("expected_base_revision: a hex SHA-256 string")
-        lib.qsakv_overlay_validate(p, config._ref, expected_base_revision.encode())
+        lib.qsakv_overlay_validate(self._p, config._ref, expected_base_revision.encode())
         return self
 
     @property

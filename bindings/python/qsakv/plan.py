@@ -94,7 +94,8 @@ class Plan(Handle):
         previous update's copy still reads the staging buffer."""
         import numpy as np
 
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
+
         def host(name, values, n):
             # Host integers, taken as int32 only where every value is one (an unchecked
             # cast would wrap 2**32 + 1 to 1 and truncate 1.9 to 1).
@@ -125,7 +126,7 @@ class Plan(Handle):
         b.request_slots = None if slots is None else typed(slots.ctypes.data, ctypes.c_int32)
         b.block_table = typed(bt.ptr, ctypes.c_int32)
         b.block_table_stride = bt.shape[1]
-        lib.qsakv_plan_update(p, ctypes.byref(b),
+        lib.qsakv_plan_update(self._p, ctypes.byref(b),
                               stream_arg(resolve_stream(stream, self._cuda, self._device)))
         # The block table itself, not the Batch: the kernels read it at run time, and a
         # Batch reused with another table must not let this one be freed.
@@ -166,17 +167,21 @@ class Plan(Handle):
         topk: DEVICE int32 [rows, >= topk_width] to write, or None for the layer's
         (shared) top-k buffer. Asynchronous on `stream` (default: torch's current
         stream); capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         pq = self._iq.ptr(index_q, None, self._rows)[0]
         ptk, stride = self._topk(topk)
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _select_topk(a, layer, pq, ptk, stride, s)
+            status = _select_topk(keeper.addr, layer, pq, ptk, stride, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_select_topk", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_select_topk")
 
     def attention(self, layer: int, q, out, *, mode="sparse", topk=None, stream=None) -> None:
@@ -187,8 +192,7 @@ class Plan(Handle):
         or None for the layer's top-k buffer) or "dense" (over the block table, causal).
         Asynchronous on `stream` (default: torch's current stream); no allocation,
         capturable in a CUDA graph."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
         m = _MODES.get(mode) if isinstance(mode, (str, int)) else None
         if m is None:
@@ -198,11 +202,16 @@ class Plan(Handle):
         po = self._out.ptr(out, None, rows)[0]
         ptk, stride = self._topk(topk) if m == 0 else (0, 0)
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _attention_run(a, layer, m, pq, ptk, stride, po, s)
+            status = _attention_run(keeper.addr, layer, m, pq, ptk, stride, po, s)
         except ctypes.ArgumentError as e:
+            keeper = None
             raise layer_type_error("qsakv_attention_run", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_attention_run")
 
 
