@@ -453,12 +453,15 @@ class Cache(Handle):
         st = _structs.new(_cdefs.qsakv_step_stores)
         types = dict(st._fields_)
 
+        exports = []  # the addresses, which hold DLPack exports, until the call returns
+
         def part(count, *fields):  # (name, spec, array) in order; the first sets the count
             n = None
             for name, spec, array in fields:
                 address, rows = spec.ptr(array) if n is None else spec.ptr(array, n)
                 n = rows if n is None else n
                 setattr(st, name, ctypes.cast(address, types[name]))
+                exports.append(address)
             setattr(st, count, n)
 
         if k is not None or v is not None or slot_mapping is not None:

@@ -75,6 +75,7 @@ class Plan(Handle):
         super().__init__(out, lib.qsakv_plan_destroy, parent=cache)
         self.cache = cache
         self._block_table = None  # the last update's: read when select/attention run
+        self._block_table_address = None  # its address (holding a DLPack export)
         self._rows = 0
         cfg, geo = cache._config, cache._geometry
         self._cuda, self._device = cache._cuda, cache._device
@@ -131,6 +132,7 @@ class Plan(Handle):
         # The block table itself, not the Batch: the kernels read it at run time, and a
         # Batch reused with another table must not let this one be freed.
         self._block_table = batch.block_table
+        self._block_table_address = bt.ptr
         self._rows = int(qs[-1])
 
     @property
