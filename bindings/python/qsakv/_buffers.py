@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass
 
 from . import _cdefs
+from ._ints import c_int
 from .errors import argument_error
 
 ANY = None  # a dimension that may take any size
@@ -308,19 +309,24 @@ def stream_handle(stream) -> int:
     if stream is None:
         return 0
     if isinstance(stream, int):
-        return stream
+        return _stream_value(stream)
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
-        return int(value[1] if isinstance(value, tuple) else value)
+        return _stream_value(int(value[1] if isinstance(value, tuple) else value))
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, Numba
         value = getattr(stream, attr, None)
         if isinstance(value, int):
-            return value
+            return _stream_value(value)
         if value is not None and hasattr(value, "value"):  # ctypes c_void_p
             return int(value.value or 0)
     raise argument_error(f"stream: expected None, an int, an object with __cuda_stream__, "
                          f"a torch or CuPy stream; got {type(stream).__name__}")
+
+
+def _stream_value(handle: int) -> int:
+    """A cudaStream_t value: an address, so 0 .. 2**64 - 1 (a negative int would wrap)."""
+    return c_int(handle, "stream", ctypes.c_uint64)
 
 
 def as_stream(stream):

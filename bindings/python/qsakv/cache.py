@@ -9,7 +9,8 @@ from . import _cdefs, _structs
 from . import _views
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int, set_field
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name
@@ -74,8 +75,8 @@ def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, extern
     """The qsakv_cache_options of a cache, filled in one place for layout_for and Cache.
     external_topk: (address, rows, cols) of an external top-k buffer, or None."""
     opts = _structs.filled(_cdefs.qsakv_cache_options, lib.qsakv_cache_options_init)
-    opts.num_blocks = num_blocks
-    opts.memory_budget_bytes = memory_budget_bytes
+    set_field(opts, "num_blocks", num_blocks)
+    set_field(opts, "memory_budget_bytes", memory_budget_bytes)
     opts.share_topk = int(bool(share_topk))
     if external_topk is not None:
         opts.external_topk, opts.external_topk_rows, opts.external_topk_cols = external_topk
@@ -292,7 +293,7 @@ class Cache(Handle):
 
     def _addresses(self, layer: int):
         out = _structs.new(_cdefs.qsakv_layer_buffers)
-        lib.qsakv_cache_get_layer_buffers(self._p, layer, ctypes.byref(out))
+        lib.qsakv_cache_get_layer_buffers(self._p, c_int(layer, "layer"), ctypes.byref(out))
         return {f: _structs.value(out, f) for f in LayerBuffers._fields}
 
     def close(self) -> None:
@@ -359,7 +360,8 @@ class Cache(Handle):
         (a swap-in, a prefix-cache copy through layer_buffers(layer).kv), so the software
         decoder checks them for NaN codes from now on. Async on `stream`."""
         lib.qsakv_cache_note_external_codes(
-            self._p, layer, stream_arg(resolve_stream(stream, self._cuda, self._device)))
+            self._p, c_int(layer, "layer"),
+            stream_arg(resolve_stream(stream, self._cuda, self._device)))
 
     # -- store -------------------------------------------------------------------------
     def store_kv(self, layer: int, k, v, slot_mapping, *, stream=None) -> None:
@@ -374,6 +376,8 @@ class Cache(Handle):
         """
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._k.ptr(k)
         pv = self._v.ptr(v, n)[0]
         ps = self._slots.ptr(slot_mapping, n)[0]
@@ -385,7 +389,7 @@ class Cache(Handle):
             status = _store_kv(keeper.addr, layer, pk, pv, ps, n, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_store_kv", e) from None
+            raise argument_type_error("qsakv_store_kv", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_kv")
@@ -398,6 +402,8 @@ class Cache(Handle):
         Asynchronous on `stream`; capturable."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._keys.ptr(keys)
         pr = self._request_slots.ptr(request_slots, n)[0]
         pp = self._positions.ptr(positions, n)[0]
@@ -409,7 +415,7 @@ class Cache(Handle):
             status = _store_index_keys(keeper.addr, layer, pk, pr, pp, n, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_store_index_keys", e) from None
+            raise argument_type_error("qsakv_store_index_keys", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_index_keys")
@@ -424,6 +430,8 @@ class Cache(Handle):
         Asynchronous on `stream`; capturable."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._keys.ptr(keys)
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
@@ -434,7 +442,7 @@ class Cache(Handle):
             status = _store_compressed_keys(keeper.addr, layer, pk, ps, n, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_store_compressed_keys", e) from None
+            raise argument_type_error("qsakv_store_compressed_keys", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_compressed_keys")
@@ -450,6 +458,8 @@ class Cache(Handle):
         instead of three. Asynchronous on `stream`; capturable."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         st = _structs.new(_cdefs.qsakv_step_stores)
         types = dict(st._fields_)
 

@@ -22,7 +22,8 @@ import os
 from . import _cdefs, _structs
 from ._buffers import ArgSpec, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name, choice
@@ -121,6 +122,8 @@ class Calibration(Handle):
         checked)."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         if self._k is None:
             raise argument_error("observe: a host handle (load/merge/snapshot) observes "
                                  "nothing; use a live Calibration(context, config)")
@@ -134,7 +137,7 @@ class Calibration(Handle):
             status = _observe(keeper.addr, layer, pk, pv, n, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_calib_observe", e) from None
+            raise argument_type_error("qsakv_calib_observe", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_calib_observe")
@@ -179,7 +182,7 @@ class Calibration(Handle):
         """CalibStats of a host handle: count, finite_count, nonzero_count, max_abs.
         kind: "k" or "v"."""
         out = _structs.new(_cdefs.qsakv_calib_stats)
-        lib.qsakv_calib_get_stats(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_get_stats(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out), None)
         return _structs.record(out, "CalibStats")
 
@@ -190,7 +193,7 @@ class Calibration(Handle):
 
         h = np.zeros(_cdefs.QSAKV_CALIB_BINS, np.uint64)
         out = _structs.new(_cdefs.qsakv_calib_stats)
-        lib.qsakv_calib_get_stats(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_get_stats(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out),
                                   h.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return h
@@ -206,7 +209,7 @@ class Calibration(Handle):
         rank covered (OverlayIncompleteError), every layer's K and V observed, finite
         (CalibNonFiniteError) and nonzero (OverlayBadScaleError)."""
         out = _structs.new(_cdefs.qsakv_calib_summary)
-        lib.qsakv_calib_summarize(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_summarize(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out))
         return _structs.record(out, "CalibSummary")
 

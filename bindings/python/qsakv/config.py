@@ -5,6 +5,7 @@ import ctypes
 import os
 
 from . import _cdefs, _structs
+from ._ints import c_int, set_field
 from ._lib import lib
 from .enums import dtype_of
 
@@ -76,7 +77,7 @@ class ModelConfig:
 
     def __setattr__(self, name, value):
         if name == "qsa_layers":
-            layers = [int(x) for x in value]
+            layers = [c_int(x, f"qsa_layers[{i}]") for i, x in enumerate(value)]
             if len(layers) > _cdefs.QSAKV_MAX_LAYERS:
                 raise ValueError(f"qsa_layers: at most {_cdefs.QSAKV_MAX_LAYERS} layers")
             arr = self._c.qsa_layers
@@ -86,7 +87,7 @@ class ModelConfig:
         elif name in _DTYPE_FIELDS:
             setattr(self._c, name, dtype_of(value))
         elif name in _FIELDS:
-            setattr(self._c, name, value)
+            set_field(self._c, name, value)  # integers checked against the C type
         else:
             raise AttributeError(f"ModelConfig has no field {name!r}")
 
@@ -139,5 +140,6 @@ def capacity_plan(config: ModelConfig, memory_budget_bytes: int):
     index keys, for comparison), ring and top-k bytes, num_blocks, num_tokens,
     fp16_num_tokens, capacity_ratio, ideal_ratio, bytes_per_block."""
     out = _structs.new(_cdefs.qsakv_capacity)
-    lib.qsakv_capacity_plan(config._ref, memory_budget_bytes, ctypes.byref(out))
+    budget = c_int(memory_budget_bytes, "memory_budget_bytes", ctypes.c_uint64)
+    lib.qsakv_capacity_plan(config._ref, budget, ctypes.byref(out))
     return _structs.record(out, "Capacity")

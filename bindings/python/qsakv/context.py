@@ -6,6 +6,7 @@ import ctypes
 from . import _cdefs, _structs
 from ._buffers import resolve_stream, stream_arg
 from ._handle import Handle
+from ._ints import set_field
 from ._lib import lib
 from .enums import by_c_name, choice
 
@@ -32,7 +33,7 @@ class Context(Handle):
     def __init__(self, backend="auto", device: int = 0, decoder="auto"):
         opts = _structs.filled(_cdefs.qsakv_context_options, lib.qsakv_context_options_init)
         opts.backend = choice(Backend, backend, "backend")
-        opts.device = device
+        set_field(opts, "device", device)
         opts.decoder = choice(Decoder, decoder, "decoder")
         out = ctypes.POINTER(_cdefs.qsakv_context)()
         lib.qsakv_context_create(ctypes.byref(out), ctypes.byref(opts))

@@ -9,7 +9,8 @@ from . import _cdefs, _structs
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg, typed
 from . import _buffers
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int, set_field
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .cache import Cache, act_dtype
 from .enums import by_c_name, choice
 from .errors import argument_error
@@ -68,8 +69,10 @@ class Plan(Handle):
     def __init__(self, cache: Cache, *, max_rows: int = 0, max_requests: int = 0,
                  num_splits: int = 0, multi_row_min_rows: int = 0):
         opts = _structs.filled(_cdefs.qsakv_plan_options, lib.qsakv_plan_options_init)
-        opts.max_rows, opts.max_requests, opts.num_splits = max_rows, max_requests, num_splits
-        opts.multi_row_min_rows = multi_row_min_rows
+        for field, value in (("max_rows", max_rows), ("max_requests", max_requests),
+                             ("num_splits", num_splits),
+                             ("multi_row_min_rows", multi_row_min_rows)):
+            set_field(opts, field, value)
         out = ctypes.POINTER(_cdefs.qsakv_plan)()
         lib.qsakv_plan_create(ctypes.byref(out), cache._p, ctypes.byref(opts))
         super().__init__(out, lib.qsakv_plan_destroy, parent=cache)
@@ -171,6 +174,8 @@ class Plan(Handle):
         stream); capturable."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pq = self._iq.ptr(index_q, None, self._rows)[0]
         ptk, stride = self._topk(topk)
         s = resolve_stream(stream, self._cuda, self._device)
@@ -181,7 +186,7 @@ class Plan(Handle):
             status = _select_topk(keeper.addr, layer, pq, ptk, stride, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_select_topk", e) from None
+            raise argument_type_error("qsakv_select_topk", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_select_topk")
@@ -196,6 +201,8 @@ class Plan(Handle):
         capturable in a CUDA graph."""
         if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         m = _MODES.get(mode) if isinstance(mode, (str, int)) else None
         if m is None:
             m = int(choice(AttentionMode, mode, "mode"))
@@ -211,7 +218,7 @@ class Plan(Handle):
             status = _attention_run(keeper.addr, layer, m, pq, ptk, stride, po, s)
         except ctypes.ArgumentError as e:
             keeper = None
-            raise layer_type_error("qsakv_attention_run", e) from None
+            raise argument_type_error("qsakv_attention_run", e) from None
         if status:
             keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_attention_run")
