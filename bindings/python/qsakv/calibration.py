@@ -94,6 +94,10 @@ class Calibration(Handle):
         overlapping ranks or incomplete envelope inputs: InvalidArgumentError."""
         mode = choice(CalibMergeMode, mode, "mode")
         inputs = list(inputs)
+        for i, c in enumerate(inputs):
+            if not isinstance(c, Calibration):
+                raise argument_error(f"inputs[{i}]: expected a Calibration, got "
+                                     f"{type(c).__name__}")
         ptrs = [c._p for c in inputs]  # each holds its handle's keeper during the call
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
         try:
@@ -119,16 +123,16 @@ class Calibration(Handle):
         contiguous (n from k; v must match). Asynchronous on `stream` (default: torch's
         current stream when torch is imported); no allocation, capturable (a captured
         observe counts at every replay). A no-op while stopped (arguments still
-        checked)."""
+        checked). A host handle raises StateError (the library's refusal)."""
         if self._keeper is None:
             self._closed_error()
         if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
             layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
-        if self._k is None:
-            raise argument_error("observe: a host handle (load/merge/snapshot) observes "
-                                 "nothing; use a live Calibration(context, config)")
-        pk, n = self._k.ptr(k)
-        pv = self._v.ptr(v, n)[0]
+        if self._k is None:  # a host handle: the library refuses it (StateError)
+            pk = pv = n = 0
+        else:
+            pk, n = self._k.ptr(k)
+            pv = self._v.ptr(v, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
         keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
         if keeper is None:
@@ -237,7 +241,11 @@ class Calibration(Handle):
 def scale_from_max(max_abs: float) -> float:
     """The library's scale of a maximum: the smallest FP32 s with s >= max_abs / 448."""
     out = ctypes.c_float()
-    lib.qsakv_calib_scale_from_max(max_abs, ctypes.byref(out))
+    try:
+        lib.qsakv_calib_scale_from_max(max_abs, ctypes.byref(out))
+    except ctypes.ArgumentError:
+        raise argument_error(f"max_abs: expected a number, got {type(max_abs).__name__} "
+                             f"{max_abs!r}") from None
     return out.value
 
 
@@ -245,12 +253,12 @@ def _address_of(obj, name: str):
     if obj is None:
         raise argument_error(f"{name}: expected a communicator, got None")
     if isinstance(obj, int):
-        return obj
+        return c_int(obj, name, ctypes.c_uint64)  # an address: a negative one would wrap
     if isinstance(obj, ctypes.c_void_p):
         return obj.value
     for attr in ("comm", "ptr", "value"):
         v = getattr(obj, attr, None)
         if isinstance(v, int):
-            return v
+            return c_int(v, name, ctypes.c_uint64)
     raise argument_error(f"{name}: expected an ncclComm_t address (int), a ctypes pointer "
                          f"or an object with an int .comm / .ptr; got {type(obj).__name__}")

@@ -59,7 +59,8 @@ class ModelConfig:
         """The config of a Hugging Face checkpoint: `path` is its directory (config.json
         is read) or the JSON file. The geometry comes from the file; the runtime fields
         (tp_size, tp_rank, kv_dtype, block_size, max_requests, ...) are the qwen4_exp
-        preset's until `fields` set them. FormatError names the key, IOError the file."""
+        preset's until `fields` set them. FormatError names the key, IoError (an
+        OSError) the file."""
         cfg = cls()
         object.__setattr__(cfg, "_c", _structs.filled(
             _cdefs.qsakv_model_config,

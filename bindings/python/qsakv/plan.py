@@ -203,7 +203,8 @@ class Plan(Handle):
             self._closed_error()
         if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
             layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
-        m = _MODES.get(mode) if isinstance(mode, (str, int)) else None
+        # Exact str / int only: bool is an int that hashes as 0 / 1 (mode=True is no mode).
+        m = _MODES.get(mode) if type(mode) is str or type(mode) is int else None
         if m is None:
             m = int(choice(AttentionMode, mode, "mode"))
         rows = self._rows
