@@ -51,7 +51,9 @@ def version() -> str:
 
 def status_string(status: int) -> str:
     """The library's name of a status code ("QSAKV_ERROR_OVERLAY_INCOMPLETE")."""
-    return lib.qsakv_status_string(status).decode()
+    from ._ints import c_int
+
+    return lib.qsakv_status_string(c_int(status, "status")).decode()
 
 
 def dtype_size(dtype) -> int:

@@ -6,6 +6,11 @@ unchanged, until the stream has run the work):
   capsule), CPU torch tensors;
 - CUDA backend: torch tensors on a CUDA device, anything with __cuda_array_interface__
   (CuPy, Numba, ...) or __dlpack__ with a CUDA device.
+DLPack producers are asked for their memory itself (__dlpack__(copy=False); a producer
+older than the keyword is asked without it): one that can only export a copy, or refuses
+(a read-only array), raises InvalidArgumentError. The capsule is kept with the address
+(Exported) until the call returns, or as long as the library keeps the address (a
+Cache's memory, a Plan's block table).
 torch and CuPy are never imported here: objects are recognised by their protocols.
 
 Streams: None (the default: see resolve_stream), an int (a cudaStream_t value), an
@@ -24,6 +29,7 @@ import sys
 from dataclasses import dataclass
 
 from . import _cdefs
+from ._ints import c_int
 from .errors import argument_error
 
 ANY = None  # a dimension that may take any size
@@ -52,6 +58,17 @@ class _DLTensor(ctypes.Structure):
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class Exported(int):
+    """The address of a DLPack export, holding its capsule: the producer's memory stays
+    exported (the capsule's deleter is not called) while this int is referenced, e.g.
+    by the locals of a call or by the object that keeps the address."""
+
+    def __new__(cls, address: int, capsule):
+        self = super().__new__(cls, address)
+        self.capsule = capsule
+        return self
 
 
 @dataclass(frozen=True)
@@ -126,7 +143,13 @@ def _from_cai(obj) -> Buffer:
 
 def _from_dlpack(obj) -> Buffer:
     dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (0, 0)
-    capsule = obj.__dlpack__()  # dropped unconsumed: its destructor frees the tensor ref
+    try:
+        # The producer's memory, never a copy: the library writes outputs in place.
+        capsule = obj.__dlpack__(copy=False)
+    except TypeError:  # a producer older than the copy keyword (DLPack 2023.12)
+        capsule = obj.__dlpack__()
+    # Never consumed: the capsule's destructor releases the export, so the address
+    # (Exported) holds the capsule for as long as it is used.
     t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     dev_type = t.device.device_type
     shape = tuple(t.shape[i] for i in range(t.ndim))
@@ -135,7 +158,7 @@ def _from_dlpack(obj) -> Buffer:
     dtype = _DL_CODES.get((t.dtype.code, t.dtype.bits), f"dlpack{t.dtype.code}:{t.dtype.bits}")
     device = {_DL_CPU: "cpu", _DL_CUDA: "cuda", _DL_CUDA_MANAGED: "cuda",
               _DL_CUDA_HOST: "cuda_host"}.get(dev_type, f"dlpack device {dev_type}")
-    return Buffer((t.data or 0) + t.byte_offset, dtype, shape,
+    return Buffer(Exported((t.data or 0) + t.byte_offset, capsule), dtype, shape,
                   _contiguous(shape, strides, itemsize) and t.dtype.lanes == 1, device,
                   t.device.device_id if device == "cuda" else -1,
                   f"{type(obj).__name__} (__dlpack__)")
@@ -176,7 +199,7 @@ def check(obj, name: str, dtype: str, shape: tuple, *, backend_cuda: bool,
         raise argument_error(f"{name}: expected an array, got None")
     try:
         b = describe(obj)
-    except TypeError as e:
+    except (TypeError, ValueError, BufferError) as e:  # BufferError: DLPack's refusal
         raise argument_error(f"{name}: {e}") from None
     want_dev = "cuda" if backend_cuda else "cpu"
     ok = (b.dtype == dtype and len(b.shape) == len(shape) and b.contiguous
@@ -286,19 +309,24 @@ def stream_handle(stream) -> int:
     if stream is None:
         return 0
     if isinstance(stream, int):
-        return stream
+        return _stream_value(stream)
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
-        return int(value[1] if isinstance(value, tuple) else value)
+        return _stream_value(int(value[1] if isinstance(value, tuple) else value))
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, Numba
         value = getattr(stream, attr, None)
         if isinstance(value, int):
-            return value
+            return _stream_value(value)
         if value is not None and hasattr(value, "value"):  # ctypes c_void_p
             return int(value.value or 0)
     raise argument_error(f"stream: expected None, an int, an object with __cuda_stream__, "
                          f"a torch or CuPy stream; got {type(stream).__name__}")
+
+
+def _stream_value(handle: int) -> int:
+    """A cudaStream_t value: an address, so 0 .. 2**64 - 1 (a negative int would wrap)."""
+    return c_int(handle, "stream", ctypes.c_uint64)
 
 
 def as_stream(stream):

@@ -55,6 +55,9 @@ def _raise_last_error(status: int, function: str) -> None:
 
 
 def _errcheck(status, func, args):
+    # Not kept by the traceback of a failure: the handles' pointers among the arguments
+    # hold their C objects alive (see _handle.Handle._p).
+    del args
     if status != 0:
         _raise_last_error(status, func.__name__)
     return status
@@ -110,13 +113,13 @@ def raw_function(name: str, *argtypes):
     return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)((name, _lib))
 
 
-def layer_type_error(function: str, error: Exception):
+def argument_type_error(function: str, error: Exception):
     """A hot call's ctypes refusal of its arguments as the library's argument error. The
-    layer (the foreign function's second argument) is the one scalar those calls pass on
-    from the caller as it is: a float or a string stops there."""
+    layer is checked before (_ints.c_int); what is left is an address or stream that
+    some array or stream object gave out of range of a pointer."""
     from .errors import argument_error
 
-    return argument_error(f"{function}: layer must be an int ({error})")
+    return argument_error(f"{function}: {error}")
 
 
 def raise_status(status: int, function: str) -> None:

@@ -9,7 +9,8 @@ from . import _cdefs, _structs
 from . import _views
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int, set_field
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name
@@ -22,8 +23,8 @@ CopyKind = by_c_name["qsakv_copy_kind"]
 LayerBuffers = namedtuple("LayerBuffers", "kv compressed_keys ring_keys topk scales")
 LayerBuffers.__doc__ = """Views of one QSA layer's buffers: NumPy arrays (CPU backend,
 host memory) or DeviceArray objects with __cuda_array_interface__ (CUDA backend; e.g.
-torch.as_tensor(view, device="cuda")). No copy: they are the cache's memory, valid while
-the Cache is open.
+torch.as_tensor(view, device="cuda")). No copy: they are the cache's memory, which each
+view keeps allocated (caller-owned memory included), even after the Cache is closed.
 
 kv: the main cache [num_blocks, 2 (K, V), block_size, kv_heads, head_dim]: uint8 E4M3
     codes (torch: .view(torch.float8_e4m3fn)), float16, or bfloat16 (uint16 on the
@@ -74,8 +75,8 @@ def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, extern
     """The qsakv_cache_options of a cache, filled in one place for layout_for and Cache.
     external_topk: (address, rows, cols) of an external top-k buffer, or None."""
     opts = _structs.filled(_cdefs.qsakv_cache_options, lib.qsakv_cache_options_init)
-    opts.num_blocks = num_blocks
-    opts.memory_budget_bytes = memory_budget_bytes
+    set_field(opts, "num_blocks", num_blocks)
+    set_field(opts, "memory_budget_bytes", memory_budget_bytes)
     opts.share_topk = int(bool(share_topk))
     if external_topk is not None:
         opts.external_topk, opts.external_topk_rows, opts.external_topk_cols = external_topk
@@ -133,13 +134,16 @@ def memory_shapes(config: ModelConfig, layout) -> dict:
 
 def _layer_memory(memory, config, layout, cuda, device):
     """ctypes qsakv_layer_memory[num_qsa_layers] from the caller's arrays, each checked for
-    dtype, shape, contiguity and device (messages name memory[i].field)."""
+    dtype, shape, contiguity and device (messages name memory[i].field), and the tuple of
+    what must stay alive for the addresses to stay valid: each array object checked
+    (taken from the caller's container once) with its checked address."""
     shapes = memory_shapes(config, layout)
     n = config.num_qsa_layers
     if len(memory) != n:
         raise argument_error(f"memory: expected one entry per QSA layer ({n}), got "
                              f"{len(memory)}")
     arr = (_cdefs.qsakv_layer_memory * n)()
+    held = []
     for i, entry in enumerate(memory):
         get = entry.get if isinstance(entry, dict) else \
             (lambda f, e=entry: e[("kv", "compressed_keys", "ring_keys").index(f)])
@@ -147,10 +151,11 @@ def _layer_memory(memory, config, layout, cuda, device):
                                   ("ring_keys", "ring_bytes")):
             shape, dtypes = shapes[field]
             name = f"memory[{i}].{field} (layer {config.qsa_layers[i]})"
+            obj = get(field)  # once: the object checked is the object held
             b, error, matched = None, None, None
             for dt in dtypes:
                 try:
-                    b = check(get(field), name, dt, shape, backend_cuda=cuda, device_id=device,
+                    b = check(obj, name, dt, shape, backend_cuda=cuda, device_id=device,
                               writable=True)
                     matched = dt
                     break
@@ -160,7 +165,8 @@ def _layer_memory(memory, config, layout, cuda, device):
                 raise error
             setattr(arr[i], field, b.ptr)
             setattr(arr[i], size_field, _nbytes(shape, matched))
-    return arr
+            held.append((obj, b.ptr))
+    return arr, tuple(held)
 
 
 def _page_strides(layout, dtype, ndim):
@@ -189,7 +195,7 @@ class Cache(Handle):
     OverlayMissingError / OverlayNotValidatedError); 16-bit caches take overlay=None.
     The scales are copied: the overlay may be closed afterwards. num_blocks=0 sizes the
     cache from memory_budget_bytes. external_topk: a device int32 [rows, topk_width]
-    array to use as the top-k workspace (kept alive by the cache).
+    array to use as the top-k workspace (kept alive by the cache and its views).
 
     memory: caller-owned cache memory (engines that allocate and profile their own KV
     pool): one entry per QSA layer (config.qsa_layers order), each a dict or tuple of
@@ -197,7 +203,9 @@ class Cache(Handle):
     memory_shapes(config, layout_for(config, num_blocks=...)) gives (torch/CuPy device
     arrays on the CUDA backend, NumPy arrays on the CPU backend); needs num_blocks > 0.
     The library checks each (messages name memory[i].field), never frees them and uses
-    their contents as they are; the Cache keeps them alive while open.
+    their contents as they are. The Cache holds the arrays themselves (not the
+    container: emptying or refilling it changes nothing), as long as it is open and as
+    long as any view of its memory is alive.
 
     The Cache keeps its Context alive; closing the Context closes the Cache first.
     """
@@ -209,32 +217,38 @@ class Cache(Handle):
                  share_topk: bool = True, external_topk=None, memory=None):
         geometry = config.rank_geometry()
         cuda, device = context.is_cuda, context.info.device
-        topk = None
+        topk, held = None, ()
         if external_topk is not None:
             b = check(external_topk, "external_topk", "int32", (ANY, geometry.topk_width),
                       backend_cuda=cuda, device_id=device, writable=True)
             topk = (b.ptr,) + tuple(b.shape)
+            held = ((external_topk, b.ptr),)
         opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
                               share_topk=share_topk, external_topk=topk)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
-        ov = overlay._p if overlay is not None else None
         if memory is None:
-            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref, ov,
+            lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref,
+                                   overlay._p if overlay is not None else None,
                                    ctypes.byref(opts))
         else:
-            layers = _layer_memory(memory, config, _layout_of(config, opts), cuda, device)
+            layers, arrays = _layer_memory(memory, config, _layout_of(config, opts), cuda,
+                                           device)
+            held += arrays
             m = _structs.new(_cdefs.qsakv_cache_memory)
             m.version = _cdefs.QSAKV_CACHE_MEMORY_VERSION
             m.num_layers = len(layers)
             m.layers = layers
-            lib.qsakv_cache_create_with_memory(ctypes.byref(out), context._p, config._ref, ov,
-                                               ctypes.byref(opts), ctypes.byref(m))
+            lib.qsakv_cache_create_with_memory(
+                ctypes.byref(out), context._p, config._ref,
+                overlay._p if overlay is not None else None, ctypes.byref(opts),
+                ctypes.byref(m))
         super().__init__(out, lib.qsakv_cache_destroy, parent=context)
+        # The caller's arrays (external top-k, memory) on the keeper that the C object's
+        # destroy and every view of its memory share: they outlive both.
+        self._keeper.held = held
         self.context = context
         self._config = config.copy()
         self._geometry = geometry
-        self._external_topk = external_topk
-        self._memory = memory  # the caller's buffers stay alive while the cache is open
         self._cuda, self._device = cuda, device
         self._layout = self._get_layout()
         # Argument checks of the hot calls, made once (see _buffers.ArgSpec).
@@ -279,7 +293,7 @@ class Cache(Handle):
 
     def _addresses(self, layer: int):
         out = _structs.new(_cdefs.qsakv_layer_buffers)
-        lib.qsakv_cache_get_layer_buffers(self._p, layer, ctypes.byref(out))
+        lib.qsakv_cache_get_layer_buffers(self._p, c_int(layer, "layer"), ctypes.byref(out))
         return {f: _structs.value(out, f) for f in LayerBuffers._fields}
 
     def close(self) -> None:
@@ -346,7 +360,8 @@ class Cache(Handle):
         (a swap-in, a prefix-cache copy through layer_buffers(layer).kv), so the software
         decoder checks them for NaN codes from now on. Async on `stream`."""
         lib.qsakv_cache_note_external_codes(
-            self._p, layer, stream_arg(resolve_stream(stream, self._cuda, self._device)))
+            self._p, c_int(layer, "layer"),
+            stream_arg(resolve_stream(stream, self._cuda, self._device)))
 
     # -- store -------------------------------------------------------------------------
     def store_kv(self, layer: int, k, v, slot_mapping, *, stream=None) -> None:
@@ -359,18 +374,24 @@ class Cache(Handle):
         in the README); keep the inputs alive until it ran; no allocation, capturable in
         a CUDA graph. CPU backend: synchronous.
         """
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._k.ptr(k)
         pv = self._v.ptr(v, n)[0]
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_kv(a, layer, pk, pv, ps, n, s)
+            status = _store_kv(keeper.addr, layer, pk, pv, ps, n, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_store_kv", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_store_kv", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_kv")
 
     def store_index_keys(self, layer: int, keys, request_slots, positions, *,
@@ -379,18 +400,24 @@ class Cache(Handle):
         positions[i] % ring_length). keys: DEVICE float16 [n, index_head_dim];
         request_slots: DEVICE int32 [n]; positions: DEVICE int64 [n] (negative skips).
         Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._keys.ptr(keys)
         pr = self._request_slots.ptr(request_slots, n)[0]
         pp = self._positions.ptr(positions, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_index_keys(a, layer, pk, pr, pp, n, s)
+            status = _store_index_keys(keeper.addr, layer, pk, pr, pp, n, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_store_index_keys", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_store_index_keys", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_index_keys")
 
     def store_compressed_keys(self, layer: int, keys, slot_mapping, *, stream=None) -> None:
@@ -401,17 +428,23 @@ class Cache(Handle):
         zero or has a NaN / infinite element is stored as scale 0 and codes 0);
         slot_mapping: DEVICE int64 [n], the slot of any token of the group (-1 skips).
         Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pk, n = self._keys.ptr(keys)
         ps = self._slots.ptr(slot_mapping, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _store_compressed_keys(a, layer, pk, ps, n, s)
+            status = _store_compressed_keys(keeper.addr, layer, pk, ps, n, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_store_compressed_keys", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_store_compressed_keys", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_store_compressed_keys")
 
     def store_step(self, layer: int, *, k=None, v=None, slot_mapping=None, index_keys=None,
@@ -423,11 +456,14 @@ class Cache(Handle):
         with that method's arrays and meaning, any part left out (None). Every part is
         checked before anything is stored; on a GPU the parts take one kernel launch
         instead of three. Asynchronous on `stream`; capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         st = _structs.new(_cdefs.qsakv_step_stores)
         types = dict(st._fields_)
+
+        exports = []  # the addresses, which hold DLPack exports, until the call returns
 
         def part(count, *fields):  # (name, spec, array) in order; the first sets the count
             n = None
@@ -435,6 +471,7 @@ class Cache(Handle):
                 address, rows = spec.ptr(array) if n is None else spec.ptr(array, n)
                 n = rows if n is None else n
                 setattr(st, name, ctypes.cast(address, types[name]))
+                exports.append(address)
             setattr(st, count, n)
 
         if k is not None or v is not None or slot_mapping is not None:
@@ -458,7 +495,16 @@ class Cache(Handle):
         blocking."""
         import numpy as np
 
-        L = self.layout
+        keeper = self._pin()  # the memory copied from stays allocated until the copy ran
+        try:
+            return self._read_kv(layer, stream)
+        finally:
+            keeper = None  # noqa: F841 (not kept alive by an exception's traceback)
+
+    def _read_kv(self, layer, stream):
+        import numpy as np
+
+        L = self._layout
         kind = {DType.E4M3: np.uint8, DType.FP16: np.float16}.get(L.kv_dtype)
         if kind is None:
             try:

@@ -22,7 +22,8 @@ import os
 from . import _cdefs, _structs
 from ._buffers import ArgSpec, resolve_stream, stream_arg
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .config import ModelConfig
 from .context import Context
 from .enums import ARRAY_DTYPE_NAMES, by_c_name, choice
@@ -93,10 +94,17 @@ class Calibration(Handle):
         overlapping ranks or incomplete envelope inputs: InvalidArgumentError."""
         mode = choice(CalibMergeMode, mode, "mode")
         inputs = list(inputs)
-        arr = (ctypes.POINTER(_cdefs.qsakv_calib) * max(1, len(inputs)))(
-            *(c._p for c in inputs))
+        for i, c in enumerate(inputs):
+            if not isinstance(c, Calibration):
+                raise argument_error(f"inputs[{i}]: expected a Calibration, got "
+                                     f"{type(c).__name__}")
+        ptrs = [c._p for c in inputs]  # each holds its handle's keeper during the call
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
-        lib.qsakv_calib_merge(ctypes.byref(out), arr, len(inputs), mode)
+        try:
+            arr = (ctypes.POINTER(_cdefs.qsakv_calib) * max(1, len(inputs)))(*ptrs)
+            lib.qsakv_calib_merge(ctypes.byref(out), arr, len(inputs), mode)
+        finally:
+            ptrs = None  # noqa: F841 (not kept alive by an exception's traceback)
         return _new_handle(cls, out)
 
     # -- live handles --------------------------------------------------------------------
@@ -115,21 +123,27 @@ class Calibration(Handle):
         contiguous (n from k; v must match). Asynchronous on `stream` (default: torch's
         current stream when torch is imported); no allocation, capturable (a captured
         observe counts at every replay). A no-op while stopped (arguments still
-        checked)."""
-        a = self._addr
-        if not a:
+        checked). A host handle raises StateError (the library's refusal)."""
+        if self._keeper is None:
             self._closed_error()
-        if self._k is None:
-            raise argument_error("observe: a host handle (load/merge/snapshot) observes "
-                                 "nothing; use a live Calibration(context, config)")
-        pk, n = self._k.ptr(k)
-        pv = self._v.ptr(v, n)[0]
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
+        if self._k is None:  # a host handle: the library refuses it (StateError)
+            pk = pv = n = 0
+        else:
+            pk, n = self._k.ptr(k)
+            pv = self._v.ptr(v, n)[0]
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _observe(a, layer, pk, pv, n, s)
+            status = _observe(keeper.addr, layer, pk, pv, n, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_calib_observe", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_calib_observe", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_calib_observe")
 
     def allreduce(self, nccl_comm, *, stream=None) -> None:
@@ -144,10 +158,10 @@ class Calibration(Handle):
 
     def snapshot(self, *, stream=None) -> "Calibration":
         """A host copy, after the work enqueued on `stream` (blocking)."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         s = resolve_stream(stream, self._cuda, self._device)
         out = ctypes.POINTER(_cdefs.qsakv_calib)()
-        lib.qsakv_calib_snapshot(ctypes.byref(out), p, stream_arg(s))
+        lib.qsakv_calib_snapshot(ctypes.byref(out), self._p, stream_arg(s))
         return _new_handle(type(self), out)
 
     # -- any handle ----------------------------------------------------------------------
@@ -172,7 +186,7 @@ class Calibration(Handle):
         """CalibStats of a host handle: count, finite_count, nonzero_count, max_abs.
         kind: "k" or "v"."""
         out = _structs.new(_cdefs.qsakv_calib_stats)
-        lib.qsakv_calib_get_stats(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_get_stats(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out), None)
         return _structs.record(out, "CalibStats")
 
@@ -183,7 +197,7 @@ class Calibration(Handle):
 
         h = np.zeros(_cdefs.QSAKV_CALIB_BINS, np.uint64)
         out = _structs.new(_cdefs.qsakv_calib_stats)
-        lib.qsakv_calib_get_stats(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_get_stats(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out),
                                   h.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return h
@@ -199,7 +213,7 @@ class Calibration(Handle):
         rank covered (OverlayIncompleteError), every layer's K and V observed, finite
         (CalibNonFiniteError) and nonzero (OverlayBadScaleError)."""
         out = _structs.new(_cdefs.qsakv_calib_summary)
-        lib.qsakv_calib_summarize(self._p, layer, choice(CalibKind, kind, "kind"),
+        lib.qsakv_calib_summarize(self._p, c_int(layer, "layer"), choice(CalibKind, kind, "kind"),
                                   ctypes.byref(out))
         return _structs.record(out, "CalibSummary")
 
@@ -217,17 +231,21 @@ class Calibration(Handle):
         checkpoint's index (as Overlay.write, same contract fields, but bound to the
         statistics by default: contract_tp_size 0 is their TP size, -1 no TP constraint;
         contract_activation_dtype None is their activation dtype)."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         opts = write_options(base_index_path, layer_prefix, contract_tp_size,
                              contract_speculative_tokens, contract_activation_dtype,
                              contract_min_sm, unit_scale_control)
-        lib.qsakv_calib_write_overlay(p, _path(out_dir), ctypes.byref(opts))
+        lib.qsakv_calib_write_overlay(self._p, _path(out_dir), ctypes.byref(opts))
 
 
 def scale_from_max(max_abs: float) -> float:
     """The library's scale of a maximum: the smallest FP32 s with s >= max_abs / 448."""
     out = ctypes.c_float()
-    lib.qsakv_calib_scale_from_max(max_abs, ctypes.byref(out))
+    try:
+        lib.qsakv_calib_scale_from_max(max_abs, ctypes.byref(out))
+    except ctypes.ArgumentError:
+        raise argument_error(f"max_abs: expected a number, got {type(max_abs).__name__} "
+                             f"{max_abs!r}") from None
     return out.value
 
 
@@ -235,12 +253,12 @@ def _address_of(obj, name: str):
     if obj is None:
         raise argument_error(f"{name}: expected a communicator, got None")
     if isinstance(obj, int):
-        return obj
+        return c_int(obj, name, ctypes.c_uint64)  # an address: a negative one would wrap
     if isinstance(obj, ctypes.c_void_p):
         return obj.value
     for attr in ("comm", "ptr", "value"):
         v = getattr(obj, attr, None)
         if isinstance(v, int):
-            return v
+            return c_int(v, name, ctypes.c_uint64)
     raise argument_error(f"{name}: expected an ncclComm_t address (int), a ctypes pointer "
                          f"or an object with an int .comm / .ptr; got {type(obj).__name__}")

@@ -5,6 +5,7 @@ import ctypes
 import os
 
 from . import _cdefs, _structs
+from ._ints import c_int, set_field
 from ._lib import lib
 from .enums import dtype_of
 
@@ -58,7 +59,8 @@ class ModelConfig:
         """The config of a Hugging Face checkpoint: `path` is its directory (config.json
         is read) or the JSON file. The geometry comes from the file; the runtime fields
         (tp_size, tp_rank, kv_dtype, block_size, max_requests, ...) are the qwen4_exp
-        preset's until `fields` set them. FormatError names the key, IOError the file."""
+        preset's until `fields` set them. FormatError names the key, IoError (an
+        OSError) the file."""
         cfg = cls()
         object.__setattr__(cfg, "_c", _structs.filled(
             _cdefs.qsakv_model_config,
@@ -76,7 +78,7 @@ class ModelConfig:
 
     def __setattr__(self, name, value):
         if name == "qsa_layers":
-            layers = [int(x) for x in value]
+            layers = [c_int(x, f"qsa_layers[{i}]") for i, x in enumerate(value)]
             if len(layers) > _cdefs.QSAKV_MAX_LAYERS:
                 raise ValueError(f"qsa_layers: at most {_cdefs.QSAKV_MAX_LAYERS} layers")
             arr = self._c.qsa_layers
@@ -86,7 +88,7 @@ class ModelConfig:
         elif name in _DTYPE_FIELDS:
             setattr(self._c, name, dtype_of(value))
         elif name in _FIELDS:
-            setattr(self._c, name, value)
+            set_field(self._c, name, value)  # integers checked against the C type
         else:
             raise AttributeError(f"ModelConfig has no field {name!r}")
 
@@ -139,5 +141,6 @@ def capacity_plan(config: ModelConfig, memory_budget_bytes: int):
     index keys, for comparison), ring and top-k bytes, num_blocks, num_tokens,
     fp16_num_tokens, capacity_ratio, ideal_ratio, bytes_per_block."""
     out = _structs.new(_cdefs.qsakv_capacity)
-    lib.qsakv_capacity_plan(config._ref, memory_budget_bytes, ctypes.byref(out))
+    budget = c_int(memory_budget_bytes, "memory_budget_bytes", ctypes.c_uint64)
+    lib.qsakv_capacity_plan(config._ref, budget, ctypes.byref(out))
     return _structs.record(out, "Capacity")

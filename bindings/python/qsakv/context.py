@@ -6,6 +6,7 @@ import ctypes
 from . import _cdefs, _structs
 from ._buffers import resolve_stream, stream_arg
 from ._handle import Handle
+from ._ints import set_field
 from ._lib import lib
 from .enums import by_c_name, choice
 
@@ -32,7 +33,7 @@ class Context(Handle):
     def __init__(self, backend="auto", device: int = 0, decoder="auto"):
         opts = _structs.filled(_cdefs.qsakv_context_options, lib.qsakv_context_options_init)
         opts.backend = choice(Backend, backend, "backend")
-        opts.device = device
+        set_field(opts, "device", device)
         opts.decoder = choice(Decoder, decoder, "decoder")
         out = ctypes.POINTER(_cdefs.qsakv_context)()
         lib.qsakv_context_create(ctypes.byref(out), ctypes.byref(opts))
@@ -66,9 +67,9 @@ class Context(Handle):
     def synchronize(self, stream=None) -> None:
         """Waits for `stream` (default: torch's current stream when torch is imported,
         else the legacy default stream; no-op on the CPU backend). Blocking."""
-        p = self._p
-        lib.qsakv_stream_synchronize(p, stream_arg(resolve_stream(stream, self._cuda,
-                                                                  self._device)))
+        self._p  # noqa: B018 (ClosedError first)
+        s = resolve_stream(stream, self._cuda, self._device)
+        lib.qsakv_stream_synchronize(self._p, stream_arg(s))
 
 
 def built_with_cuda() -> bool:

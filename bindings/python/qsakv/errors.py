@@ -55,17 +55,18 @@ def _class_name(status_name: str) -> str:
     return "".join(w.capitalize() for w in words) + "Error"
 
 
-# Explicit declarations (name, status, extra bases). ValueError mixes in where Python
-# code conventionally catches one.
+# Explicit declarations (name, status, extra bases). A builtin mixes in where Python
+# code conventionally catches one: ValueError for bad arguments, OSError for a file
+# that is missing or unreadable, MemoryError for an allocation that failed.
 _DECLARED = [
     ("InvalidArgumentError", "QSAKV_ERROR_INVALID_ARGUMENT", (ValueError,)),
     ("InvalidConfigError", "QSAKV_ERROR_INVALID_CONFIG", (ValueError,)),
     ("UnsupportedError", "QSAKV_ERROR_UNSUPPORTED", ()),
     ("NoDeviceError", "QSAKV_ERROR_NO_DEVICE", ()),
-    ("OutOfMemoryError", "QSAKV_ERROR_OUT_OF_MEMORY", ()),
+    ("OutOfMemoryError", "QSAKV_ERROR_OUT_OF_MEMORY", (MemoryError,)),
     ("CudaError", "QSAKV_ERROR_CUDA", ()),
     ("NcclError", "QSAKV_ERROR_NCCL", ()),
-    ("IoError", "QSAKV_ERROR_IO", ()),
+    ("IoError", "QSAKV_ERROR_IO", (OSError,)),
     ("FormatError", "QSAKV_ERROR_FORMAT", ()),
     ("StateError", "QSAKV_ERROR_STATE", ()),
     ("InternalError", "QSAKV_ERROR_INTERNAL", ()),

@@ -7,6 +7,7 @@ from typing import Mapping
 
 from . import _cdefs, _structs
 from ._handle import Handle
+from ._ints import c_int, set_field
 from ._lib import lib
 from .config import ModelConfig
 from .enums import dtype_of
@@ -35,11 +36,11 @@ def write_options(base_index_path, layer_prefix=None, contract_tp_size=0,
                            lib.qsakv_overlay_write_options_init)
     keep = (None if layer_prefix is None else layer_prefix.encode(), _path(base_index_path))
     opts.layer_prefix, opts.base_index_path = keep
-    opts.contract_tp_size = contract_tp_size
-    opts.contract_speculative_tokens = contract_speculative_tokens
+    set_field(opts, "contract_tp_size", contract_tp_size)
+    set_field(opts, "contract_speculative_tokens", contract_speculative_tokens)
     opts.contract_activation_dtype = 0 if contract_activation_dtype is None else \
         dtype_of(contract_activation_dtype)
-    opts.contract_min_sm = contract_min_sm
+    set_field(opts, "contract_min_sm", contract_min_sm)
     opts.unit_scale_control = int(bool(unit_scale_control))
     opts._keep = keep
     return opts
@@ -70,10 +71,10 @@ class Overlay(Handle):
     def validate(self, config: ModelConfig, expected_base_revision: str) -> "Overlay":
         """Validates against `config` and the base checkpoint's revision (see
         checkpoint_revision). Every fail-closed rule has its own exception class."""
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
         if not isinstance(expected_base_revision, str):
             raise TypeError("expected_base_revision: a hex SHA-256 string")
-        lib.qsakv_overlay_validate(p, config._ref, expected_base_revision.encode())
+        lib.qsakv_overlay_validate(self._p, config._ref, expected_base_revision.encode())
         return self
 
     @property
@@ -88,7 +89,8 @@ class Overlay(Handle):
     def scales(self, layer: int) -> tuple[float, float]:
         """(k_scale, v_scale) of a model layer id; InvalidArgumentError if absent."""
         k, v = ctypes.c_float(), ctypes.c_float()
-        lib.qsakv_overlay_get_scales(self._p, layer, ctypes.byref(k), ctypes.byref(v))
+        lib.qsakv_overlay_get_scales(self._p, c_int(layer, "layer"), ctypes.byref(k),
+                                     ctypes.byref(v))
         return k.value, v.value
 
     @staticmethod
@@ -119,14 +121,15 @@ class Overlay(Handle):
         `base_index_path`. scales: {model layer id: (k_scale, v_scale)}. The contract
         fields constrain the runtime (0 / -1 / None: not constrained). Refuses an
         existing out_dir; atomic."""
-        layers = sorted(scales)
-        n = len(layers)
+        items = sorted((c_int(layer, "scales: a layer id"), ks_vs)
+                       for layer, ks_vs in scales.items())
+        n = len(items)
         opts = write_options(base_index_path, layer_prefix, contract_tp_size,
                              contract_speculative_tokens, contract_activation_dtype,
                              contract_min_sm, unit_scale_control)
-        arr_l = (ctypes.c_int32 * n)(*layers)
-        arr_k = (ctypes.c_float * n)(*(scales[i][0] for i in layers))
-        arr_v = (ctypes.c_float * n)(*(scales[i][1] for i in layers))
+        arr_l = (ctypes.c_int32 * n)(*(layer for layer, _ in items))
+        arr_k = (ctypes.c_float * n)(*(ks_vs[0] for _, ks_vs in items))
+        arr_v = (ctypes.c_float * n)(*(ks_vs[1] for _, ks_vs in items))
         lib.qsakv_overlay_write(_path(out_dir), arr_l, arr_k, arr_v, n, ctypes.byref(opts))
 
     @staticmethod

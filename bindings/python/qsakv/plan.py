@@ -9,7 +9,8 @@ from . import _cdefs, _structs
 from ._buffers import ANY, ArgSpec, check, resolve_stream, stream_arg, typed
 from . import _buffers
 from ._handle import Handle
-from ._lib import layer_type_error, lib, raise_status, raw_function
+from ._ints import INT32_MAX, INT32_MIN, c_int, set_field
+from ._lib import argument_type_error, lib, raise_status, raw_function
 from .cache import Cache, act_dtype
 from .enums import by_c_name, choice
 from .errors import argument_error
@@ -68,13 +69,16 @@ class Plan(Handle):
     def __init__(self, cache: Cache, *, max_rows: int = 0, max_requests: int = 0,
                  num_splits: int = 0, multi_row_min_rows: int = 0):
         opts = _structs.filled(_cdefs.qsakv_plan_options, lib.qsakv_plan_options_init)
-        opts.max_rows, opts.max_requests, opts.num_splits = max_rows, max_requests, num_splits
-        opts.multi_row_min_rows = multi_row_min_rows
+        for field, value in (("max_rows", max_rows), ("max_requests", max_requests),
+                             ("num_splits", num_splits),
+                             ("multi_row_min_rows", multi_row_min_rows)):
+            set_field(opts, field, value)
         out = ctypes.POINTER(_cdefs.qsakv_plan)()
         lib.qsakv_plan_create(ctypes.byref(out), cache._p, ctypes.byref(opts))
         super().__init__(out, lib.qsakv_plan_destroy, parent=cache)
         self.cache = cache
         self._block_table = None  # the last update's: read when select/attention run
+        self._block_table_address = None  # its address (holding a DLPack export)
         self._rows = 0
         cfg, geo = cache._config, cache._geometry
         self._cuda, self._device = cache._cuda, cache._device
@@ -94,7 +98,8 @@ class Plan(Handle):
         previous update's copy still reads the staging buffer."""
         import numpy as np
 
-        p = self._p
+        self._p  # noqa: B018 (ClosedError first)
+
         def host(name, values, n):
             # Host integers, taken as int32 only where every value is one (an unchecked
             # cast would wrap 2**32 + 1 to 1 and truncate 1.9 to 1).
@@ -125,11 +130,12 @@ class Plan(Handle):
         b.request_slots = None if slots is None else typed(slots.ctypes.data, ctypes.c_int32)
         b.block_table = typed(bt.ptr, ctypes.c_int32)
         b.block_table_stride = bt.shape[1]
-        lib.qsakv_plan_update(p, ctypes.byref(b),
+        lib.qsakv_plan_update(self._p, ctypes.byref(b),
                               stream_arg(resolve_stream(stream, self._cuda, self._device)))
         # The block table itself, not the Batch: the kernels read it at run time, and a
         # Batch reused with another table must not let this one be freed.
         self._block_table = batch.block_table
+        self._block_table_address = bt.ptr
         self._rows = int(qs[-1])
 
     @property
@@ -166,17 +172,23 @@ class Plan(Handle):
         topk: DEVICE int32 [rows, >= topk_width] to write, or None for the layer's
         (shared) top-k buffer. Asynchronous on `stream` (default: torch's current
         stream); capturable."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
         pq = self._iq.ptr(index_q, None, self._rows)[0]
         ptk, stride = self._topk(topk)
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _select_topk(a, layer, pq, ptk, stride, s)
+            status = _select_topk(keeper.addr, layer, pq, ptk, stride, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_select_topk", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_select_topk", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_select_topk")
 
     def attention(self, layer: int, q, out, *, mode="sparse", topk=None, stream=None) -> None:
@@ -187,10 +199,12 @@ class Plan(Handle):
         or None for the layer's top-k buffer) or "dense" (over the block table, causal).
         Asynchronous on `stream` (default: torch's current stream); no allocation,
         capturable in a CUDA graph."""
-        a = self._addr
-        if not a:
+        if self._keeper is None:
             self._closed_error()
-        m = _MODES.get(mode) if isinstance(mode, (str, int)) else None
+        if type(layer) is not int or not INT32_MIN <= layer <= INT32_MAX:
+            layer = c_int(layer, "layer")  # the exact int32, or InvalidArgumentError
+        # Exact str / int only: bool is an int that hashes as 0 / 1 (mode=True is no mode).
+        m = _MODES.get(mode) if type(mode) is str or type(mode) is int else None
         if m is None:
             m = int(choice(AttentionMode, mode, "mode"))
         rows = self._rows
@@ -198,11 +212,16 @@ class Plan(Handle):
         po = self._out.ptr(out, None, rows)[0]
         ptk, stride = self._topk(topk) if m == 0 else (0, 0)
         s = resolve_stream(stream, self._cuda, self._device)
+        keeper = self._keeper  # held for the call: a close() meanwhile destroys after it
+        if keeper is None:
+            self._closed_error()
         try:
-            status = _attention_run(a, layer, m, pq, ptk, stride, po, s)
+            status = _attention_run(keeper.addr, layer, m, pq, ptk, stride, po, s)
         except ctypes.ArgumentError as e:
-            raise layer_type_error("qsakv_attention_run", e) from None
+            keeper = None
+            raise argument_type_error("qsakv_attention_run", e) from None
         if status:
+            keeper = None  # not kept alive by the exception's traceback
             raise_status(status, "qsakv_attention_run")
 
 

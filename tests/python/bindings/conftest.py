@@ -52,3 +52,24 @@ def cpu():
 
     with qsakv.Context("cpu") as ctx:
         yield ctx
+
+
+def run_isolated(code: str, timeout: float = 120):
+    """Runs `code` in a fresh interpreter with this package and library, for what would
+    crash the interpreter when the binding is wrong (a use after free): the test asserts
+    the exit status (a segfault is -11) and the output, so that a regression fails the
+    test instead of killing pytest. Returns the CompletedProcess (text, both streams)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import qsakv
+
+    here = str(Path(__file__).resolve().parent)
+    package_root = str(Path(qsakv.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root, here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["QSAKV_LIBRARY"] = str(Path(qsakv.library_path).resolve())
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -196,9 +196,10 @@ def test_outputs_byte_order_layer_and_batch_are_checked(pipeline):
                        match=r"k: expected float16 \[n, 1, 256\] contiguous, got float16 "
                              r"\(byte order >\)"):
         cache.store_kv(3, k.astype(">f2"), k, slots)
-    with pytest.raises(qsakv.InvalidArgumentError, match=r"qsakv_store_kv: layer must be an int"):
+    with pytest.raises(qsakv.InvalidArgumentError,
+                       match=r"^layer: expected an integer, got float 3\.0$"):
         cache.store_kv(3.0, k, k, slots)
-    with pytest.raises(qsakv.InvalidArgumentError, match=r"qsakv_attention_run: layer must be"):
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"^layer: expected an integer, got str"):
         plan.attention("3", q, np.zeros_like(q))
     bt = np.zeros((1, 1), np.int32)
     with pytest.raises(qsakv.InvalidArgumentError,

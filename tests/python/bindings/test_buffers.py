@@ -2,6 +2,7 @@
 (__array_interface__, __cuda_array_interface__, __dlpack__, __cuda_stream__) on
 stand-in objects, and the device checks against the backend."""
 import ctypes
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import qsakv
 from qsakv import _buffers
+from conftest import run_isolated
 
 
 class DLPackOnly:
@@ -165,3 +167,119 @@ def test_torch_tensor_description_without_torch():
     cpu_t = Tensor("torch.float16", (4, 1, 256), Device("cpu", None), contiguous=False)
     with pytest.raises(qsakv.InvalidArgumentError, match="non-contiguous"):
         _buffers.check(cpu_t, "k", "float16", (None, 1, 256), backend_cuda=False)
+
+
+class Temporary:
+    """A DLPack producer whose every export is of a fresh array that only the capsule
+    references (a lazily materialised tensor, say): the memory lives exactly as long as
+    the capsule. `refs` are weak references to the arrays exported."""
+
+    def __init__(self, make):
+        self.make, self.refs = make, []
+
+    def __dlpack__(self, **kw):
+        a = self.make()
+        self.refs.append(weakref.ref(a))
+        return a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_dlpack_export_is_the_memory_itself_or_refused():
+    """__dlpack__ is asked for copy=False: a producer that may copy (copy=None lets it,
+    per the DLPack spec) made the library write `out` into a copy freed at once (a
+    segfault, or an output that never arrives), in a subprocess for that reason. A
+    refusal (BufferError: NumPy's read-only arrays) is an InvalidArgumentError naming
+    the argument; a producer older than the keyword is asked without it."""
+    r = run_isolated("""
+        import numpy as np
+        import qsakv
+        cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4, max_batched_tokens=64,
+                                       max_requests=8, max_model_len=8192, kv_dtype="fp16")
+        cache = qsakv.Cache(qsakv.Context("cpu"), cfg, num_blocks=16)
+        plan = qsakv.Plan(cache, max_rows=64)
+        layer = cfg.qsa_layers[0]
+        class CopyingProducer:
+            def __init__(self, a):
+                self.a, self.kw = a, []
+            def __dlpack__(self, **kw):
+                self.kw.append(kw)
+                if kw.get("copy") is False:
+                    return self.a.__dlpack__(copy=False)
+                return self.a.copy().__dlpack__()
+            def __dlpack_device__(self):
+                return self.a.__dlpack_device__()
+        plan.update(qsakv.Batch([0, 1], [1], np.zeros((1, 1), np.int32)))
+        one = np.ones((1, 1, 256), np.float16)
+        cache.store_kv(layer, one, one, np.array([0]))
+        out = np.zeros((1, 6, 256), np.float16)
+        p = CopyingProducer(out)
+        plan.attention(layer, np.ones((1, 6, 256), np.float16), p, mode="dense")
+        print(p.kw, float(out.min()), float(out.max()))
+        """)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.strip() == "[{'copy': False}] 1.0 1.0"
+
+    ro = np.zeros((1, 1, 256), np.float16)
+    ro.flags.writeable = False
+    with pytest.raises(qsakv.InvalidArgumentError, match=r"^k: .*readonly"):
+        _buffers.check(DLPackOnly(ro), "k", "float16", (None, 1, 256), backend_cuda=False)
+
+    class OldProducer:  # __dlpack__(stream=None) only, as before DLPack 2023.12
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, stream=None):
+            return self.a.__dlpack__()
+
+    a = np.zeros((2, 1, 256), np.float16)
+    assert _buffers.check(OldProducer(a), "k", "float16", (None, 1, 256),
+                          backend_cuda=False).ptr == a.ctypes.data
+
+
+def test_dlpack_exports_live_as_long_as_their_use(monkeypatch, cpu, small_cfg):
+    """The capsule was dropped once the address was read, releasing the producer's
+    memory before the library used it. It is held until the call returns, and as long
+    as the library keeps the address: a Plan's block table, a Cache's memory and
+    external top-k array."""
+    import gc
+
+    from qsakv import cache as cache_mod
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    k = Temporary(lambda: np.full((2, 1, 256), 3.0, np.float16))
+    slots = Temporary(lambda: np.array([1, 2], np.int64))
+    real = cache_mod._store_kv
+    alive = []
+
+    def store_kv(*args):
+        gc.collect()
+        alive.append([r() is not None for r in k.refs + slots.refs])
+        if not all(alive[-1]):  # the library would read freed memory
+            raise AssertionError("an export was released before the library ran")
+        return real(*args)
+
+    with qsakv.Cache(cpu, cfg, num_blocks=2) as cache:
+        monkeypatch.setattr(cache_mod, "_store_kv", store_kv)
+        cache.store_kv(3, k, k, slots)
+        assert alive == [[True] * 3], "an export was released before the library ran"
+        assert (cache.read_kv(3)[0, :, 1:3] == 3.0).all()
+        with qsakv.Plan(cache, max_rows=1) as plan:
+            bt = Temporary(lambda: np.array([[0, 1]], np.int32))
+            plan.update(qsakv.Batch([0, 1], [3], bt))
+            gc.collect()
+            assert bt.refs[-1]() is not None, "the plan let its block table go"
+
+    layout = qsakv.layout_for(cfg, num_blocks=2)
+    shapes = qsakv.memory_shapes(cfg, layout)
+    mem = [{f: Temporary(lambda s=s, d=d: np.zeros(s, np.dtype(d[0])))
+            for f, (s, d) in shapes.items()} for _ in cfg.qsa_layers]
+    topk = Temporary(lambda: np.zeros((cfg.max_batched_tokens,
+                                       cfg.rank_geometry().topk_width), np.int32))
+    cache = qsakv.Cache(cpu, cfg, num_blocks=2, memory=mem, external_topk=topk)
+    gc.collect()
+    refs = [r for e in mem for t in e.values() for r in t.refs] + topk.refs
+    assert refs and all(r() is not None for r in refs), "the cache let an export go"
+    cache.close()
+    gc.collect()
+    assert all(r() is None for r in refs)

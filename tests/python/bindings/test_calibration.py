@@ -50,7 +50,7 @@ def test_observe_stats_histogram_save_load(cpu, small_cfg, tmp_path):
         assert st.max_abs == np.float32(np.abs(x.astype(np.float32)).max())
         h = host.histogram(layer, kind)
         assert h.dtype == np.uint64 and h.shape == (4096,) and h.sum() == st.nonzero_count
-    with pytest.raises(qsakv.InvalidArgumentError, match="observe"):
+    with pytest.raises(qsakv.StateError, match="qsakv_calib_observe needs a live handle"):
         host.observe(3, k0, v0)
     with pytest.raises(ValueError, match=r"kind: 'q' is not one of 'k', 'v'"):
         host.stats(3, "q")
@@ -64,12 +64,17 @@ def test_observe_stats_histogram_save_load(cpu, small_cfg, tmp_path):
 
 def test_host_handle_refusals_are_library_errors(cpu, small_cfg):
     """A host handle (snapshot, load, merge) refuses the live-only calls with the
-    package's errors, not an AttributeError."""
+    library's StateError (as the class docstring says), not an AttributeError, whatever
+    the arrays: observe refused it with an InvalidArgumentError of its own."""
     with qsakv.Calibration(cpu, small_cfg) as live, live.snapshot() as host:
         with pytest.raises(qsakv.StateError, match="needs a live handle"):
             host.allreduce(1)
-        with pytest.raises(qsakv.InvalidArgumentError, match="host handle"):
-            host.observe(3, None, None)
+        for k in (None, np.zeros((4, 1, 256), np.float16)):
+            with pytest.raises(qsakv.StateError, match="observe needs a live handle") as e:
+                host.observe(3, k, k)
+            assert e.value.function == "qsakv_calib_observe"
+        with pytest.raises(qsakv.StateError, match="needs a live handle"):
+            host.start()
 
 
 def test_observe_checks_its_arrays(cpu, small_cfg):

@@ -155,3 +155,63 @@ def test_python_side_checks_name_the_argument(cpu, small_cfg):
         with pytest.raises(qsakv.InvalidArgumentError, match="layer") as e:
             cache.store_kv(0, good, good, slots)
         assert e.value.function == "qsakv_store_kv"
+
+
+def test_every_refusal_is_a_qsakv_error(cpu, small_cfg, tmp_path):
+    """What escaped the QsakvError hierarchy: ctypes.ArgumentError for a layer that is
+    not an int (store_step, layer_buffers, note_external_codes, stats, summarize),
+    TypeError for a str option, AttributeError for a merge input that is not a
+    Calibration, ctypes.ArgumentError for a scale_from_max that is not a number; and
+    mode=True, which hashes as 1, ran dense attention."""
+    cfg = small_cfg.replace(kv_dtype="fp16")
+    k = np.ones((1, 1, 256), np.float16)
+    slots = np.array([0], np.int64)
+
+    def refused(fn, match):
+        with pytest.raises(qsakv.InvalidArgumentError, match=match):
+            fn()
+
+    with qsakv.Cache(cpu, cfg, num_blocks=2) as cache, \
+            qsakv.Plan(cache, max_rows=1) as plan:
+        refused(lambda: cache.store_kv("3", k, k, slots), "layer")
+        refused(lambda: cache.store_step("3", k=k, v=k, slot_mapping=slots), "layer")
+        refused(lambda: cache.layer_buffers(3.0), "layer")
+        refused(lambda: cache.compressed_key_views("3"), "layer")
+        refused(lambda: cache.note_external_codes("3"), "layer")
+        refused(lambda: qsakv.Plan(cache, max_rows="8"), "max_rows")
+        plan.update(qsakv.Batch([0, 1], [1], np.zeros((1, 1), np.int32)))
+        q = np.ones((1, 6, 256), np.float16)
+        out = np.zeros_like(q)
+        refused(lambda: plan.attention(3, q, out, mode=True), r"mode: True is not one of")
+        refused(lambda: plan.attention(3, q, out, mode=False), r"mode: False is not one of")
+        assert not out.any()
+        plan.attention(3, q, out, mode=qsakv.AttentionMode.DENSE)  # the enum still works
+    refused(lambda: qsakv.Context("cpu", device=0.0), "device")
+    with qsakv.Calibration(cpu, cfg) as cal:
+        cal.start()
+        cal.observe(3, k, k)
+        with cal.snapshot() as snap:
+            refused(lambda: snap.stats("3"), "layer")
+            refused(lambda: snap.histogram(3.0), "layer")
+            refused(lambda: snap.summarize("3"), "layer")
+            refused(lambda: qsakv.Calibration.merge([snap, 3]),
+                    r"inputs\[1\]: expected a Calibration, got int")
+    refused(lambda: qsakv.scale_from_max("1.0"), "max_abs: expected a number, got str")
+    assert qsakv.scale_from_max(np.float32(448.0)) == 1.0
+    refused(lambda: qsakv.Calibration(cpu, cfg).allreduce(-1), r"nccl_comm: -1 does not fit")
+
+
+def test_file_and_memory_errors_are_builtin_ones_too(tmp_path, cpu, small_cfg):
+    """IoError is an OSError and OutOfMemoryError a MemoryError (as InvalidArgumentError
+    is a ValueError), so `except OSError` catches a missing file."""
+    assert issubclass(qsakv.IoError, OSError) and issubclass(qsakv.IoError, qsakv.QsakvError)
+    assert issubclass(qsakv.OutOfMemoryError, MemoryError)
+    with pytest.raises(OSError, match="nowhere"):
+        qsakv.Calibration.load(tmp_path / "nowhere")
+    with pytest.raises(OSError) as e:
+        qsakv.ModelConfig.from_checkpoint(tmp_path / "nowhere")
+    assert type(e.value) is qsakv.IoError and e.value.function.startswith("qsakv_")
+    assert str(e.value).startswith("qsakv_model_config_from_checkpoint: QSAKV_ERROR_IO: ")
+    with pytest.raises(MemoryError) as e:  # the whole address space
+        qsakv.Cache(cpu, small_cfg.replace(kv_dtype="fp16"), memory_budget_bytes=2**64 - 1)
+    assert type(e.value) is qsakv.OutOfMemoryError

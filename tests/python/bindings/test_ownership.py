@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import qsakv
+from conftest import run_isolated
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -142,3 +143,31 @@ def test_failed_create_leaves_nothing(cpu, small_cfg):
     with pytest.raises(qsakv.OverlayMissingError):
         qsakv.Cache(cpu, small_cfg, None, num_blocks=2)
     assert qsakv.live_handles() == n
+
+
+def test_garbage_collector_destroys_children_before_parents():
+    """An engine object in a reference cycle that holds a Context, a Cache and a Plan:
+    the garbage collector finds their keepers unreachable together and runs the
+    finalizers in its own order. The Cache was destroyed first and the Plan's destroy
+    then read it (a segfault); the child's finalizer holds the parent's keeper now. In
+    a subprocess, so that a regression fails this test rather than killing pytest."""
+    r = run_isolated("""
+        import gc
+        import qsakv
+        cfg = qsakv.ModelConfig.preset("qwen4_exp", tp_size=4, max_batched_tokens=64,
+                                       max_requests=8, max_model_len=8192, kv_dtype="fp16")
+        class Engine:
+            pass
+        for _ in range(5):
+            e = Engine()
+            e.ctx = qsakv.Context("cpu")
+            e.cache = qsakv.Cache(e.ctx, cfg, num_blocks=16)
+            e.plan = qsakv.Plan(e.cache, max_rows=8)
+            e.self = e
+            del e
+            gc.collect()
+            assert qsakv.live_handles() == 0, qsakv.live_handles()
+        print("ok")
+        """)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.strip() == "ok"
