@@ -134,7 +134,10 @@ typedef enum qsakv_status {
   QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base */
   QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR = -25, /* a tensor that is not a QSA K/V scale */
   QSAKV_ERROR_REVISION_MISMATCH = -26,      /* base checkpoint index hash differs */
-  QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
+  QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest, or a
+                                               materialised checkpoint's scale file, manifest
+                                               or merged index differs from its provenance
+                                               record (a file changed since it was built) */
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
   QSAKV_ERROR_CALIB_NON_FINITE = -30,       /* calibration saw NaN or infinite activations */
@@ -375,7 +378,11 @@ QSAKV_API qsakv_status qsakv_model_config_rank_geometry(const qsakv_model_config
 /* Loads an overlay from a materialised checkpoint directory (model.safetensors.index.json
  * + model-kvscales.safetensors + qsakv-overlay.json manifest) or, when `path` names a
  * file, from a bare scale file with `manifest_path` (NULL: "<dir>/qsakv-overlay.json").
- * Parses strictly; checks the scale file's SHA-256 against the manifest. Blocking. */
+ * Parses strictly; checks the scale file's SHA-256 against the manifest. When the scale
+ * file's directory holds qsakv-provenance.json (qsakv_overlay_materialize built it), the
+ * manifest read (wherever manifest_path puts it), the scale file and the merged index
+ * must each have the SHA-256 the record lists: QSAKV_ERROR_HASH_MISMATCH naming the file,
+ * the recorded and the actual hash otherwise. Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path,
                                           const char* manifest_path);
 /* Releases an overlay. A cache copies the scales it needs at creation, so the overlay may

@@ -272,6 +272,137 @@ static void test_materialized_checkpoint_revision_is_the_base_s(void** state) {
   assert_non_null(strstr(qsakv_last_error(), "schema_version is 2"));
 }
 
+/* Replaces the first `from` in the file at `path` with `to`; the text must be there. */
+static void edit_file(const char* path, const char* from, const char* to) {
+  char* text = ovf_read_text(path);
+  assert_non_null(text);
+  char* at = strstr(text, from);
+  if (!at) fail_msg("%s lacks \"%s\"", path, from);
+  const size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+  char* out = malloc(n);
+  assert_non_null(out);
+  snprintf(out, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+  ovf_write_text(path, out);
+  free(out);
+  free(text);
+}
+
+static void copy_file(const char* from, const char* to) {
+  FILE* f = fopen(from, "rb");
+  assert_non_null(f);
+  static char buf[1 << 16];
+  const size_t n = fread(buf, 1, sizeof buf, f);
+  assert_true(n < sizeof buf && feof(f));
+  fclose(f);
+  ovf_write_file(to, buf, n);
+}
+
+/* `<what> <path> has SHA-256 <actual>; <record> records <expected>`: the refusal names
+ * the file, the hash it has now and the hash the provenance record holds. */
+static void expect_record_mismatch(const char* ckpt, const char* file, const char* recorded) {
+  char path[OVF_PATH + 64], actual[65];
+  snprintf(path, sizeof path, "%s/%s", ckpt, file);
+  ovf_sha256_file(path, actual);
+  OVF_MESSAGE_HAS(path);
+  OVF_MESSAGE_HAS(actual);
+  OVF_MESSAGE_HAS(recorded);
+  OVF_MESSAGE_HAS("qsakv-provenance.json");
+  OVF_MESSAGE_HAS("changed since the checkpoint was built");
+}
+
+/* A materialised checkpoint's provenance record vouches for its scale file, manifest and
+ * merged index: another pack's files copied over them, or a manifest whose contract was
+ * widened in place, are refused at load (the manifest's own hash of the scale file cannot
+ * tell: a swapped pack brings a manifest that matches it). */
+static void test_materialized_checkpoint_files_must_match_the_record(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], unit[OVF_PATH + 16], ckpt[OVF_PATH + 16];
+  char from[OVF_PATH + 64], to[OVF_PATH + 64], scale[OVF_PATH + 64], manifest[OVF_PATH + 64];
+  char index[OVF_PATH + 64], other[OVF_PATH + 64];
+  char scale_sha[65], manifest_sha[65], index_sha[65];
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.contract_tp_size = 4;
+  write_pack(p, &wo, out, sizeof out);
+  /* Another pack for the same base: unit scales, no contract. */
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  for (int i = 0; i < 12; ++i) k[i] = v[i] = 1.0f;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
+  snprintf(unit, sizeof unit, "%s/unit", p->root);
+  OVF_OK(qsakv_overlay_write(unit, layers, k, v, 12, &wo));
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", ckpt);
+  snprintf(manifest, sizeof manifest, "%s/qsakv-overlay.json", ckpt);
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", ckpt);
+  ovf_sha256_file(scale, scale_sha);
+  ovf_sha256_file(manifest, manifest_sha);
+  ovf_sha256_file(index, index_sha);
+  qsakv_model_config c;
+  ovf_config(&c, 4);
+  char rev[65];
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  qsakv_overlay_destroy(o);
+
+  /* 1. The other pack's scale file and manifest copied in: the pair agrees with itself,
+   * the record says otherwise. The manifest is checked first. */
+  snprintf(from, sizeof from, "%s/model-kvscales.safetensors", unit);
+  copy_file(from, scale);
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", unit);
+  copy_file(from, manifest);
+  OVF_OK(qsakv_checkpoint_revision(ckpt, rev)); /* the index is untouched */
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  assert_null(o);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+  OVF_MESSAGE_HAS("manifest");
+  /* Named as a bare file in that directory: the same record holds. */
+  OVF_EXPECT(qsakv_overlay_load(&o, scale, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+
+  /* 2. Only the scale file swapped (the original manifest back): the scale file is
+   * checked against the record before the manifest's own hash of it. */
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", out);
+  copy_file(from, manifest);
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "model-kvscales.safetensors", scale_sha);
+  OVF_MESSAGE_HAS("scale file");
+  snprintf(from, sizeof from, "%s/model-kvscales.safetensors", out);
+  copy_file(from, scale);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  OVF_OK(qsakv_overlay_validate(o, &c, rev));
+  qsakv_overlay_destroy(o);
+
+  /* 3. The manifest's contract widened in place: TP 2 would then validate. */
+  edit_file(manifest, "\"tp_size\": 4", "\"tp_size\": null");
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+  /* ... nor through manifest_path: whatever manifest is read must be the recorded one. */
+  snprintf(other, sizeof other, "%s/widened.json", p->root);
+  copy_file(manifest, other);
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", out);
+  copy_file(from, manifest);
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, other), QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(other);
+  OVF_MESSAGE_HAS(manifest_sha);
+  snprintf(to, sizeof to, "%s/same.json", p->root);
+  copy_file(manifest, to);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, to)); /* an identical copy is the recorded manifest */
+  qsakv_overlay_destroy(o);
+
+  /* 4. The merged index edited (a change that keeps every scale mapped): the load, not
+   * only qsakv_checkpoint_revision, refuses it. */
+  edit_file(index, "\"weight_map\": {",
+            "\"weight_map\": {\"model.extra.weight\": "
+            "\"model-00001-of-00002.safetensors\", ");
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "model.safetensors.index.json", index_sha);
+  OVF_MESSAGE_HAS("merged index");
+}
+
 /* Published packs and checkpoints are readable by other users as the umask allows (a
  * serving process is often not the calibration run's user): not mkdtemp's 0700. */
 static void test_published_modes_follow_the_umask(void** state) {
@@ -607,6 +738,7 @@ int main(void) {
       T(test_materialized_checkpoint),
       T(test_materialize_other_revision),
       T(test_materialized_checkpoint_revision_is_the_base_s),
+      T(test_materialized_checkpoint_files_must_match_the_record),
       T(test_published_modes_follow_the_umask),
       T(test_write_refuses_name_in_base),
       T(test_materialize_refuses_name_in_base),

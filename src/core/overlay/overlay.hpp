@@ -3,7 +3,9 @@
 //
 // Loading (load.cpp) parses and cross-checks the files: container structure, duplicate
 // names, the scale file's SHA-256 against the manifest, the manifest's names against the
-// scale file and, in a checkpoint directory, against the merged index. Everything that
+// scale file and, in a checkpoint directory, against the merged index; in a materialised
+// checkpoint also the manifest's, scale file's and merged index's SHA-256 against its
+// provenance record. Everything that
 // depends on a model config (which layers are QSA, completeness, contract) or on the
 // caller's revision is decided by validate (validate.cpp), one status per rule.
 #pragma once
@@ -47,6 +49,7 @@ struct qsakv_overlay {
   bool has_index = false;  // loaded from a directory with a merged index
   qsakv::Manifest manifest;
   std::string scale_file_sha256;  // computed (equal to the manifest's after load)
+  std::string manifest_sha256;    // of the manifest bytes read and parsed
   bool unit_scale_control = false;
   std::vector<qsakv::OverlayTensor> tensors;  // scale file order
   // Set by a successful validate only; cleared first by every validate.
