@@ -129,7 +129,8 @@ typedef enum qsakv_status {
   /* Overlay refusals (fail closed): one code per rule. */
   QSAKV_ERROR_OVERLAY_MISSING = -20,        /* no overlay where E4M3 needs one */
   QSAKV_ERROR_OVERLAY_INCOMPLETE = -21,     /* fewer than all K/V scales present */
-  QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is NaN, infinite, zero or negative */
+  QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is not a normal positive float: NaN,
+                                               infinite, zero, negative or subnormal */
   QSAKV_ERROR_OVERLAY_BAD_TENSOR = -23,     /* a scale tensor is not an FP32 scalar */
   QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base */
   QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR = -25, /* a tensor that is not a QSA K/V scale */
@@ -467,8 +468,10 @@ QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_opti
   }
 
 /* Writes `out_dir`/model-kvscales.safetensors and `out_dir`/qsakv-overlay.json for the
- * given QSA layers' scales (arrays of num_layers). Refuses an existing out_dir; builds
- * in a staging directory renamed atomically. Blocking. */
+ * given QSA layers' scales (arrays of num_layers). Refuses a scale that is not a normal
+ * positive float (NaN, infinite, zero, negative, subnormal: OVERLAY_BAD_SCALE, as
+ * qsakv_overlay_validate) and an existing out_dir; builds in a staging directory renamed
+ * atomically. Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* layers,
                                            const float* k_scales, const float* v_scales,
                                            int32_t num_layers,

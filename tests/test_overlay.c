@@ -613,14 +613,27 @@ static void test_write_refusals(void** state) {
   wo.base_index_path = p->base_index;
   char out[OVF_PATH];
   snprintf(out, sizeof out, "%s/w", p->root);
-  const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -1.0f};
+  /* Subnormals too (1e-45 was written, validated and backed a cache whose every stored
+   * value saturated): a scale is a normal positive float. */
+  const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -1.0f, 1e-45f, 1.17549421e-38f};
+  const char* said[] = {"nan", "inf", "-inf", "0", "-0", "-1", "1.40129846e-45", "1.17549421e-38"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     float kk[12];
     memcpy(kk, k, sizeof kk);
     kk[5] = bad[i];
     OVF_EXPECT(qsakv_overlay_write(out, layers, kk, v, 12, &wo), QSAKV_ERROR_OVERLAY_BAD_SCALE);
-    OVF_MESSAGE_HAS("layer 23 k_scale");
+    char want[96];
+    snprintf(want, sizeof want, "layer 23 k_scale is %s; a scale must be a normal positive float",
+             said[i]);
+    OVF_MESSAGE_HAS(want);
     assert_false(ovf_exists(out));
+  }
+  {
+    float vv[12];
+    memcpy(vv, v, sizeof vv);
+    vv[0] = 1.17549435e-38f; /* FLT_MIN, the smallest normal float: valid */
+    OVF_OK(qsakv_overlay_write(out, layers, k, vv, 12, &wo));
+    ovf_rmtree(out);
   }
   int32_t dup[12];
   memcpy(dup, layers, sizeof dup);

@@ -80,6 +80,17 @@ void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v);
 // which knows the device.
 int overlay_contract_min_sm(const qsakv_overlay* o);
 
+// A scale is a normal positive float: finite and >= FLT_MIN. Zero, negatives, NaN,
+// infinities and subnormals are refused (QSAKV_ERROR_OVERLAY_BAD_SCALE) by the writer
+// and by validation: with a subnormal scale every stored value saturates to 448, and the
+// K scale folded into the softmax factor underflows to 0.
+bool valid_scale(float s);
+// The rule as messages state it, after "layer L k_scale is <scale_text(v)>; ".
+constexpr const char* kScaleRule =
+    "a scale must be a normal positive float, finite and >= FLT_MIN (1.17549435e-38)";
+// A scale as messages show it: "nan", "inf", "-inf", else %.9g (exact for any float).
+std::string scale_text(float v);
+
 // K/V scales found: tensors with a scale name that are FP32 scalars.
 int32_t overlay_num_scales(const qsakv_overlay* o);
 

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -84,9 +83,9 @@ void check_write_options(const qsakv_overlay_write_options& o) {
 }
 
 void check_scale(int32_t layer, const char* kind, float v) {
-  if (!std::isfinite(v) || !(v > 0.0f))
-    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; a scale must be finite and > 0", layer,
-         kind, std::isnan(v) ? "nan" : format("%g", static_cast<double>(v)).c_str());
+  if (!valid_scale(v))
+    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; %s", layer, kind, scale_text(v).c_str(),
+         kScaleRule);
 }
 
 struct Entry {
