@@ -68,7 +68,8 @@ void overlay_validate(qsakv_overlay* o, const qsakv_model_config& config,
                       const std::string& expected_base_revision);
 
 // Throws Error(QSAKV_ERROR_OVERLAY_NOT_VALIDATED) unless validated for a config equal to
-// `config` under same_config(); QSAKV_ERROR_OVERLAY_MISSING for a NULL overlay.
+// `config` (config_difference() finds none; the message names the first field that
+// differs and both values); QSAKV_ERROR_OVERLAY_MISSING for a NULL overlay.
 void overlay_require_validated(const qsakv_overlay* o, const qsakv_model_config& config);
 
 // K and V scales of model layer `layer`. Validated overlays answer from the validated

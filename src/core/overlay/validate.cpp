@@ -187,11 +187,12 @@ void overlay_require_validated(const qsakv_overlay* o, const qsakv_model_config&
          "overlay %s has not been validated (qsakv_overlay_validate) or its last validation "
          "failed",
          o->source.c_str());
-  if (!same_config(o->validated_config, config))
+  const ConfigDifference d = config_difference(o->validated_config, config);
+  if (!d.field.empty())
     fail(QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
-         "overlay %s was validated for another model config (geometry or runtime differ); "
-         "validate it for this one",
-         o->source.c_str());
+         "overlay %s was validated for another model config: %s is %s there, %s in this one "
+         "(the first field that differs); validate it for this one",
+         o->source.c_str(), d.field.c_str(), d.a.c_str(), d.b.c_str());
 }
 
 void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v) {
