@@ -484,8 +484,10 @@ QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* l
  * base file, copies of the scale file and manifest, and qsakv-provenance.json with the
  * hashes. Refuses an existing out_dir (INVALID_ARGUMENT), a base whose index hash is not
  * the manifest's (REVISION_MISMATCH), a scale name the base already has (OVERLAY_
- * DUPLICATE) and a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
- * records it as JSON text). Builds in a staging directory renamed atomically; first
+ * DUPLICATE), a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
+ * records it as JSON text) and a pack whose scale file or manifest changed between the
+ * load that checks it and the read that copies it (HASH_MISMATCH naming the file and
+ * both hashes). Builds in a staging directory renamed atomically; first
  * removes stale staging directories of out_dir whose writer process is gone
  * (docs/overlay.md). Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_materialize(const char* out_dir,

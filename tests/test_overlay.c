@@ -5,6 +5,7 @@
  * TP4, and the refusals of the writer and of materialisation. Malformed inputs are in
  * test_overlay_adversarial.c. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -403,6 +405,113 @@ static void test_materialized_checkpoint_files_must_match_the_record(void** stat
   OVF_MESSAGE_HAS("merged index");
 }
 
+/* ---- a pack file changing while materialisation reads it ---------------------------- */
+
+/* The library opens files with open(2), through its PLT entry, which binds to this
+ * definition (the executable's comes first): once armed, the race_at-th open of
+ * race_path first overwrites that file with race_bytes, as another process could between
+ * the pack's load and its copy. Every open goes on to the kernel unchanged. */
+static const char* race_path;
+static int race_at;
+static const void* race_bytes;
+static size_t race_len;
+static int race_fired;
+
+int open(const char* path, int flags, ...) {
+  mode_t mode = 0;
+  if (flags & (O_CREAT | O_TMPFILE)) {
+    va_list ap;
+    va_start(ap, flags);
+    mode = va_arg(ap, mode_t);
+    va_end(ap);
+  }
+  if (race_path && strcmp(path, race_path) == 0 && --race_at == 0) {
+    race_path = NULL;
+    ovf_write_file(path, race_bytes, race_len); /* fopen: glibc's own open, not this one */
+    race_fired = 1;
+  }
+  return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
+
+static size_t read_bytes(const char* path, char* buf, size_t cap) {
+  FILE* f = fopen(path, "rb");
+  assert_non_null(f);
+  const size_t n = fread(buf, 1, cap, f);
+  assert_true(n < cap && feof(f));
+  fclose(f);
+  return n;
+}
+
+/* Materialisation copies the pack's files from a second read: a scale file or manifest
+ * that changed after the load checked it is refused, naming the file and both hashes. A
+ * manifest edited so that it still lists the scale file's hash (here: its contract
+ * widened) counts as changed too: it was compared only by that hash, so its new contract
+ * was copied into the checkpoint and recorded. */
+static void test_materialize_refuses_a_pack_changed_while_read(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16], scale[OVF_PATH + 64], manifest[OVF_PATH + 64];
+  char other[OVF_PATH + 64], before[65], after[65];
+  static char bytes[1 << 16];
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.contract_tp_size = 4;
+  write_pack(p, &wo, out, sizeof out);
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", out);
+  snprintf(manifest, sizeof manifest, "%s/qsakv-overlay.json", out);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  snprintf(other, sizeof other, "%s/other.bin", p->root);
+
+  /* 1. The scale file: another file's bytes (the manifest's, any will do) by the copy. */
+  ovf_sha256_file(scale, before);
+  race_len = read_bytes(manifest, bytes, sizeof bytes);
+  race_bytes = bytes;
+  ovf_write_file(other, bytes, race_len);
+  ovf_sha256_file(other, after);
+  race_fired = 0;
+  race_at = 2; /* the load's read, then the copy's */
+  race_path = scale;
+  const qsakv_status s1 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
+  race_path = NULL;
+  assert_true(race_fired);
+  OVF_EXPECT(s1, QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(scale);
+  OVF_MESSAGE_HAS("changed while the checkpoint was built");
+  OVF_MESSAGE_HAS(before);
+  OVF_MESSAGE_HAS(after);
+  assert_false(ovf_exists(ckpt));
+
+  /* 2. The manifest, its contract widened (the scale file's hash in it unchanged). */
+  ovf_rmtree(out);
+  write_pack(p, &wo, out, sizeof out);
+  ovf_sha256_file(manifest, before);
+  static char text[1 << 16];
+  text[read_bytes(manifest, text, sizeof text)] = 0;
+  char* at = strstr(text, "\"tp_size\": 4,");
+  assert_non_null(at);
+  snprintf(bytes, sizeof bytes, "%.*s\"tp_size\": null,%s", (int)(at - text), text,
+           at + strlen("\"tp_size\": 4,"));
+  race_len = strlen(bytes);
+  ovf_write_file(other, bytes, race_len);
+  ovf_sha256_file(other, after);
+  race_fired = 0;
+  race_at = 2;
+  race_path = manifest;
+  const qsakv_status s2 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
+  race_path = NULL;
+  assert_true(race_fired);
+  OVF_EXPECT(s2, QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(manifest);
+  OVF_MESSAGE_HAS("changed while the checkpoint was built");
+  OVF_MESSAGE_HAS(before);
+  OVF_MESSAGE_HAS(after);
+  assert_false(ovf_exists(ckpt));
+
+  /* Unarmed, the same pack materialises. */
+  ovf_rmtree(out);
+  write_pack(p, &wo, out, sizeof out);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+}
+
 /* Published packs and checkpoints are readable by other users as the umask allows (a
  * serving process is often not the calibration run's user): not mkdtemp's 0700. */
 static void test_published_modes_follow_the_umask(void** state) {
@@ -752,6 +861,7 @@ int main(void) {
       T(test_materialize_other_revision),
       T(test_materialized_checkpoint_revision_is_the_base_s),
       T(test_materialized_checkpoint_files_must_match_the_record),
+      T(test_materialize_refuses_a_pack_changed_while_read),
       T(test_published_modes_follow_the_umask),
       T(test_write_refuses_name_in_base),
       T(test_materialize_refuses_name_in_base),
