@@ -132,7 +132,9 @@ typedef enum qsakv_status {
   QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is not a normal positive float: NaN,
                                                infinite, zero, negative or subnormal */
   QSAKV_ERROR_OVERLAY_BAD_TENSOR = -23,     /* a scale tensor is not an FP32 scalar */
-  QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base */
+  QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base
+                                               (a tensor name, or at materialisation an
+                                               overlay file name in the base directory) */
   QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR = -25, /* a tensor that is not a QSA K/V scale */
   QSAKV_ERROR_REVISION_MISMATCH = -26,      /* base checkpoint index hash differs */
   QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest, or a
@@ -483,8 +485,10 @@ QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* l
  * metadata.total_size grown by the scale file's size), symbolic links to every other
  * base file, copies of the scale file and manifest, and qsakv-provenance.json with the
  * hashes. Refuses an existing out_dir (INVALID_ARGUMENT), a base whose index hash is not
- * the manifest's (REVISION_MISMATCH), a scale name the base already has (OVERLAY_
- * DUPLICATE), a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
+ * the manifest's (REVISION_MISMATCH), a scale name the base already has and a base
+ * directory that already holds a file named model-kvscales.safetensors,
+ * qsakv-overlay.json or qsakv-provenance.json, which the copy would shadow (both
+ * OVERLAY_DUPLICATE), a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
  * records it as JSON text) and a pack whose scale file or manifest changed between the
  * load that checks it and the read that copies it (HASH_MISMATCH naming the file and
  * both hashes). Builds in a staging directory renamed atomically; first
