@@ -129,12 +129,18 @@ typedef enum qsakv_status {
   /* Overlay refusals (fail closed): one code per rule. */
   QSAKV_ERROR_OVERLAY_MISSING = -20,        /* no overlay where E4M3 needs one */
   QSAKV_ERROR_OVERLAY_INCOMPLETE = -21,     /* fewer than all K/V scales present */
-  QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is NaN, infinite, zero or negative */
+  QSAKV_ERROR_OVERLAY_BAD_SCALE = -22,      /* a scale is not a normal positive float: NaN,
+                                               infinite, zero, negative or subnormal */
   QSAKV_ERROR_OVERLAY_BAD_TENSOR = -23,     /* a scale tensor is not an FP32 scalar */
-  QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base */
+  QSAKV_ERROR_OVERLAY_DUPLICATE = -24,      /* a name is duplicated or already in the base
+                                               (a tensor name, or at materialisation an
+                                               overlay file name in the base directory) */
   QSAKV_ERROR_OVERLAY_UNKNOWN_TENSOR = -25, /* a tensor that is not a QSA K/V scale */
   QSAKV_ERROR_REVISION_MISMATCH = -26,      /* base checkpoint index hash differs */
-  QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest */
+  QSAKV_ERROR_HASH_MISMATCH = -27,          /* scale file hash differs from the manifest, or a
+                                               materialised checkpoint's scale file, manifest
+                                               or merged index differs from its provenance
+                                               record (a file changed since it was built) */
   QSAKV_ERROR_CONTRACT = -28,               /* runtime outside the overlay's contract */
   QSAKV_ERROR_OVERLAY_NOT_VALIDATED = -29,  /* overlay not validated for this config */
   QSAKV_ERROR_CALIB_NON_FINITE = -30,       /* calibration saw NaN or infinite activations */
@@ -375,7 +381,11 @@ QSAKV_API qsakv_status qsakv_model_config_rank_geometry(const qsakv_model_config
 /* Loads an overlay from a materialised checkpoint directory (model.safetensors.index.json
  * + model-kvscales.safetensors + qsakv-overlay.json manifest) or, when `path` names a
  * file, from a bare scale file with `manifest_path` (NULL: "<dir>/qsakv-overlay.json").
- * Parses strictly; checks the scale file's SHA-256 against the manifest. Blocking. */
+ * Parses strictly; checks the scale file's SHA-256 against the manifest. When the scale
+ * file's directory holds qsakv-provenance.json (qsakv_overlay_materialize built it), the
+ * manifest read (wherever manifest_path puts it), the scale file and the merged index
+ * must each have the SHA-256 the record lists: QSAKV_ERROR_HASH_MISMATCH naming the file,
+ * the recorded and the actual hash otherwise. Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_load(qsakv_overlay** out, const char* path,
                                           const char* manifest_path);
 /* Releases an overlay. A cache copies the scales it needs at creation, so the overlay may
@@ -460,8 +470,10 @@ QSAKV_API qsakv_status qsakv_overlay_write_options_init(qsakv_overlay_write_opti
   }
 
 /* Writes `out_dir`/model-kvscales.safetensors and `out_dir`/qsakv-overlay.json for the
- * given QSA layers' scales (arrays of num_layers). Refuses an existing out_dir; builds
- * in a staging directory renamed atomically. Blocking. */
+ * given QSA layers' scales (arrays of num_layers). Refuses a scale that is not a normal
+ * positive float (NaN, infinite, zero, negative, subnormal: OVERLAY_BAD_SCALE, as
+ * qsakv_overlay_validate) and an existing out_dir; builds in a staging directory renamed
+ * atomically. Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* layers,
                                            const float* k_scales, const float* v_scales,
                                            int32_t num_layers,
@@ -473,9 +485,13 @@ QSAKV_API qsakv_status qsakv_overlay_write(const char* out_dir, const int32_t* l
  * metadata.total_size grown by the scale file's size), symbolic links to every other
  * base file, copies of the scale file and manifest, and qsakv-provenance.json with the
  * hashes. Refuses an existing out_dir (INVALID_ARGUMENT), a base whose index hash is not
- * the manifest's (REVISION_MISMATCH), a scale name the base already has (OVERLAY_
- * DUPLICATE) and a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
- * records it as JSON text). Builds in a staging directory renamed atomically; first
+ * the manifest's (REVISION_MISMATCH), a scale name the base already has and a base
+ * directory that already holds a file named model-kvscales.safetensors,
+ * qsakv-overlay.json or qsakv-provenance.json, which the copy would shadow (both
+ * OVERLAY_DUPLICATE), a base whose real path is not UTF-8 (INVALID_ARGUMENT: the provenance
+ * records it as JSON text) and a pack whose scale file or manifest changed between the
+ * load that checks it and the read that copies it (HASH_MISMATCH naming the file and
+ * both hashes). Builds in a staging directory renamed atomically; first
  * removes stale staging directories of out_dir whose writer process is gone
  * (docs/overlay.md). Blocking. */
 QSAKV_API qsakv_status qsakv_overlay_materialize(const char* out_dir,

@@ -201,6 +201,16 @@ static void test_e4m3_needs_overlay(void** state) {
   other.max_requests = 32;
   TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &other, ov, &o),
                    QSAKV_ERROR_OVERLAY_NOT_VALIDATED);
+  /* The message names the first field that differs and both values. */
+  char want[128];
+  snprintf(want, sizeof want, "max_requests is %d there, 32 in this one", c.max_requests);
+  if (!strstr(qsakv_last_error(), want))
+    fail_msg("message \"%s\" lacks \"%s\"", qsakv_last_error(), want);
+  other = c;
+  other.index_key_dtype = QSAKV_DTYPE_E4M3;
+  TU_EXPECT_STATUS(qsakv_cache_create(&cache, ctx, &other, ov, &o),
+                   QSAKV_ERROR_OVERLAY_NOT_VALIDATED);
+  assert_non_null(strstr(qsakv_last_error(), "index_key_dtype is fp16 there, e4m3 in this one"));
   TU_OK(qsakv_cache_create(&cache, ctx, &c, ov, &o));
   qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
   TU_OK(qsakv_cache_get_layer_buffers(cache, 7, &lb));

@@ -5,6 +5,7 @@
  * TP4, and the refusals of the writer and of materialisation. Malformed inputs are in
  * test_overlay_adversarial.c. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -272,6 +274,244 @@ static void test_materialized_checkpoint_revision_is_the_base_s(void** state) {
   assert_non_null(strstr(qsakv_last_error(), "schema_version is 2"));
 }
 
+/* Replaces the first `from` in the file at `path` with `to`; the text must be there. */
+static void edit_file(const char* path, const char* from, const char* to) {
+  char* text = ovf_read_text(path);
+  assert_non_null(text);
+  char* at = strstr(text, from);
+  if (!at) fail_msg("%s lacks \"%s\"", path, from);
+  const size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+  char* out = malloc(n);
+  assert_non_null(out);
+  snprintf(out, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+  ovf_write_text(path, out);
+  free(out);
+  free(text);
+}
+
+static void copy_file(const char* from, const char* to) {
+  FILE* f = fopen(from, "rb");
+  assert_non_null(f);
+  static char buf[1 << 16];
+  const size_t n = fread(buf, 1, sizeof buf, f);
+  assert_true(n < sizeof buf && feof(f));
+  fclose(f);
+  ovf_write_file(to, buf, n);
+}
+
+/* `<what> <path> has SHA-256 <actual>; <record> records <expected>`: the refusal names
+ * the file, the hash it has now and the hash the provenance record holds. */
+static void expect_record_mismatch(const char* ckpt, const char* file, const char* recorded) {
+  char path[OVF_PATH + 64], actual[65];
+  snprintf(path, sizeof path, "%s/%s", ckpt, file);
+  ovf_sha256_file(path, actual);
+  OVF_MESSAGE_HAS(path);
+  OVF_MESSAGE_HAS(actual);
+  OVF_MESSAGE_HAS(recorded);
+  OVF_MESSAGE_HAS("qsakv-provenance.json");
+  OVF_MESSAGE_HAS("changed since the checkpoint was built");
+}
+
+/* A materialised checkpoint's provenance record vouches for its scale file, manifest and
+ * merged index: another pack's files copied over them, or a manifest whose contract was
+ * widened in place, are refused at load (the manifest's own hash of the scale file cannot
+ * tell: a swapped pack brings a manifest that matches it). */
+static void test_materialized_checkpoint_files_must_match_the_record(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], unit[OVF_PATH + 16], ckpt[OVF_PATH + 16];
+  char from[OVF_PATH + 64], to[OVF_PATH + 64], scale[OVF_PATH + 64], manifest[OVF_PATH + 64];
+  char index[OVF_PATH + 64], other[OVF_PATH + 64];
+  char scale_sha[65], manifest_sha[65], index_sha[65];
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.contract_tp_size = 4;
+  write_pack(p, &wo, out, sizeof out);
+  /* Another pack for the same base: unit scales, no contract. */
+  int32_t layers[12];
+  float k[12], v[12];
+  reference_scales(layers, k, v);
+  for (int i = 0; i < 12; ++i) k[i] = v[i] = 1.0f;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.base_index_path = p->base_index;
+  snprintf(unit, sizeof unit, "%s/unit", p->root);
+  OVF_OK(qsakv_overlay_write(unit, layers, k, v, 12, &wo));
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", ckpt);
+  snprintf(manifest, sizeof manifest, "%s/qsakv-overlay.json", ckpt);
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", ckpt);
+  ovf_sha256_file(scale, scale_sha);
+  ovf_sha256_file(manifest, manifest_sha);
+  ovf_sha256_file(index, index_sha);
+  qsakv_model_config c;
+  ovf_config(&c, 4);
+  char rev[65];
+  qsakv_overlay* o = NULL;
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  qsakv_overlay_destroy(o);
+
+  /* 1. The other pack's scale file and manifest copied in: the pair agrees with itself,
+   * the record says otherwise. The manifest is checked first. */
+  snprintf(from, sizeof from, "%s/model-kvscales.safetensors", unit);
+  copy_file(from, scale);
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", unit);
+  copy_file(from, manifest);
+  OVF_OK(qsakv_checkpoint_revision(ckpt, rev)); /* the index is untouched */
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  assert_null(o);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+  OVF_MESSAGE_HAS("manifest");
+  /* Named as a bare file in that directory: the same record holds. */
+  OVF_EXPECT(qsakv_overlay_load(&o, scale, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+
+  /* 2. Only the scale file swapped (the original manifest back): the scale file is
+   * checked against the record before the manifest's own hash of it. */
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", out);
+  copy_file(from, manifest);
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "model-kvscales.safetensors", scale_sha);
+  OVF_MESSAGE_HAS("scale file");
+  snprintf(from, sizeof from, "%s/model-kvscales.safetensors", out);
+  copy_file(from, scale);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, NULL));
+  OVF_OK(qsakv_overlay_validate(o, &c, rev));
+  qsakv_overlay_destroy(o);
+
+  /* 3. The manifest's contract widened in place: TP 2 would then validate. */
+  edit_file(manifest, "\"tp_size\": 4", "\"tp_size\": null");
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "qsakv-overlay.json", manifest_sha);
+  /* ... nor through manifest_path: whatever manifest is read must be the recorded one. */
+  snprintf(other, sizeof other, "%s/widened.json", p->root);
+  copy_file(manifest, other);
+  snprintf(from, sizeof from, "%s/qsakv-overlay.json", out);
+  copy_file(from, manifest);
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, other), QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(other);
+  OVF_MESSAGE_HAS(manifest_sha);
+  snprintf(to, sizeof to, "%s/same.json", p->root);
+  copy_file(manifest, to);
+  OVF_OK(qsakv_overlay_load(&o, ckpt, to)); /* an identical copy is the recorded manifest */
+  qsakv_overlay_destroy(o);
+
+  /* 4. The merged index edited (a change that keeps every scale mapped): the load, not
+   * only qsakv_checkpoint_revision, refuses it. */
+  edit_file(index, "\"weight_map\": {",
+            "\"weight_map\": {\"model.extra.weight\": "
+            "\"model-00001-of-00002.safetensors\", ");
+  OVF_EXPECT(qsakv_overlay_load(&o, ckpt, NULL), QSAKV_ERROR_HASH_MISMATCH);
+  expect_record_mismatch(ckpt, "model.safetensors.index.json", index_sha);
+  OVF_MESSAGE_HAS("merged index");
+}
+
+/* ---- a pack file changing while materialisation reads it ---------------------------- */
+
+/* The library opens files with open(2), through its PLT entry, which binds to this
+ * definition (the executable's comes first): once armed, the race_at-th open of
+ * race_path first overwrites that file with race_bytes, as another process could between
+ * the pack's load and its copy. Every open goes on to the kernel unchanged. */
+static const char* race_path;
+static int race_at;
+static const void* race_bytes;
+static size_t race_len;
+static int race_fired;
+
+int open(const char* path, int flags, ...) {
+  mode_t mode = 0;
+  if (flags & (O_CREAT | O_TMPFILE)) {
+    va_list ap;
+    va_start(ap, flags);
+    mode = va_arg(ap, mode_t);
+    va_end(ap);
+  }
+  if (race_path && strcmp(path, race_path) == 0 && --race_at == 0) {
+    race_path = NULL;
+    ovf_write_file(path, race_bytes, race_len); /* fopen: glibc's own open, not this one */
+    race_fired = 1;
+  }
+  return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
+
+static size_t read_bytes(const char* path, char* buf, size_t cap) {
+  FILE* f = fopen(path, "rb");
+  assert_non_null(f);
+  const size_t n = fread(buf, 1, cap, f);
+  assert_true(n < cap && feof(f));
+  fclose(f);
+  return n;
+}
+
+/* Materialisation copies the pack's files from a second read: a scale file or manifest
+ * that changed after the load checked it is refused, naming the file and both hashes. A
+ * manifest edited so that it still lists the scale file's hash (here: its contract
+ * widened) counts as changed too: it was compared only by that hash, so its new contract
+ * was copied into the checkpoint and recorded. */
+static void test_materialize_refuses_a_pack_changed_while_read(void** state) {
+  ovf_pack* p = *state;
+  char out[OVF_PATH], ckpt[OVF_PATH + 16], scale[OVF_PATH + 64], manifest[OVF_PATH + 64];
+  char other[OVF_PATH + 64], before[65], after[65];
+  static char bytes[1 << 16];
+  qsakv_overlay_write_options wo;
+  OVF_OK(qsakv_overlay_write_options_init(&wo));
+  wo.contract_tp_size = 4;
+  write_pack(p, &wo, out, sizeof out);
+  snprintf(scale, sizeof scale, "%s/model-kvscales.safetensors", out);
+  snprintf(manifest, sizeof manifest, "%s/qsakv-overlay.json", out);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", p->root);
+  snprintf(other, sizeof other, "%s/other.bin", p->root);
+
+  /* 1. The scale file: another file's bytes (the manifest's, any will do) by the copy. */
+  ovf_sha256_file(scale, before);
+  race_len = read_bytes(manifest, bytes, sizeof bytes);
+  race_bytes = bytes;
+  ovf_write_file(other, bytes, race_len);
+  ovf_sha256_file(other, after);
+  race_fired = 0;
+  race_at = 2; /* the load's read, then the copy's */
+  race_path = scale;
+  const qsakv_status s1 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
+  race_path = NULL;
+  assert_true(race_fired);
+  OVF_EXPECT(s1, QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(scale);
+  OVF_MESSAGE_HAS("changed while the checkpoint was built");
+  OVF_MESSAGE_HAS(before);
+  OVF_MESSAGE_HAS(after);
+  assert_false(ovf_exists(ckpt));
+
+  /* 2. The manifest, its contract widened (the scale file's hash in it unchanged). */
+  ovf_rmtree(out);
+  write_pack(p, &wo, out, sizeof out);
+  ovf_sha256_file(manifest, before);
+  static char text[1 << 16];
+  text[read_bytes(manifest, text, sizeof text)] = 0;
+  char* at = strstr(text, "\"tp_size\": 4,");
+  assert_non_null(at);
+  snprintf(bytes, sizeof bytes, "%.*s\"tp_size\": null,%s", (int)(at - text), text,
+           at + strlen("\"tp_size\": 4,"));
+  race_len = strlen(bytes);
+  ovf_write_file(other, bytes, race_len);
+  ovf_sha256_file(other, after);
+  race_fired = 0;
+  race_at = 2;
+  race_path = manifest;
+  const qsakv_status s2 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
+  race_path = NULL;
+  assert_true(race_fired);
+  OVF_EXPECT(s2, QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(manifest);
+  OVF_MESSAGE_HAS("changed while the checkpoint was built");
+  OVF_MESSAGE_HAS(before);
+  OVF_MESSAGE_HAS(after);
+  assert_false(ovf_exists(ckpt));
+
+  /* Unarmed, the same pack materialises. */
+  ovf_rmtree(out);
+  write_pack(p, &wo, out, sizeof out);
+  OVF_OK(qsakv_overlay_materialize(ckpt, p->base_dir, out));
+}
+
 /* Published packs and checkpoints are readable by other users as the umask allows (a
  * serving process is often not the calibration run's user): not mkdtemp's 0700. */
 static void test_published_modes_follow_the_umask(void** state) {
@@ -482,14 +722,27 @@ static void test_write_refusals(void** state) {
   wo.base_index_path = p->base_index;
   char out[OVF_PATH];
   snprintf(out, sizeof out, "%s/w", p->root);
-  const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -1.0f};
+  /* Subnormals too (1e-45 was written, validated and backed a cache whose every stored
+   * value saturated): a scale is a normal positive float. */
+  const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -1.0f, 1e-45f, 1.17549421e-38f};
+  const char* said[] = {"nan", "inf", "-inf", "0", "-0", "-1", "1.40129846e-45", "1.17549421e-38"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     float kk[12];
     memcpy(kk, k, sizeof kk);
     kk[5] = bad[i];
     OVF_EXPECT(qsakv_overlay_write(out, layers, kk, v, 12, &wo), QSAKV_ERROR_OVERLAY_BAD_SCALE);
-    OVF_MESSAGE_HAS("layer 23 k_scale");
+    char want[96];
+    snprintf(want, sizeof want, "layer 23 k_scale is %s; a scale must be a normal positive float",
+             said[i]);
+    OVF_MESSAGE_HAS(want);
     assert_false(ovf_exists(out));
+  }
+  {
+    float vv[12];
+    memcpy(vv, v, sizeof vv);
+    vv[0] = 1.17549435e-38f; /* FLT_MIN, the smallest normal float: valid */
+    OVF_OK(qsakv_overlay_write(out, layers, k, vv, 12, &wo));
+    ovf_rmtree(out);
   }
   int32_t dup[12];
   memcpy(dup, layers, sizeof dup);
@@ -607,6 +860,8 @@ int main(void) {
       T(test_materialized_checkpoint),
       T(test_materialize_other_revision),
       T(test_materialized_checkpoint_revision_is_the_base_s),
+      T(test_materialized_checkpoint_files_must_match_the_record),
+      T(test_materialize_refuses_a_pack_changed_while_read),
       T(test_published_modes_follow_the_umask),
       T(test_write_refuses_name_in_base),
       T(test_materialize_refuses_name_in_base),

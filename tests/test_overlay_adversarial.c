@@ -518,8 +518,16 @@ static const overlay_case kCases[] = {
     {"scale negative", SCALE(19, 'k', -0.5f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE), SAYS("-0.5")},
     {"scale negative subnormal", SCALE(19, 'v', -1e-45f), EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
      SAYS("layer 19 v_scale is -1.4")},
-    /* the smallest positive float: finite and > 0 */
-    {"scale positive subnormal is valid", SCALE(19, 'v', 1e-45f), OK},
+    /* Subnormals: every stored value would saturate to 448, and the K scale folded into
+     * the softmax factor underflows to 0. A scale is a normal positive float. */
+    {"scale smallest positive subnormal", SCALE(19, 'v', 1e-45f),
+     EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
+     SAYS("layer 19 v_scale is 1.40129846e-45", "a scale must be a normal positive float")},
+    {"scale largest subnormal", SCALE(7, 'k', 1.17549421e-38f),
+     EXPECT(QSAKV_ERROR_OVERLAY_BAD_SCALE),
+     SAYS("layer 7 k_scale is 1.17549421e-38", "finite and >= FLT_MIN (1.17549435e-38)")},
+    /* the smallest normal float is the smallest valid scale */
+    {"scale FLT_MIN is valid", SCALE(19, 'v', 1.17549435e-38f), OK},
     {"23 of 24 scales", DAMAGE(scale_left_out), .layer = 47, .kind = 'v',
      EXPECT(QSAKV_ERROR_OVERLAY_INCOMPLETE), SAYS("loaded 23/24", "missing: layer 47 v_scale")},
     {"22 of 24 scales: both named", DAMAGE(layer_3_k_and_27_v_left_out),
@@ -551,6 +559,12 @@ static const overlay_case kCases[] = {
      SAYS("appears twice")},
     {"manifest field missing", MANIFEST_EDIT("\"unit_scale_control\": false,", ""),
      EXPECT(QSAKV_ERROR_FORMAT), SAYS("unit_scale_control")},
+    {"manifest unit_scale_control not a boolean",
+     MANIFEST_EDIT("\"unit_scale_control\": false", "\"unit_scale_control\": 0"),
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("unit_scale_control is 0; expected true or false")},
+    {"manifest unit_scale_control a string",
+     MANIFEST_EDIT("\"unit_scale_control\": false", "\"unit_scale_control\": \"false\""),
+     EXPECT(QSAKV_ERROR_FORMAT), SAYS("unit_scale_control is \"false\"; expected true or false")},
     {"manifest field unknown",
      MANIFEST_EDIT("\"kind\": \"qsakv-overlay\",",
                    "\"kind\": \"qsakv-overlay\", \"fallback_scale\": 1.0,"),

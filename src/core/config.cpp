@@ -167,20 +167,49 @@ int qsa_index(const qsakv_model_config& c, int32_t layer) {
   return -1;
 }
 
-bool same_config(const qsakv_model_config& a, const qsakv_model_config& b) {
-  // Compare field by field (the struct has padding; memcmp would read it).
-  if (a.num_qsa_layers != b.num_qsa_layers) return false;
-  for (int i = 0; i < a.num_qsa_layers; ++i)
-    if (a.qsa_layers[i] != b.qsa_layers[i]) return false;
-  return a.num_layers == b.num_layers && a.num_q_heads == b.num_q_heads &&
-         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
-         a.softmax_scale == b.softmax_scale && a.index_num_heads == b.index_num_heads &&
-         a.index_head_dim == b.index_head_dim && a.compress_ratio == b.compress_ratio &&
-         a.topk_tokens == b.topk_tokens && a.tp_size == b.tp_size && a.tp_rank == b.tp_rank &&
-         a.speculative_tokens == b.speculative_tokens && a.activation_dtype == b.activation_dtype &&
-         a.kv_dtype == b.kv_dtype && a.block_size == b.block_size &&
-         a.max_requests == b.max_requests && a.max_batched_tokens == b.max_batched_tokens &&
-         a.max_model_len == b.max_model_len && a.index_key_dtype == b.index_key_dtype;
+ConfigDifference config_difference(const qsakv_model_config& a, const qsakv_model_config& b) {
+  // Field by field (the struct has padding; memcmp would read it), in struct order; the
+  // first difference is kept.
+  ConfigDifference d;
+  const auto note = [&d](const std::string& field, const std::string& x, const std::string& y) {
+    if (d.field.empty() && x != y) d = {field, x, y};
+  };
+  const auto num = [&note](const char* field, int32_t x, int32_t y) {
+    note(field, std::to_string(x), std::to_string(y));
+  };
+  const auto dtype = [&note](const char* field, qsakv_dtype x, qsakv_dtype y) {
+    const auto text = [](qsakv_dtype t) {
+      const int32_t v = enum_value(t);
+      const std::string name = dtype_name(v);
+      return name == "invalid" ? format("%d", static_cast<int>(v)) : name;
+    };
+    note(field, text(x), text(y));
+  };
+  num("num_layers", a.num_layers, b.num_layers);
+  num("num_qsa_layers", a.num_qsa_layers, b.num_qsa_layers);
+  for (int i = 0; i < a.num_qsa_layers && i < QSAKV_MAX_LAYERS; ++i)
+    num(format("qsa_layers[%d]", i).c_str(), a.qsa_layers[i], b.qsa_layers[i]);
+  num("num_q_heads", a.num_q_heads, b.num_q_heads);
+  num("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+  num("head_dim", a.head_dim, b.head_dim);
+  if (a.softmax_scale != b.softmax_scale)  // float ==: 0 and -0 are one value, as before
+    note("softmax_scale", format("%.9g", static_cast<double>(a.softmax_scale)),
+         format("%.9g", static_cast<double>(b.softmax_scale)));
+  num("index_num_heads", a.index_num_heads, b.index_num_heads);
+  num("index_head_dim", a.index_head_dim, b.index_head_dim);
+  num("compress_ratio", a.compress_ratio, b.compress_ratio);
+  num("topk_tokens", a.topk_tokens, b.topk_tokens);
+  num("tp_size", a.tp_size, b.tp_size);
+  num("tp_rank", a.tp_rank, b.tp_rank);
+  num("speculative_tokens", a.speculative_tokens, b.speculative_tokens);
+  dtype("activation_dtype", a.activation_dtype, b.activation_dtype);
+  dtype("kv_dtype", a.kv_dtype, b.kv_dtype);
+  num("block_size", a.block_size, b.block_size);
+  num("max_requests", a.max_requests, b.max_requests);
+  num("max_batched_tokens", a.max_batched_tokens, b.max_batched_tokens);
+  num("max_model_len", a.max_model_len, b.max_model_len);
+  dtype("index_key_dtype", a.index_key_dtype, b.index_key_dtype);
+  return d;
 }
 
 }  // namespace qsakv

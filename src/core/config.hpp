@@ -21,7 +21,14 @@ qsakv_rank_geometry rank_geometry(const qsakv_model_config& config);
 // Index of model layer `layer` among the QSA layers, or -1.
 int qsa_index(const qsakv_model_config& config, int32_t layer);
 
-// Same geometry and runtime (the fields that shape caches and contracts).
-bool same_config(const qsakv_model_config& a, const qsakv_model_config& b);
+// The first field, in struct order, in which two configs differ: its name ("max_requests",
+// "qsa_layers[3]") and each config's value as text. `field` is empty when none does.
+struct ConfigDifference {
+  std::string field;
+  std::string a;
+  std::string b;
+};
+// Every field counts: geometry and runtime shape caches and contracts.
+ConfigDifference config_difference(const qsakv_model_config& a, const qsakv_model_config& b);
 
 }  // namespace qsakv

@@ -60,7 +60,9 @@ def base_index(tmp_path):
 
 def reference_scales():
     k = np.array([0.01 * (i + 1) for i in range(12)], dtype=np.float32)
-    v = np.array([1e-45, 1.0] + [0.37 * (i + 1) for i in range(10)], dtype=np.float32)
+    # FLT_MIN, the smallest valid scale (a subnormal one is refused), and 1.0 at the edges.
+    v = np.array([np.finfo(np.float32).tiny, 1.0] + [0.37 * (i + 1) for i in range(10)],
+                 dtype=np.float32)
     return k, v
 
 

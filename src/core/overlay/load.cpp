@@ -7,6 +7,7 @@
 #include "core/format/file_io.hpp"
 #include "core/overlay/index.hpp"
 #include "core/overlay/overlay.hpp"
+#include "core/overlay/provenance.hpp"
 #include "core/format/safetensors.hpp"
 #include "core/format/sha256.hpp"
 
@@ -24,6 +25,7 @@ struct Paths {
   std::string scale;
   std::string manifest;
   std::string index;  // "" when there is none
+  std::string dir;    // the directory holding the scale file
 };
 
 Paths locate(const std::string& path, const char* manifest_path) {
@@ -32,6 +34,7 @@ Paths locate(const std::string& path, const char* manifest_path) {
     case PathKind::missing:
       fail(QSAKV_ERROR_OVERLAY_MISSING, "overlay not found: %s does not exist", path.c_str());
     case PathKind::directory: {
+      p.dir = path;
       p.scale = join_path(path, kScaleFileName);
       p.manifest = join_path(path, kManifestFileName);
       const std::string index = join_path(path, kIndexFileName);
@@ -39,8 +42,9 @@ Paths locate(const std::string& path, const char* manifest_path) {
       break;
     }
     case PathKind::file:
+      p.dir = dir_name(path);
       p.scale = path;
-      p.manifest = join_path(dir_name(path), kManifestFileName);
+      p.manifest = join_path(p.dir, kManifestFileName);
       break;
     case PathKind::other:
       fail(QSAKV_ERROR_IO, "overlay path %s is neither a file nor a directory", path.c_str());
@@ -97,11 +101,23 @@ void check_names(const qsakv_overlay& o, const std::string& manifest_path) {
            manifest_path.c_str(), n.c_str(), o.scale_file.c_str());
 }
 
+// A materialised checkpoint's record, when the scale file's directory holds one.
+struct Record {
+  bool present = false;
+  Provenance p;
+  std::string path;
+};
+
 // Records where the merged index sends each scale name; refuses an index that promises
-// tensors the scale file does not hold.
-void attach_index(qsakv_overlay& o, const std::string& index_path) {
-  const CheckpointIndex idx = parse_index(
-      read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO), index_path);
+// tensors the scale file does not hold, or that a materialised checkpoint's record does
+// not list.
+void attach_index(qsakv_overlay& o, const std::string& index_path, const Record& rec) {
+  const std::string text =
+      read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO);
+  if (rec.present)
+    require_recorded("merged index", index_path, sha256_hex(text), rec.p.merged_index_sha256,
+                     rec.path);
+  const CheckpointIndex idx = parse_index(text, index_path);
   std::set<std::string> held;
   for (OverlayTensor& t : o.tensors) {
     held.insert(t.name);
@@ -122,13 +138,25 @@ qsakv_overlay* overlay_load(const std::string& path, const char* manifest_path) 
   auto o = std::make_unique<qsakv_overlay>();
   o->source = path;
   o->scale_file = p.scale;
-  o->manifest = parse_manifest(
-      read_file(p.manifest, kMaxManifestBytes, "overlay manifest", QSAKV_ERROR_OVERLAY_MISSING),
-      p.manifest);
+  // A materialised checkpoint (its directory holds qsakv-provenance.json) vouches for
+  // its files by the record: another pack's scale file and manifest, which agree with
+  // each other, or a manifest edited in place, differ from what was materialised. Each
+  // file is hashed before it is parsed, from the bytes that are then parsed.
+  Record rec;
+  rec.present = read_provenance(p.dir, &rec.p, &rec.path);
+  const std::string manifest_text =
+      read_file(p.manifest, kMaxManifestBytes, "overlay manifest", QSAKV_ERROR_OVERLAY_MISSING);
+  o->manifest_sha256 = sha256_hex(manifest_text);
+  if (rec.present)
+    require_recorded("manifest", p.manifest, o->manifest_sha256, rec.p.manifest_sha256, rec.path);
+  o->manifest = parse_manifest(manifest_text, p.manifest);
   const std::string bytes =
       read_file(p.scale, kMaxScaleFileBytes, "overlay scale file", QSAKV_ERROR_OVERLAY_MISSING);
   // Hash before parsing: a file the manifest does not vouch for is not looked into.
   o->scale_file_sha256 = sha256_hex(bytes);
+  if (rec.present)
+    require_recorded("scale file", p.scale, o->scale_file_sha256, rec.p.scale_file_sha256,
+                     rec.path);
   if (o->scale_file_sha256 != o->manifest.scale_file_sha256)
     fail(QSAKV_ERROR_HASH_MISMATCH, "scale file %s has SHA-256 %s; the manifest %s records %s",
          p.scale.c_str(), o->scale_file_sha256.c_str(), p.manifest.c_str(),
@@ -138,7 +166,7 @@ qsakv_overlay* overlay_load(const std::string& path, const char* manifest_path) 
   o->unit_scale_control = o->manifest.unit_scale_control;
   o->tensors = describe(st);
   check_names(*o, p.manifest);
-  if (!p.index.empty()) attach_index(*o, p.index);
+  if (!p.index.empty()) attach_index(*o, p.index, rec);
   return o.release();
 }
 

@@ -99,7 +99,8 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
     fail(QSAKV_ERROR_FORMAT, "%s: scale_contract is \"%s\"; this library implements \"%s\"",
          what.c_str(), contract.c_str(), kScaleContract);
   if (!j["unit_scale_control"].is_boolean())
-    fail(QSAKV_ERROR_FORMAT, "%s: unit_scale_control is not true or false", what.c_str());
+    fail(QSAKV_ERROR_FORMAT, "%s: unit_scale_control is %s; expected true or false", what.c_str(),
+         json_excerpt(j["unit_scale_control"]).c_str());
   m.unit_scale_control = j["unit_scale_control"].get<bool>();
   m.contract = parse_contract(j["contract"], what);
   return m;

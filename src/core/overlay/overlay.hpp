@@ -3,7 +3,9 @@
 //
 // Loading (load.cpp) parses and cross-checks the files: container structure, duplicate
 // names, the scale file's SHA-256 against the manifest, the manifest's names against the
-// scale file and, in a checkpoint directory, against the merged index. Everything that
+// scale file and, in a checkpoint directory, against the merged index; in a materialised
+// checkpoint also the manifest's, scale file's and merged index's SHA-256 against its
+// provenance record. Everything that
 // depends on a model config (which layers are QSA, completeness, contract) or on the
 // caller's revision is decided by validate (validate.cpp), one status per rule.
 #pragma once
@@ -47,6 +49,7 @@ struct qsakv_overlay {
   bool has_index = false;  // loaded from a directory with a merged index
   qsakv::Manifest manifest;
   std::string scale_file_sha256;  // computed (equal to the manifest's after load)
+  std::string manifest_sha256;    // of the manifest bytes read and parsed
   bool unit_scale_control = false;
   std::vector<qsakv::OverlayTensor> tensors;  // scale file order
   // Set by a successful validate only; cleared first by every validate.
@@ -65,7 +68,8 @@ void overlay_validate(qsakv_overlay* o, const qsakv_model_config& config,
                       const std::string& expected_base_revision);
 
 // Throws Error(QSAKV_ERROR_OVERLAY_NOT_VALIDATED) unless validated for a config equal to
-// `config` under same_config(); QSAKV_ERROR_OVERLAY_MISSING for a NULL overlay.
+// `config` (config_difference() finds none; the message names the first field that
+// differs and both values); QSAKV_ERROR_OVERLAY_MISSING for a NULL overlay.
 void overlay_require_validated(const qsakv_overlay* o, const qsakv_model_config& config);
 
 // K and V scales of model layer `layer`. Validated overlays answer from the validated
@@ -76,6 +80,17 @@ void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v);
 // The manifest's minimum SM (e.g. 89); 0 = none. Checked by the context/cache code,
 // which knows the device.
 int overlay_contract_min_sm(const qsakv_overlay* o);
+
+// A scale is a normal positive float: finite and >= FLT_MIN. Zero, negatives, NaN,
+// infinities and subnormals are refused (QSAKV_ERROR_OVERLAY_BAD_SCALE) by the writer
+// and by validation: with a subnormal scale every stored value saturates to 448, and the
+// K scale folded into the softmax factor underflows to 0.
+bool valid_scale(float s);
+// The rule as messages state it, after "layer L k_scale is <scale_text(v)>; ".
+constexpr const char* kScaleRule =
+    "a scale must be a normal positive float, finite and >= FLT_MIN (1.17549435e-38)";
+// A scale as messages show it: "nan", "inf", "-inf", else %.9g (exact for any float).
+std::string scale_text(float v);
 
 // K/V scales found: tensors with a scale name that are FP32 scalars.
 int32_t overlay_num_scales(const qsakv_overlay* o);

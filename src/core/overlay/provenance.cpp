@@ -52,16 +52,33 @@ Provenance parse_provenance(const std::string& text, const std::string& what) {
   return p;
 }
 
+bool read_provenance(const std::string& dir, Provenance* out, std::string* path) {
+  const std::string record_path = join_path(dir, kProvenanceFileName);
+  if (path_kind(record_path, "provenance record") == PathKind::missing) return false;
+  *out = parse_provenance(
+      read_file(record_path, kMaxProvenanceBytes, "provenance record", QSAKV_ERROR_IO),
+      record_path);
+  *path = record_path;
+  return true;
+}
+
+void require_recorded(const char* what, const std::string& path, const std::string& actual,
+                      const std::string& recorded, const std::string& record_path) {
+  if (actual != recorded)
+    fail(QSAKV_ERROR_HASH_MISMATCH,
+         "%s %s has SHA-256 %s; the provenance record %s of the materialised checkpoint "
+         "records %s: the file changed since the checkpoint was built (or is not its %s)",
+         what, path.c_str(), actual.c_str(), record_path.c_str(), recorded.c_str(), what);
+}
+
 std::string checkpoint_revision(const std::string& path) {
   if (path_kind(path, "checkpoint path") != PathKind::directory)
     return sha256_hex(read_file(path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO));
   const std::string index_path = join_path(path, kIndexFileName);
-  const std::string record_path = join_path(path, kProvenanceFileName);
-  if (path_kind(record_path, "provenance record") == PathKind::missing)
+  Provenance p;
+  std::string record_path;
+  if (!read_provenance(path, &p, &record_path))
     return sha256_hex(read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO));
-  const Provenance p = parse_provenance(
-      read_file(record_path, kMaxProvenanceBytes, "provenance record", QSAKV_ERROR_IO),
-      record_path);
   const std::string merged =
       sha256_hex(read_file(index_path, kMaxIndexBytes, "checkpoint index", QSAKV_ERROR_IO));
   if (merged != p.merged_index_sha256)

@@ -38,6 +38,16 @@ std::string write_provenance(const Provenance& p);
 // names the file.
 Provenance parse_provenance(const std::string& text, const std::string& what);
 
+// Reads and checks `dir`/qsakv-provenance.json into *out and its path into *path; false
+// (nothing set) when `dir` holds no record, i.e. is not a materialised checkpoint.
+bool read_provenance(const std::string& dir, Provenance* out, std::string* path);
+
+// Refuses (QSAKV_ERROR_HASH_MISMATCH) a file of a materialised checkpoint whose SHA-256
+// `actual` is not the one its record `record_path` lists. `what` says which file
+// ("scale file", "manifest", "merged index").
+void require_recorded(const char* what, const std::string& path, const std::string& actual,
+                      const std::string& recorded, const std::string& record_path);
+
 // The revision (lower-case hex SHA-256 of model.safetensors.index.json) of a checkpoint
 // directory or of an index file. A directory holding qsakv-provenance.json is a
 // materialised checkpoint: its index is the merged one, so its revision is its base's,

@@ -3,6 +3,7 @@
 // Order: config, revision, each tensor (name, layer, type, duplicate, index, value),
 // completeness, contract. The first broken rule is reported.
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 
 #include "core/config.hpp"
@@ -44,12 +45,6 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-std::string value_text(float v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return format("%.9g", static_cast<double>(v));
 }
 
 // The tensor names a scale of a QSA layer under the overlay's prefix.
@@ -96,11 +91,10 @@ void check_index(const OverlayTensor& t, const qsakv_overlay& o) {
 }
 
 void check_value(const OverlayTensor& t) {
-  // A loaded 1.0 is valid: presence, not value, is the signal. Subnormals are finite > 0.
-  if (!std::isfinite(t.value) || !(t.value > 0.0f))
-    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE,
-         "layer %d %s is %s (tensor \"%s\"); a scale must be finite and > 0", t.scale.layer,
-         kind_name(t.scale.kind), value_text(t.value).c_str(), t.name.c_str());
+  // A loaded 1.0 is valid: presence, not value, is the signal.
+  if (!valid_scale(t.value))
+    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s (tensor \"%s\"); %s", t.scale.layer,
+         kind_name(t.scale.kind), scale_text(t.value).c_str(), t.name.c_str(), kScaleRule);
 }
 
 std::vector<Slot> check_tensors(const qsakv_overlay& o, const qsakv_model_config& c) {
@@ -155,6 +149,14 @@ void check_contract(const Contract& k, const qsakv_model_config& c) {
 
 }  // namespace
 
+bool valid_scale(float s) { return std::isfinite(s) && s >= FLT_MIN; }
+
+std::string scale_text(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return format("%.9g", static_cast<double>(v));
+}
+
 void overlay_validate(qsakv_overlay* o, const qsakv_model_config& config,
                       const std::string& expected_base_revision) {
   // Fail closed: whatever happens below, an earlier success no longer counts.
@@ -185,11 +187,12 @@ void overlay_require_validated(const qsakv_overlay* o, const qsakv_model_config&
          "overlay %s has not been validated (qsakv_overlay_validate) or its last validation "
          "failed",
          o->source.c_str());
-  if (!same_config(o->validated_config, config))
+  const ConfigDifference d = config_difference(o->validated_config, config);
+  if (!d.field.empty())
     fail(QSAKV_ERROR_OVERLAY_NOT_VALIDATED,
-         "overlay %s was validated for another model config (geometry or runtime differ); "
-         "validate it for this one",
-         o->source.c_str());
+         "overlay %s was validated for another model config: %s is %s there, %s in this one "
+         "(the first field that differs); validate it for this one",
+         o->source.c_str(), d.field.c_str(), d.a.c_str(), d.b.c_str());
 }
 
 void overlay_scales(const qsakv_overlay* o, int32_t layer, float* k, float* v) {

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -84,9 +83,9 @@ void check_write_options(const qsakv_overlay_write_options& o) {
 }
 
 void check_scale(int32_t layer, const char* kind, float v) {
-  if (!std::isfinite(v) || !(v > 0.0f))
-    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; a scale must be finite and > 0", layer,
-         kind, std::isnan(v) ? "nan" : format("%g", static_cast<double>(v)).c_str());
+  if (!valid_scale(v))
+    fail(QSAKV_ERROR_OVERLAY_BAD_SCALE, "layer %d %s is %s; %s", layer, kind, scale_text(v).c_str(),
+         kScaleRule);
 }
 
 struct Entry {
@@ -228,13 +227,20 @@ void overlay_materialize(const std::string& out_dir, const std::string& base_dir
   const std::string manifest_path = join_path(pack_dir, kManifestFileName);
   const std::string manifest =
       read_file(manifest_path, kMaxPackFileBytes, "overlay manifest", QSAKV_ERROR_OVERLAY_MISSING);
+  // Both must be the bytes the load checked: a manifest edited so that it still lists the
+  // scale file's hash (a contract widened) has changed as much as a scale file.
   const std::string scale_sha = sha256_hex(scale);
-  if (scale_sha != o->manifest.scale_file_sha256 ||
-      parse_manifest(manifest, manifest_path).scale_file_sha256 != scale_sha)
+  const std::string manifest_sha = sha256_hex(manifest);
+  if (scale_sha != o->scale_file_sha256)
     fail(QSAKV_ERROR_HASH_MISMATCH,
-         "scale file %s or its manifest changed while the "
-         "checkpoint was built",
-         o->scale_file.c_str());
+         "scale file %s changed while the checkpoint was built: its SHA-256 was %s when the "
+         "pack was loaded and checked, %s when it was read again to be copied",
+         o->scale_file.c_str(), o->scale_file_sha256.c_str(), scale_sha.c_str());
+  if (manifest_sha != o->manifest_sha256)
+    fail(QSAKV_ERROR_HASH_MISMATCH,
+         "manifest %s changed while the checkpoint was built: its SHA-256 was %s when the "
+         "pack was loaded and checked, %s when it was read again to be copied",
+         manifest_path.c_str(), o->manifest_sha256.c_str(), manifest_sha.c_str());
   const std::string index = merged_index(base, *o, scale.size());
   const std::string base_real = real_path(base_dir);
   // The provenance file records the base's path in JSON, which holds UTF-8 only: a path
@@ -246,12 +252,8 @@ void overlay_materialize(const std::string& out_dir, const std::string& base_dir
          "valid UTF-8 (byte 0x%02x at offset %zu of \"%s\"); qsakv-provenance.json records "
          "that path as JSON text, so rename the directory (or link it under a UTF-8 name)",
          static_cast<unsigned char>(base_real[bad]), bad, utf8_escaped(base_real).c_str());
-  const Provenance prov{base_real,
-                        base.index_sha256,
-                        sha256_hex(index),
-                        o->manifest.scale_file_sha256,
-                        sha256_hex(manifest),
-                        qsakv_version_string()};
+  const Provenance prov{base_real, base.index_sha256, sha256_hex(index),
+                        scale_sha, manifest_sha,      qsakv_version_string()};
   StagingDir staging(out_dir);
   link_base_files(base_real, staging.path());
   write_file(join_path(staging.path(), kScaleFileName), scale);
