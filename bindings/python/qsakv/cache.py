@@ -71,13 +71,15 @@ def act_dtype(config: ModelConfig) -> str:
     return ARRAY_DTYPE_NAMES[DType(config.activation_dtype).name]
 
 
-def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, external_topk=None):
+def _cache_options(num_blocks, *, memory_budget_bytes=0, share_topk=True, external_topk=None,
+                   allow_unit_scales=False):
     """The qsakv_cache_options of a cache, filled in one place for layout_for and Cache.
     external_topk: (address, rows, cols) of an external top-k buffer, or None."""
     opts = _structs.filled(_cdefs.qsakv_cache_options, lib.qsakv_cache_options_init)
     set_field(opts, "num_blocks", num_blocks)
     set_field(opts, "memory_budget_bytes", memory_budget_bytes)
     opts.share_topk = int(bool(share_topk))
+    opts.allow_unit_scales = int(bool(allow_unit_scales))
     if external_topk is not None:
         opts.external_topk, opts.external_topk_rows, opts.external_topk_cols = external_topk
         opts.external_topk_dtype = DType.INT32
@@ -189,10 +191,13 @@ class Cache(Handle):
     """All caches of this rank, allocated once (blocking; contents start zeroed).
 
     Cache(context, config, overlay=None, *, num_blocks=0, memory_budget_bytes=0,
-          share_topk=True, external_topk=None, memory=None)
+          share_topk=True, external_topk=None, memory=None, allow_unit_scales=False)
 
     An E4M3 cache needs an Overlay that validate() accepted for an equal config (else
-    OverlayMissingError / OverlayNotValidatedError); 16-bit caches take overlay=None.
+    OverlayMissingError / OverlayNotValidatedError) holding calibrated scales: a
+    unit-scale overlay (a negative control: marked unit_scale_control, or every scale
+    1.0) raises OverlayUnitScalesError unless allow_unit_scales=True.
+    16-bit caches take overlay=None.
     The scales are copied: the overlay may be closed afterwards. num_blocks=0 sizes the
     cache from memory_budget_bytes. external_topk: a device int32 [rows, topk_width]
     array to use as the top-k workspace (kept alive by the cache and its views).
@@ -214,7 +219,8 @@ class Cache(Handle):
 
     def __init__(self, context: Context, config: ModelConfig, overlay: Overlay | None = None,
                  *, num_blocks: int = 0, memory_budget_bytes: int = 0,
-                 share_topk: bool = True, external_topk=None, memory=None):
+                 share_topk: bool = True, external_topk=None, memory=None,
+                 allow_unit_scales: bool = False):
         geometry = config.rank_geometry()
         cuda, device = context.is_cuda, context.info.device
         topk, held = None, ()
@@ -224,7 +230,8 @@ class Cache(Handle):
             topk = (b.ptr,) + tuple(b.shape)
             held = ((external_topk, b.ptr),)
         opts = _cache_options(num_blocks, memory_budget_bytes=memory_budget_bytes,
-                              share_topk=share_topk, external_topk=topk)
+                              share_topk=share_topk, external_topk=topk,
+                              allow_unit_scales=allow_unit_scales)
         out = ctypes.POINTER(_cdefs.qsakv_cache)()
         if memory is None:
             lib.qsakv_cache_create(ctypes.byref(out), context._p, config._ref,

@@ -42,7 +42,7 @@ class QsakvError(Exception):
 class OverlayError(QsakvError):
     """Base of the fail-closed overlay refusals (missing, incomplete, bad scale, bad
     tensor, duplicate, unknown tensor, revision / hash mismatch, contract, not
-    validated)."""
+    validated, unit scales not asked for)."""
 
 
 # Every status but the *_MAX_ENUM sentinel (which only widens the C enum to 32 bits).
@@ -80,8 +80,10 @@ _DECLARED = [
     ("HashMismatchError", "QSAKV_ERROR_HASH_MISMATCH", ()),
     ("ContractError", "QSAKV_ERROR_CONTRACT", ()),
     ("OverlayNotValidatedError", "QSAKV_ERROR_OVERLAY_NOT_VALIDATED", ()),
+    ("OverlayUnitScalesError", "QSAKV_ERROR_OVERLAY_UNIT_SCALES", ()),
 ]
-_OVERLAY_STATUSES = range(-29, -19)
+# -20..-29, and -32 (unit scales, added after the calibration and TP statuses).
+_OVERLAY_STATUSES = (*range(-29, -19), -32)
 
 _BY_STATUS: dict[int, type] = {}
 

@@ -466,3 +466,18 @@ def test_store_step_equals_the_three_stores(overlay, small_cfg, world, checkpoin
                                     if comp else {}))
 
             assert stored(calls) == stored(step), (kv, ring, comp)
+
+
+def test_unit_scale_overlay_backs_a_cache_only_when_asked(tmp_path, checkpoint, small_cfg):
+    """A pack of nothing but 1.0 validates, and Cache refuses it (OverlayUnitScalesError,
+    an OverlayError naming the option) unless allow_unit_scales=True."""
+    qsakv.Overlay.write(tmp_path / "unit", {l: (1.0, 1.0) for l in small_cfg.qsa_layers},
+                        base_index_path=checkpoint / "model.safetensors.index.json")
+    with qsakv.Context(backend="cpu") as ctx, \
+            qsakv.Overlay.load(tmp_path / "unit" / "model-kvscales.safetensors") as ov:
+        ov.validate(small_cfg, qsakv.checkpoint_revision(checkpoint))
+        with pytest.raises(qsakv.OverlayUnitScalesError, match="allow_unit_scales") as e:
+            qsakv.Cache(ctx, small_cfg, ov, num_blocks=2)
+        assert isinstance(e.value, qsakv.OverlayError)
+        with qsakv.Cache(ctx, small_cfg, ov, num_blocks=2, allow_unit_scales=True) as cache:
+            assert list(cache.layer_buffers(small_cfg.qsa_layers[0]).scales) == [1.0, 1.0]
