@@ -442,6 +442,25 @@ static size_t read_bytes(const char* path, char* buf, size_t cap) {
   return n;
 }
 
+/* Materialises pack `out` into `ckpt` while `path` is rewritten to `bytes` (race_bytes,
+ * race_len) at its second open (the load's read, then the copy's): refused as changed,
+ * the message naming the file and its hashes before and after, nothing left behind. */
+static void expect_materialize_race(ovf_pack* p, const char* ckpt, const char* out,
+                                    const char* path, const char* before, const char* after) {
+  race_fired = 0;
+  race_at = 2;
+  race_path = path;
+  const qsakv_status s = qsakv_overlay_materialize(ckpt, p->base_dir, out);
+  race_path = NULL;
+  assert_true(race_fired);
+  OVF_EXPECT(s, QSAKV_ERROR_HASH_MISMATCH);
+  OVF_MESSAGE_HAS(path);
+  OVF_MESSAGE_HAS("changed while the checkpoint was built");
+  OVF_MESSAGE_HAS(before);
+  OVF_MESSAGE_HAS(after);
+  assert_false(ovf_exists(ckpt));
+}
+
 /* Materialisation copies the pack's files from a second read: a scale file or manifest
  * that changed after the load checked it is refused, naming the file and both hashes. A
  * manifest edited so that it still lists the scale file's hash (here: its contract
@@ -467,18 +486,7 @@ static void test_materialize_refuses_a_pack_changed_while_read(void** state) {
   race_bytes = bytes;
   ovf_write_file(other, bytes, race_len);
   ovf_sha256_file(other, after);
-  race_fired = 0;
-  race_at = 2; /* the load's read, then the copy's */
-  race_path = scale;
-  const qsakv_status s1 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
-  race_path = NULL;
-  assert_true(race_fired);
-  OVF_EXPECT(s1, QSAKV_ERROR_HASH_MISMATCH);
-  OVF_MESSAGE_HAS(scale);
-  OVF_MESSAGE_HAS("changed while the checkpoint was built");
-  OVF_MESSAGE_HAS(before);
-  OVF_MESSAGE_HAS(after);
-  assert_false(ovf_exists(ckpt));
+  expect_materialize_race(p, ckpt, out, scale, before, after);
 
   /* 2. The manifest, its contract widened (the scale file's hash in it unchanged). */
   ovf_rmtree(out);
@@ -493,18 +501,7 @@ static void test_materialize_refuses_a_pack_changed_while_read(void** state) {
   race_len = strlen(bytes);
   ovf_write_file(other, bytes, race_len);
   ovf_sha256_file(other, after);
-  race_fired = 0;
-  race_at = 2;
-  race_path = manifest;
-  const qsakv_status s2 = qsakv_overlay_materialize(ckpt, p->base_dir, out);
-  race_path = NULL;
-  assert_true(race_fired);
-  OVF_EXPECT(s2, QSAKV_ERROR_HASH_MISMATCH);
-  OVF_MESSAGE_HAS(manifest);
-  OVF_MESSAGE_HAS("changed while the checkpoint was built");
-  OVF_MESSAGE_HAS(before);
-  OVF_MESSAGE_HAS(after);
-  assert_false(ovf_exists(ckpt));
+  expect_materialize_race(p, ckpt, out, manifest, before, after);
 
   /* Unarmed, the same pack materialises. */
   ovf_rmtree(out);

@@ -791,24 +791,12 @@ func TestOverlayClosesWhileItsCachesStayOpen(t *testing.T) {
 	defer ctx.Close()
 	cfg := smallFP16Config(t)
 	cfg.KVDtype = DtypeE4M3
-	dir := t.TempDir()
-	index := filepath.Join(dir, "model.safetensors.index.json")
-	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	layers := cfg.QSALayers()
 	ks, vs := make([]float32, len(layers)), make([]float32, len(layers))
 	for i := range layers {
 		ks[i], vs[i] = 0.01, 0.02
 	}
-	pack := filepath.Join(dir, "pack")
-	if err := WriteOverlay(pack, layers, ks, vs, index); err != nil {
-		t.Fatal(err)
-	}
-	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
-	if err := ov.Validate(cfg, must(CheckpointRevision(dir))); err != nil {
-		t.Fatal(err)
-	}
+	ov := validatedOverlay(t, cfg, ks, vs)
 	cache := must(NewCache(ctx, cfg, ov, CacheOptions{NumBlocks: 2}))
 	defer cache.Close()
 	if err := ov.Close(); err != nil {
@@ -1632,25 +1620,12 @@ func TestUnitScaleOverlayNeedsAllowUnitScales(t *testing.T) {
 	defer ctx.Close()
 	cfg := smallFP16Config(t)
 	cfg.KVDtype = DtypeE4M3
-	dir := t.TempDir()
-	index := filepath.Join(dir, "model.safetensors.index.json")
-	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	layers := cfg.QSALayers()
-	ones := make([]float32, len(layers))
+	ones := make([]float32, len(cfg.QSALayers()))
 	for i := range ones {
 		ones[i] = 1
 	}
-	pack := filepath.Join(dir, "pack")
-	if err := WriteOverlay(pack, layers, ones, ones, index); err != nil {
-		t.Fatal(err)
-	}
-	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
+	ov := validatedOverlay(t, cfg, ones, ones)
 	defer ov.Close()
-	if err := ov.Validate(cfg, must(CheckpointRevision(dir))); err != nil {
-		t.Fatal(err)
-	}
 	_, err := NewCache(ctx, cfg, ov, CacheOptions{NumBlocks: 2})
 	var qe *Error
 	if !errors.As(err, &qe) || qe.Status != ErrOverlayUnitScales || !strings.Contains(qe.Message, "allow_unit_scales") {
@@ -1661,4 +1636,24 @@ func TestUnitScaleOverlayNeedsAllowUnitScales(t *testing.T) {
 		t.Fatalf("unit scales with AllowUnitScales: %v", err)
 	}
 	cache.Close()
+}
+
+// validatedOverlay writes a pack of cfg's QSA layers with scales ks, vs over a one-file
+// base checkpoint, loads it and validates it for cfg.
+func validatedOverlay(t *testing.T, cfg *ModelConfig, ks, vs []float32) *Overlay {
+	t.Helper()
+	dir := t.TempDir()
+	index := filepath.Join(dir, "model.safetensors.index.json")
+	if err := os.WriteFile(index, []byte(`{"metadata": {}, "weight_map": {"w": "a.safetensors"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pack := filepath.Join(dir, "pack")
+	if err := WriteOverlay(pack, cfg.QSALayers(), ks, vs, index); err != nil {
+		t.Fatal(err)
+	}
+	ov := must(LoadOverlay(filepath.Join(pack, "model-kvscales.safetensors"), ""))
+	if err := ov.Validate(cfg, must(CheckpointRevision(dir))); err != nil {
+		t.Fatal(err)
+	}
+	return ov
 }
