@@ -51,7 +51,7 @@ bench() {  # name dir cases env...
 }
 MR=12,13,14,15,16,17,18,19,20,21,22,23,24,25
 bench warm build-gpu 13 X=1
-for r in 1 2; do
+for r in $(seq 1 ${ROUNDS:-1}); do  # ROUNDS=2 where the call has the time
   bench base-$r /tmp/b-base/build $MR X=1; bench p1-$r /tmp/b-p1/build $MR X=1; bench tree-$r build-gpu $MR X=1
 done
 bench tree-wg build-gpu $MR QSAKV_SELECT_MMA=wgmma; bench tree-sync build-gpu $MR QSAKV_SELECT_MMA=sync
