@@ -6,6 +6,8 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[$(($(date +%s) - T0)) s]"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
+# test_graph's FP64 check of each replay (held: written in session 19 without a GPU).
+git apply held/test-graph-replay-fp64.patch 2> /dev/null || patch -p1 --forward --silent < held/test-graph-replay-fp64.patch
 bash tools/device-run.sh none > "$OUT/device-run.log" 2>&1
 echo "build rc=$? $(el)"; grep -E "build:|error" "$OUT/device-run.log" | head -5
 export LD_LIBRARY_PATH=$(dirname "$(find /tmp/cmocka -name 'libcmocka.so*' | head -1)"):${LD_LIBRARY_PATH:-}
