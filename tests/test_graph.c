@@ -360,6 +360,73 @@ static void test_capture_caller_lists_replay(void** state) {
   caller_lists_replay(1);
   caller_lists_replay(2);
 }
+
+/* The library and the caller's CUDA state: qsakv_plan_update on a capturing stream is
+ * refused (STATE, the capture left intact and empty), and an error the caller's own runtime
+ * call left pending stays the caller's: the run calls succeed and do not clear it. */
+static void test_capture_and_caller_errors(void** state) {
+  (void)state;
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  qsakv_model_config c;
+  tu_small_config(&c, 6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64);
+  tu_shape shape = {2, {1, 3}, {900, 300}};
+  tu_world w;
+  tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.01f, 0);
+  const size_t qn = (size_t)w.rows * w.geo.q_heads * c.head_dim;
+  const size_t iqn = (size_t)w.rows * c.index_num_heads * c.index_head_dim;
+  void* q = tu_device_filled(ctx, 2 * qn, 0);
+  void* iq = tu_device_filled(ctx, 2 * iqn, 0);
+  void* out = tu_device_filled(ctx, 2 * qn, 0xFF);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const sub_batch full = {2, {0, 1}, {1, 3}};
+  void* dbt = NULL;
+
+  /* An update inside a capture (to one row): refused, naming the call; the capture stays
+   * valid and empty, and the plan keeps the world's batch of 4 rows. */
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  int32_t qs[2] = {0, 1}, lens[1] = {900};
+  qsakv_batch b = QSAKV_BATCH_INIT;
+  b.num_requests = 1;
+  b.query_start = qs;
+  b.seq_lens = lens;
+  b.block_table = w.block_table_dev;
+  b.block_table_stride = w.bt_stride;
+  assert_int_equal(qsakv_plan_update(w.plan, &b, (qsakv_stream_t)s), QSAKV_ERROR_STATE);
+  print_message("update under capture: %s\n", qsakv_last_error());
+  assert_non_null(strstr(qsakv_last_error(), "qsakv_plan_update cannot be captured"));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  size_t nodes = 1;
+  CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes));
+  assert_int_equal(nodes, 0);
+  CUDA_OK(cudaGraphDestroy(graph));
+  qsakv_plan_info info = {sizeof info, QSAKV_PLAN_INFO_VERSION};
+  TU_OK(qsakv_plan_get_info(w.plan, &info));
+  assert_int_equal(info.num_rows, 4);
+
+  /* A pending error of the caller's (an invalid device id) across successful calls. */
+  update(&w, &full, &dbt, s);
+  assert_int_equal((int)cudaSetDevice(-1), (int)cudaErrorInvalidDevice);
+  assert_int_equal((int)cudaPeekAtLastError(), (int)cudaErrorInvalidDevice);
+  enqueue(&w, iq, q, out, s);
+  assert_int_equal((int)cudaGetLastError(), (int)cudaErrorInvalidDevice);
+  CUDA_OK(cudaStreamSynchronize(s));
+  CUDA_OK(cudaGetLastError());
+  uint16_t* h = malloc(2 * qn);
+  tu_to_host(ctx, h, out, 2 * qn);
+  size_t unwritten = 0;
+  for (size_t i = 0; i < qn; ++i) unwritten += h[i] == 0xFFFF;
+  assert_int_equal(unwritten, 0); /* the calls did run */
+  free(h);
+  qsakv_free(ctx, dbt);
+  CUDA_OK(cudaStreamDestroy(s));
+  qsakv_free(ctx, q);
+  qsakv_free(ctx, iq);
+  qsakv_free(ctx, out);
+  tu_world_destroy(&w);
+  qsakv_context_destroy(ctx);
+}
 #else
 /* A build without the CUDA backend: skipped, saying so, unless QSAKV_REQUIRE_GPU=1. */
 static void no_cudart(void) {
@@ -375,11 +442,16 @@ static void test_capture_caller_lists_replay(void** state) {
   (void)state;
   no_cudart();
 }
+static void test_capture_and_caller_errors(void** state) {
+  (void)state;
+  no_cudart();
+}
 #endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_capture_replan_replay),
-                                     cmocka_unit_test(test_capture_caller_lists_replay)};
+                                     cmocka_unit_test(test_capture_caller_lists_replay),
+                                     cmocka_unit_test(test_capture_and_caller_errors)};
   tu_apply_filter();
   return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }

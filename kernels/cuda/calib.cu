@@ -11,6 +11,7 @@
 
 #include "cuda/launch.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 
 namespace qsakv {
 namespace cuda {
@@ -117,9 +118,9 @@ void launch_calib_observe(const CalibObserveParams& p, int sm_count, cudaStream_
   if (blocks > 65535 * 16) blocks = 65535 * 16;
   const dim3 grid(static_cast<unsigned>(blocks > 0 ? blocks : 1), 2);
   if (p.act_dtype == QSAKV_DTYPE_BF16)
-    calib_observe_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(false, calib_observe_kernel<true>, grid, kThreads, 0, stream, p);
   else
-    calib_observe_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(false, calib_observe_kernel<false>, grid, kThreads, 0, stream, p);
 }
 
 }  // namespace cuda

@@ -2,6 +2,7 @@
 // Instantiation and dispatch of the SM70-tier decode attention kernels: activation type x
 // cache type x head_dim (E4M3 always takes the software decoder here).
 #include "cuda/decode_attention_simt.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/launch.hpp"
 
 namespace qsakv {
@@ -14,7 +15,7 @@ void launch_simt(const DecodeParams& dp, int max_rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_rows * dp.kv_heads * dp.head_chunks),
                   static_cast<unsigned>(dp.num_splits));
   // Static shared memory only (SimtSmem < 48 KB): no attribute to raise.
-  decode_attention_simt_kernel<Act, KV, D><<<grid, kThreads, 0, stream>>>(dp);
+  launch_kernel(false, decode_attention_simt_kernel<Act, KV, D>, grid, kThreads, 0, stream, dp);
 }
 
 template <class Act, KvKind KV>

@@ -19,6 +19,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/launch.hpp"
+
 namespace qsakv {
 namespace cuda {
 
@@ -35,11 +37,14 @@ __device__ __forceinline__ void allow_dependents() {
 }
 
 // Launches `kernel` on `stream`, as a programmatic dependent of the stream's previous
-// kernel when `programmatic` (the kernel must keep the contract above). Returns the launch
-// status; a failed launch also stays pending for the caller's cudaGetLastError check.
+// kernel when `programmatic` (the kernel must keep the contract above). A launch the
+// runtime refuses throws LaunchError with its error; its status is then cleared from the
+// thread's last error, which the library otherwise never reads, so that an error the
+// caller's own earlier runtime call left there stays the caller's (and is not reported as
+// the library's).
 template <class... Params, class... Args>
-cudaError_t launch_kernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block,
-                          size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_kernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -50,7 +55,8 @@ cudaError_t launch_kernel(bool programmatic, void (*kernel)(Params...), dim3 gri
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+  if (e != cudaSuccess) refuse_failed_call(e, "cudaLaunchKernelEx");
 }
 
 }  // namespace cuda

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 
 #include "cuda/launch.hpp"
 
@@ -14,11 +15,14 @@ namespace qsakv {
 namespace cuda {
 
 // Refuses the launch when raising a kernel's dynamic shared-memory limit failed (the
-// result of cudaFuncSetAttribute, a host call that does not touch a stream: capture-safe).
+// result of cudaFuncSetAttribute, a host call that does not touch a stream: capture-safe),
+// clearing its error from the thread's last error.
 inline void require_smem_limit(cudaError_t attr, int bytes) {
-  if (attr != cudaSuccess)
-    refuse_launch(QSAKV_ERROR_CUDA, "cudaFuncSetAttribute(%d bytes of shared memory): %s", bytes,
-                  cudaGetErrorString(attr));
+  if (attr != cudaSuccess) {
+    char call[64];
+    std::snprintf(call, sizeof call, "cudaFuncSetAttribute(%d bytes of shared memory)", bytes);
+    refuse_failed_call(attr, call);
+  }
 }
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` (and, with max_carveout, asks

@@ -34,6 +34,14 @@ class LaunchError : public std::runtime_error {
   va_end(ap);
   throw LaunchError(status, message);
 }
+// Refuses the launch with a failed runtime call's error `e` (OUT_OF_MEMORY for an
+// allocation failure, else CUDA), after clearing it from the thread's last error: it is
+// the library's own, and must not stay pending for the caller's next check.
+[[noreturn]] inline void refuse_failed_call(cudaError_t e, const char* call) {
+  (void)cudaGetLastError();
+  refuse_launch(e == cudaErrorMemoryAllocation ? QSAKV_ERROR_OUT_OF_MEMORY : QSAKV_ERROR_CUDA,
+                "%s: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
 
 // programmatic (every launcher): launch the kernels as programmatic dependents of the
 // stream's previous kernel (dependent_launch.cuh). The backend decides per kernel family:

@@ -1195,7 +1195,6 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
     if (score_only) continue;
     // Programmatic dependent launch: the top-k grid is scheduled while the scoring grid
     // drains; it waits in wait_for_predecessors() for the scores.
-    cudaError_t e;
     // Many CTAs per row only while one CTA per row would leave SMs idle: with a row per
     // SM or more, the extra per-CTA threshold search and list traffic cost more than the
     // spread gains (H200: 64 rows at 128K equal, 256 rows 6% slower with the filter).
@@ -1210,18 +1209,17 @@ void launch_select_topk(const SelectParams& p, int sm_version, int sm_count, boo
       const auto kernel = three
                               ? (many ? select_topk_kernel<3, true> : select_topk_kernel<3, false>)
                               : (many ? select_topk_kernel<2, true> : select_topk_kernel<2, false>);
-      e = launch_kernel(programmatic, kernel, dim3(static_cast<unsigned>(rows)), kTopkThreads, 0,
-                        stream, p, row0, wave, stride, !multi_row, sort != SelectSort::kRuns);
+      launch_kernel(programmatic, kernel, dim3(static_cast<unsigned>(rows)), kTopkThreads, 0,
+                    stream, p, row0, wave, stride, !multi_row, sort != SelectSort::kRuns);
     } else {  // many CTAs per row filter, the last one of each row finishes it
       const int64_t filter_chunks =
           (std::max<int64_t>(p.max_blocks, 1) + kFilterKeys - 1) / kFilterKeys;
-      e = launch_kernel(
+      launch_kernel(
           programmatic,
           sort != SelectSort::kRuns ? select_filter_kernel<true> : select_filter_kernel<false>,
           dim3(static_cast<unsigned>(filter_chunks), static_cast<unsigned>(rows)), kTopkThreads, 0,
           stream, p, row0, wave, stride);
     }
-    if (e != cudaSuccess) return;  // the error stays pending for the caller's check
   }
 }
 

@@ -19,6 +19,7 @@
 #include "e4m3.cuh"
 #include "params.hpp"
 #include "cuda/common.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/select_score.cuh"
 
 namespace qsakv {
@@ -108,16 +109,16 @@ inline void launch_score_simt_keys(const SelectParams& p, const dim3 grid, int r
                                    cudaStream_t stream) {
   switch (p.index_dim) {
     case 64:
-      select_score_simt_kernel<64, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      launch_kernel(false, select_score_simt_kernel<64, kFp8>, grid, kSimtScoreThreads, 0, stream,
+                    p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
       break;
     case 128:
-      select_score_simt_kernel<128, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      launch_kernel(false, select_score_simt_kernel<128, kFp8>, grid, kSimtScoreThreads, 0, stream,
+                    p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
       break;
     default:
-      select_score_simt_kernel<256, kFp8><<<grid, kSimtScoreThreads, 0, stream>>>(
-          p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
+      launch_kernel(false, select_score_simt_kernel<256, kFp8>, grid, kSimtScoreThreads, 0, stream,
+                    p, row0, wave, stride, keys_per_cta, inv_sqrt_dim);
       break;
   }
 }

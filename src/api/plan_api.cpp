@@ -221,6 +221,9 @@ qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch, qsakv
     const int rows =
         validate_batch(b, plan->cache->config, plan->options.max_rows, plan->options.max_requests);
     Backend* be = plan->cache->context->backend.get();
+    // Captured, the copy would become a graph node reading the staging buffer at each
+    // replay (whatever a later update left there), and the fence wait is not capturable.
+    be->require_not_capturing(stream, "qsakv_plan_update");
     // The previous update's copy may still be reading the staging buffer.
     if (plan->fence_pending) {
       be->wait_fence(plan->fence);

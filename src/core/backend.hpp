@@ -41,6 +41,10 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
                     qsakv_stream_t stream) = 0;
   virtual void synchronize(qsakv_stream_t stream) = 0;
+  // Refuses (STATE, naming `call`) a call made while `stream` is being captured into a CUDA
+  // graph, for calls whose work must happen now rather than at each replay. The CPU backend
+  // has no capture.
+  virtual void require_not_capturing(qsakv_stream_t, const char* /*call*/) const {}
   // Refuses (INVALID_ARGUMENT, naming `what`) memory this backend cannot compute on: on the
   // CUDA backend, anything but device or managed memory of its GPU. The CPU backend cannot
   // tell host pointers apart and accepts them.

@@ -27,7 +27,19 @@ void check(cudaError_t e, const char* what) {
   fail(QSAKV_ERROR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-void check_launch(const char* what) { check(cudaGetLastError(), what); }
+// Runs a call's launches (`what` names them in an error): a launch the kernels refuse
+// (cuda::LaunchError: no kernel for the shape, a failed attribute call or launch) becomes
+// the library's error with its status. The thread's last CUDA error is never read here: a
+// successful call leaves an error the caller's own earlier runtime call left pending as it
+// was, and a failed launch has cleared its own (dependent_launch.cuh).
+template <class Launches>
+void launching(const char* what, Launches&& launches) {
+  try {
+    launches();
+  } catch (const cuda::LaunchError& e) {
+    fail(e.status(), "%s: %s", what, e.what());
+  }
+}
 
 void require_aligned(const void* p, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
@@ -101,12 +113,18 @@ class CudaBackend final : public Backend {
     DeviceGuard g(info_.device);
     cudaFree(ptr);
   }
+  // On the context's device: cudaHostAlloc on a thread whose current device has no
+  // context yet would create one there.
   void* alloc_host(size_t bytes) override {
+    DeviceGuard g(info_.device);
     void* p = nullptr;
     check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc");
     return p;
   }
-  void release_host(void* ptr) noexcept override { cudaFreeHost(ptr); }
+  void release_host(void* ptr) noexcept override {
+    DeviceGuard g(info_.device);
+    cudaFreeHost(ptr);
+  }
   void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
             qsakv_stream_t stream) override {
     DeviceGuard g(info_.device);
@@ -132,6 +150,28 @@ class CudaBackend final : public Backend {
       fail(QSAKV_ERROR_INVALID_ARGUMENT, "%s (%p) is on GPU %d; the context uses GPU %d", what, p,
            a.device, info_.device);
     (void)bytes;  // the runtime does not report an allocation's extent
+  }
+  // cudaErrorStreamCaptureImplicit: the legacy stream while another thread's global-mode
+  // capture runs, where any work enqueued would invalidate that capture.
+  void require_not_capturing(qsakv_stream_t stream, const char* call) const override {
+    DeviceGuard g(info_.device);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+    if (e == cudaErrorStreamCaptureImplicit) {
+      cudaGetLastError();
+      fail(QSAKV_ERROR_STATE,
+           "%s on the legacy default stream while another stream is being captured in global "
+           "mode: it would invalidate that capture; call it outside the capture",
+           call);
+    }
+    check(e, "cudaStreamIsCapturing");
+    if (status != cudaStreamCaptureStatusNone)
+      fail(QSAKV_ERROR_STATE,
+           "%s cannot be captured into a CUDA graph (stream %p is %s): a replay would repeat "
+           "its work with this call's data; call it before capturing, and capture the calls "
+           "that use its result",
+           call, static_cast<void*>(stream),
+           status == cudaStreamCaptureStatusActive ? "capturing" : "in an invalidated capture");
   }
   void synchronize(qsakv_stream_t stream) override {
     DeviceGuard g(info_.device);
@@ -191,21 +231,24 @@ class CudaBackend final : public Backend {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_store_kv(p, !sm70_tier(), programmatic(kDependentStore), stream);
-    check_launch("store_kv kernel launch");
+    launching("store_kv kernel launch", [&] {
+      cuda::launch_store_kv(p, !sm70_tier(), programmatic(kDependentStore), stream);
+    });
   }
   void store_ring(const StoreRowsParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_ring(p, info_.multiprocessor_count, programmatic(kDependentStore), stream);
-    check_launch("store_index_keys kernel launch");
+    launching("store_index_keys kernel launch", [&] {
+      cuda::launch_store_ring(p, info_.multiprocessor_count, programmatic(kDependentStore), stream);
+    });
   }
   void store_compressed(const StoreCompressedParams& p, qsakv_stream_t stream) override {
     require_aligned(p.src, "keys");
     DeviceGuard g(info_.device);
-    cuda::launch_store_compressed(p, info_.multiprocessor_count, programmatic(kDependentStore),
-                                  stream);
-    check_launch("store_compressed_keys kernel launch");
+    launching("store_compressed_keys kernel launch", [&] {
+      cuda::launch_store_compressed(p, info_.multiprocessor_count, programmatic(kDependentStore),
+                                    stream);
+    });
   }
   void store_step(const StoreStepParams& p, qsakv_stream_t stream) override {
     if (p.has_kv) {
@@ -215,17 +258,21 @@ class CudaBackend final : public Backend {
     if (p.has_ring) require_aligned(p.ring.src, "stores.index_keys");
     if (p.has_compressed) require_aligned(p.compressed.src, "stores.compressed_keys");
     DeviceGuard g(info_.device);
-    if (!cuda::launch_store_step(p, !sm70_tier(), info_.multiprocessor_count,
-                                 programmatic(kDependentStore), stream)) {
-      // A K/V part too large for one launch's thread indices (a long prefill's): its own
-      // launches, then the other parts together.
-      store_kv(p.kv, stream);
-      StoreStepParams rest = p;
-      rest.has_kv = false;
+    bool launched = false;
+    launching("store_step kernel launch", [&] {
+      launched = cuda::launch_store_step(p, !sm70_tier(), info_.multiprocessor_count,
+                                         programmatic(kDependentStore), stream);
+    });
+    if (launched) return;
+    // A K/V part too large for one launch's thread indices (a long prefill's): its own
+    // launches, then the other parts together.
+    store_kv(p.kv, stream);
+    StoreStepParams rest = p;
+    rest.has_kv = false;
+    launching("store_step kernel launch", [&] {
       cuda::launch_store_step(rest, !sm70_tier(), info_.multiprocessor_count,
                               programmatic(kDependentStore), stream);
-    }
-    check_launch("store_step kernel launch");
+    });
   }
   void select_topk(const SelectParams& p, qsakv_stream_t stream) override {
     if (!cuda::select_supports(p.index_heads, p.index_dim, p.topk_blocks))
@@ -237,10 +284,11 @@ class CudaBackend final : public Backend {
     require_aligned(p.index_q, "index_q");
     DeviceGuard g(info_.device);
     // The selection launcher picks its kernels by SM version: the SM70 tier is SM 70.
-    cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
-                             info_.multiprocessor_count, programmatic(kDependentSelect),
-                             select_mma_, select_sort_, select_score_only_, stream);
-    check_launch("select_topk kernel launch");
+    launching("select_topk kernel launch", [&] {
+      cuda::launch_select_topk(p, sm70_tier() ? kSmSimtTier : info_.sm_version,
+                               info_.multiprocessor_count, programmatic(kDependentSelect),
+                               select_mma_, select_sort_, select_score_only_, stream);
+    });
   }
   void attention(const AttentionParams& p, qsakv_stream_t stream) override {
     require_aligned(p.q, "q");
@@ -249,31 +297,29 @@ class CudaBackend final : public Backend {
     // own guard (kernel_tier.hpp).
     require_cuda_cache_dtype(info_.tier, info_.sm_version, p.cache.dtype);
     DeviceGuard g(info_.device);
-    try {
-      const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
-      // The warpgroup-MMA kernel (one CTA per SM) is the faster one for batches of at least
-      // two waves of groups (H200, docs/perf.md run 30: 513 groups 7-9% faster than mma.sync
-      // at f >= 0.75, 129 groups 0-3% slower, 32 groups ~15% slower); the choice is the
-      // host's, from the last update, like the grouped launch itself.
-      const bool wgmma = grouped_mma_ == MmaChoice::kWgmma ||
-                         (grouped_mma_ == MmaChoice::kAuto &&
-                          p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
+    const bool hw = info_.decoder == QSAKV_DECODER_HARDWARE;
+    // The warpgroup-MMA kernel (one CTA per SM) is the faster one for batches of at least
+    // two waves of groups (H200, docs/perf.md run 30: 513 groups 7-9% faster than mma.sync
+    // at f >= 0.75, 129 groups 0-3% slower, 32 groups ~15% slower); the choice is the
+    // host's, from the last update, like the grouped launch itself.
+    const bool wgmma = grouped_mma_ == MmaChoice::kWgmma ||
+                       (grouped_mma_ == MmaChoice::kAuto &&
+                        p.grouped.num_groups >= kGroupedCtasPerSm * info_.multiprocessor_count);
+    launching("grouped attention kernel launch", [&] {
       cuda::launch_grouped_attention(p, hw, wgmma, programmatic(kDependentAttention), stream);
-      check_launch("grouped attention kernel launch");
+    });
+    launching("attention kernel launch", [&] {
       cuda::launch_decode_attention(
           p, hw, sm70_tier(), info_.sm_version >= kSmCopyRing ? info_.multiprocessor_count : 0,
           programmatic(kDependentAttention), stream);
-    } catch (const cuda::LaunchError& e) {
-      fail(e.status(), "%s", e.what());
-    }
-    check_launch("attention kernel launch");
+    });
   }
   void calib_observe(const CalibObserveParams& p, qsakv_stream_t stream) override {
     require_aligned(p.k, "k");
     require_aligned(p.v, "v");
     DeviceGuard g(info_.device);
-    cuda::launch_calib_observe(p, info_.multiprocessor_count, stream);
-    check_launch("calib_observe kernel launch");
+    launching("calib_observe kernel launch",
+              [&] { cuda::launch_calib_observe(p, info_.multiprocessor_count, stream); });
   }
   void calib_allreduce(uint64_t* words, size_t num_words, float* maxima, size_t num_maxima,
                        void* comm, int expected_size, int expected_rank,
