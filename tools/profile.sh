@@ -8,6 +8,9 @@
 #   tools/profile.sh select  BUILD CASE...     selection cases (qsakv_bench --select-cases
 #                                              numbers; E4M3 index keys): the score and
 #                                              top-k kernels of the first two calls
+#   tools/profile.sh decode  BUILD ROWS...     the decode table's E4M3 attention at ROWS
+#                                              rows (--decode-only --e4m3-only): the
+#                                              decode kernel's first two launches
 #   tools/profile.sh overlap BUILD SHAPE:F...  the overlap sweep's workload SHAPE
 #                                              (--overlap-shapes index) at shared fraction F,
 #                                              E4M3: the grouped route's kernels (the
@@ -18,13 +21,13 @@
 # samples to rank its lines.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-kind=${1:?select or overlap}
+kind=${1:?select, decode or overlap}
 build=${2:?build directory}
 shift 2
 # The build's disassembly with line information (the library is built with -lineinfo),
 # for ncu-sass-by-source.py: the cubins of the kernels profiled below.
 dis="$OUT/qsakv-$kind.dis"
-case $kind in select) cubins="select" ;; *) cubins="grouped_attention decode_attention" ;; esac
+case $kind in select) cubins="select" ;; decode) cubins="decode_attention" ;; *) cubins="grouped_attention decode_attention" ;; esac
 lib=$(realpath "$build/libqsakv.so")
 (tmp=$(mktemp -d) && cd "$tmp" && cuobjdump -xelf all "$lib" > /dev/null &&
   for c in $cubins; do nvdisasm -c -gi "$c".*.cubin; done > "$dis"; rm -rf "$tmp") ||
@@ -34,10 +37,13 @@ for c in "$@"; do
     select)
       name="select-case$c" regex="select_" hot="select_topk|select_filter select_score_rows" count=4
       args=(--select-only --select-cases "$c" --index-keys e4m3) ;;
+    decode)
+      name="decode-rows$c" regex="decode_attention" hot="decode_attention" count=2
+      args=(--decode-only --e4m3-only --rows "$c") ;;
     overlap)
       name="overlap-${c/:/-f}" regex="grouped_|decode_attention" hot="grouped_union grouped_attention" count=3
       args=(--overlap-only --overlap-dtype e4m3 --overlap-shapes "${c%%:*}" --overlap-f "${c#*:}") ;;
-    *) echo "profile.sh: unknown kind $kind (select or overlap)" >&2; exit 2 ;;
+    *) echo "profile.sh: unknown kind $kind (select, decode or overlap)" >&2; exit 2 ;;
   esac
   rep="$OUT/ncu-$name"
   timeout 240 ncu --clock-control none -k "regex:$regex" --launch-count "$count" --set full \
