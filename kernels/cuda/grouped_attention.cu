@@ -70,7 +70,8 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     up.union_mask = g.union_mask;
     up.own_lists = g.own_lists;
     up.row_split = reinterpret_cast<int2*>(g.row_split);
-    // The variant and its shared memory follow the plan's geometry: set for each launch.
+    // The variant and its shared memory follow the plan's geometry (its limit is raised to
+    // the largest size launched: raise_kernel_smem).
     const bool one_pass =
         union_row_words(p.topk_width) <= kUnionEntries * kUnionWarps / kGroupedMaxRows;
     // (Blocks of a multiple of 4 tokens: a list that repeats a token, which lists must not,
@@ -84,8 +85,8 @@ void launch_grouped_attention(const AttentionParams& p, bool hardware_decoder, b
     auto kernel = wide                       ? grouped_union_kernel<kUnionWide>
                   : g.one_window && one_pass ? grouped_union_kernel<kUnionOneWindow>
                                              : grouped_union_kernel<kUnionReload>;
-    require_smem_limit(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem);
+    static RaisedSmemLimit limits[3];  // one per variant
+    raise_kernel_smem(kernel, smem, limits[wide ? 0 : g.one_window && one_pass ? 1 : 2]);
     launch_kernel(programmatic, kernel, max_groups, kUnionThreads, smem, stream, up);
   }
   gp.group_row0 = p.meta.group_row0;

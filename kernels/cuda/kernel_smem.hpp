@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 
 #include "cuda/launch.hpp"
 
@@ -44,6 +45,32 @@ void prepare_kernel_smem(Kernel* kernel, int bytes, bool max_carveout,
                              cudaSharedmemCarveoutMaxShared);
   require_smem_limit(e, bytes);
   ready.fetch_or(bit, std::memory_order_release);
+}
+
+// The dynamic shared-memory limit of a kernel whose size depends on the call (the grouped
+// union kernel's, on the cache's config), per device, only ever raised: one static per
+// kernel. Setting it to each call's size would let a thread launching with a smaller size
+// lower it between another thread's raise and that thread's launch.
+struct RaisedSmemLimit {
+  std::mutex raising;
+  std::atomic<int> bytes[64];  // zero-initialised (static storage)
+};
+
+// Makes `kernel`'s dynamic shared-memory limit on the current device at least `bytes`:
+// nothing after the first call that needed the size (an atomic load), else
+// cudaFuncSetAttribute under the kernel's lock. Devices past 63 set it on every launch, as
+// before (a lowering race remains there). Host calls that touch no stream: capture-safe.
+template <class Kernel>
+void raise_kernel_smem(Kernel* kernel, int bytes, RaisedSmemLimit& limit) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 64;
+  std::atomic<int>* known = device < 64 ? &limit.bytes[device] : nullptr;
+  if (known && known->load(std::memory_order_acquire) >= bytes) return;
+  std::lock_guard<std::mutex> lock(limit.raising);
+  if (known && known->load(std::memory_order_relaxed) >= bytes) return;
+  require_smem_limit(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), bytes);
+  if (known) known->store(bytes, std::memory_order_release);
 }
 
 // Whether `kernel` can have `dynamic_bytes` of dynamic shared memory on the current device:
