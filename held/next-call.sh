@@ -29,7 +29,7 @@ build_beside() {  # name
 }
 (renice -n 10 $BASHPID > /dev/null; build_beside base) & B1=$!
 (renice -n 10 $BASHPID > /dev/null; build_beside p1) & B2=$!
-BUILD_TARGETS="qsakv test_select test_graph test_store test_calib test_cache_memory qsakv_bench" bash tools/device-run.sh none > "$OUT/device-run.log" 2>&1
+BUILD_TARGETS="qsakv test_select test_graph test_store test_calib test_cache_memory test_attention qsakv_bench" bash tools/device-run.sh none > "$OUT/device-run.log" 2>&1
 echo "build tree rc=$? $(el)"; grep -E "build:|error" "$OUT/device-run.log" | head -5
 wait $B1 $B2; cat "$OUT/beside.txt"
 export LD_LIBRARY_PATH=$(dirname "$(find /tmp/cmocka -name 'libcmocka.so*' | head -1)"):${LD_LIBRARY_PATH:-}
@@ -85,7 +85,7 @@ pids=()
 (run $DL plain-auto build-gpu/tests/test_select) & pids+=($!)
 (QSAKV_SELECT_MMA=wgmma run $DL plain-wgmma build-gpu/tests/test_select) & pids+=($!)
 (run $DL plain-graph build-gpu/tests/test_graph) & pids+=($!)
-for t in store calib cache_memory; do (run $DL plain-$t build-gpu/tests/test_$t) & pids+=($!); done
+for t in store calib cache_memory attention; do (run $DL plain-$t build-gpu/tests/test_$t) & pids+=($!); done
 for t in test_select_cuda test_select_contract_cuda test_select_e4m3_keys_contract_cuda test_select_e4m3_keys_cuda \
          test_select_many_rows_cuda test_select_index_geometries_cuda test_select_special_cuda \
          test_select_e4m3_keys_special_cuda test_select_sorts_agree_cuda test_select_score_only_cuda \
