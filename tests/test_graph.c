@@ -49,6 +49,8 @@ static void enqueue(tu_world* w, void* iq, void* q, void* out, cudaStream_t s) {
                             (qsakv_stream_t)s));
 }
 
+static tu_world view_of(const tu_world* w, const sub_batch* sb);
+
 /* min_rows: the plan's multi_row_min_rows (0: automatic, these batches stay on the decode
  * route; 1: every row on the grouped route). index_keys: the compressed index keys' dtype
  * (the selection's scoring kernels differ). */
@@ -66,6 +68,7 @@ static void capture_replan_replay(int min_rows, qsakv_dtype index_keys) {
   tu_world_build(&w, ctx, &c, &shape, tu_next(), 2.0f, 0.01f, 0.01f, 0); /* max_rows 16 */
   tu_multi_row_min_rows = 0;
   const int max_rows = w.rows;
+  void* kv = tu_world_read_kv(&w);
   const size_t qn = (size_t)max_rows * w.geo.q_heads * c.head_dim;
   const size_t iqn = (size_t)max_rows * c.index_num_heads * c.index_head_dim;
   uint16_t* hq = malloc(2 * qn);
@@ -120,6 +123,25 @@ static void capture_replan_replay(int min_rows, qsakv_dtype index_keys) {
                   memcmp(a, b, 2 * n) == 0 ? "identical" : "DIFFERENT", nan);
     assert_int_equal(nan, 0);
     assert_memory_equal(a, b, 2 * n);
+    /* Equal to the direct run, and right: the FP64 attention over the lists the replayed
+     * selection wrote (the layer's shared top-k buffer, topk_width wide). */
+    qsakv_layer_buffers lb = {sizeof lb, QSAKV_LAYER_BUFFERS_VERSION};
+    TU_OK(qsakv_cache_get_layer_buffers(w.cache, w.layer, &lb));
+    const int width = w.geo.topk_width;
+    int32_t* lists = malloc(sizeof(int32_t) * (size_t)rows * width);
+    tu_to_host(ctx, lists, lb.topk, sizeof(int32_t) * (size_t)rows * width);
+    tu_world v = view_of(&w, &batches[k]);
+    double* ref = malloc(sizeof(double) * n);
+    double* got = malloc(sizeof(double) * n);
+    tu_reference_attention(&v, kv, hq, lists, width, 0, ref);
+    for (size_t i = 0; i < n; ++i) got[i] = tu_fp16_to_f32(a[i]);
+    const double err = tu_rel_l2(ref, got, n);
+    print_message("%s: batch %zu: rel_l2 vs FP64 %.3e (bound 2e-3)\n", route, k, err);
+    assert_true(err <= 2e-3);
+    free(lists);
+    free(ref);
+    free(got);
+    free(v.block_table);
     qsakv_free(ctx, dbt);
   }
   CUDA_OK(cudaGraphExecDestroy(exec));
@@ -175,6 +197,7 @@ static void capture_replan_replay(int min_rows, qsakv_dtype index_keys) {
   free(b);
   free(hq);
   free(hiq);
+  free(kv);
   qsakv_free(ctx, q);
   qsakv_free(ctx, iq);
   qsakv_free(ctx, out_graph);
