@@ -120,7 +120,9 @@ typedef enum qsakv_status {
   QSAKV_ERROR_UNSUPPORTED = -3,      /* valid, but not supported by this build/backend */
   QSAKV_ERROR_NO_DEVICE = -4,        /* CUDA asked for: no usable GPU/driver, or no such device */
   QSAKV_ERROR_OUT_OF_MEMORY = -5,
-  QSAKV_ERROR_CUDA = -6, /* a CUDA runtime call failed */
+  QSAKV_ERROR_CUDA = -6, /* a CUDA runtime call of the library's failed (the thread's
+                            CUDA last error is read and cleared only then: one that the
+                            caller's own calls left pending stays the caller's) */
   QSAKV_ERROR_NCCL = -7,
   QSAKV_ERROR_IO = -8,     /* a file could not be opened, read or written */
   QSAKV_ERROR_FORMAT = -9, /* a file is malformed (safetensors, JSON) */
