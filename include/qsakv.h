@@ -852,7 +852,7 @@ typedef struct qsakv_batch {
  * earlier calls read, and attention calls of one plan share its split-K workspace, so
  * they must not run concurrently (one plan per stream). Blocking only while the previous update's
  * copy is still reading the staging buffer. Not capturable: an update on a stream being
- * captured (or on the legacy stream during another stream's global-mode capture) returns
+ * captured (or on the legacy stream while a blocking stream of the device is) returns
  * QSAKV_ERROR_STATE and changes nothing; capture the calls that use the plan instead. */
 QSAKV_API qsakv_status qsakv_plan_update(qsakv_plan* plan, const qsakv_batch* batch,
                                          qsakv_stream_t stream);
