@@ -19,7 +19,9 @@
 
 #include <cuda_runtime.h>
 
+#if !defined(__CUDACC_RTC__)  // host code: not in the NVRTC sm_70 build check
 #include "cuda/launch.hpp"
+#endif
 
 namespace qsakv {
 namespace cuda {
@@ -36,6 +38,7 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
+#if !defined(__CUDACC_RTC__)
 // Launches `kernel` on `stream`, as a programmatic dependent of the stream's previous
 // kernel when `programmatic` (the kernel must keep the contract above). A launch the
 // runtime refuses throws LaunchError with its error; its status is then cleared from the
@@ -58,6 +61,7 @@ void launch_kernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
   if (e != cudaSuccess) refuse_failed_call(e, "cudaLaunchKernelEx");
 }
+#endif
 
 }  // namespace cuda
 }  // namespace qsakv
