@@ -1037,8 +1037,8 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 // (kSelectWarpgroupMinRows' note): a batch whose every request fills a CTA's 32 rows, on a
 // grid where the mma.sync scorer keeps its full CTAs (full_grid: the warpgroup scorer's
 // CTAs do not shrink for small plans), and whose rows take several waves of the workspace
-// (multi_wave) or whose wave alone gives the warpgroup scorer a full wave of CTAs
-// (full_wave: kWgScoreCtasPerSm on every SM; docs/perf.md run 48).
+// (multi_wave) or whose wave alone gives the warpgroup scorer a CTA on every SM
+// (full_wave; docs/perf.md run 48).
 bool score_rows_on_warpgroups(const SelectParams& p, SelectScorerMma mma, bool full_grid,
                               bool multi_wave, bool full_wave) {
   return mma != SelectScorerMma::kSync && p.index_dim == kWgScoreDim && p.index_heads >= 3 &&
@@ -1075,9 +1075,8 @@ bool launch_score_rows(const SelectParams& p, SelectScorerMma mma, int64_t chunk
                        int row0, int wave, int64_t stride, int tiles_per_cta, float inv_sqrt_dim,
                        int sm_count, bool programmatic, cudaStream_t stream) {
   const dim3 wg_grid = score_rows_wgmma_grid(p, std::min(p.batch_rows, wave));
-  if (score_rows_on_warpgroups(
-          p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta, p.batch_rows > wave,
-          int64_t{wg_grid.x} * wg_grid.y >= int64_t{kWgScoreCtasPerSm} * sm_count)) {
+  if (score_rows_on_warpgroups(p, mma, tiles_per_cta == kScoreRowsMaxTilesPerCta,
+                               p.batch_rows > wave, int64_t{wg_grid.x} * wg_grid.y >= sm_count)) {
     launch_score_rows_wgmma<kFp8>(p, rows, row0, wave, stride, inv_sqrt_dim, programmatic, stream);
     return true;
   }

@@ -68,11 +68,10 @@ constexpr int kWgScoreCtasPerSm = 3;  // by its registers (~166 a thread)
 // at 128K) 2-12% less selection time; one wave (2,048 rows at 32K, 2 x 512 at 8K, 8 x 32
 // at 32K) equal or up to 14% slower; requests of 16 rows (two runs per CTA) 33-75% slower,
 // of 8-12 rows ~1.6-2.2x. Since run 48's faster epilogue it also takes a one-wave batch
-// whose grid fills every SM with kWgScoreCtasPerSm CTAs (2,048 and 4,096 rows at 32K and
-// 1,024 at 128K: 512-1,024 CTAs on 132 SMs), where it measured 0-10% faster on an H100.
-// Smaller one-wave grids stay on mma.sync: 1,024 rows at 32K (256 CTAs) measured 15%
-// faster on warpgroups too, but the rule that would take it was not run on a GPU (held/);
-// the bench's grids of 64 CTAs (2 x 512 rows at 8K, 8 x 32 at 32K) are 13-17% slower.
+// whose grid has a CTA on every SM: one-request chunks of 1,024-4,096 rows (256-1,024
+// CTAs) measured 0-15% faster with it on an H100, and 1,024 rows at 32K 15% (E4M3 keys)
+// and 12% (FP16) less selection time on an H200 (run 49); the bench's one-wave grids of 64
+// CTAs (2 x 512 rows at 8K, 8 x 32 at 32K) 13-17% slower, so they stay on mma.sync.
 constexpr int kSelectWarpgroupMinRows = kWgScoreRows;
 
 // Dynamic shared memory, byte offsets from a 1024-byte boundary (atoms start on one).

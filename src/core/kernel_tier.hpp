@@ -43,8 +43,8 @@ MmaChoice parse_grouped_mma(const char* value);
 // has both (SM 9.0 with sm_90a code): QSAKV_SELECT_MMA, a test and benchmark hook read and
 // checked like QSAKV_GROUPED_MMA, with the same values. "auto": the warpgroup MMA when
 // each of the last update's requests has 32 rows or more and its rows either take more
-// than one wave of the score workspace or give the warpgroup scorer three CTAs on every
-// SM in one (large prefill batches; kSelectWarpgroupMinRows), mma.sync otherwise;
+// than one wave of the score workspace or give the warpgroup scorer a CTA on every SM in
+// one (large prefill batches; kSelectWarpgroupMinRows), mma.sync otherwise;
 // "wgmma": the warpgroup MMA for every multi-row selection (the CUDA backend fails with
 // QSAKV_ERROR_UNSUPPORTED where it is not available). Either way only for the shapes it
 // is built for (128-dim index keys, 3 or 4 heads); others keep mma.sync, which gives the
