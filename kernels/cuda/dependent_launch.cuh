@@ -42,7 +42,7 @@ __device__ __forceinline__ void allow_dependents() {
 // Launches `kernel` on `stream`, as a programmatic dependent of the stream's previous
 // kernel when `programmatic` (the kernel must keep the contract above). A launch the
 // runtime refuses throws LaunchError with its error; its status is then cleared from the
-// thread's last error, which the library otherwise never reads, so that an error the
+// thread's last error, which the launch path otherwise never reads, so that an error the
 // caller's own earlier runtime call left there stays the caller's (and is not reported as
 // the library's).
 template <class... Params, class... Args>

@@ -36,7 +36,8 @@ template <class Kernel>
 void prepare_kernel_smem(Kernel* kernel, int bytes, bool max_carveout,
                          std::atomic<uint64_t>& ready) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 64;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    refuse_failed_call(e, "cudaGetDevice");
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (bit != 0 && (ready.load(std::memory_order_acquire) & bit) != 0) return;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -63,7 +64,8 @@ struct RaisedSmemLimit {
 template <class Kernel>
 void raise_kernel_smem(Kernel* kernel, int bytes, RaisedSmemLimit& limit) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 64;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    refuse_failed_call(e, "cudaGetDevice");
   std::atomic<int>* known = device < 64 ? &limit.bytes[device] : nullptr;
   if (known && known->load(std::memory_order_acquire) >= bytes) return;
   std::lock_guard<std::mutex> lock(limit.raising);
@@ -76,7 +78,7 @@ void raise_kernel_smem(Kernel* kernel, int bytes, RaisedSmemLimit& limit) {
 // Whether `kernel` can have `dynamic_bytes` of dynamic shared memory on the current device:
 // the device's opt-in limit per CTA less the kernel's static shared memory. Host queries
 // that touch no stream (capture-safe); one that fails answers no, and its error is
-// cleared so that the launch check after it does not report it.
+// cleared: the library's own, it must not stay pending for the caller.
 template <class Kernel>
 bool kernel_smem_fits(Kernel* kernel, int dynamic_bytes) {
   int device = 0, optin = 0;

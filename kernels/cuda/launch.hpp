@@ -16,7 +16,7 @@ namespace qsakv {
 namespace cuda {
 
 // A launch the kernels cannot make (a shape or dtype without a kernel, a failed attribute
-// call), thrown by a launcher with its status; the backend reports it as a library error
+// call or launch), thrown by a launcher with its status; the backend reports it as a library error
 // (kernels/ does not include the library's error machinery).
 class LaunchError : public std::runtime_error {
  public:

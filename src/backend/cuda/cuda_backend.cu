@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <string>
 
 #include "core/backend.hpp"
@@ -48,20 +49,35 @@ void require_aligned(const void* p, const char* what) {
 }
 
 // Makes the context's device current for the duration of a call, restoring the caller's.
+// The nothrow form, for the release paths (noexcept: a plan destroyed at process exit or
+// after a device fault), makes a failure to switch a no-op. Either form clears the error of
+// a call of its own that failed, so that none stays pending on the caller's thread.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device)
-      check(cudaSetDevice(device), "cudaSetDevice");
-    else
-      previous_ = -1;
-  }
+  explicit DeviceGuard(int device) { enter(device, true); }
+  DeviceGuard(int device, std::nothrow_t) noexcept { enter(device, false); }
   ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
   }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
+  void enter(int device, bool throwing) {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      (void)cudaGetLastError();
+      current = -1;  // nothing to restore
+    }
+    if (current == device) return;
+    const cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) {
+      previous_ = current;
+      return;
+    }
+    if (throwing) check(e, "cudaSetDevice");
+    (void)cudaGetLastError();
+  }
   int previous_ = -1;
 };
 
@@ -104,14 +120,14 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess)
       check(cudaDeviceSynchronize(), "cudaMemset");
     else {
-      cudaFree(p);
+      if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
       check(e, "cudaMemset");
     }
     return p;
   }
   void release(void* ptr) noexcept override {
-    DeviceGuard g(info_.device);
-    cudaFree(ptr);
+    DeviceGuard g(info_.device, std::nothrow);
+    if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
   }
   // On the context's device: cudaHostAlloc on a thread whose current device has no
   // context yet would create one there.
@@ -122,8 +138,8 @@ class CudaBackend final : public Backend {
     return p;
   }
   void release_host(void* ptr) noexcept override {
-    DeviceGuard g(info_.device);
-    cudaFreeHost(ptr);
+    DeviceGuard g(info_.device, std::nothrow);
+    if (cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
   }
   void copy(void* dst, const void* src, size_t bytes, qsakv_copy_kind kind,
             qsakv_stream_t stream) override {
@@ -151,8 +167,8 @@ class CudaBackend final : public Backend {
            a.device, info_.device);
     (void)bytes;  // the runtime does not report an allocation's extent
   }
-  // cudaErrorStreamCaptureImplicit: the legacy stream while another thread's global-mode
-  // capture runs, where any work enqueued would invalidate that capture.
+  // cudaErrorStreamCaptureImplicit: the legacy stream while a blocking stream of the
+  // device is being captured (any mode, any thread), which work enqueued there would join.
   void require_not_capturing(qsakv_stream_t stream, const char* call) const override {
     DeviceGuard g(info_.device);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -160,8 +176,8 @@ class CudaBackend final : public Backend {
     if (e == cudaErrorStreamCaptureImplicit) {
       cudaGetLastError();
       fail(QSAKV_ERROR_STATE,
-           "%s on the legacy default stream while another stream is being captured in global "
-           "mode: it would invalidate that capture; call it outside the capture",
+           "%s on the legacy default stream while a blocking stream of the device is being "
+           "captured: its work would join that capture; call it outside the capture",
            call);
     }
     check(e, "cudaStreamIsCapturing");
@@ -184,7 +200,8 @@ class CudaBackend final : public Backend {
     return e;
   }
   void destroy_fence(void* fence) noexcept override {
-    if (fence) cudaEventDestroy(static_cast<cudaEvent_t>(fence));
+    if (fence && cudaEventDestroy(static_cast<cudaEvent_t>(fence)) != cudaSuccess)
+      (void)cudaGetLastError();
   }
   // On the context's device, as copy() is: with a NULL stream both then name that
   // device's legacy stream, whichever device the calling thread has current.
