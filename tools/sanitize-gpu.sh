@@ -11,8 +11,9 @@ rc=0
 # san TOOL SUITE FILTER: the suite's cases that FILTER names (QSAKV_TEST_FILTER).
 san() {
   local tool=$1 t=$2 f=$3
-  echo "== $tool $t ($f)"
-  QSAKV_TEST_FILTER="$f" compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/$t" || rc=1
+  shift 3  # the rest: more compute-sanitizer options
+  echo "== $tool $t ($f) $*"
+  QSAKV_TEST_FILTER="$f" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" "$build/tests/$t" || rc=1
 }
 # Every case of test_store and test_graph (the store-step and E4M3 index-key cases launch
 # kernels without "cuda" in their names); the CUDA cases of the others, test_calib's and
@@ -20,7 +21,13 @@ san() {
 # caller-owned memory).
 san memcheck test_store '*'
 for t in test_select test_attention test_calib test_cache_memory; do san memcheck $t '*cuda*'; done
-san memcheck test_graph '*'
+# test_graph's test_capture_and_caller_errors leaves a runtime error pending on purpose
+# (a cudaSetDevice of an invalid ordinal, peeked and cleared by the test) to show that the
+# library's calls leave it there; memcheck reports those three calls of the test's own as
+# API errors (docs/perf.md run 50), so that case runs without API-error reports (its
+# kernels are still checked for memory errors) and the other cases with them.
+san memcheck test_graph '*replay'
+san memcheck test_graph '*caller_errors' --report-api-errors no
 # racecheck where kernels share memory between threads (the calibration kernel's
 # histogram too).
 for t in test_select test_attention test_calib; do san racecheck $t '*cuda*'; done
