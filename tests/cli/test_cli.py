@@ -567,14 +567,21 @@ def test_integers_are_digits_only(env, value):
     assert r.returncode == 2 and "--tp: not an integer" in r.stderr, (value, r.stderr)
 
 
-def test_make_checks_its_contract_before_reading(env, tmp_path):
-    lib, tool = env
+def four_ranks_and_empty_index(lib, tmp_path):
+    """Statistics of TP ranks 0-3 (write_stats_rank) and a checkpoint index that maps no
+    tensor: the inputs of `overlay make` when only its contract is under test."""
     ranks = []
     for rank in range(4):
         ranks.append(tmp_path / f"rank{rank}.st")
         write_stats_rank(lib, ranks[-1], rank)
     index = tmp_path / "model.safetensors.index.json"
     index.write_text('{"weight_map": {}}')
+    return ranks, index
+
+
+def test_make_checks_its_contract_before_reading(env, tmp_path):
+    lib, tool = env
+    ranks, index = four_ranks_and_empty_index(lib, tmp_path)
     base = ["overlay", "make", "--stats", tmp_path / "missing.st", "--base-index", index]
     for extra, needle in ((["--tp", "-5"], "--tp: 0 (any) or a TP size, 1 to 65536, not -5"),
                           (["--tp", "70000"], "--tp: 0 (any) or a TP size, 1 to 65536, not 70000"),
@@ -609,12 +616,7 @@ def test_make_binds_the_statistics_unless_told(env, tmp_path):
     """overlay make's contract: the statistics' TP size and activation dtype by default
     (the library's default too), `--tp 0` any TP size, explicit values as given."""
     lib, tool = env
-    ranks = []
-    for rank in range(4):
-        ranks.append(tmp_path / f"rank{rank}.st")
-        write_stats_rank(lib, ranks[-1], rank)
-    index = tmp_path / "model.safetensors.index.json"
-    index.write_text('{"weight_map": {}}')
+    ranks, index = four_ranks_and_empty_index(lib, tmp_path)
     for name, extra, want in (
             ("default", [], {"tp_size": 4, "speculative_tokens": None,
                              "activation_dtype": "fp16", "min_sm": None}),

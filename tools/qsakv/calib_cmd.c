@@ -223,16 +223,6 @@ int cmd_calib(int argc, char** argv) {
   return rc;
 }
 
-static int parse_dtype(const char* s, qsakv_dtype* out) {
-  if (!strcmp(s, "fp16"))
-    *out = QSAKV_DTYPE_FP16;
-  else if (!strcmp(s, "bf16"))
-    *out = QSAKV_DTYPE_BF16;
-  else
-    return -1;
-  return 0;
-}
-
 static int overlay_make(int argc, char** argv) {
   char** stats = calloc((size_t)argc, sizeof *stats);
   if (!stats) return tool_usage_error("out of memory");
@@ -289,7 +279,9 @@ static int overlay_make(int argc, char** argv) {
   if (rc < 0 && (min_sm < 0 || min_sm > QSAKV_TOOL_MAX_MIN_SM))
     rc = tool_usage_error("--min-sm: 0 (any) or an SM, 1 to %d (70: SM 7.0), not %d",
                           QSAKV_TOOL_MAX_MIN_SM, min_sm);
-  if (rc < 0 && act && parse_dtype(act, &act_dtype))
+  if (rc < 0 && act &&
+      tool_parse_dtype(act, TOOL_DTYPE_BIT(QSAKV_DTYPE_FP16) | TOOL_DTYPE_BIT(QSAKV_DTYPE_BF16),
+                       &act_dtype))
     rc = tool_usage_error("--act must be fp16 or bf16, not %s", act);
   if (rc < 0 && prefix) rc = tool_check_layer_prefix(prefix);
   if (rc < 0 && n == 0) rc = tool_usage_error("overlay make: --stats STATS... is required");

@@ -131,32 +131,21 @@ int cmd_capacity(int argc, char** argv) {
   if (bad_preset >= 0) return bad_preset;
   /* Every value checked before the model is read: a usage error is never hidden. */
   qsakv_dtype kv_dtype, act_dtype, index_key_dtype;
-  if (!strcmp(kv, "e4m3"))
-    kv_dtype = QSAKV_DTYPE_E4M3;
-  else if (!strcmp(kv, "fp16"))
-    kv_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(kv, "bf16"))
-    kv_dtype = QSAKV_DTYPE_BF16;
-  else
+  const unsigned sixteen_bit = TOOL_DTYPE_BIT(QSAKV_DTYPE_FP16) | TOOL_DTYPE_BIT(QSAKV_DTYPE_BF16);
+  if (tool_parse_dtype(kv, sixteen_bit | TOOL_DTYPE_BIT(QSAKV_DTYPE_E4M3), &kv_dtype))
     return tool_usage_error("--kv must be e4m3, fp16 or bf16, not %s", kv);
   if (!act)
     act_dtype = kv_dtype == QSAKV_DTYPE_E4M3 ? QSAKV_DTYPE_FP16 : kv_dtype;
-  else if (!strcmp(act, "fp16"))
-    act_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(act, "bf16"))
-    act_dtype = QSAKV_DTYPE_BF16;
-  else
+  else if (tool_parse_dtype(act, sixteen_bit, &act_dtype))
     return tool_usage_error("--act must be fp16 or bf16, not %s", act);
   if (kv_dtype != QSAKV_DTYPE_E4M3 && kv_dtype != act_dtype)
     return tool_usage_error(
         "--kv %s with --act %s: a 16-bit cache stores the activation type (give the same "
         "dtype to both, or leave --act out)",
         kv, act);
-  if (!strcmp(index_keys, "fp16"))
-    index_key_dtype = QSAKV_DTYPE_FP16;
-  else if (!strcmp(index_keys, "e4m3"))
-    index_key_dtype = QSAKV_DTYPE_E4M3;
-  else
+  if (tool_parse_dtype(index_keys,
+                       TOOL_DTYPE_BIT(QSAKV_DTYPE_FP16) | TOOL_DTYPE_BIT(QSAKV_DTYPE_E4M3),
+                       &index_key_dtype))
     return tool_usage_error("--index-keys must be fp16 or e4m3, not %s", index_keys);
   const char* model = checkpoint ? checkpoint : preset ? preset : "qwen4_exp";
   qsakv_model_config c;

@@ -134,6 +134,19 @@ int tool_check_revision(const char* revision) {
       revision);
 }
 
+int tool_parse_dtype(const char* s, unsigned allowed, qsakv_dtype* out) {
+  static const struct {
+    const char* name;
+    qsakv_dtype dtype;
+  } kNames[] = {{"e4m3", QSAKV_DTYPE_E4M3}, {"fp16", QSAKV_DTYPE_FP16}, {"bf16", QSAKV_DTYPE_BF16}};
+  for (size_t i = 0; i < sizeof kNames / sizeof kNames[0]; ++i)
+    if (!strcmp(s, kNames[i].name) && (allowed & TOOL_DTYPE_BIT(kNames[i].dtype))) {
+      *out = kNames[i].dtype;
+      return 0;
+    }
+  return -1;
+}
+
 int tool_check_preset(const char* preset) {
   qsakv_model_config c;
   const qsakv_status s = qsakv_model_config_preset(&c, preset);
