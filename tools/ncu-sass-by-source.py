@@ -144,7 +144,10 @@ def main(argv):
             sys.exit(__doc__)
         rest = rest[2:]
     rows = list(csv.reader(open(sass_csv, errors="replace")))
-    hdr_i = next(i for i, r in enumerate(rows) if "Address" in r)
+    hdr_i = next((i for i, r in enumerate(rows) if "Address" in r), None)
+    if hdr_i is None:  # the report has no kernel of that name (e.g. the case launched others)
+        first = " ".join(rows[0])[:120] if rows else "(empty)"
+        sys.exit(f"{sass_csv}: no SASS table for {function}; the export begins: {first}")
     hdr, body = rows[hdr_i], []
     for r in rows[hdr_i + 1:]:  # the first kernel of the export only
         if r and r[0] in ("Kernel Name", "Address"):

@@ -35,7 +35,7 @@ lib=$(realpath "$build/libqsakv.so")
 for c in "$@"; do
   case $kind in
     select)
-      name="select-case$c" regex="select_" hot="select_topk|select_filter select_score_rows" count=4
+      name="select-case$c" regex="select_" hot="select_topk|select_filter select_score" count=4
       args=(--select-only --select-cases "$c" --index-keys e4m3) ;;
     decode)
       name="decode-rows$c" regex="decode_attention" hot="decode_attention" count=2
