@@ -51,8 +51,8 @@ int tool_usage_error(const char* fmt, ...);
 void tool_json_string(FILE* f, const char* s);
 /* Parses a decimal int: digits with an optional leading '-', nothing else; 0 on success. */
 int tool_parse_int(const char* s, int* out);
-/* The dtype named s, if it is one of `allowed` (a mask of 1 << QSAKV_DTYPE_*): "e4m3",
- * "fp16" or "bf16"; 0 on success, -1 for any other name or a dtype outside the mask. */
+/* The dtype that qsakv_dtype_name calls s, if it is e4m3, fp16 or bf16 and in `allowed`
+ * (a mask of TOOL_DTYPE_BIT(QSAKV_DTYPE_*)); 0 on success, -1 for any other name. */
 int tool_parse_dtype(const char* s, unsigned allowed, qsakv_dtype* out);
 #define TOOL_DTYPE_BIT(d) (1u << (unsigned)(d))
 /* Usage checks of values that no run can have (each returns -1 when the value is good,

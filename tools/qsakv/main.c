@@ -135,13 +135,11 @@ int tool_check_revision(const char* revision) {
 }
 
 int tool_parse_dtype(const char* s, unsigned allowed, qsakv_dtype* out) {
-  static const struct {
-    const char* name;
-    qsakv_dtype dtype;
-  } kNames[] = {{"e4m3", QSAKV_DTYPE_E4M3}, {"fp16", QSAKV_DTYPE_FP16}, {"bf16", QSAKV_DTYPE_BF16}};
-  for (size_t i = 0; i < sizeof kNames / sizeof kNames[0]; ++i)
-    if (!strcmp(s, kNames[i].name) && (allowed & TOOL_DTYPE_BIT(kNames[i].dtype))) {
-      *out = kNames[i].dtype;
+  /* The library's own names (qsakv_dtype_name), so that the tool and the header agree. */
+  static const qsakv_dtype kNamed[] = {QSAKV_DTYPE_E4M3, QSAKV_DTYPE_FP16, QSAKV_DTYPE_BF16};
+  for (size_t i = 0; i < sizeof kNamed / sizeof kNamed[0]; ++i)
+    if ((allowed & TOOL_DTYPE_BIT(kNamed[i])) && !strcmp(s, qsakv_dtype_name(kNamed[i]))) {
+      *out = kNamed[i];
       return 0;
     }
   return -1;
