@@ -6,7 +6,9 @@
  * bound. Nothing in the captured calls may allocate or synchronise, or capture fails.
  * Then attention alone captured over caller-provided lists: the list buffer rewritten
  * between replays (other overlaps, unions past the grouped route's old workspace), each
- * replay equal to a direct run bit for bit and within the FP64 bound. */
+ * replay equal to a direct run bit for bit and within the FP64 bound. And a whole decode
+ * step (stores, selection, attention) captured once and replayed with new inputs, each
+ * replay equal to the same calls run directly on a twin world. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -450,6 +452,204 @@ static void test_capture_and_caller_errors(void** state) {
   tu_world_destroy(&w);
   qsakv_context_destroy(ctx);
 }
+/* A whole decode step in one graph (issue 28): the step's stores in one call
+ * (qsakv_store_step: each row's new K/V, its raw index key, and the compressed key of the
+ * group it completes), the selection and the attention, captured once and replayed with
+ * new inputs (new K/V, keys, queries) each time. The graph runs on one world; the same
+ * three calls run directly on its twin (the same data seed). After each replay: the layer's
+ * K/V, ring and compressed-key bytes, the top-k lists and the output equal the twin's bit
+ * for bit, the replay did store (the K/V bytes changed), and the output is within the FP64
+ * bound over the replayed cache and lists. */
+static void capture_whole_step(qsakv_dtype index_keys) {
+  qsakv_context* ctx = tu_cuda_context_or_skip();
+  qsakv_model_config c;
+  tu_small_config(&c, 6, 1, 256, QSAKV_DTYPE_FP16, QSAKV_DTYPE_E4M3, 64);
+  c.index_key_dtype = index_keys;
+  const int ratio = c.compress_ratio, idim = c.index_head_dim;
+  /* Decode rows; the new tokens of the first two complete a group, the third's does not. */
+  tu_shape shape = {3, {1, 1, 1}, {ratio * 700, ratio * 512, ratio * 150 + 1}};
+  const uint64_t seed = tu_next();
+  tu_world w, twin;
+  tu_world_build(&w, ctx, &c, &shape, seed, 2.0f, 0.01f, 0.01f, 0);
+  tu_world_build(&twin, ctx, &c, &shape, seed, 2.0f, 0.01f, 0.01f, 0);
+  const int rows = w.rows, n = shape.num_requests;
+  assert_int_equal(rows, n);
+  assert_memory_equal(w.block_table, twin.block_table, sizeof(int32_t) * (size_t)n * w.bt_stride);
+  const int row_elems = w.geo.kv_heads * c.head_dim;
+  const size_t qn = (size_t)rows * w.geo.q_heads * c.head_dim;
+  const size_t iqn = (size_t)rows * c.index_num_heads * idim;
+  const size_t kv_bytes = w.layout.kv_bytes_per_layer;
+
+  /* The step's inputs: device buffers that the graph reads at each replay. */
+  int64_t slot[3], pos[3], cslot[3];
+  int32_t req[3];
+  int nc = 0;
+  for (int r = 0; r < n; ++r) {
+    const int t = shape.seq_lens[r] - 1; /* the row's new token */
+    req[r] = r;
+    pos[r] = t;
+    slot[r] = (int64_t)w.block_table[r * w.bt_stride + t / c.block_size] * c.block_size +
+              t % c.block_size;
+    if ((t + 1) % ratio == 0) cslot[nc++] = slot[r]; /* any token of the group names it */
+  }
+  assert_int_equal(nc, 2);
+  void* dk = tu_device_filled(ctx, 2 * (size_t)n * row_elems, 0);
+  void* dv = tu_device_filled(ctx, 2 * (size_t)n * row_elems, 0);
+  void* dring = tu_device_filled(ctx, 2 * (size_t)n * idim, 0);
+  void* dck = tu_device_filled(ctx, 2 * (size_t)nc * idim, 0);
+  void* dslot = tu_to_device(ctx, slot, sizeof slot);
+  void* dreq = tu_to_device(ctx, req, sizeof req);
+  void* dpos = tu_to_device(ctx, pos, sizeof pos);
+  void* dcslot = tu_to_device(ctx, cslot, sizeof(int64_t) * nc);
+  void* q = tu_device_filled(ctx, 2 * qn, 0);
+  void* iq = tu_device_filled(ctx, 2 * iqn, 0);
+  void* out[2] = {tu_device_filled(ctx, 2 * qn, 0xFF), tu_device_filled(ctx, 2 * qn, 0xFF)};
+  qsakv_step_stores st = QSAKV_STEP_STORES_INIT;
+  st.k = dk;
+  st.v = dv;
+  st.kv_slot_mapping = dslot;
+  st.num_tokens = n;
+  st.index_keys = dring;
+  st.index_request_slots = dreq;
+  st.index_positions = dpos;
+  st.num_index_keys = n;
+  st.compressed_keys = dck;
+  st.compressed_slot_mapping = dcslot;
+  st.num_compressed_keys = nc;
+  tu_world* worlds[2] = {&w, &twin};
+  qsakv_layer_buffers lb[2];
+  for (int i = 0; i < 2; ++i) {
+    lb[i] = (qsakv_layer_buffers){sizeof lb[i], QSAKV_LAYER_BUFFERS_VERSION};
+    TU_OK(qsakv_cache_get_layer_buffers(worlds[i]->cache, worlds[i]->layer, &lb[i]));
+  }
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+#define WHOLE_STEP(world, o)                                                                     \
+  do {                                                                                           \
+    TU_OK(qsakv_store_step((world)->cache, (world)->layer, &st, (qsakv_stream_t)s));             \
+    TU_OK(qsakv_select_topk((world)->plan, (world)->layer, iq, NULL, 0, (qsakv_stream_t)s));     \
+    TU_OK(qsakv_attention_run((world)->plan, (world)->layer, QSAKV_ATTENTION_SPARSE, q, NULL, 0, \
+                              (o), (qsakv_stream_t)s));                                          \
+  } while (0)
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  WHOLE_STEP(&w, out[0]);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaStreamSynchronize(s));
+
+  const struct {
+    uint64_t bytes;
+    const char* what;
+  } parts[3] = {{kv_bytes, "K/V"},
+                {w.layout.ring_bytes_per_layer, "raw index keys"},
+                {w.layout.compressed_bytes_per_layer, "compressed keys"}};
+  void* const part_dev[2][3] = {{lb[0].kv, lb[0].ring_keys, lb[0].compressed_keys},
+                                {lb[1].kv, lb[1].ring_keys, lb[1].compressed_keys}};
+  uint16_t* hk = malloc(2 * (size_t)n * row_elems);
+  uint16_t* hv = malloc(2 * (size_t)n * row_elems);
+  uint16_t* hring = malloc(2 * (size_t)n * idim);
+  uint16_t* hck = malloc(2 * (size_t)nc * idim);
+  uint16_t* hq = malloc(2 * qn);
+  uint16_t* hiq = malloc(2 * iqn);
+  uint16_t* o[2] = {malloc(2 * qn), malloc(2 * qn)};
+  const int width = w.geo.topk_width;
+  int32_t* lists[2] = {malloc(sizeof(int32_t) * (size_t)rows * width),
+                       malloc(sizeof(int32_t) * (size_t)rows * width)};
+  double* ref = malloc(sizeof(double) * qn);
+  double* got = malloc(sizeof(double) * qn);
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < (size_t)n * row_elems; ++i) {
+      hk[i] = tu_f32_to_fp16((float)(2.0 * tu_normal()));
+      hv[i] = tu_f32_to_fp16((float)(2.0 * tu_normal()));
+    }
+    /* Small integers, as the world's keys: exact scores, and ties. */
+    for (size_t i = 0; i < (size_t)n * idim; ++i) hring[i] = tu_f32_to_fp16((float)tu_int(-3, 3));
+    for (size_t i = 0; i < (size_t)nc * idim; ++i) hck[i] = tu_f32_to_fp16((float)tu_int(-3, 3));
+    for (size_t i = 0; i < qn; ++i) hq[i] = tu_f32_to_fp16((float)tu_normal());
+    for (size_t i = 0; i < iqn; ++i) hiq[i] = tu_f32_to_fp16((float)tu_int(-2, 2));
+    CUDA_OK(cudaMemcpyAsync(dk, hk, 2 * (size_t)n * row_elems, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemcpyAsync(dv, hv, 2 * (size_t)n * row_elems, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemcpyAsync(dring, hring, 2 * (size_t)n * idim, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemcpyAsync(dck, hck, 2 * (size_t)nc * idim, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemcpyAsync(q, hq, 2 * qn, cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaMemcpyAsync(iq, hiq, 2 * iqn, cudaMemcpyHostToDevice, s));
+    for (int i = 0; i < 2; ++i) CUDA_OK(cudaMemsetAsync(out[i], 0xFF, 2 * qn, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    /* Before the first replay, capturing ran nothing: the twins are still equal. */
+    void* before = tu_world_read_kv(&w);
+    if (k == 0) {
+      void* twin_before = tu_world_read_kv(&twin);
+      assert_memory_equal(before, twin_before, kv_bytes);
+      free(twin_before);
+    }
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    WHOLE_STEP(&twin, out[1]);
+    CUDA_OK(cudaStreamSynchronize(s));
+    void* kv = tu_world_read_kv(&w);
+    assert_true(memcmp(before, kv, kv_bytes) != 0); /* the replay stored */
+    free(before);
+    for (int p = 0; p < 3; ++p) {
+      uint8_t* a = malloc(parts[p].bytes);
+      uint8_t* b = malloc(parts[p].bytes);
+      tu_to_host(ctx, a, part_dev[0][p], parts[p].bytes);
+      tu_to_host(ctx, b, part_dev[1][p], parts[p].bytes);
+      const int same = memcmp(a, b, parts[p].bytes) == 0;
+      print_message("whole step, %s keys, replay %d: %s %s\n", qsakv_dtype_name(index_keys), k,
+                    parts[p].what, same ? "identical to the direct calls'" : "DIFFERENT");
+      assert_true(same);
+      free(a);
+      free(b);
+    }
+    for (int i = 0; i < 2; ++i) {
+      tu_to_host(ctx, o[i], out[i], 2 * qn);
+      tu_to_host(ctx, lists[i], lb[i].topk, sizeof(int32_t) * (size_t)rows * width);
+    }
+    assert_memory_equal(lists[0], lists[1], sizeof(int32_t) * (size_t)rows * width);
+    size_t nan = 0;
+    for (size_t i = 0; i < qn; ++i) nan += (o[0][i] & 0x7C00) == 0x7C00;
+    assert_int_equal(nan, 0);
+    assert_memory_equal(o[0], o[1], 2 * qn);
+    tu_reference_attention(&w, kv, hq, lists[0], width, 0, ref);
+    for (size_t i = 0; i < qn; ++i) got[i] = tu_fp16_to_f32(o[0][i]);
+    const double err = tu_rel_l2(ref, got, qn);
+    print_message(
+        "whole step, %s keys, replay %d: output identical to the direct calls', "
+        "rel_l2 vs FP64 %.3e (bound 2e-3)\n",
+        qsakv_dtype_name(index_keys), k, err);
+    assert_true(err <= 2e-3);
+    free(kv);
+  }
+#undef WHOLE_STEP
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(s));
+  free(hk);
+  free(hv);
+  free(hring);
+  free(hck);
+  free(hq);
+  free(hiq);
+  for (int i = 0; i < 2; ++i) {
+    free(o[i]);
+    free(lists[i]);
+    qsakv_free(ctx, out[i]);
+  }
+  free(ref);
+  free(got);
+  void* const dev[] = {dk, dv, dring, dck, dslot, dreq, dpos, dcslot, q, iq};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; ++i) qsakv_free(ctx, dev[i]);
+  tu_world_destroy(&w);
+  tu_world_destroy(&twin);
+  qsakv_context_destroy(ctx);
+}
+
+static void test_capture_whole_step_replay(void** state) {
+  (void)state;
+  capture_whole_step(QSAKV_DTYPE_E4M3);
+  capture_whole_step(QSAKV_DTYPE_FP16);
+}
 #else
 /* A build without the CUDA backend: skipped, saying so, unless QSAKV_REQUIRE_GPU=1. */
 static void no_cudart(void) {
@@ -469,12 +669,17 @@ static void test_capture_and_caller_errors(void** state) {
   (void)state;
   no_cudart();
 }
+static void test_capture_whole_step_replay(void** state) {
+  (void)state;
+  no_cudart();
+}
 #endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_capture_replan_replay),
                                      cmocka_unit_test(test_capture_caller_lists_replay),
-                                     cmocka_unit_test(test_capture_and_caller_errors)};
+                                     cmocka_unit_test(test_capture_and_caller_errors),
+                                     cmocka_unit_test(test_capture_whole_step_replay)};
   tu_apply_filter();
   return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }

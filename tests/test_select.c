@@ -551,13 +551,19 @@ static void test_select_contract_cpu(void** state) {
 
 /* Selection of the rows of `batch_rows` rows ending at request r's last row, through a
  * fresh plan of max_rows `max_rows`: request r alone as a decode row (pos = L - 1). */
+static int32_t* select_row_at(tu_world* w, int r, int seq_len, const uint16_t* q_row, int max_rows);
 static int32_t* select_single_row(tu_world* w, int r, const uint16_t* q_row, int max_rows) {
+  return select_row_at(w, r, w->shape.seq_lens[r], q_row, max_rows);
+}
+/* The same, for request r as if it had seq_len tokens: its row at position seq_len - 1. */
+static int32_t* select_row_at(tu_world* w, int r, int seq_len, const uint16_t* q_row,
+                              int max_rows) {
   qsakv_plan_options po;
   TU_OK(qsakv_plan_options_init(&po));
   po.max_rows = max_rows;
   qsakv_plan* plan = NULL;
   TU_OK(qsakv_plan_create(&plan, w->cache, &po));
-  int32_t qs[2] = {0, 1}, lens[1] = {w->shape.seq_lens[r]};
+  int32_t qs[2] = {0, 1}, lens[1] = {seq_len};
   qsakv_batch b = QSAKV_BATCH_INIT;
   b.num_requests = 1;
   b.query_start = qs;
@@ -759,6 +765,73 @@ static void check_special_keys(qsakv_context* ctx, const char* what) {
     tu_world_destroy(&w);
   }
   if (cpu) qsakv_context_destroy(cpu);
+}
+
+/* Prefill chunks of 8,192 rows, the bench's size, which the contract shapes' chunks (up to
+ * 216 rows) do not reach: one at positions 0-8,191 (its first rows see no complete group)
+ * and one at 24,576-32,767 (two waves of the score workspace; the warpgroup scorer where
+ * the GPU has it), FP16 and E4M3 keys. 48 sampled rows of each chunk's selection (the first
+ * 16, the last 16, 16 spread between) must equal the row selected alone on the GPU (batch
+ * invariance across grids, routes and waves) and, under the contract, the CPU backend's
+ * selection of the row alone. */
+static void test_select_large_chunks_cuda(void** state) {
+  (void)state;
+  enum { kRows = 8192, kSamples = 48 };
+  qsakv_context* gpu = tu_cuda_context_or_skip();
+  qsakv_context* cpu = tu_context(QSAKV_BACKEND_CPU);
+  for (int keys = 0; keys < 2; ++keys) {
+    g_index_keys = keys ? QSAKV_DTYPE_E4M3 : QSAKV_DTYPE_FP16;
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      qsakv_model_config c;
+      contract_config(&c);
+      c.max_batched_tokens = kRows;
+      const tu_shape shape = {1, {kRows}, {chunk == 0 ? kRows : 4 * kRows}};
+      const uint64_t seed = tu_next();
+      tu_world wg, wc;
+      tu_world_build(&wg, gpu, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+      tu_world_build(&wc, cpu, &c, &shape, seed, 1.0f, 1.0f, 1.0f, 0);
+      void* comp = randomise_keys(&wg, seed ^ 0x5EEDull);
+      void* comp_c = randomise_keys(&wc, seed ^ 0x5EEDull);
+      assert_memory_equal(comp, comp_c, wg.layout.compressed_bytes_per_layer);
+      uint16_t* q = random_index_q(&wg, seed ^ 0xC0FFEEull);
+      int32_t* got = run_select(&wg, q, 0);
+      const int width = wg.geo.topk_width;
+      const size_t qn = (size_t)c.index_num_heads * c.index_head_dim;
+      int boundary = 0;
+      for (int i = 0; i < kSamples; ++i) {
+        const int row = i < 16 ? i : i < 32 ? kRows - 32 + i : 16 + (i - 32) * (kRows - 32) / 16;
+        const int pos = tu_row_pos(&wg, row);
+        const uint16_t* q_row = q + (size_t)row * qn;
+        const int32_t* g = got + (size_t)row * width;
+        int32_t* alone = select_row_at(&wg, 0, pos + 1, q_row, 1);
+        if (memcmp(alone, g, sizeof(int32_t) * width) != 0)
+          fail_msg(
+              "%d-row chunk at %d tokens, %s keys: row %d (position %d) selected alone "
+              "differs from the chunk",
+              kRows, shape.seq_lens[0], keys ? "E4M3" : "FP16", row, pos);
+        int32_t* want = select_row_at(&wc, 0, pos + 1, q_row, 1);
+        tu_world view = wg; /* request 0 as a batch of this one row */
+        view.shape = (tu_shape){1, {1}, {pos + 1}};
+        view.rows = 1;
+        boundary += check_contract(&view, comp, q_row, want, g, "8192-row chunk vs cpu");
+        free(alone);
+        free(want);
+      }
+      print_message(
+          "%d-row chunk at %d tokens, %s keys: %d sampled rows equal to the row alone "
+          "and to the CPU under the contract (%d boundary blocks)\n",
+          kRows, shape.seq_lens[0], keys ? "E4M3" : "FP16", kSamples, boundary);
+      free(got);
+      free(q);
+      free(comp);
+      free(comp_c);
+      tu_world_destroy(&wg);
+      tu_world_destroy(&wc);
+    }
+  }
+  g_index_keys = QSAKV_DTYPE_FP16;
+  qsakv_context_destroy(cpu);
+  qsakv_context_destroy(gpu);
 }
 
 /* A wave of more one-row requests than the GPU has SMs (and than the filter route keeps
@@ -966,6 +1039,7 @@ int main(void) {
       cmocka_unit_test(test_select_contract_cuda),
       cmocka_unit_test(test_select_warpgroup_scorer_cuda),
       cmocka_unit_test(test_select_many_rows_cuda),
+      cmocka_unit_test(test_select_large_chunks_cuda),
       cmocka_unit_test(test_select_repeated_cuda),
       cmocka_unit_test(test_select_score_only_cuda),
       cmocka_unit_test(test_select_sorts_agree_cuda),
