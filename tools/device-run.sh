@@ -21,6 +21,17 @@ mkdir -p $prefix
 for d in .deps-device/*.deb; do dpkg -x "$d" $prefix; done
 libdir=$(dirname "$(find $prefix -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
+# The Python modules pytest_bindings needs that the machine lacks (pycparser, safetensors)
+# travel as wheels in .deps-device/py. ctest sets PYTHONPATH for that suite, so they are
+# made visible through a .pth file in the interpreter's own site-packages instead (run
+# 51: one in the user site directory was not read there, e.g. in a virtual environment).
+if ls .deps-device/py/*.whl > /dev/null 2>&1; then
+  python3 -m pip install --no-index --no-deps -q --target /tmp/pywheels .deps-device/py/*.whl \
+    > "$OUT/pip.log" 2>&1 || echo "wheels from .deps-device/py not installed: $OUT/pip.log"
+  purelib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo /tmp/pywheels > "$purelib/qsakv-device-wheels.pth" ||
+    echo "cannot write $purelib: pytest_bindings will skip what needs the wheels"
+fi
 stage=${1:-all}
 if [ "$stage" = first-hour ]; then
   # A GPU user's first hour (issue 29): a copy of the tree without build folders, the

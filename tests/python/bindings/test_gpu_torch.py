@@ -16,19 +16,25 @@ if not qsakv.built_with_cuda():
     no_gpu("libqsakv was built without the CUDA backend")
 
 
-def run(ctx, cfg, w, to_dev, stream=None):
+def run(ctx, cfg, w, to_dev, stream=None, inputs_ready=lambda: None):
     layer = cfg.qsa_layers[0]
     geo = cfg.rank_geometry()
+    # Every device input is made before the first call and kept until the synchronize:
+    # the library reads them on `stream`, while torch's caching allocator would hand a
+    # dropped temporary's memory to the next allocation on torch's current stream at
+    # once (the package README: keep inputs alive until the stream ran them).
+    k, v, slots, ck, cslots, bt, iq, q = (to_dev(a) for a in (
+        w.k, w.v, w.slots, w.ck, w.cslots, w.bt, w.iq, w.q))
+    topk = to_dev(np.full((w.num_rows, geo.topk_width), -7, np.int32))
+    out = to_dev(np.full(w.q.shape, np.nan, np.float16))
+    inputs_ready()
     with qsakv.Cache(ctx, cfg, num_blocks=w.num_blocks) as cache, \
             qsakv.Plan(cache, max_rows=w.num_rows) as plan:
-        cache.store_kv(layer, to_dev(w.k), to_dev(w.v), to_dev(w.slots), stream=stream)
-        cache.store_compressed_keys(layer, to_dev(w.ck), to_dev(w.cslots), stream=stream)
-        bt = to_dev(w.bt)
+        cache.store_kv(layer, k, v, slots, stream=stream)
+        cache.store_compressed_keys(layer, ck, cslots, stream=stream)
         plan.update(qsakv.Batch(w.query_start, w.lens, bt), stream=stream)
-        topk = to_dev(np.full((w.num_rows, geo.topk_width), -7, np.int32))
-        plan.select_topk(layer, to_dev(w.iq), topk, stream=stream)
-        out = to_dev(np.full(w.q.shape, np.nan, np.float16))
-        plan.attention(layer, to_dev(w.q), out, topk=topk, stream=stream)
+        plan.select_topk(layer, iq, topk, stream=stream)
+        plan.attention(layer, q, out, topk=topk, stream=stream)
         ctx.synchronize(stream)
         kv = cache.read_kv(layer)
         as_np = (lambda t: t.cpu().numpy()) if ctx.is_cuda else (lambda a: a)
@@ -42,7 +48,10 @@ def test_torch_cuda_matches_cpu(small_cfg):
         ref_out, ref_topk, ref_kv = run(cpu, cfg, w, lambda a: a)
     with qsakv.Context("cuda") as gpu:
         stream = torch.cuda.Stream()
-        out, topk, kv = run(gpu, cfg, w, lambda a: torch.from_numpy(a).cuda(), stream)
+        # The copies to the GPU run on torch's current stream; the library's calls on
+        # `stream` must wait for them.
+        out, topk, kv = run(gpu, cfg, w, lambda a: torch.from_numpy(a).cuda(), stream,
+                            lambda: stream.wait_stream(torch.cuda.current_stream()))
     np.testing.assert_array_equal(kv, ref_kv)
     np.testing.assert_array_equal(topk, ref_topk)
     assert rel_l2(out, ref_out) < 2e-3
