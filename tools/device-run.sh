@@ -23,8 +23,8 @@ libdir=$(dirname "$(find $prefix -name 'libcmocka.so*' | head -1)")
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 # The Python modules pytest_bindings needs that the machine lacks (pycparser, safetensors)
 # travel as wheels in .deps-device/py. ctest sets PYTHONPATH for that suite, so they are
-# made visible through a .pth file in the interpreter's own site-packages instead (run
-# 51: one in the user site directory was not read there, e.g. in a virtual environment).
+# made visible through a .pth file in the interpreter's own site-packages instead: the
+# device's python3 is a virtual environment, which does not read the user site (run 51).
 if ls .deps-device/py/*.whl > /dev/null 2>&1; then
   python3 -m pip install --no-index --no-deps -q --target /tmp/pywheels .deps-device/py/*.whl \
     > "$OUT/pip.log" 2>&1 || echo "wheels from .deps-device/py not installed: $OUT/pip.log"
